@@ -1,0 +1,21 @@
+"""attnclust: an attention-head atlas for transformer models at dataset scale.
+
+Notebook use::
+
+    import attnclust
+    result = attnclust.run("jobs/demo.yaml", out="runs/demo")
+    atlas = attnclust.open_output("runs/demo")
+    atlas.attention            # xarray.DataArray (feature, layer, head, query, key), lazy
+    atlas.maps.head()          # pandas tables: maps, heads, clusters, features, predictions
+"""
+
+from __future__ import annotations
+
+from .api import Output, open_output, run
+from .config import JobConfig, load_job
+from .errors import AttnclustError, BackendUnavailable, ConfigError, DataError, ModelError, StoreError
+from .store import DIMS
+
+__all__ = ["DIMS", "AttnclustError", "BackendUnavailable", "ConfigError", "DataError", "JobConfig", "ModelError",
+           "Output", "StoreError", "load_job", "open_output", "run"]
+__version__ = "0.1.0"

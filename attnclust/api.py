@@ -1,0 +1,89 @@
+"""Python API for notebooks: run a job, open an output directory as xarray and pandas."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from .config import JobConfig, load_job
+from .errors import StoreError
+from .store import ATTENTION, DIMS, open_attention_store, read_features
+
+__all__ = ["Output", "open_output", "run"]
+
+
+def run(job: str | Path | JobConfig | None = None, *, out: str | Path, overrides: list[str] | None = None,
+        **kwargs):
+    """Run a job (a YAML path, a :class:`JobConfig`, or ``None`` for the demo job) into ``out``.
+
+    Keyword arguments go to :func:`attnclust.pipeline.run_job` (``stages``, ``scheduler``, ``force``,
+    ``progress``, ``client``). Call it under ``if __name__ == "__main__":`` in scripts (worker processes).
+    """
+    from .pipeline import run_job
+
+    cfg = job if isinstance(job, JobConfig) else load_job(job, overrides)
+    return run_job(cfg, Path(out), **kwargs)
+
+
+class Output:
+    """An output directory opened for analysis; tables load lazily on first access."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._store = open_attention_store(self.path / ATTENTION)
+
+    def _table(self, name: str) -> pd.DataFrame:
+        path = self.path / f"{name}.parquet"
+        if not path.exists():
+            raise StoreError(f"{path}: not found; run the stage that writes it (attnclust run ... --out "
+                             f"{self.path})")
+        return pd.read_parquet(path)
+
+    @cached_property
+    def attention(self):
+        """``xarray.DataArray`` (feature, layer, head, query, key), dask-backed, with ``seq_len`` and
+        ``example_id`` coordinates on ``feature``."""
+        import dask.array as da
+        import xarray as xr
+
+        arr = da.from_zarr(self._store.attention)
+        feats = self.features
+        return xr.DataArray(arr, dims=DIMS, name="attention", coords={
+            "feature": feats["feature_id"].to_numpy(), "seq_len": ("feature", self._store.seq_len),
+            "example_id": ("feature", feats["example_id"].to_numpy()),
+            "layer": range(arr.shape[1]), "head": range(arr.shape[2])}, attrs=dict(self._store.attrs))
+
+    @cached_property
+    def features(self) -> pd.DataFrame:
+        return read_features(self.path)
+
+    @cached_property
+    def maps(self) -> pd.DataFrame:
+        return self._table("maps")
+
+    @cached_property
+    def heads(self) -> pd.DataFrame:
+        return self._table("heads")
+
+    @cached_property
+    def clusters(self) -> pd.DataFrame:
+        return self._table("clusters")
+
+    @cached_property
+    def predictions(self) -> pd.DataFrame:
+        return self._table("predictions")
+
+    def map(self, feature_id: int, layer: int, head: int):
+        """One map at its true length, as a labelled ``xarray.DataArray`` (query, key) with token coords."""
+        n = int(self._store.seq_len[feature_id])
+        tokens = list(self.features.set_index("feature_id").at[feature_id, "tokens"])
+        da_ = self.attention.isel(feature=feature_id, layer=layer, head=head, query=slice(0, n),
+                                  key=slice(0, n)).compute()
+        return da_.assign_coords(query_token=("query", tokens), key_token=("key", tokens))
+
+
+def open_output(path: str | Path) -> Output:
+    """Open an output directory (needs at least ``attention.zarr`` and ``features.parquet``)."""
+    return Output(path)

@@ -1,0 +1,141 @@
+"""The one place that knows about GPUs: ``cpu | gpu | auto`` resolution and estimator factories.
+
+No other module imports cupy, cuml or dask_cuda; they are imported lazily here, so the CPU install never needs
+them. Asking for ``gpu`` when they (or a device) are missing raises :class:`BackendUnavailable` with the install
+hint; ``auto`` picks ``gpu`` only when every worker reports a usable device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+
+from .errors import BackendUnavailable, ConfigError
+
+__all__ = ["GPU_INSTALL_HINT", "gpu_status", "make_kmeans", "make_pca", "make_umap", "resolve_backend",
+           "to_numpy", "torch_device"]
+
+GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
+                    "(cupy-cuda13x, cuml-cu13, dask-cuda), or use backend: cpu")
+Resolved = Literal["cpu", "gpu"]
+
+
+def gpu_status() -> tuple[bool, str]:
+    """Whether this process can use a GPU through cupy + cuml, and why not."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False, "cupy is not installed"
+    try:
+        import cuml  # noqa: F401
+    except ImportError:
+        return False, "cuml is not installed"
+    try:
+        if not cupy.is_available():
+            return False, "cupy finds no CUDA device"
+    except Exception as exc:  # CUDARuntimeError and friends without a driver
+        return False, f"cupy cannot reach a CUDA device ({exc})"
+    return True, "ok"
+
+
+def resolve_backend(requested: str, client: Any = None, *, probe=gpu_status) -> Resolved:
+    """Turn ``auto | cpu | gpu`` into ``cpu`` or ``gpu``.
+
+    Parameters
+    ----------
+    requested
+        The job's ``backend`` setting.
+    client
+        A ``distributed.Client``; when given, every worker is probed, otherwise only this process.
+    probe
+        Function returning ``(usable, reason)``; replaced in tests.
+    """
+    if requested not in ("auto", "cpu", "gpu"):
+        raise ConfigError(f"config backend: got {requested!r}; allowed: auto | cpu | gpu")
+    if requested == "cpu":
+        return "cpu"
+    if client is not None:
+        reports = client.run(probe)
+        if not reports:
+            raise BackendUnavailable("backend: the Dask cluster has no workers; start workers or use embedded mode")
+        bad = {addr: why for addr, (ok, why) in reports.items() if not ok}
+    else:
+        ok, why = probe()
+        bad = {} if ok else {"this process": why}
+    if not bad:
+        return "gpu"
+    if requested == "gpu":
+        where, why = next(iter(bad.items()))
+        raise BackendUnavailable(f"backend gpu: worker {where}: {why}; {GPU_INSTALL_HINT}")
+    return "cpu"
+
+
+def torch_device(backend: Resolved) -> str:
+    return "cuda" if backend == "gpu" else "cpu"
+
+
+def to_numpy(x) -> np.ndarray:
+    """Any array (NumPy, CuPy, cuDF column) as a NumPy array; the conversion at stage boundaries."""
+    if hasattr(x, "get") and type(x).__module__.startswith("cupy"):
+        return x.get()
+    if hasattr(x, "to_numpy"):
+        return np.asarray(x.to_numpy())
+    return np.asarray(x)
+
+
+def _require_gpu():
+    ok, why = gpu_status()
+    if not ok:
+        raise BackendUnavailable(f"backend gpu: {why}; {GPU_INSTALL_HINT}")
+
+
+def make_kmeans(backend: Resolved, *, n_clusters: int, random_state: int, n_init: int = 4, max_iter: int = 300):
+    """A KMeans estimator with the scikit-learn interface (``fit``, ``predict``, ``cluster_centers_``)."""
+    if backend == "gpu":
+        _require_gpu()
+        from cuml.cluster import KMeans
+
+        return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter,
+                      init="scalable-k-means++", output_type="numpy")
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
+
+
+def make_pca(backend: Resolved, *, n_components: int, random_state: int):
+    if backend == "gpu":
+        _require_gpu()
+        from cuml.decomposition import PCA
+
+        return PCA(n_components=n_components, random_state=random_state, output_type="numpy")
+    from sklearn.decomposition import PCA
+
+    return PCA(n_components=n_components, random_state=random_state, svd_solver="randomized")
+
+
+def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_state: int):
+    if backend == "gpu":
+        _require_gpu()
+        from cuml.manifold import UMAP
+
+        return UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=random_state,
+                    output_type="numpy")
+    import warnings
+
+    from umap import UMAP
+
+    warnings.filterwarnings("ignore", message=".*n_jobs value.*overridden.*")
+    return UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=random_state,
+                n_jobs=1)
+
+
+def silhouette(backend: Resolved, x: np.ndarray, labels: np.ndarray, *, random_state: int) -> float:
+    if backend == "gpu":
+        _require_gpu()
+        from cuml.metrics.cluster import silhouette_score
+
+        return float(silhouette_score(x, labels))
+    from sklearn.metrics import silhouette_score
+
+    return float(silhouette_score(x, labels, random_state=random_state))

@@ -1,0 +1,77 @@
+"""Command line: ``attnclust run|extract|featurize|cluster|report [JOB.yaml] ...``.
+
+Thin by design: parse arguments, load the job, call the library, map errors to exit codes (2 for bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .errors import AttnclustError
+
+__all__ = ["main"]
+
+STAGE_SETS = {"run": ("extract", "featurize", "cluster", "report"), "extract": ("extract",),
+              "featurize": ("featurize",), "cluster": ("cluster",), "report": ("report",)}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnclust", description="Attention-head atlas: extract every "
+                                     "attention map of a QA model over a dataset, cluster them, report.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, stages in STAGE_SETS.items():
+        p = sub.add_parser(name, help="the whole job" if name == "run" else f"the {name} stage alone")
+        p.add_argument("job", nargs="?", help="job YAML (default: jobs/demo.yaml)")
+        p.add_argument("--data", help="dataset file, overrides data.path")
+        p.add_argument("--out", help="output directory (default: runs/<job name>)")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a job setting, e.g. --set cluster.k=12 (repeatable)")
+        p.add_argument("--scheduler", help="Dask scheduler address or scheduler JSON file (default: embedded)")
+        p.add_argument("--workers", type=int, help="workers of the embedded cluster (default: CPU cores)")
+        p.add_argument("--force", action="store_true",
+                       help="overwrite stages that were run with another configuration")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+    certs = sub.add_parser("certs", help="generate a CA and scheduler/worker/client TLS certificates")
+    certs.add_argument("dir")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        if args.command == "certs":
+            from .security import write_certificates
+
+            paths = write_certificates(Path(args.dir))
+            print(f"certificates written to {args.dir}: {', '.join(sorted(p.name for p in paths))}")
+            return 0
+        from .config import load_job
+        from .pipeline import result_summary, run_job
+
+        overrides = list(args.overrides)
+        if args.data:
+            overrides.append(f"data.path={args.data}")
+        cfg = load_job(args.job, overrides)
+        out = Path(args.out) if args.out else Path("runs") / cfg.name
+        result = run_job(cfg, out, stages=STAGE_SETS[args.command], scheduler=args.scheduler,
+                         force=args.force, progress=not args.quiet, n_workers=args.workers)
+    except AttnclustError as exc:
+        print(f"attnclust: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnclust: interrupted; re-run the same command to resume", file=sys.stderr)
+        return 130
+    print(f"job {result.job_id} finished in {result.stages.get('total_seconds', 0):.1f} s")
+    print(result_summary(result))
+    if "report" in STAGE_SETS[args.command]:
+        print(f"report: {result.report.resolve()}")
+    print(f"outputs: {result.out.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

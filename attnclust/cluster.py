@@ -1,0 +1,154 @@
+"""Cluster: KMeans (k given or chosen by silhouette) and a 2-D UMAP over all map vectors.
+
+Fitting happens on samples (``fit_sample`` maps for PCA and KMeans, ``silhouette_sample`` for choosing k,
+``umap_sample`` for UMAP), in one Dask task; assigning labels, centroid distances and UMAP coordinates to every
+map runs as one task per embedding block. Estimators come from :mod:`attnclust.backend` factories, so the same
+code drives scikit-learn/umap-learn on CPU and cuML on GPU. A fixed ``random_state`` gives the same labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import backend as bk
+from .config import ClusterConfig
+from .errors import ConfigError
+
+__all__ = ["FittedClusters", "assign_block", "fit_clusters", "fit_from_store", "sample_rows"]
+
+
+@dataclass
+class FittedClusters:
+    """Fitted models; attributes end in ``_``.
+
+    Attributes
+    ----------
+    k_
+        Number of clusters used.
+    k_scores_
+        Silhouette score per candidate k (empty when k was given).
+    pca_, kmeans_, umap_
+        Fitted estimators (``pca_``/``umap_`` may be None).
+    umap_rows_, umap_xy_
+        Global row numbers the UMAP was fitted on and their 2-D coordinates.
+    """
+
+    k_: int
+    kmeans_: Any
+    pca_: Any = None
+    umap_: Any = None
+    k_scores_: dict[int, float] = field(default_factory=dict)
+    umap_rows_: np.ndarray | None = None
+    umap_xy_: np.ndarray | None = None
+
+    def reduce(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        return bk.to_numpy(self.pca_.transform(x)).astype(np.float32) if self.pca_ is not None else x
+
+
+def sample_rows(n: int, size: int, random_state: int) -> np.ndarray:
+    """Sorted row numbers of a uniform sample of ``min(n, size)`` rows (all rows when ``n <= size``)."""
+    if n <= size:
+        return np.arange(n)
+    rng = np.random.default_rng(random_state)
+    return np.sort(rng.choice(n, size=size, replace=False))
+
+
+def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
+                 rows: np.ndarray | None = None) -> FittedClusters:
+    """Fit PCA, choose k, fit KMeans and UMAP on the sampled vectors ``x`` (rows: their global row numbers).
+
+    Parameters
+    ----------
+    x
+        (map, dim) sampled map vectors.
+    cfg
+        Cluster settings.
+    rows
+        Global row number of each sampled vector (for reusing UMAP coordinates of fitted points).
+    """
+    x = np.asarray(x, dtype=np.float32)
+    n = len(x)
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    if cfg.k != "auto" and cfg.k > n:
+        raise ConfigError(f"config cluster.k: got {cfg.k} but there are only {n} maps; lower k")
+    pca = None
+    if cfg.pca_components is not None and cfg.pca_components < min(x.shape):
+        pca = bk.make_pca(backend, n_components=cfg.pca_components, random_state=cfg.random_state)
+        pca.fit(x)
+    fitted = FittedClusters(k_=0, kmeans_=None, pca_=pca)
+    z = fitted.reduce(x)
+    scores: dict[int, float] = {}
+    if cfg.k == "auto":
+        pick = sample_rows(n, cfg.silhouette_sample, cfg.random_state + 1)
+        zs = z[pick]
+        hi = min(cfg.k_max, len(zs) - 1)
+        if hi < cfg.k_min:
+            raise ConfigError(f"config cluster.k_min: {cfg.k_min} needs more than {len(zs)} maps; give k "
+                              f"explicitly or use more data")
+        for k in range(cfg.k_min, hi + 1):
+            km = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=2)
+            labels = bk.to_numpy(km.fit_predict(zs))
+            if len(np.unique(labels)) < 2:
+                continue
+            scores[k] = bk.silhouette(backend, zs, labels, random_state=cfg.random_state)
+        if not scores:
+            raise ConfigError("config cluster.k auto: every candidate k collapsed to one cluster; the maps are "
+                              "all alike, give k explicitly")
+        k = max(scores, key=lambda key: (round(scores[key], 6), -key))
+    else:
+        k = int(cfg.k)
+    kmeans = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=4)
+    kmeans.fit(z)
+    fitted.k_, fitted.kmeans_, fitted.k_scores_ = k, kmeans, scores
+    if cfg.umap and n > cfg.umap_neighbors + 1:
+        pick = sample_rows(n, cfg.umap_sample, cfg.random_state + 2)
+        umap = bk.make_umap(backend, n_neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist,
+                            random_state=cfg.random_state)
+        fitted.umap_xy_ = bk.to_numpy(umap.fit_transform(z[pick])).astype(np.float32)
+        fitted.umap_, fitted.umap_rows_ = umap, rows[pick]
+    return fitted
+
+
+def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu") -> FittedClusters:
+    """Dask task: read the fit sample from ``embedding.zarr`` and fit."""
+    from .featurize import open_embedding
+
+    emb = open_embedding(Path(out))["embedding"]
+    rows = sample_rows(emb.shape[0], cfg.fit_sample, cfg.random_state)
+    if len(rows) == emb.shape[0]:
+        x = emb[:]
+    else:
+        x = emb.get_orthogonal_selection((rows, slice(None)))
+    return fit_clusters(x, cfg, backend, rows=rows)
+
+
+def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters) -> pd.DataFrame:
+    """Dask task: cluster label, distance to its centroid and UMAP position of rows ``r0:r1``."""
+    from .featurize import open_embedding
+
+    group = open_embedding(Path(out))
+    z = fitted.reduce(group["embedding"][r0:r1])
+    labels = bk.to_numpy(fitted.kmeans_.predict(z)).astype(np.int32)
+    centers = bk.to_numpy(fitted.kmeans_.cluster_centers_).astype(np.float32)
+    dist = np.linalg.norm(z - centers[labels], axis=1).astype(np.float32)
+    xy = np.full((r1 - r0, 2), np.nan, dtype=np.float32)
+    if fitted.umap_ is not None:
+        rows = np.arange(r0, r1)
+        pos = np.searchsorted(fitted.umap_rows_, rows)
+        pos = np.minimum(pos, len(fitted.umap_rows_) - 1)
+        known = fitted.umap_rows_[pos] == rows
+        xy[known] = fitted.umap_xy_[pos[known]]
+        if (~known).any():
+            xy[~known] = bk.to_numpy(fitted.umap_.transform(z[~known])).astype(np.float32)
+    return pd.DataFrame({
+        "feature_id": group["feature_id"][r0:r1].astype(np.int64),
+        "layer": group["layer"][r0:r1].astype(np.int16),
+        "head": group["head"][r0:r1].astype(np.int16),
+        "cluster": labels, "centroid_dist": dist, "umap_x": xy[:, 0], "umap_y": xy[:, 1],
+    })

@@ -1,0 +1,646 @@
+"""SQuAD-v2 reading, validation, and tokenisation into QA features.
+
+Three input layouts are read into the same :class:`Example` records:
+
+* the official nested SQuAD v2.0 JSON: ``{"data": [{"title", "paragraphs": [{"context", "qas": [...]}]}]}``;
+* a flat JSON list of records ``{"id", "question", "context", "answers", "title"?, "is_impossible"?}``, where
+  ``answers`` is either a list of ``{"text", "answer_start"}`` objects or the Hugging Face ``squad_v2`` column
+  layout ``{"text": [...], "answer_start": [...]}``;
+* the same records as JSONL, one object per line (detected from the content, not only the file extension).
+
+Every record is validated before anything is returned, and each problem raises :class:`~attnclust.errors.DataError`
+with one line that names the file, the record (position and id), the field, the value and the fix.
+
+:func:`tokenize_examples` then cuts each (question, context) pair into the overlapping features ("spans") that a
+BERT-style extractive QA model is fed, one row per ``feature``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import pathlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import ConfigError, DataError
+
+__all__ = [
+    "FEATURE_COLUMNS",
+    "Answer",
+    "Example",
+    "read_squad",
+    "sample_path",
+    "tokenize_examples",
+]
+
+#: Columns of the frame returned by :func:`tokenize_examples`, in order.
+FEATURE_COLUMNS = (
+    "example_id",
+    "span",
+    "seq_len",
+    "input_ids",
+    "tokens",
+    "segment_ids",
+    "offsets",
+    "context_start",
+    "context_end",
+    "answer_start_token",
+    "answer_end_token",
+)
+
+_JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson"})
+_TOKENIZE_BATCH = 256
+_SHOW_CHARS = 60
+
+
+@dataclass(frozen=True, kw_only=True)
+class Answer:
+    """One gold answer: a span of the context.
+
+    Parameters
+    ----------
+    text
+        The answer, exactly as it appears in the context.
+    answer_start
+        Character offset of ``text`` in the context (``context[answer_start:answer_start + len(text)] == text``).
+    """
+
+    text: str
+    answer_start: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Example:
+    """One validated question about one context.
+
+    Parameters
+    ----------
+    id
+        Unique question id (SQuAD uses 24 hex digits; any non-empty string is accepted).
+    title
+        Article title; ``""`` when the flat format gives none.
+    question
+        The question text.
+    context
+        The paragraph the question is asked about.
+    answers
+        Gold answers; empty for an unanswerable question. Several answers may repeat the same span (SQuAD dev sets
+        hold one answer per annotator).
+    is_impossible
+        ``True`` exactly when ``answers`` is empty.
+    """
+
+    id: str
+    title: str
+    question: str
+    context: str
+    answers: tuple[Answer, ...]
+    is_impossible: bool
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def sample_path() -> pathlib.Path:
+    """Return the path of the bundled sample dataset.
+
+    The sample is original prose in the official nested SQuAD v2.0 format: 30 paragraphs on varied topics,
+    171 questions of which 76 are unanswerable; four contexts are long enough to yield two features at
+    ``max_seq_len=384``.
+
+    Returns
+    -------
+    pathlib.Path
+        ``attnclust/data/sample_squad.json`` inside the installed package.
+
+    Raises
+    ------
+    DataError
+        If the file is missing from the installation.
+    """
+    res = importlib.resources.files("attnclust") / "data" / "sample_squad.json"
+    if not isinstance(res, pathlib.Path) or not res.is_file():
+        raise DataError(
+            f"bundled sample {res}: not found in the installed package; reinstall attnclust from a wheel or "
+            "checkout that includes attnclust/data/sample_squad.json (package data)"
+        )
+    return res
+
+
+def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None) -> list[Example]:
+    """Read and validate a SQuAD-v2-format dataset.
+
+    Parameters
+    ----------
+    path
+        A nested SQuAD v2.0 JSON file, a JSON list of flat records, or JSONL with one flat record per line (the
+        layout is detected from the content). Use :func:`sample_path` for the bundled sample.
+    max_examples
+        Keep only the first N examples, in file order, after the whole file has been validated; ``None`` keeps
+        all.
+
+    Returns
+    -------
+    list of Example
+        In file order (articles, paragraphs, questions as they appear).
+
+    Raises
+    ------
+    DataError
+        If the file is missing, unreadable, malformed or holds no question, or if any record is invalid. Records
+        are numbered from 0 in file order; the message also gives the JSON path (nested) or line (JSONL).
+    ConfigError
+        If ``max_examples`` is not a positive integer or ``None``.
+    """
+    if max_examples is not None and (
+        isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1
+    ):
+        raise ConfigError(
+            f"max_examples: got {max_examples!r}; allowed: a positive integer, or None to keep all examples"
+        )
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"data path: got {path!r}; allowed: a file path (str or pathlib.Path)")
+    file = pathlib.Path(path)
+    where = f"data file {os.fspath(path)}"
+    text = _read_text(file, where)
+    examples = [_validate_record(raw, where) for raw in _records(_parse_json(text, file, where), where)]
+    if not examples:
+        raise DataError(f"{where}: holds no questions; the file must contain at least one question")
+    _check_unique_ids(examples, where)
+    out = [ex for ex, _ in examples]
+    return out if max_examples is None else out[:max_examples]
+
+
+def _show(value: Any) -> str:
+    """``repr`` of a value, shortened so that an error message stays on one readable line."""
+    text = repr(value)
+    return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _read_text(file: pathlib.Path, where: str) -> str:
+    """Read the whole file as UTF-8 (a byte-order mark is allowed)."""
+    if not file.exists():
+        raise DataError(f"{where}: not found; check the path, or leave data.path unset to use the bundled sample")
+    if file.is_dir():
+        raise DataError(f"{where}: is a directory; give the path of a .json or .jsonl file")
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{where}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{where}: is not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start}); save it as UTF-8"
+        ) from exc
+    if not text.strip():
+        raise DataError(f"{where}: is empty; it must hold SQuAD v2.0 JSON or JSONL records")
+    return text
+
+
+def _parse_json(text: str, file: pathlib.Path, where: str) -> list[tuple[Any, str]]:
+    """Parse a whole JSON document or JSONL lines.
+
+    Returns ``[(document, "")]`` for a JSON document, or ``[(record, " on line N"), ...]`` for JSONL.
+    """
+    try:
+        return [(json.loads(text), "")]
+    except json.JSONDecodeError as exc:
+        whole_error = exc
+    # JSON allows raw U+2028 inside strings, so split on "\n" only (json ignores a trailing "\r").
+    lines = [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    jsonl = file.suffix.lower() in _JSONL_SUFFIXES
+    if not jsonl and len(lines) > 1:
+        try:
+            jsonl = isinstance(json.loads(lines[0][1]), dict)
+        except json.JSONDecodeError:
+            jsonl = False
+    if not jsonl:
+        raise DataError(
+            f"{where}: malformed JSON at line {whole_error.lineno} column {whole_error.colno}: {whole_error.msg}; "
+            "fix the syntax there (JSONL needs one complete object per line)"
+        ) from whole_error
+    records = []
+    for n, line in lines:
+        try:
+            records.append((json.loads(line), f" on line {n}"))
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{where}: malformed JSONL at line {n} column {exc.colno}: {exc.msg}; each line must hold one "
+                "complete JSON object"
+            ) from exc
+    return records
+
+
+def _is_record(value: Any) -> bool:
+    return isinstance(value, dict) and "data" not in value and ("question" in value or "context" in value)
+
+
+def _records(parsed: list[tuple[Any, str]], where: str) -> list[tuple[dict[str, Any] | Any, str, int]]:
+    """Flatten any layout into ``(record, location, position)`` with one record per question.
+
+    Nested records are rebuilt as flat dicts (the paragraph's context and the article's title filled in).
+    """
+    if len(parsed) > 1 or parsed[0][1]:  # JSONL
+        return [(rec, loc, i) for i, (rec, loc) in enumerate(parsed)]
+    doc = parsed[0][0]
+    if isinstance(doc, list):
+        if doc and isinstance(doc[0], dict) and "paragraphs" in doc[0] and "question" not in doc[0]:
+            return _nested_records(doc, where)  # the "data" list of an official file, without its wrapper
+        return [(rec, "", i) for i, rec in enumerate(doc)]
+    if _is_record(doc):  # a one-line JSONL file
+        return [(doc, " on line 1", 0)]
+    if not isinstance(doc, dict):
+        raise DataError(
+            f"{where}: top level is {_kind(doc)}; expected official SQuAD v2.0 ({{\"data\": [...]}}), a JSON list "
+            "of records, or JSONL"
+        )
+    if "data" not in doc:
+        raise DataError(
+            f"{where}: top level is an object without a 'data' list (keys: {_show(sorted(doc)[:6])}); expected "
+            "official SQuAD v2.0 ({\"data\": [{\"paragraphs\": [...]}]}), a JSON list of records, or JSONL"
+        )
+    return _nested_records(doc["data"], where)
+
+
+def _nested_records(articles: Any, where: str) -> list[tuple[dict[str, Any] | Any, str, int]]:
+    if not isinstance(articles, list):
+        raise DataError(f"{where}: 'data' is {_kind(articles)}; expected a list of articles with 'paragraphs'")
+    out: list[tuple[Any, str, int]] = []
+    for a, article in enumerate(articles):
+        at = f"data[{a}]"
+        if not isinstance(article, dict):
+            raise DataError(f"{where}: {at} is {_kind(article)}; expected an object with 'title' and 'paragraphs'")
+        title = article.get("title", "")
+        if title is None:
+            title = ""
+        if not isinstance(title, str):
+            raise DataError(f"{where}: {at}.title {_show(title)} is {_kind(title)}; make it a string")
+        paragraphs = article.get("paragraphs")
+        if not isinstance(paragraphs, list):
+            raise DataError(
+                f"{where}: {at}.paragraphs is {'missing' if paragraphs is None else _kind(paragraphs)}; "
+                "expected a list of {\"context\", \"qas\"} objects"
+            )
+        for p, paragraph in enumerate(paragraphs):
+            pat = f"{at}.paragraphs[{p}]"
+            if not isinstance(paragraph, dict):
+                raise DataError(f"{where}: {pat} is {_kind(paragraph)}; expected an object with 'context' and 'qas'")
+            context = paragraph.get("context")
+            problem = _context_problem(context, "paragraph")
+            if problem:
+                raise DataError(f"{where}: {pat}.context {problem}")
+            qas = paragraph.get("qas")
+            if not isinstance(qas, list):
+                raise DataError(
+                    f"{where}: {pat}.qas is {'missing' if qas is None else _kind(qas)}; expected a list of "
+                    "questions (it may be empty)"
+                )
+            for q, qa in enumerate(qas):
+                loc = f" at {pat}.qas[{q}]"
+                if isinstance(qa, dict):
+                    qa = {**qa, "context": context, "title": title}
+                out.append((qa, loc, len(out)))
+    return out
+
+
+def _context_problem(context: Any, holder: str = "record") -> str:
+    """Why ``context`` is unusable, or ``""``; ``holder`` names what to drop in the fix."""
+    if context is None:
+        return "is missing; every paragraph needs its text"
+    if not isinstance(context, str):
+        return f"{_show(context)} is {_kind(context)}; make it a string"
+    if not context.strip():
+        return f"{_show(context)} is empty; give the paragraph text or drop the {holder}"
+    return ""
+
+
+def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, str]:
+    """Validate one flat record; return the example and its label for later messages."""
+    rec, loc, position = raw
+    if not isinstance(rec, dict):
+        raise DataError(
+            f"{where}: record {position}{loc}: is {_kind(rec)}; expected an object with id, question, context, "
+            "answers"
+        )
+    rid = rec.get("id")
+    if isinstance(rid, str) and rid.strip():
+        label = f"{where}: record {position} ({rid!r}){loc}"
+    else:
+        label = f"{where}: record {position}{loc}"
+        if rid is None:
+            raise DataError(f"{label}: id is missing; give every question a unique string id")
+        what = "empty" if isinstance(rid, str) else _kind(rid)
+        raise DataError(f"{label}: id {_show(rid)} is {what}; give every question a unique, non-empty string id")
+    question = rec.get("question")
+    if question is None:
+        raise DataError(f"{label}: question is missing; give the question text")
+    if not isinstance(question, str) or not question.strip():
+        what = "empty" if isinstance(question, str) else _kind(question)
+        raise DataError(f"{label}: question {_show(question)} is {what}; give the question text as a string")
+    context = rec.get("context")
+    problem = _context_problem(context)
+    if problem:
+        raise DataError(f"{label}: context {problem}")
+    title = rec.get("title", "")
+    if title is None:
+        title = ""
+    if not isinstance(title, str):
+        raise DataError(f"{label}: title {_show(title)} is {_kind(title)}; make it a string or leave it out")
+    answers = _validate_answers(rec, context, label)
+    impossible = rec.get("is_impossible")
+    if impossible is None:
+        impossible = not answers
+    elif not isinstance(impossible, bool):
+        raise DataError(f"{label}: is_impossible {_show(impossible)} is {_kind(impossible)}; use true or false")
+    elif impossible and answers:
+        raise DataError(
+            f"{label}: is_impossible is true but {len(answers)} answer(s) are given; set is_impossible to false "
+            "or make answers empty"
+        )
+    elif not impossible and not answers:
+        raise DataError(
+            f"{label}: is_impossible is false but answers is empty; add the answer or set is_impossible to true"
+        )
+    example = Example(id=rid, title=title, question=question, context=context, answers=tuple(answers),
+                      is_impossible=impossible)
+    return example, label
+
+
+def _validate_answers(rec: dict[str, Any], context: str, label: str) -> list[Answer]:
+    """Check the ``answers`` field in either layout; every answer must match the context at its offset."""
+    if "answers" not in rec:
+        raise DataError(
+            f"{label}: answers is missing; give a list of {{\"text\", \"answer_start\"}} objects, or [] for an "
+            "unanswerable question"
+        )
+    value = rec["answers"]
+    pairs: list[tuple[str, Any, str, Any, str]] = []  # (text field, text, start field, start, item field)
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if not isinstance(item, dict) or "text" not in item or "answer_start" not in item:
+                raise DataError(
+                    f"{label}: answers[{i}] {_show(item)} is not an object with 'text' and 'answer_start'; "
+                    "write it as {\"text\": ..., \"answer_start\": ...}"
+                )
+            pairs.append((f"answers[{i}].text", item["text"], f"answers[{i}].answer_start", item["answer_start"],
+                          f"answers[{i}]"))
+    elif isinstance(value, dict) and "text" in value and "answer_start" in value:
+        texts, starts = value["text"], value["answer_start"]
+        for field, seq in (("answers.text", texts), ("answers.answer_start", starts)):
+            if not isinstance(seq, list):
+                raise DataError(f"{label}: {field} {_show(seq)} is {_kind(seq)}; expected a list (one per answer)")
+        if len(texts) != len(starts):
+            raise DataError(
+                f"{label}: answers.text has {len(texts)} entries but answers.answer_start has {len(starts)}; "
+                "give one offset per answer text"
+            )
+        for i, (text, start) in enumerate(zip(texts, starts)):
+            pairs.append((f"answers.text[{i}]", text, f"answers.answer_start[{i}]", start, f"answer {i}"))
+    else:
+        raise DataError(
+            f"{label}: answers {_show(value)} is {_kind(value)}; expected a list of {{\"text\", \"answer_start\"}} "
+            "objects or {\"text\": [...], \"answer_start\": [...]}"
+        )
+    out = []
+    for text_field, text, start_field, start, item in pairs:
+        if not isinstance(text, str) or not text:
+            what = "empty" if isinstance(text, str) else _kind(text)
+            raise DataError(f"{label}: {text_field} {_show(text)} is {what}; give the answer text or drop {item}")
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise DataError(
+                f"{label}: {start_field} {_show(start)} is {_kind(start)}; give the character offset as an integer"
+                + (" (no fraction)" if isinstance(start, float) else "")
+            )
+        if start < 0:
+            raise DataError(f"{label}: {start_field} {start} is negative; give the 0-based character offset")
+        if start >= len(context):
+            raise DataError(
+                f"{label}: {start_field} {start} is past the end of the context ({len(context)} chars); fix the "
+                "offset or drop the answer"
+            )
+        found = context[start:start + len(text)]
+        if found != text:
+            elsewhere = context.find(text)
+            hint = f"the text occurs at {elsewhere}" if elsewhere >= 0 else "the text does not occur in the context"
+            raise DataError(
+                f"{label}: {text_field} {_show(text)} does not match the context at {start_field} {start}, which "
+                f"reads {_show(found)}; fix the offset ({hint}) or the text"
+            )
+        out.append(Answer(text=text, answer_start=start))
+    return out
+
+
+def _check_unique_ids(examples: list[tuple[Example, str]], where: str) -> None:
+    first: dict[str, str] = {}
+    for ex, label in examples:
+        if ex.id in first:
+            other = first[ex.id][len(where) + 2:]
+            raise DataError(f"{label}: id {ex.id!r} repeats {other}; ids must be unique: rename or drop one")
+        first[ex.id] = label
+
+
+# ---------------------------------------------------------------------------------------------- tokenising
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    allowed = f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+        raise ConfigError(f"{name}: got {value!r}; allowed: {allowed}")
+
+
+def _truncate_questions(questions: list[str], tokenizer: Any, max_query_len: int) -> list[str]:
+    """Shorten each question string so that it tokenises to at most ``max_query_len`` tokens.
+
+    The question is tokenised alone (no special tokens) and the string is cut at the character end of its
+    ``max_query_len``-th token, then re-tokenised to confirm. For WordPiece and BPE this keeps exactly the first
+    ``max_query_len`` tokens, because greedy tokenisation of a prefix cut at a token boundary reproduces the
+    same tokens. Leading whitespace is removed first, as Hugging Face's QA scripts do.
+    """
+    questions = [q.lstrip() for q in questions]
+    enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    out = []
+    for q, ids, offsets in zip(questions, enc["input_ids"], enc["offset_mapping"]):
+        while len(ids) > max_query_len:
+            cut = offsets[max_query_len - 1][1]
+            q = q[: cut if cut < len(q) else len(q) - 1]
+            again = tokenizer(q, add_special_tokens=False, return_offsets_mapping=True)
+            ids, offsets = again["input_ids"], again["offset_mapping"]
+        out.append(q)
+    return out
+
+
+def _answer_tokens(offsets: Sequence[Sequence[int]], start: int, end: int, cs: int, ce: int) -> tuple[int, int]:
+    """Token indices ``(first, last)`` covering context chars ``[start, end)``, or ``(-1, -1)`` if outside."""
+    if offsets[cs][0] > start or offsets[ce][1] < end:
+        return -1, -1
+    first = cs
+    while first < ce and offsets[first + 1][0] <= start:
+        first += 1
+    last = ce
+    while last > first and offsets[last - 1][1] >= end:
+        last -= 1
+    return first, last
+
+
+def _encode(tokenizer: Any, questions: list[str], contexts: list[str], max_seq_len: int, doc_stride: int) -> Any:
+    return tokenizer(
+        questions,
+        contexts,
+        truncation="only_second",
+        max_length=max_seq_len,
+        stride=doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        return_token_type_ids=True,
+        padding=False,
+    )
+
+
+def tokenize_examples(
+    examples: Iterable[Example],
+    tokenizer: Any,
+    *,
+    max_seq_len: int,
+    doc_stride: int,
+    max_query_len: int,
+) -> pd.DataFrame:
+    """Cut each example into the overlapping features an extractive QA model is fed.
+
+    The question is first truncated to ``max_query_len`` tokens by shortening its string (see below); then each
+    pair is encoded as ``[CLS] question [SEP] context [SEP]`` with the context split into windows of at most
+    ``max_seq_len`` tokens, consecutive windows of one example overlapping by ``doc_stride`` tokens (Hugging
+    Face's ``stride``, which is how SQuAD's ``doc_stride=128`` is conventionally passed). No padding is added.
+
+    Parameters
+    ----------
+    examples
+        Validated examples, e.g. from :func:`read_squad`; their ids must be unique.
+    tokenizer
+        A Hugging Face *fast* tokenizer (character offsets are needed), e.g. the model's own.
+    max_seq_len
+        Most tokens per feature, special tokens included; 16 to 4096 (and no more than the model accepts).
+    doc_stride
+        Overlap in tokens between consecutive spans of one context; ``0 <= doc_stride <
+        max_seq_len - max_query_len - n_special`` (``n_special`` is 3 for BERT).
+    max_query_len
+        Most question tokens kept. The question string is cut at the end of its ``max_query_len``-th token and
+        re-tokenised, so the kept tokens are the first ``max_query_len`` tokens of the full question.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per feature, examples in input order and spans in context order, with columns
+        ``example_id`` (str), ``span`` (int32, 0-based within the example), ``seq_len`` (int32, number of
+        tokens), ``input_ids`` (list of int), ``tokens`` (list of str), ``segment_ids`` (list of int: the
+        tokenizer's token type ids, for BERT 0 for ``[CLS]``, the question and the first ``[SEP]``, 1 for the
+        context and the final ``[SEP]``), ``offsets`` (list of ``[start, end)`` character offsets into the
+        context for context tokens, ``[-1, -1]`` for question and special tokens), ``context_start`` /
+        ``context_end`` (int32, first / last token index of the context in this feature), and
+        ``answer_start_token`` / ``answer_end_token`` (int32, token indices of the first gold answer when it lies
+        wholly inside this feature, else -1). The list columns have length ``seq_len``.
+
+    Raises
+    ------
+    ConfigError
+        If a length setting is out of range or the tokenizer cannot give character offsets.
+    DataError
+        If there are no examples, an id repeats, or an example yields a feature without context tokens (e.g. a
+        context of characters the tokenizer drops); every example yields at least one feature or this is raised.
+    """
+    examples = list(examples)
+    _check_int("max_seq_len", max_seq_len, 16, 4096)
+    _check_int("max_query_len", max_query_len, 1)
+    _check_int("doc_stride", doc_stride, 0)
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"tokenizer {type(tokenizer).__name__}: is not a fast (Rust) tokenizer, which is needed for character "
+            "offsets; load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
+        )
+    n_special = tokenizer.num_special_tokens_to_add(pair=True)
+    room = max_seq_len - max_query_len - n_special
+    if room < 1:
+        raise ConfigError(
+            f"max_query_len: got {max_query_len}; allowed: less than max_seq_len - {n_special} special tokens = "
+            f"{max_seq_len - n_special}; lower max_query_len or raise max_seq_len"
+        )
+    if doc_stride >= room:
+        raise ConfigError(
+            f"doc_stride: got {doc_stride}; allowed: less than max_seq_len - max_query_len - {n_special} = {room} "
+            "(the context tokens left in a feature); lower doc_stride or raise max_seq_len"
+        )
+    if not examples:
+        raise DataError("tokenize_examples: got no examples; read at least one with read_squad")
+    seen: dict[str, int] = {}
+    for i, ex in enumerate(examples):
+        if ex.id in seen:
+            raise DataError(
+                f"example {i} ({ex.id!r}): id repeats example {seen[ex.id]}; ids must be unique: rename or drop one"
+            )
+        seen[ex.id] = i
+
+    rows: dict[str, list[Any]] = {name: [] for name in FEATURE_COLUMNS}
+    for lo in range(0, len(examples), _TOKENIZE_BATCH):
+        batch = examples[lo:lo + _TOKENIZE_BATCH]
+        questions = _truncate_questions([ex.question for ex in batch], tokenizer, max_query_len)
+        contexts = [ex.context for ex in batch]
+        try:
+            enc = _encode(tokenizer, questions, contexts, max_seq_len, doc_stride)
+        except Exception:  # find and name the example the tokenizer rejects
+            for k, ex in enumerate(batch):
+                try:
+                    _encode(tokenizer, questions[k:k + 1], contexts[k:k + 1], max_seq_len, doc_stride)
+                except Exception as one:
+                    raise DataError(
+                        f"example {lo + k} ({ex.id!r}): the tokenizer rejects it ({type(one).__name__}: {one}); "
+                        "fix or drop this example"
+                    ) from one
+            raise
+        spans = [0] * len(batch)
+        for f, k in enumerate(enc["overflow_to_sample_mapping"]):
+            ex = batch[k]
+            seq = enc.sequence_ids(f)
+            ctx = [t for t, s in enumerate(seq) if s == 1]
+            if not ctx:
+                raise DataError(
+                    f"example {lo + k} ({ex.id!r}): context {_show(ex.context)} yields no tokens in span {spans[k]} "
+                    "with this tokenizer; fix the context text or drop the example"
+                )
+            cs, ce = ctx[0], ctx[-1]
+            offsets = [[int(a), int(b)] if s == 1 else [-1, -1] for (a, b), s in zip(enc["offset_mapping"][f], seq)]
+            if ex.answers:
+                start = ex.answers[0].answer_start
+                a_start, a_end = _answer_tokens(offsets, start, start + len(ex.answers[0].text), cs, ce)
+            else:
+                a_start = a_end = -1
+            ids = list(enc["input_ids"][f])
+            for name, value in (
+                ("example_id", ex.id), ("span", spans[k]), ("seq_len", len(ids)), ("input_ids", ids),
+                ("tokens", tokenizer.convert_ids_to_tokens(ids)), ("segment_ids", list(enc["token_type_ids"][f])),
+                ("offsets", offsets), ("context_start", cs), ("context_end", ce),
+                ("answer_start_token", a_start), ("answer_end_token", a_end),
+            ):
+                rows[name].append(value)
+            spans[k] += 1
+        for k, n in enumerate(spans):  # never drop an example silently
+            if n == 0:
+                raise DataError(
+                    f"example {lo + k} ({batch[k].id!r}): yields no feature; fix the context text or drop the example"
+                )
+    frame = pd.DataFrame(rows, columns=list(FEATURE_COLUMNS))
+    for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
+        frame[name] = frame[name].astype(np.int32)
+    return frame

@@ -1,0 +1,37 @@
+"""The ``pooled`` featurizer: each map, at its true length, average-pooled to a G x G grid.
+
+The pooled map is rescaled so each of its rows sums to 1 (as attention rows do), which makes maps of different
+lengths comparable, then square-rooted: Euclidean distance between two vectors is then the Hellinger distance
+between their row distributions, so small but systematic mass (a faint diagonal) counts, not only the peaks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["pool_maps"]
+
+
+def pool_maps(maps: np.ndarray, *, grid: int) -> np.ndarray:
+    """Pool maps of one length to ``grid x grid``.
+
+    Parameters
+    ----------
+    maps
+        (map, query, key) float32, all of the same true length ``n``.
+    grid
+        Output side G.
+
+    Returns
+    -------
+    numpy.ndarray
+        (map, G*G) float32.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    t = torch.from_numpy(np.ascontiguousarray(maps, dtype=np.float32))
+    pooled = F.adaptive_avg_pool2d(t[:, None], grid)[:, 0]
+    rows = pooled.sum(-1, keepdim=True).clamp_min(1e-12)
+    pooled = (pooled / rows).clamp_min(0).sqrt()
+    return pooled.reshape(len(maps), grid * grid).numpy()

@@ -1,0 +1,131 @@
+"""The ``resnet`` featurizer: a torchvision ResNet's penultimate layer on each map seen as an image.
+
+Each map is cropped to its true length, scaled to [0, 1] by its own maximum (per map, never per column),
+resized to ``image_size`` with bilinear interpolation on tensors, copied to 3 channels, ImageNet-normalised,
+and passed through the network without its classifier (512-d for resnet18/34, 2,048-d for resnet50).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendUnavailable, ConfigError
+
+__all__ = ["check_weights", "embed_maps", "load_resnet"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+_CACHE: dict = {}
+_LOCK = threading.Lock()
+
+
+def _weights_enum(arch: str):
+    import torchvision.models as tvm
+
+    return {"resnet18": tvm.ResNet18_Weights.IMAGENET1K_V1, "resnet34": tvm.ResNet34_Weights.IMAGENET1K_V1,
+            "resnet50": tvm.ResNet50_Weights.IMAGENET1K_V2}[arch]
+
+
+def imagenet_cache_file(arch: str) -> Path:
+    """Where torchvision keeps (or would download) the ImageNet weights of ``arch``."""
+    import torch
+
+    url = _weights_enum(arch).url
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+
+
+def check_weights(arch: str, weights: str, *, download: bool = True) -> None:
+    """Fail early, with the fix, when the requested weights cannot be had (no silent random fallback)."""
+    if weights == "none":
+        return
+    if weights == "imagenet":
+        cached = imagenet_cache_file(arch)
+        if cached.exists():
+            return
+        if not download:
+            raise BackendUnavailable(
+                f"featurize.weights imagenet: {cached.name} is not in the torchvision cache ({cached.parent}); "
+                f"fill TORCH_HOME with it (torchvision downloads it on a machine with internet), or set "
+                f"featurize.weights to a .pth file or 'none'")
+        import torch
+
+        try:
+            torch.hub.load_state_dict_from_url(_weights_enum(arch).url, progress=False, check_hash=True)
+        except Exception as exc:
+            raise BackendUnavailable(
+                f"featurize.weights imagenet: downloading {cached.name} failed ({type(exc).__name__}: "
+                f"{str(exc)[:120]}); this needs the internet or a TORCH_HOME cache holding the file "
+                f"({cached.parent}); or set featurize.weights to a .pth file or 'none'") from None
+        return
+    path = Path(weights).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"featurize.weights {weights!r}: no such file; allowed: imagenet | none | a path to a "
+                          f"torchvision {arch} state dict (.pth)")
+
+
+def load_resnet(arch: str, weights: str, device: str = "cpu"):
+    """The ResNet trunk (classifier replaced by identity), eval mode, channels_last; cached per process."""
+    key = (arch, weights, device)
+    with _LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+        import torch
+        import torchvision.models as tvm
+
+        check_weights(arch, weights)
+        builder = getattr(tvm, arch)
+        if weights == "imagenet":
+            net = builder(weights=_weights_enum(arch))
+        else:
+            net = builder(weights=None)
+            if weights != "none":
+                try:
+                    state = torch.load(Path(weights).expanduser(), map_location="cpu", weights_only=True)
+                    if isinstance(state, dict) and "state_dict" in state:
+                        state = state["state_dict"]
+                    state = {k: v for k, v in state.items() if not k.startswith("fc.")}
+                    missing, unexpected = net.load_state_dict(state, strict=False)
+                except Exception as exc:
+                    raise ConfigError(f"featurize.weights {weights!r}: not a {arch} state dict "
+                                      f"({type(exc).__name__}: {str(exc)[:160]})") from None
+                bad = [k for k in missing if not k.startswith("fc.")]
+                if bad or unexpected:
+                    raise ConfigError(f"featurize.weights {weights!r}: does not match {arch} (missing "
+                                      f"{bad[:3]}, unexpected {list(unexpected)[:3]}); use weights of that arch")
+        net.fc = torch.nn.Identity()
+        net.eval().to(device=device, memory_format=torch.channels_last)
+        _CACHE[key] = net
+        return net
+
+
+def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, device: str = "cpu") -> np.ndarray:
+    """Embed maps of one true length.
+
+    Parameters
+    ----------
+    maps
+        (map, query, key) float32 of one true length.
+
+    Returns
+    -------
+    numpy.ndarray
+        (map, dim) float32.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+    out = []
+    with torch.inference_mode():
+        for b0 in range(0, len(maps), batch_size):
+            x = torch.from_numpy(np.ascontiguousarray(maps[b0:b0 + batch_size])).to(device)[:, None]
+            peak = x.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
+            x = F.interpolate(x / peak, size=(image_size, image_size), mode="bilinear", align_corners=False)
+            x = ((x.expand(-1, 3, -1, -1) - mean) / std).contiguous(memory_format=torch.channels_last)
+            out.append(net(x).float().cpu().numpy())
+    return np.concatenate(out, axis=0)

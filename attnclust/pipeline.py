@@ -1,0 +1,345 @@
+"""Running a job: input checks, the output-dir lock, the four stages as Dask graphs, and ``job.json``.
+
+Every input (data, model, featurizer weights, config) is checked before the output directory is touched, so
+bad input leaves nothing behind. Each stage records its configuration fingerprint; re-running the same command
+after an interruption skips finished blocks, and a different configuration is refused unless ``force``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import secrets
+import string
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import backend as bk
+from .config import JobConfig
+from .errors import AttnclustError, DataError, StoreError
+from .runtime import dask_client, run_tasks
+from .store import ATTENTION, OutputDir, atomic_write_json, atomic_write_parquet, open_attention_store, read_features
+
+__all__ = ["JobResult", "STAGES", "make_job_id", "run_job"]
+
+STAGES = ("extract", "featurize", "cluster", "report")
+PACKAGES = ("attnclust", "torch", "torchvision", "transformers", "dask", "distributed", "zarr", "numpy",
+            "pandas", "scikit-learn", "umap-learn")
+
+
+@dataclass
+class JobResult:
+    """What a run produced: the output dir, the job id, per-stage records and the report path."""
+
+    out: Path
+    job_id: str
+    stages: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def report(self) -> Path:
+        return self.out / "report.html"
+
+
+def make_job_id(name: str) -> str:
+    """``{name}_{6 random chars}``: the prefix of every task key of this run (dashboard groups by it)."""
+    alphabet = string.ascii_lowercase + string.digits
+    return f"{name}_{''.join(secrets.choice(alphabet) for _ in range(6))}"
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# -- input checks (nothing is written) ------------------------------------------------------------------------
+def prepare_inputs(cfg: JobConfig) -> dict:
+    """Read and validate the data, tokenise it, check the model and featurizer; nothing is written."""
+    from .data import read_squad, sample_path, tokenize_examples
+    from .extract import plan_features
+    from .models import describe_model, get_tokenizer
+
+    path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
+    examples = read_squad(path, max_examples=cfg.data.max_examples)
+    model_info = describe_model(cfg.model)
+    tokenizer = get_tokenizer(cfg.model)
+    features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
+                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len)
+    if features.empty:
+        raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
+    table = pd.DataFrame({
+        "id": [e.id for e in examples], "title": [e.title for e in examples],
+        "question": [e.question for e in examples], "context": [e.context for e in examples],
+        "answer_texts": [[a.text for a in e.answers] for e in examples],
+        "answer_starts": [[a.answer_start for a in e.answers] for e in examples],
+        "is_impossible": [e.is_impossible for e in examples]})
+    return {"data_path": str(path), "examples": table, "features": plan_features(features),
+            "model_info": model_info}
+
+
+def check_featurizer(cfg: JobConfig) -> None:
+    if cfg.featurize.method == "resnet":
+        from .featurize.resnet import check_weights
+
+        check_weights(cfg.featurize.arch, cfg.featurize.weights)
+
+
+# -- stages -------------------------------------------------------------------------------------------------
+def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dict, *, force: bool,
+             progress: bool) -> dict:
+    from .extract import extract_block, finish_store, prepare_store
+
+    fp = cfg.fingerprint("data", "model", "extract")
+    if outdir.begin_stage("extract", fp, force=force):
+        return {**outdir.stage_record("extract"), "skipped": True}
+    t0 = time.perf_counter()
+    features = inputs["features"]
+    atomic_write_parquet(inputs["examples"], outdir.path / "examples.parquet")
+    blocks, done = prepare_store(outdir, features, cfg=cfg, model_info=inputs["model_info"], fingerprint=fp,
+                                 resume=not force)
+    todo = [(str(outdir.path), b, s, e, cfg, fp) for b, (s, e) in enumerate(blocks) if b not in done]
+    results = run_tasks(client, extract_block, todo, job_id=job_id, stage="extract",
+                        desc=f"extract ({len(blocks)} blocks, {len(done)} done)", progress=progress)
+    finish_store(outdir, blocks)
+    seconds = time.perf_counter() - t0
+    n_maps = len(features) * inputs["model_info"]["num_layers"] * inputs["model_info"]["num_heads"]
+    record = {"seconds": round(seconds, 3), "features": len(features), "examples": len(inputs["examples"]),
+              "maps": n_maps, "blocks": len(blocks), "blocks_resumed": len(done),
+              "features_per_second": round(sum(r["features"] for r in results) / seconds, 3) if results else None,
+              "tokens": int(features["seq_len"].sum()),
+              "qa_head_in_checkpoint": inputs["model_info"]["qa_head_in_checkpoint"],
+              "data_path": inputs["data_path"]}
+    outdir.finish_stage("extract", fp, **record)
+    return record
+
+
+def _store_identity(outdir: OutputDir) -> str:
+    store = open_attention_store(outdir.path / ATTENTION)
+    return store.attrs.get("fingerprint") or _digest(store.seq_len.tolist(), list(store.attention.shape))
+
+
+def _featurize(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: str, *, force: bool,
+               progress: bool) -> dict:
+    from .featurize import featurize_block, mark_embedding_complete, prepare_embedding
+
+    store = open_attention_store(outdir.path / ATTENTION)
+    read_features(outdir.path)  # contract check before any work
+    fp = _digest(_store_identity(outdir), cfg.featurize.to_dict())
+    if outdir.begin_stage("featurize", fp, force=force):
+        return {**outdir.stage_record("featurize"), "skipped": True}
+    check_featurizer(cfg)
+    t0 = time.perf_counter()
+    blocks = store.blocks()
+    done = prepare_embedding(outdir, n_features=store.n_features, n_layers=store.n_layers,
+                             n_heads=store.n_heads, per_task=store.features_per_task, cfg=cfg.featurize,
+                             fingerprint=fp, resume=not force)
+    device = bk.torch_device(backend)
+    todo = [(str(outdir.path), b, s, e, cfg, fp, device) for b, (s, e) in enumerate(blocks) if b not in done]
+    run_tasks(client, featurize_block, todo, job_id=job_id, stage="featurize",
+              desc=f"featurize {cfg.featurize.method} ({len(blocks)} blocks)", progress=progress)
+    mark_embedding_complete(outdir.path)
+    seconds = time.perf_counter() - t0
+    n_maps = store.n_features * store.n_layers * store.n_heads
+    record = {"seconds": round(seconds, 3), "maps": n_maps, "method": cfg.featurize.method,
+              "maps_per_second": round(n_maps / seconds, 1), "blocks_resumed": len(done)}
+    outdir.finish_stage("featurize", fp, **record)
+    return record
+
+
+def _cluster(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: str, *, force: bool,
+             progress: bool) -> dict:
+    from .cluster import assign_block, fit_from_store
+    from .featurize import open_embedding
+
+    feat_record = outdir.stage_record("featurize")
+    if feat_record is None:
+        raise StoreError(f"output dir {outdir.path}: featurize has not finished; run 'attnclust featurize' first")
+    group = open_embedding(outdir.path)
+    fp = _digest(feat_record["fingerprint"], cfg.cluster.to_dict())
+    if outdir.begin_stage("cluster", fp, force=force):
+        return {**outdir.stage_record("cluster"), "skipped": True}
+    t0 = time.perf_counter()
+    future = client.submit(fit_from_store, str(outdir.path), cfg.cluster, backend, key=f"{job_id}-cluster-fit",
+                           pure=False, retries=1)
+    if progress:
+        print(f"cluster: fitting on a sample of {min(group['embedding'].shape[0], cfg.cluster.fit_sample)} maps "
+              f"(k={cfg.cluster.k}, UMAP {'on' if cfg.cluster.umap else 'off'}) ...", flush=True)
+    fitted = future.result()
+    fit_s = time.perf_counter() - t0
+    [fitted_future] = client.scatter([fitted], broadcast=True)
+    n_maps = group["embedding"].shape[0]
+    step = group["embedding"].chunks[0]
+    items = [(str(outdir.path), b, r0, min(r0 + step, n_maps), fitted_future)
+             for b, r0 in enumerate(range(0, n_maps, step))]
+    frames = run_tasks(client, assign_block, items, job_id=job_id, stage="cluster-assign",
+                       desc=f"cluster assign (k={fitted.k_})", progress=progress)
+    labels = pd.concat(frames, ignore_index=True)
+    atomic_write_parquet(labels, outdir.path / "cluster_labels.parquet")
+    model = {"k": fitted.k_, "k_scores": {str(k): v for k, v in fitted.k_scores_.items()},
+             "centers": bk.to_numpy(fitted.kmeans_.cluster_centers_).tolist(),
+             "pca_components": None if fitted.pca_ is None else int(fitted.pca_.n_components),
+             "umap_fitted_on": None if fitted.umap_rows_ is None else int(len(fitted.umap_rows_))}
+    atomic_write_json(outdir.path / "cluster_model.json", model)
+    seconds = time.perf_counter() - t0
+    record = {"seconds": round(seconds, 3), "fit_seconds": round(fit_s, 3), "maps": int(n_maps),
+              "k": fitted.k_, "k_scores": model["k_scores"], "backend": backend,
+              "maps_per_second": round(n_maps / seconds, 1)}
+    outdir.finish_stage("cluster", fp, **record)
+    return record
+
+
+def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bool, progress: bool,
+            settings: dict) -> dict:
+    from .atlas import build_atlas, cluster_mean_maps, medoid_maps, qa_predictions, stats_block
+    from .report import ReportInputs, write_report
+
+    cl_record = outdir.stage_record("cluster")
+    if cl_record is None:
+        raise StoreError(f"output dir {outdir.path}: cluster has not finished; run 'attnclust cluster' first")
+    fp = _digest(cl_record["fingerprint"], cfg.report.to_dict())
+    if outdir.begin_stage("report", fp, force=force):
+        return {**outdir.stage_record("report"), "skipped": True}
+    t0 = time.perf_counter()
+    out = outdir.path
+    features = read_features(out)
+    labels = pd.read_parquet(out / "cluster_labels.parquet")
+    if (out / "map_stats.parquet").exists():
+        stats = pd.read_parquet(out / "map_stats.parquet")
+    else:  # a store written by another tool: compute the statistics from the maps
+        store = open_attention_store(out / ATTENTION)
+        frames = run_tasks(client, stats_block, [(str(out), s, e) for s, e in store.blocks()], job_id=job_id,
+                           stage="stats", desc="statistics", progress=progress)
+        stats = pd.concat(frames, ignore_index=True)
+        atomic_write_parquet(stats, out / "map_stats.parquet")
+    k = int(cl_record["k"])
+    maps, heads, clusters = build_atlas(out, labels, stats, features, k=k)
+    notes = []
+    if (out / "qa.parquet").exists() and (out / "examples.parquet").exists():
+        preds = qa_predictions(out, pd.read_parquet(out / "qa.parquet"), features,
+                               pd.read_parquet(out / "examples.parquet"))
+        ext = outdir.stage_record("extract") or {}
+        if ext.get("qa_head_in_checkpoint") is False:
+            notes.append("The model's checkpoint has no trained question-answering head (it was initialised "
+                         "randomly): predictions.parquet is written but its answers are meaningless. Attention "
+                         "maps are unaffected.")
+        else:
+            notes.append(f"QA exact match on these examples: {100 * preds['exact_match'].mean():.1f}% "
+                         f"({len(preds)} examples).")
+    inputs = ReportInputs(
+        title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads, clusters=clusters,
+        mean_maps=cluster_mean_maps(out, maps, k, random_state=cfg.cluster.random_state),
+        medoids=medoid_maps(out, clusters, features), settings=settings, notes=tuple(notes),
+        k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
+        max_tokens_shown=cfg.report.max_tokens_shown)
+    path = write_report(out / "report.html", inputs)
+    record = {"seconds": round(time.perf_counter() - t0, 3), "report": str(path), "clusters": k}
+    outdir.finish_stage("report", fp, **record)
+    return record
+
+
+# -- the job ------------------------------------------------------------------------------------------------
+def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES, scheduler: str | None = None,
+            force: bool = False, progress: bool = True, client=None, n_workers: int | None = None,
+            job_id: str | None = None, security=None) -> JobResult:
+    """Run some or all stages of a job into ``out``.
+
+    Parameters
+    ----------
+    cfg
+        The validated job.
+    out
+        Output directory (created).
+    stages
+        Subset of ``("extract", "featurize", "cluster", "report")``, run in that order.
+    scheduler
+        A Dask scheduler address or scheduler file; ``None`` starts an embedded LocalCluster.
+    force
+        Overwrite stages that were run with another configuration.
+    client
+        An existing ``distributed.Client`` (overrides ``scheduler``).
+    """
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise AttnclustError(f"stage {unknown[0]!r}: unknown; stages are {', '.join(STAGES)}")
+    inputs = prepare_inputs(cfg) if "extract" in stages else None
+    if "featurize" in stages and "extract" in stages:
+        check_featurizer(cfg)
+    outdir = OutputDir(Path(out))
+    job_id = job_id or make_job_id(cfg.name)
+    result = JobResult(out=outdir.path, job_id=job_id)
+    with outdir:
+        if "extract" not in stages:
+            open_attention_store(outdir.path / ATTENTION)  # fail fast on a missing/foreign store
+        started = time.perf_counter()
+        ctx = _nullcontext(client) if client is not None else dask_client(scheduler, n_workers=n_workers,
+                                                                           security=security)
+        with ctx as cl:
+            backend = bk.resolve_backend(cfg.backend, cl)
+            if progress:
+                print(f"job {job_id}: backend {backend}, dashboard {cl.dashboard_link}", flush=True)
+            settings = {"job_id": job_id, "config": cfg.to_dict(), "backend": backend}
+            for stage in STAGES:
+                if stage not in stages:
+                    continue
+                if stage == "extract":
+                    rec = _extract(cl, outdir, cfg, job_id, inputs, force=force, progress=progress)
+                elif stage == "featurize":
+                    rec = _featurize(cl, outdir, cfg, job_id, backend, force=force, progress=progress)
+                elif stage == "cluster":
+                    rec = _cluster(cl, outdir, cfg, job_id, backend, force=force, progress=progress)
+                else:
+                    settings["stages"] = dict(result.stages)
+                    rec = _report(cl, outdir, cfg, job_id, force=force, progress=progress, settings=settings)
+                result.stages[stage] = rec
+                _write_job_json(outdir, cfg, job_id, backend, result.stages)
+        result.stages["total_seconds"] = round(time.perf_counter() - started, 3)
+        _write_job_json(outdir, cfg, job_id, backend, result.stages)
+    return result
+
+
+class _nullcontext:
+    def __init__(self, value):
+        self.value = value
+
+    def __enter__(self):
+        return self.value
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _write_job_json(outdir: OutputDir, cfg: JobConfig, job_id: str, backend: str, stages: dict) -> None:
+    path = outdir.path / "job.json"
+    previous = {}
+    if path.exists():
+        try:
+            previous = json.loads(path.read_text()).get("stages", {})
+        except ValueError:
+            previous = {}
+    merged = {**previous, **{k: v for k, v in stages.items()}}
+    atomic_write_json(path, {"job_id": job_id, "config": cfg.to_dict(), "backend": backend,
+                             "versions": _versions(), "stages": merged})
+
+
+def result_summary(result: JobResult) -> str:
+    lines = []
+    for name in STAGES:
+        rec = result.stages.get(name)
+        if rec:
+            extra = " (already complete)" if rec.get("skipped") else ""
+            lines.append(f"  {name:<10} {rec.get('seconds', 0):8.1f} s{extra}")
+    return "\n".join(lines)

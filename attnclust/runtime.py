@@ -1,0 +1,84 @@
+"""Getting a Dask client: an embedded LocalCluster (default) or an existing scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Iterator
+
+from .errors import AttnclustError
+
+__all__ = ["dask_client"]
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
+                security=None, quiet: bool = True) -> Iterator:
+    """Yield a ``distributed.Client``.
+
+    Parameters
+    ----------
+    scheduler
+        ``None`` starts an embedded ``LocalCluster`` (processes, one single-threaded worker per core); an
+        address (``tcp://host:8786``, ``tls://...``) or a scheduler JSON file connects to that cluster.
+    n_workers
+        Workers of the embedded cluster (default: CPU cores).
+    """
+    from distributed import Client, LocalCluster
+
+    if quiet:
+        for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.worker",
+                     "distributed.core", "distributed.http.proxy"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    if scheduler is None:
+        workers = n_workers or max(1, len(os.sched_getaffinity(0)))
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+        client = Client(cluster)
+        try:
+            yield client
+        finally:
+            client.close()
+            cluster.close()
+        return
+    try:
+        kwargs = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
+        client = Client(**kwargs, security=security, timeout="15s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise AttnclustError(f"--scheduler {scheduler}: cannot connect ({exc}); check the address and that "
+                             f"'dask scheduler' is running there") from None
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def run_tasks(client, fn, items: list[tuple], *, job_id: str, stage: str, desc: str | None = None,
+              progress: bool = True, retries: int = 2) -> list:
+    """Submit ``fn(*item)`` for every item as tasks keyed ``{job_id}-{stage}-{i:06d}``; return results in order.
+
+    A progress bar follows completion on the terminal; the dashboard groups the tasks by the key prefix.
+    A task that raises cancels the rest and re-raises its exception here.
+    """
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    if not items:
+        return []
+    futures = [client.submit(fn, *item, key=f"{job_id}-{stage}-{i:06d}", retries=retries, pure=False)
+               for i, item in enumerate(items)]
+    index = {f.key: i for i, f in enumerate(futures)}
+    results: list = [None] * len(futures)
+    bar = tqdm(total=len(futures), desc=desc or stage, unit="task", disable=not progress, leave=True)
+    try:
+        for future in as_completed(futures):
+            if future.status == "error":
+                exc = future.exception()
+                raise exc
+            results[index[future.key]] = future.result()
+            bar.update(1)
+    finally:
+        bar.close()
+        client.cancel([f for f in futures if not f.done()])
+    return results

@@ -1,0 +1,354 @@
+"""The on-disk layout of an output directory: names, dimensions, chunking, schema, completion markers, locks.
+
+Store contract (documented in README; other tools rely on it)::
+
+    DIR/attention.zarr      zarr v3 group
+        attention           float16 (feature, layer, head, query, key), zero beyond each feature's seq_len
+        seq_len             int32 (feature)
+        attrs               schema, schema_version, model, max_seq_len, num_layers, num_heads[, complete]
+    DIR/features.parquet    feature_id, example_id, span, seq_len, tokens, segment_ids [, offsets, ...]
+
+Everything else in ``DIR`` is derived and rebuilt by the stages. One Dask task owns one whole shard of
+``attention`` (a block of features), so no two tasks ever write the same chunk or shard. Finished work is
+recorded as marker files under ``DIR/_state``; a marker is written only after the data it vouches for.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import JobLocked, StoreError
+
+__all__ = [
+    "ATTENTION",
+    "DIMS",
+    "FEATURES",
+    "SCHEMA_VERSION",
+    "AttentionStore",
+    "OutputDir",
+    "atomic_write_bytes",
+    "atomic_write_parquet",
+    "create_attention_store",
+    "open_attention_store",
+    "read_features",
+]
+
+DIMS = ("feature", "layer", "head", "query", "key")
+SCHEMA = "attnclust.attention"
+SCHEMA_VERSION = 1
+ATTENTION = "attention.zarr"
+FEATURES = "features.parquet"
+EMBEDDING = "embedding.zarr"
+FEATURE_COLUMNS = ("feature_id", "example_id", "span", "seq_len", "tokens", "segment_ids")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """Write a DataFrame as parquet through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+
+
+@dataclass(frozen=True)
+class AttentionStore:
+    """An opened attention store.
+
+    Attributes
+    ----------
+    path
+        The ``attention.zarr`` directory.
+    attention
+        zarr array, float16, dims (feature, layer, head, query, key).
+    seq_len
+        int32 array (feature,), loaded in memory.
+    """
+
+    path: Path
+    attention: Any
+    seq_len: np.ndarray
+    attrs: dict
+
+    @property
+    def n_features(self) -> int:
+        return int(self.attention.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.attention.shape[1])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.attention.shape[2])
+
+    @property
+    def width(self) -> int:
+        return int(self.attention.shape[3])
+
+    @property
+    def features_per_task(self) -> int:
+        """Features per shard (the unit of work of every per-feature stage)."""
+        shards = getattr(self.attention, "shards", None)
+        return int((shards or self.attention.chunks)[0])
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """``[(start, stop), ...]`` feature ranges, one per shard."""
+        step = self.features_per_task
+        return [(s, min(s + step, self.n_features)) for s in range(0, self.n_features, step)]
+
+    def read_block(self, start: int, stop: int) -> np.ndarray:
+        """Maps of features ``start:stop`` cropped to the block's longest true length, as float32.
+
+        Returns
+        -------
+        numpy.ndarray
+            (feature, layer, head, query, key), query and key cropped to ``max(seq_len[start:stop])``.
+        """
+        n = int(self.seq_len[start:stop].max()) if stop > start else 0
+        return np.asarray(self.attention[start:stop, :, :, :n, :n], dtype=np.float32)
+
+
+def _zarr():
+    import zarr  # imported lazily: zarr import costs ~0.3 s and workers import this module
+
+    return zarr
+
+
+def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, num_heads: int,
+                           features_per_task: int, attrs: dict) -> AttentionStore:
+    """Create (overwrite) the attention store with one shard per ``features_per_task`` features.
+
+    The query/key width is the longest true length (not ``max_seq_len``); padding beyond each feature's own
+    length stays zero (the fill value, never written).
+    """
+    zarr = _zarr()
+    from zarr.codecs import ZstdCodec
+
+    path = Path(path)
+    if path.exists():
+        shutil.rmtree(path)
+    n = int(len(seq_len))
+    width = int(seq_len.max())
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
+                        "complete": False, **attrs})
+    attention = group.create_array(
+        "attention", shape=(n, num_layers, num_heads, width, width), dtype="float16",
+        shards=(features_per_task, num_layers, num_heads, width, width),
+        chunks=(1, 1, num_heads, width, width), fill_value=0, compressors=ZstdCodec(level=1),
+        dimension_names=DIMS,
+    )
+    seq = group.create_array("seq_len", shape=(n,), dtype="int32", chunks=(max(n, 1),),
+                             dimension_names=("feature",))
+    seq[:] = seq_len.astype(np.int32)
+    return AttentionStore(path=path, attention=attention, seq_len=np.asarray(seq_len, np.int32),
+                          attrs=dict(group.attrs))
+
+
+def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool = True) -> AttentionStore:
+    """Open and check an attention store written by attnclust or any tool following the store contract."""
+    zarr = _zarr()
+    path = Path(path)
+    fix = "run 'attnclust extract' for this output dir, or point --out at a directory holding one"
+    if not path.exists():
+        raise StoreError(f"store {path}: not found; {fix}")
+    try:
+        group = zarr.open_group(str(path), mode=mode)
+    except Exception as exc:  # zarr raises many types for unreadable stores
+        raise StoreError(f"store {path}: not a readable zarr group ({type(exc).__name__}: {exc}); {fix}") from None
+    attrs = dict(group.attrs)
+    if attrs.get("schema", SCHEMA) != SCHEMA:
+        raise StoreError(f"store {path}: schema {attrs.get('schema')!r} is not {SCHEMA!r}; this is not an "
+                         f"attnclust attention store; {fix}")
+    version = attrs.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise StoreError(f"store {path}: schema_version {version!r} is not supported (this attnclust reads "
+                         f"{SCHEMA_VERSION}); re-run extract with this version")
+    try:
+        attention = group["attention"]
+        seq_len = np.asarray(group["seq_len"][:], dtype=np.int32)
+    except KeyError as exc:
+        raise StoreError(f"store {path}: missing array {exc}; the contract needs 'attention' and 'seq_len'; "
+                         f"{fix}") from None
+    shape = attention.shape
+    if len(shape) != 5 or shape[3] != shape[4] or shape[0] != len(seq_len):
+        raise StoreError(f"store {path}: attention has shape {shape} with {len(seq_len)} seq_len values; "
+                         f"expected (feature, layer, head, query, key) with query == key and one seq_len per "
+                         f"feature; {fix}")
+    if len(seq_len) and (seq_len.min() < 1 or seq_len.max() > shape[3]):
+        raise StoreError(f"store {path}: seq_len outside 1..{shape[3]}; {fix}")
+    if require_complete and attrs.get("complete", True) is False:
+        raise StoreError(f"store {path}: extraction did not finish; re-run the same command to resume it")
+    return AttentionStore(path=path, attention=attention, seq_len=seq_len, attrs=attrs)
+
+
+def mark_store_complete(path: Path) -> None:
+    group = _zarr().open_group(str(path), mode="r+")
+    group.attrs["complete"] = True
+
+
+def read_features(out: Path) -> pd.DataFrame:
+    """Read ``features.parquet`` and check the contract's columns."""
+    path = Path(out) / FEATURES
+    if not path.exists():
+        raise StoreError(f"{path}: not found; run 'attnclust extract' for this output dir first")
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:
+        raise StoreError(f"{path}: unreadable parquet ({type(exc).__name__}: {exc}); re-run extract") from None
+    missing = [c for c in FEATURE_COLUMNS if c not in df.columns]
+    if missing:
+        raise StoreError(f"{path}: missing column(s) {', '.join(missing)}; the store contract needs "
+                         f"{', '.join(FEATURE_COLUMNS)}")
+    return df.sort_values("feature_id").reset_index(drop=True)
+
+
+class OutputDir:
+    """An output directory: stage state, config fingerprints, the run lock.
+
+    Parameters
+    ----------
+    path
+        The directory (created on :meth:`lock`).
+    """
+
+    STAGES = ("extract", "featurize", "cluster", "report")
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock_fh = None
+
+    # -- lock -------------------------------------------------------------------------------------
+    def lock(self) -> None:
+        """Take the directory's run lock (released when the process exits, even if killed)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path / ".lock", "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise JobLocked(f"output dir {self.path}: in use by another attnclust run ({holder}); wait for it "
+                            f"to finish or choose another --out") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        fh.flush()
+        self._lock_fh = fh
+
+    def unlock(self) -> None:
+        if self._lock_fh is not None:
+            fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
+            self._lock_fh.close()
+            self._lock_fh = None
+
+    def __enter__(self):
+        self.lock()
+        return self
+
+    def __exit__(self, *exc):
+        self.unlock()
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def state(self) -> Path:
+        return self.path / "_state"
+
+    def part_marker(self, stage: str, part: int) -> Path:
+        return self.state / stage / f"{part:06d}.done"
+
+    def done_parts(self, stage: str, fingerprint: str) -> set[int]:
+        """Parts of ``stage`` recorded as finished under ``fingerprint``."""
+        folder = self.state / stage
+        done = set()
+        if folder.is_dir():
+            for marker in folder.glob("*.done"):
+                try:
+                    if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
+                        done.add(int(marker.stem))
+                except (ValueError, OSError):
+                    continue
+        return done
+
+    def mark_part(self, stage: str, part: int, fingerprint: str, **info) -> None:
+        atomic_write_json(self.part_marker(stage, part), {"fingerprint": fingerprint, **info})
+
+    def stage_record(self, stage: str) -> dict | None:
+        path = self.state / f"{stage}.json"
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except ValueError:
+            return None
+
+    def started_fingerprint(self, stage: str) -> str | None:
+        path = self.state / f"{stage}.started"
+        return path.read_text().strip() if path.exists() else None
+
+    def begin_stage(self, stage: str, fingerprint: str, *, force: bool) -> bool:
+        """Check the stage's recorded config; return True if it is already complete with this config.
+
+        A stage begun or finished with another configuration is refused unless ``force``, which wipes
+        this stage's and later stages' state (their outputs are overwritten as they re-run).
+        """
+        previous = self.started_fingerprint(stage)
+        if previous is not None and previous != fingerprint:
+            if not force:
+                raise StoreError(
+                    f"output dir {self.path}: stage '{stage}' was run with a different configuration "
+                    f"(fingerprint {previous} vs {fingerprint}); use --force to overwrite it or choose another --out")
+            self.reset_from(stage)
+        elif force:
+            self.reset_from(stage)
+        record = self.stage_record(stage)
+        if record is not None and record.get("fingerprint") == fingerprint:
+            return True
+        atomic_write_bytes(self.state / f"{stage}.started", fingerprint.encode())
+        return False
+
+    def finish_stage(self, stage: str, fingerprint: str, **info) -> None:
+        atomic_write_json(self.state / f"{stage}.json", {"fingerprint": fingerprint, **info})
+
+    def reset_from(self, stage: str) -> None:
+        """Forget ``stage`` and every later stage (markers, records)."""
+        for later in self.STAGES[self.STAGES.index(stage):]:
+            shutil.rmtree(self.state / later, ignore_errors=True)
+            for suffix in (".json", ".started"):
+                (self.state / f"{later}{suffix}").unlink(missing_ok=True)

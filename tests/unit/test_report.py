@@ -1,0 +1,239 @@
+"""Unit tests of attnclust.report: a self-contained, escaped HTML report of synthetic clusters."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import re
+from html.parser import HTMLParser
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.errors import DataError
+from attnclust.report import (
+    STAT_COLUMNS,
+    UMAP_OFF_SENTENCE,
+    ReportInputs,
+    cluster_palette,
+    head_grid,
+    render_report,
+    write_report,
+)
+
+N_LAYERS, N_HEADS, N_CLUSTERS, N_FEATURES, G = 2, 4, 3, 25, 16
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NOTE = "QA head untrained: predictions are meaningless"
+
+
+def _synthetic_inputs() -> ReportInputs:
+    rng = np.random.default_rng(0)
+    n_maps = N_FEATURES * N_LAYERS * N_HEADS  # 200 rows, one per (feature, layer, head)
+    feature = np.repeat(np.arange(N_FEATURES, dtype=np.int64), N_LAYERS * N_HEADS)
+    layer = np.tile(np.repeat(np.arange(N_LAYERS), N_HEADS), N_FEATURES).astype(np.int16)
+    head = np.tile(np.arange(N_HEADS), N_FEATURES * N_LAYERS).astype(np.int16)
+    # planted: each head mostly in cluster (layer * N_HEADS + head) % 3, with 20% noise
+    planted = (layer.astype(np.int32) * N_HEADS + head) % N_CLUSTERS
+    noise = rng.random(n_maps) < 0.2
+    cluster = np.where(noise, rng.integers(0, N_CLUSTERS, n_maps), planted).astype(np.int32)
+    maps = pd.DataFrame({
+        "feature_id": feature, "example_id": [f"ex{f // 2}" for f in feature],
+        "span": np.zeros(n_maps, np.int32), "seq_len": np.full(n_maps, 16, np.int32),
+        "layer": layer, "head": head, "cluster": cluster,
+        "umap_x": rng.normal(size=n_maps).astype(np.float32), "umap_y": rng.normal(size=n_maps).astype(np.float32),
+        "centroid_dist": rng.random(n_maps).astype(np.float32),
+        **{s: rng.random(n_maps).astype(np.float32) for s in STAT_COLUMNS},
+    })
+    shares = pd.crosstab([maps["layer"], maps["head"]], maps["cluster"], normalize="index")
+    shares = shares.reindex(columns=range(N_CLUSTERS), fill_value=0.0)
+    heads = pd.DataFrame({
+        "layer": shares.index.get_level_values(0), "head": shares.index.get_level_values(1),
+        "n_maps": N_FEATURES, "dominant_cluster": shares.to_numpy().argmax(1), "purity": shares.to_numpy().max(1),
+        **{f"share_{c}": shares[c].to_numpy() for c in range(N_CLUSTERS)},
+    }).merge(maps.groupby(["layer", "head"], as_index=False)[list(STAT_COLUMNS)].mean(), on=["layer", "head"])
+    size = maps["cluster"].value_counts().reindex(range(N_CLUSTERS), fill_value=0)
+    clusters = pd.DataFrame({
+        "cluster": np.arange(N_CLUSTERS), "size": size.to_numpy(), "share": size.to_numpy() / n_maps,
+        "medoid_feature_id": np.arange(N_CLUSTERS) * 3, "medoid_layer": 1, "medoid_head": 2,
+        "description": [f"pattern {c} <b>&</b> attends to [SEP] ({80 + c}% of mass)" for c in range(N_CLUSTERS)],
+        "top_heads": [f"L{c % 2}H{c} 9{c}%" for c in range(N_CLUSTERS)],
+        "mean_layer": maps.groupby("cluster")["layer"].mean().to_numpy(),
+    }).join(maps.groupby("cluster")[list(STAT_COLUMNS)].mean(), on="cluster")
+    mean_maps = rng.random((N_CLUSTERS, G, G))
+    mean_maps /= mean_maps.sum(-1, keepdims=True)
+    tokens = ["[CLS]", "<script>", "alert(1)", "</script>", "$x$", "a&b", "[SEP]", "who", "?", "[SEP]"]
+    long_tokens = [f"tok{i}" for i in range(80)]
+    medoids = {0: (rng.random((10, 10)), tokens), 1: (rng.random((80, 80)), long_tokens)}  # cluster 2: none
+    settings = {"job": {"name": "demo-job", "model": "packaged"}, "cluster": {"k": None, "seed": np.int64(0)},
+                "timings": {"extract_s": np.float32(1.5)}}
+    return ReportInputs(title="Demo <run>", maps=maps, heads=heads, clusters=clusters, mean_maps=mean_maps,
+                        medoids=medoids, settings=settings, notes=(NOTE,), k_scores={2: 0.31, 3: 0.42, 4: 0.37})
+
+
+@pytest.fixture(scope="module")
+def inputs() -> ReportInputs:
+    return _synthetic_inputs()
+
+
+@pytest.fixture(scope="module")
+def report(inputs: ReportInputs) -> str:
+    return render_report(inputs)
+
+
+def _img_sources(text: str) -> list[str]:
+    return re.findall(r"<img\b[^>]*\bsrc=\"([^\"]*)\"", text)
+
+
+def test_no_external_resources(report: str) -> None:
+    assert not re.search(r"\b(?:src|href)\s*=\s*[\"']?\s*(?:https?:)?//", report, flags=re.I)
+    assert "<link" not in report.lower()
+    assert "url(" not in report.lower()
+
+
+def test_every_image_is_an_embedded_png(report: str) -> None:
+    sources = _img_sources(report)
+    assert report.count("<img") == len(sources)
+    # 3 mean maps + 2 medoids + 1 UMAP + 1 silhouette plot
+    assert len(sources) == 7
+    for src in sources:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1], validate=True).startswith(PNG_MAGIC)
+
+
+def test_every_cluster_has_a_card_with_its_description(inputs: ReportInputs, report: str) -> None:
+    for row in inputs.clusters.itertuples():
+        assert f'id="cluster-{row.cluster}"' in report
+        assert f"Cluster {row.cluster} " in report
+        assert html.escape(row.description) in report
+        assert html.escape(row.top_heads) in report
+    assert "<b>&</b>" not in report
+
+
+def test_cards_sorted_by_size(inputs: ReportInputs, report: str) -> None:
+    order = inputs.clusters.sort_values("size", ascending=False)["cluster"].tolist()
+    positions = [report.index(f'id="cluster-{c}"') for c in order]
+    assert positions == sorted(positions)
+
+
+def test_tokens_and_title_are_escaped(report: str) -> None:
+    assert "&lt;script&gt;" in report and "&lt;/script&gt;" in report
+    assert "<script" not in report.lower()
+    assert "Demo &lt;run&gt;" in report
+
+
+def test_notes_come_before_the_grid(report: str) -> None:
+    assert 'class="notes"' in report
+    assert report.index(html.escape(NOTE)) < report.index('id="grid"')
+
+
+def test_grid_has_one_cell_per_head(inputs: ReportInputs, report: str) -> None:
+    assert report.count('class="gcell"') == N_LAYERS * N_HEADS
+    # small grid: each cell shows its cluster and purity
+    assert len(re.findall(r'class="gcell"[^>]*><b>\d+</b><br><small>\d+%</small></td>', report)) == 8
+
+
+def test_head_grid_matches_heads_table(inputs: ReportInputs) -> None:
+    grid = head_grid(inputs.heads.sample(frac=1.0, random_state=0))  # row order must not matter
+    expected = inputs.heads.pivot(index="layer", columns="head", values="dominant_cluster")
+    np.testing.assert_array_equal(grid.dominant, expected.to_numpy())
+    np.testing.assert_array_equal(grid.layers, expected.index.to_numpy())
+    np.testing.assert_array_equal(grid.heads, expected.columns.to_numpy())
+    np.testing.assert_allclose(grid.purity, inputs.heads.pivot(index="layer", columns="head", values="purity"))
+
+
+def test_head_grid_marks_missing_heads() -> None:
+    heads = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "dominant_cluster": [2, 1, 0],
+                          "purity": [0.5, 0.9, 1.0]})
+    grid = head_grid(heads)
+    np.testing.assert_array_equal(grid.dominant, [[2, 1], [0, -1]])
+    assert np.isnan(grid.purity[1, 1])
+
+
+def test_crop_is_announced_and_missing_medoid_said(report: str) -> None:
+    assert "Showing the first 64 of 80 tokens." in report
+    assert "No medoid map was given for cluster 2." in report
+
+
+def test_stats_table_formats_percent(inputs: ReportInputs, report: str) -> None:
+    share = inputs.clusters.loc[0, "share"]
+    assert f"<td>{100 * share:.1f}%</td>" in report
+    assert "<th>to_sep</th>" in report and "<th>entropy</th>" in report
+
+
+def test_settings_block_is_shown(report: str) -> None:
+    settings = report[report.index('id="settings"'):]
+    assert "<pre>" in settings and "demo-job" in settings and "extract_s: 1.5" in settings
+
+
+def test_nan_umap_skips_scatter(inputs: ReportInputs, report: str) -> None:
+    maps = inputs.maps.assign(umap_x=np.float32(np.nan), umap_y=np.float32(np.nan))
+    text = render_report(dataclasses.replace(inputs, maps=maps, k_scores=None, medoids={}))
+    assert html.escape(UMAP_OFF_SENTENCE) in text
+    assert len(_img_sources(text)) == N_CLUSTERS  # only the mean maps remain
+    assert UMAP_OFF_SENTENCE not in report
+
+
+def test_no_pyplot_figures_left_open(report: str) -> None:
+    import matplotlib.pyplot as plt
+
+    assert plt.get_fignums() == []
+
+
+def test_write_report_is_atomic_and_parses(tmp_path, inputs: ReportInputs) -> None:
+    small = dataclasses.replace(inputs, medoids={}, k_scores=None)
+    target = tmp_path / "out" / "report.html"
+    target.parent.mkdir()
+    target.write_text("old")
+    assert write_report(target, small) == target
+    assert sorted(p.name for p in target.parent.iterdir()) == ["report.html"]
+
+    class Collect(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[str] = []
+
+        def handle_starttag(self, tag, attrs) -> None:
+            self.tags.append(tag)
+
+    parser = Collect()
+    parser.feed(target.read_text(encoding="utf-8"))
+    parser.close()
+    assert parser.tags[0] == "html" and "body" in parser.tags and "table" in parser.tags
+
+
+def test_palette_sizes_and_distinct_colours() -> None:
+    for k in (1, 3, 20, 25, 60, 75):
+        colors = cluster_palette(k)
+        assert colors.shape == (k, 4)
+        assert len({tuple(np.round(c, 4)) for c in colors}) == k
+
+
+def test_mean_maps_not_matching_clusters(inputs: ReportInputs) -> None:
+    with pytest.raises(DataError, match=r"mean_maps holds 4 maps but the clusters table has 3 rows"):
+        dataclasses.replace(inputs, mean_maps=np.zeros((4, G, G)))
+    with pytest.raises(ValueError, match=r"mean_maps: shape \(3, 16\)"):
+        dataclasses.replace(inputs, mean_maps=np.zeros((3, 16)))
+
+
+def test_missing_column_is_named(inputs: ReportInputs) -> None:
+    with pytest.raises(DataError, match=r"clusters: missing column\(s\) description"):
+        dataclasses.replace(inputs, clusters=inputs.clusters.drop(columns="description"))
+    with pytest.raises(DataError, match=r"maps: missing column\(s\) umap_x, umap_y"):
+        dataclasses.replace(inputs, maps=inputs.maps.drop(columns=["umap_x", "umap_y"]))
+
+
+def test_other_invalid_inputs(inputs: ReportInputs) -> None:
+    with pytest.raises(DataError, match=r"clusters.cluster: got ids \[0, 1, 5\]"):
+        dataclasses.replace(inputs, clusters=inputs.clusters.assign(cluster=[0, 1, 5]))
+    with pytest.raises(DataError, match=r"heads: \(layer 0, head 0\) appears more than once"):
+        dataclasses.replace(inputs, heads=pd.concat([inputs.heads, inputs.heads.iloc[:1]]))
+    with pytest.raises(DataError, match=r"medoids\[0\]: map shape \(10, 10\) with 3 tokens"):
+        dataclasses.replace(inputs, medoids={0: (np.zeros((10, 10)), ["a", "b", "c"])})
+    with pytest.raises(DataError, match=r"medoids: cluster 7 is not in the clusters table"):
+        dataclasses.replace(inputs, medoids={7: (np.zeros((1, 1)), ["a"])})
+    with pytest.raises(DataError, match=r"max_tokens_shown: got 0; allowed: an integer >= 1"):
+        dataclasses.replace(inputs, max_tokens_shown=0)
+    with pytest.raises(DataError, match=r"notes: got a single string"):
+        dataclasses.replace(inputs, notes=NOTE)
