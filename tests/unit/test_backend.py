@@ -1,0 +1,73 @@
+import pytest
+
+from attnclust import backend as bk
+from attnclust.errors import BackendUnavailable, ConfigError
+
+
+def ok():
+    return True, "ok"
+
+
+def missing():
+    return False, "cuml is not installed"
+
+
+def test_cpu_is_always_cpu():
+    assert bk.resolve_backend("cpu", probe=missing) == "cpu"
+
+
+def test_auto_picks_gpu_only_when_usable():
+    assert bk.resolve_backend("auto", probe=ok) == "gpu"
+    assert bk.resolve_backend("auto", probe=missing) == "cpu"
+
+
+def test_gpu_without_libraries_fails_with_install_hint():
+    with pytest.raises(BackendUnavailable, match=r"cuml is not installed; install the GPU extra.*attnclust\[gpu\]"):
+        bk.resolve_backend("gpu", probe=missing)
+
+
+def test_unknown_backend():
+    with pytest.raises(ConfigError, match=r"backend: got 'tpu'"):
+        bk.resolve_backend("tpu")
+
+
+class FakeClient:
+    def __init__(self, reports):
+        self.reports = reports
+
+    def run(self, fn):
+        return self.reports
+
+
+def test_auto_needs_every_worker():
+    mixed = FakeClient({"tcp://a": (True, "ok"), "tcp://b": (False, "cupy finds no CUDA device")})
+    assert bk.resolve_backend("auto", mixed) == "cpu"
+    assert bk.resolve_backend("auto", FakeClient({"tcp://a": (True, "ok")})) == "gpu"
+    with pytest.raises(BackendUnavailable, match=r"worker tcp://b: cupy finds no CUDA device"):
+        bk.resolve_backend("gpu", mixed)
+
+
+def test_real_probe_on_this_machine_and_factories():
+    usable, why = bk.gpu_status()
+    if not usable:
+        assert why
+        with pytest.raises(BackendUnavailable, match="install the GPU extra"):
+            bk.make_kmeans("gpu", n_clusters=2, random_state=0)
+    km = bk.make_kmeans("cpu", n_clusters=3, random_state=0)
+    assert type(km).__module__.startswith("sklearn")
+    assert bk.torch_device("gpu") == "cuda" and bk.torch_device("cpu") == "cpu"
+
+
+@pytest.mark.gpu
+def test_gpu_kmeans_recovers_blobs():
+    usable, why = bk.gpu_status()
+    if not usable:
+        pytest.skip(why)
+    import numpy as np
+    from sklearn.datasets import make_blobs
+    from sklearn.metrics import adjusted_rand_score
+
+    x, y = make_blobs(2000, centers=5, random_state=0)
+    km = bk.make_kmeans("gpu", n_clusters=5, random_state=0)
+    km.fit(x.astype(np.float32))
+    assert adjusted_rand_score(y, bk.to_numpy(km.predict(x.astype(np.float32)))) > 0.95
