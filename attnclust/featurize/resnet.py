@@ -58,7 +58,7 @@ def check_weights(arch: str, weights: str, *, download: bool = True) -> None:
         except Exception as exc:
             raise BackendUnavailable(
                 f"featurize.weights imagenet: downloading {cached.name} failed ({type(exc).__name__}: "
-                f"{str(exc)[:120]}); this needs the internet or a TORCH_HOME cache holding the file "
+                f"{' '.join(str(exc).split())[:120]}); this needs the internet or a TORCH_HOME cache holding the file "
                 f"({cached.parent}); or set featurize.weights to a .pth file or 'none'") from None
         return
     path = Path(weights).expanduser()
@@ -90,8 +90,9 @@ def load_resnet(arch: str, weights: str, device: str = "cpu"):
                     state = {k: v for k, v in state.items() if not k.startswith("fc.")}
                     missing, unexpected = net.load_state_dict(state, strict=False)
                 except Exception as exc:
+                    detail = " ".join(str(exc).split())[:160]
                     raise ConfigError(f"featurize.weights {weights!r}: not a {arch} state dict "
-                                      f"({type(exc).__name__}: {str(exc)[:160]})") from None
+                                      f"({type(exc).__name__}: {detail}); use weights of that arch") from None
                 bad = [k for k in missing if not k.startswith("fc.")]
                 if bad or unexpected:
                     raise ConfigError(f"featurize.weights {weights!r}: does not match {arch} (missing "

@@ -1,0 +1,89 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.config import JobConfig
+from attnclust.extract import _best_span, extract_block, finish_store, plan_features, prepare_store
+from attnclust.pipeline import prepare_inputs
+from attnclust.stats import STAT_COLUMNS
+from attnclust.store import OutputDir, open_attention_store
+
+
+@pytest.fixture
+def extracted(tmp_path, tiny_bert_dir, small_squad):
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)},
+                               "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"batch_size": 3, "features_per_task": 3}})
+    inputs = prepare_inputs(cfg)
+    out = OutputDir(tmp_path / "out")
+    out.path.mkdir()
+    blocks, done = prepare_store(out, inputs["features"], cfg=cfg, model_info=inputs["model_info"],
+                                 fingerprint="fp", resume=True)
+    assert done == set()
+    for b, (s, e) in enumerate(blocks):
+        extract_block(str(out.path), b, s, e, cfg, "fp")
+    finish_store(out, blocks)
+    return cfg, out, inputs
+
+
+def test_maps_are_cropped_zero_padded_and_row_stochastic(extracted):
+    cfg, out, inputs = extracted
+    store = open_attention_store(out.path / "attention.zarr")
+    feats = inputs["features"]
+    assert store.n_features == len(feats) == 8
+    assert store.attention.shape[1:3] == (2, 4)
+    assert store.width == feats["seq_len"].max()
+    a = np.asarray(store.attention[:], np.float32)
+    for f, n in enumerate(store.seq_len):
+        np.testing.assert_allclose(a[f, :, :, :n, :n].sum(-1), 1.0, atol=3e-3)
+        assert not a[f, :, :, n:, :].any() and not a[f, :, :, :, n:].any()
+    assert out.done_parts("extract", "fp") == set(range(len(store.blocks())))
+
+
+def test_maps_equal_an_unbatched_forward(extracted, tiny_bert_dir):
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    cfg, out, inputs = extracted
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
+    store = open_attention_store(out.path / "attention.zarr")
+    row = inputs["features"].iloc[-1]           # the longest feature, padded least
+    first = inputs["features"].iloc[0]          # the shortest, padded most in its batch
+    for feat in (row, first):
+        ids = torch.tensor([list(feat["input_ids"])])
+        with torch.inference_mode():
+            att = model(input_ids=ids, token_type_ids=torch.tensor([list(feat["segment_ids"])]),
+                        output_attentions=True).attentions
+        ref = torch.stack(att, 1)[0].numpy()
+        n = int(feat["seq_len"])
+        got = np.asarray(store.attention[int(feat["feature_id"]), :, :, :n, :n], np.float32)
+        np.testing.assert_allclose(got, ref, atol=2e-3)
+
+
+def test_statistics_and_predictions_have_one_row_per_map_and_feature(extracted):
+    cfg, out, inputs = extracted
+    stats = pd.read_parquet(out.path / "map_stats.parquet")
+    assert len(stats) == 8 * 2 * 4
+    assert not stats.duplicated(["feature_id", "layer", "head"]).any()
+    assert set(STAT_COLUMNS) <= set(stats.columns)
+    assert stats["to_cls"].between(0, 1).all() and stats["entropy_norm"].between(0, 1.0001).all()
+    qa = pd.read_parquet(out.path / "qa.parquet")
+    feats = inputs["features"].set_index("feature_id")
+    assert sorted(qa["feature_id"]) == list(range(8))
+    for r in qa.itertuples():
+        f = feats.loc[r.feature_id]
+        assert f["context_start"] <= r.pred_start_token <= r.pred_end_token <= f["context_end"]
+
+
+def test_plan_features_orders_by_length_and_keeps_ties_in_dataset_order():
+    df = pd.DataFrame({"example_id": list("abcd"), "span": [0, 0, 1, 0], "seq_len": [9, 4, 9, 4]})
+    planned = plan_features(df)
+    assert list(planned["example_id"]) == ["b", "d", "a", "c"]
+    assert list(planned["feature_id"]) == [0, 1, 2, 3]
+
+
+def test_best_span_respects_context_and_order():
+    start = np.array([9.0, 0, 5, 0, 0, 0])
+    end = np.array([9.0, 0, 0, 1, 6, 0])
+    s, e, score = _best_span(start, end, 1, 4)
+    assert (s, e, score) == (2, 4, 11.0)

@@ -1,0 +1,83 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.errors import JobLocked, StoreError
+from attnclust.store import (DIMS, OutputDir, create_attention_store, mark_store_complete, open_attention_store,
+                             read_features)
+
+
+def make_store(path, seq_len=(3, 5, 4), per_task=2):
+    return create_attention_store(path, seq_len=np.array(seq_len), num_layers=2, num_heads=3,
+                                  features_per_task=per_task, attrs={"model": "tiny", "max_seq_len": 16})
+
+
+def test_store_layout_and_blocks(tmp_path):
+    store = make_store(tmp_path / "attention.zarr")
+    assert store.attention.shape == (3, 2, 3, 5, 5)
+    assert tuple(store.attention.metadata.dimension_names) == DIMS
+    assert store.attention.dtype == np.float16
+    assert store.blocks() == [(0, 2), (2, 3)]
+    with pytest.raises(StoreError, match="extraction did not finish"):
+        open_attention_store(tmp_path / "attention.zarr")
+    mark_store_complete(tmp_path / "attention.zarr")
+    again = open_attention_store(tmp_path / "attention.zarr")
+    np.testing.assert_array_equal(again.seq_len, [3, 5, 4])
+    assert float(np.abs(again.read_block(0, 2)).sum()) == 0.0   # unwritten = zero padding
+
+
+def test_foreign_and_broken_stores_are_refused(tmp_path):
+    import zarr
+
+    with pytest.raises(StoreError, match="not found"):
+        open_attention_store(tmp_path / "none.zarr")
+    (tmp_path / "junk.zarr").mkdir()
+    (tmp_path / "junk.zarr" / "zarr.json").write_text("{not json")
+    with pytest.raises(StoreError, match="not a readable zarr group"):
+        open_attention_store(tmp_path / "junk.zarr")
+    g = zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
+    g.attrs["schema"] = "someone.else"
+    with pytest.raises(StoreError, match="not an attnclust attention store"):
+        open_attention_store(tmp_path / "other.zarr")
+    g2 = zarr.open_group(str(tmp_path / "noarr.zarr"), mode="w")
+    g2.create_array("seq_len", data=np.array([2], np.int32))
+    with pytest.raises(StoreError, match="missing array 'attention'"):
+        open_attention_store(tmp_path / "noarr.zarr")
+
+
+def test_store_written_by_another_tool_is_accepted(tmp_path):
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "attention.zarr"), mode="w", zarr_format=3)
+    g.create_array("attention", data=np.zeros((2, 1, 1, 4, 4), np.float16), dimension_names=DIMS)
+    g.create_array("seq_len", data=np.array([4, 3], np.int32))
+    store = open_attention_store(tmp_path / "attention.zarr")
+    assert store.n_features == 2 and store.features_per_task == 2
+
+
+def test_features_contract(tmp_path):
+    pd.DataFrame({"feature_id": [0], "example_id": ["a"]}).to_parquet(tmp_path / "features.parquet")
+    with pytest.raises(StoreError, match="missing column"):
+        read_features(tmp_path)
+
+
+def test_second_lock_is_refused_and_released(tmp_path):
+    first = OutputDir(tmp_path / "out")
+    first.lock()
+    with pytest.raises(JobLocked, match=r"in use by another attnclust run \(pid \d+"):
+        OutputDir(tmp_path / "out").lock()
+    first.unlock()
+    with OutputDir(tmp_path / "out"):
+        pass
+
+
+def test_stage_fingerprints_refuse_other_config_unless_forced(tmp_path):
+    out = OutputDir(tmp_path)
+    assert out.begin_stage("extract", "aaa", force=False) is False
+    out.mark_part("extract", 0, "aaa")
+    out.finish_stage("extract", "aaa")
+    assert out.begin_stage("extract", "aaa", force=False) is True
+    with pytest.raises(StoreError, match="different configuration.*--force"):
+        out.begin_stage("extract", "bbb", force=False)
+    assert out.begin_stage("extract", "bbb", force=True) is False
+    assert out.done_parts("extract", "aaa") == set()
