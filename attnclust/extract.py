@@ -9,6 +9,7 @@ parquet parts, and only then its completion marker. The driver never holds atten
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from pathlib import Path
 
@@ -88,6 +89,9 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
     from .models import get_model
 
     out_path = Path(out)
+    delay = float(os.environ.get("ATTNCLUST_TEST_TASK_DELAY", "0") or 0)  # testing aid: widen the kill window
+    if delay:
+        time.sleep(delay)
     loaded = get_model(cfg.model, threads=_worker_threads())
     model = loaded.model
     accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters

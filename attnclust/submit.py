@@ -1,0 +1,712 @@
+"""``dask-submit``: run a job on a Dask cluster without staying attached, and follow it.
+
+Command line::
+
+    dask-submit SCHEDULER JOB.yaml [--data PATH] [--out DIR] [--set k=v ...] [--wait] [--tls-dir CERTDIR]
+    dask-submit SCHEDULER script.py [--out DIR] [--wait]        # runs the script on the cluster
+    dask-submit status [JOB_ID] [--scheduler ADDR]
+    dask-submit wait   JOB_ID   [--scheduler ADDR]
+    dask-submit logs   JOB_ID   [--scheduler ADDR]
+    dask-submit cancel JOB_ID   [--scheduler ADDR]
+
+``--scheduler`` defaults to ``$DASK_SCHEDULER_ADDRESS``; an address (``tcp://``, ``tls://``) or a scheduler JSON
+file. Exit codes: 0 done, 1 the job failed or was cancelled (``wait``), 2 bad input (job file, address, job id).
+
+How a job runs
+--------------
+Submitting validates the job locally, makes its paths absolute (the cluster is assumed to share the filesystem)
+and submits one *driver* task, key ``{job_id}-driver``, kept alive with ``fire_and_forget``. The driver secedes
+from its worker's thread pool (so a single-threaded worker can still run the job's tasks) and calls
+:func:`attnclust.pipeline.run_job` with the worker's client and the same ``job_id``.
+
+Job state lives in two places that outlive the submitting client: the scheduler's metadata under
+``("attnclust", job_id)`` and ``OUT/_state/service.json``; the driver's log is ``OUT/job.log`` and its last lines
+are mirrored into the metadata. If the driver's worker dies, the scheduler reruns the driver elsewhere; the rerun
+resumes from the finished blocks recorded under ``OUT/_state`` (same job id, config and output dir), so the
+outputs equal a run without the fault. The output dir's lock is a ``flock`` held by the driver's process, so the
+OS releases it when that process dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from .errors import AttnclustError
+
+__all__ = ["main", "run_driver"]
+
+SUBCOMMANDS = ("status", "wait", "logs", "cancel")
+META = "attnclust"                 # scheduler metadata: (META, job_id) -> job record
+CANCEL = "attnclust-cancel"        # scheduler metadata: (CANCEL, job_id) -> True once cancel was requested
+TERMINAL = ("finished", "failed", "cancelled")
+DRIVER_RETRIES = 3
+LOG_TAIL = 40
+SCRIPT_LOG_TAIL = 200
+POLL_S = 0.5
+
+
+class SubmitError(AttnclustError):
+    """A dask-submit request that cannot be carried out (address, job id, missing scheduler)."""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+# -- functions run on the scheduler (defined in a factory so that cloudpickle ships them by value: the scheduler
+# -- process does not need attnclust installed) ----------------------------------------------------------------
+def _scheduler_functions():
+    def job_tasks(prefix, dask_scheduler=None):
+        """{key: [state, exception_text]} of the tasks whose key starts with ``prefix``."""
+        out = {}
+        for key, ts in dask_scheduler.tasks.items():
+            if isinstance(key, str) and key.startswith(prefix):
+                out[key] = [ts.state, (ts.exception_text or "") if ts.state == "erred" else ""]
+        return out
+
+    def cancel_tasks(prefix, client, keep=(), dask_scheduler=None):
+        """Force-cancel every wanted task whose key starts with ``prefix`` (except ``keep``); return the count."""
+        keys = [k for k, ts in dask_scheduler.tasks.items()
+                if isinstance(k, str) and k.startswith(prefix) and k not in keep and ts.who_wants]
+        n = 0
+        for key in keys:
+            ts = dask_scheduler.tasks.get(key)
+            if ts is None or not ts.who_wants:
+                continue
+            try:
+                dask_scheduler.stimulus_cancel([key], client=client, force=True, reason="dask-submit cancel",
+                                               msg="the job was cancelled")
+                n += 1
+            except AssertionError:  # a dependent nobody wants directly; released with its dependency
+                pass
+        return n
+
+    def fire_and_forget_registered(key, dask_scheduler=None):
+        ts = dask_scheduler.tasks.get(key)
+        return ts is not None and any(cs.client_key == "fire-and-forget" for cs in ts.who_wants or ())
+
+    return job_tasks, cancel_tasks, fire_and_forget_registered
+
+
+_JOB_TASKS, _CANCEL_TASKS, _FAF_REGISTERED = _scheduler_functions()
+
+
+# -- the driver (runs inside a worker) ---------------------------------------------------------------------
+class _LineWriter(io.TextIOBase):
+    """A text stream that hands every complete line to ``sink`` (for a script's stdout/stderr)."""
+
+    def __init__(self, sink):
+        self._sink = sink
+        self._buf = ""
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._buf += text
+            *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            self._sink(line)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            rest, self._buf = self._buf, ""
+        if rest:
+            self._sink(rest)
+
+
+class _Driver:
+    """The driver's view of one job: its record (scheduler metadata + service.json) and its log."""
+
+    def __init__(self, client, job_id: str, out: Path | None, tail: int):
+        self.client = client
+        self.job_id = job_id
+        self.out = out
+        self.lock = threading.RLock()
+        self.record: dict = dict(client.get_metadata([META, job_id], default=None) or {})
+        self.tail: deque[str] = deque(self.record.get("log_tail") or (), maxlen=tail)
+        self.cancelled = False
+
+    # log and state
+    def log(self, message: str) -> None:
+        stamp = _now()
+        lines = str(message).rstrip("\n").split("\n") or [""]
+        with self.lock:
+            if self.out is not None:
+                self.out.mkdir(parents=True, exist_ok=True)
+                with open(self.out / "job.log", "a", encoding="utf-8") as fh:
+                    for line in lines:
+                        fh.write(f"{stamp}  {line}\n")
+            self.tail.extend(lines)
+
+    def update(self, **fields) -> None:
+        with self.lock:
+            self.record.update(fields)
+            self.record["updated_at"] = _now()
+            self.record["log_tail"] = list(self.tail)
+            record = dict(self.record)
+            self.client.set_metadata([META, self.job_id], record)  # under the lock: writes stay in order
+            if self.out is not None:
+                from .store import atomic_write_json
+
+                state = {k: v for k, v in record.items() if k != "log_tail"}
+                atomic_write_json(self.out / "_state" / "service.json", state)
+
+    def cancel_requested(self) -> bool:
+        if not self.cancelled:
+            try:
+                self.cancelled = bool(self.client.get_metadata([CANCEL, self.job_id], default=False))
+            except Exception:  # scheduler briefly unreachable: ask again next time
+                return False
+        return self.cancelled
+
+    def cancel_tasks(self) -> int:
+        return self.client.run_on_scheduler(_CANCEL_TASKS, f"{self.job_id}-", self.client.id,
+                                            keep=[f"{self.job_id}-driver"])
+
+
+def _state_files(out: Path) -> dict[tuple[str, str], int]:
+    from .pipeline import STAGES
+
+    snap = {}
+    for stage in STAGES:
+        for suffix in (".started", ".json"):
+            try:
+                snap[(stage, suffix)] = (out / "_state" / f"{stage}{suffix}").stat().st_mtime_ns
+            except OSError:
+                pass
+    return snap
+
+
+def _watch(driver: _Driver, stop: threading.Event) -> None:
+    """Follow stage state files, mirror progress and honour a cancel request until ``stop`` is set."""
+    out = driver.out
+    seen = _state_files(out) if out is not None else {}
+    last_parts = None
+    while not stop.wait(POLL_S):
+        try:
+            if driver.cancel_requested():
+                if driver.record.get("state") != "cancelled":
+                    driver.log("cancel requested: cancelling the job's tasks")
+                    driver.update(state="cancelled", error="cancelled by user")
+                driver.cancel_tasks()  # again on every poll: the driver may submit more before it notices
+            if out is None:
+                continue
+            now = _state_files(out)
+            changes = {}
+            for (stage, suffix), mtime in now.items():
+                if seen.get((stage, suffix)) == mtime:
+                    continue
+                if suffix == ".started":
+                    driver.log(f"stage {stage} started")
+                    changes["stage"] = stage
+                else:
+                    try:
+                        secs = json.loads((out / "_state" / f"{stage}.json").read_text()).get("seconds")
+                    except (OSError, ValueError):
+                        secs = None
+                    driver.log(f"stage {stage} finished" + (f" in {secs:.1f} s" if secs is not None else ""))
+                    changes["stage"] = stage
+                    changes.setdefault("stages_done", list(driver.record.get("stages_done") or []))
+                    if stage not in changes["stages_done"]:
+                        changes["stages_done"].append(stage)
+            seen = now
+            stage = changes.get("stage", driver.record.get("stage"))
+            folder = out / "_state" / str(stage)
+            parts = sum(1 for _ in folder.glob("*.done")) if folder.is_dir() else None
+            if parts != last_parts:
+                changes["parts_done"] = parts
+                last_parts = parts
+            if changes and not driver.cancelled:
+                driver.update(**changes)
+        except Exception as exc:  # never let the watcher kill the driver
+            driver.log(f"watcher: {type(exc).__name__}: {exc}")
+
+
+def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
+    """The driver task: run a job (``kind="job"``, payload a JobConfig) or a script (``kind="script"``,
+    payload ``(filename, source)``) on the cluster, recording its state and log.
+
+    Runs inside a worker; it secedes from the worker's thread pool first, so that tasks submitted by the job can
+    use the thread this task was given (single-threaded workers would deadlock otherwise).
+    """
+    from distributed import get_client, get_worker, secede
+
+    secede()
+    client = get_client()
+    worker = get_worker()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out_path = Path(out) if out else None
+    driver = _Driver(client, job_id, out_path, SCRIPT_LOG_TAIL if kind == "script" else LOG_TAIL)
+    attempt = int(driver.record.get("attempt") or 0) + 1
+    where = {"worker": worker.address, "host": socket.gethostname(), "pid": os.getpid()}
+    if driver.cancel_requested():
+        driver.update(state="cancelled", error="cancelled by user", driver=where)
+        return {"state": "cancelled"}
+    driver.log(f"driver attempt {attempt} on worker {worker.address} (pid {os.getpid()} on {where['host']})")
+    driver.update(state="running", attempt=attempt, driver=where, error=None,
+                  started_at=driver.record.get("started_at") or _now())
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(driver, stop), name=f"{job_id}-watch", daemon=True)
+    watcher.start()
+    try:
+        if kind == "job":
+            summary = _run_job(driver, client, payload, out_path)
+        else:
+            summary = _run_script(driver, client, worker, payload)
+    except BaseException as exc:
+        stop.set()
+        watcher.join(timeout=5)
+        if driver.cancel_requested():
+            driver.log("job cancelled")
+            driver.update(state="cancelled", error="cancelled by user", finished_at=_now())
+            return {"state": "cancelled"}
+        reason = _one_line(f"{type(exc).__name__}: {exc}") if not isinstance(exc, AttnclustError) else \
+            _one_line(exc)
+        driver.log(f"error: {reason}\n{traceback.format_exc()}")
+        if isinstance(exc, (AttnclustError, KeyboardInterrupt)) or attempt > DRIVER_RETRIES:
+            driver.update(state="failed", error=reason, finished_at=_now())
+            return {"state": "failed", "error": reason}
+        driver.update(state="retrying", error=reason)
+        raise  # the scheduler reruns the driver (retries); the rerun resumes from the finished blocks
+    stop.set()
+    watcher.join(timeout=5)
+    if driver.cancel_requested():
+        driver.update(state="cancelled", error="cancelled by user", finished_at=_now())
+        return {"state": "cancelled"}
+    driver.log("job finished")
+    driver.update(state="finished", stage="done", finished_at=_now(), result=summary)
+    return {"state": "finished"}
+
+
+def _run_job(driver: _Driver, client, cfg, out: Path) -> dict:
+    from .pipeline import run_job
+
+    driver.log(f"job {driver.job_id}: {cfg.name} -> {out}")
+    result = run_job(cfg, out, client=client, progress=False, job_id=driver.job_id)
+    stages = {k: (v.get("seconds") if isinstance(v, dict) else v) for k, v in result.stages.items()}
+    report = result.report if result.report.exists() else None
+    return {"seconds": stages, "report": str(report) if report else None}
+
+
+def _run_script(driver: _Driver, client, worker, payload: tuple[str, str]) -> dict:
+    import runpy
+    import tempfile
+
+    import dask
+
+    filename, source = payload
+    address = worker.scheduler.address
+    sec = worker.security
+    tls = {}
+    if address.startswith("tls://") and getattr(sec, "tls_ca_file", None):
+        tls = {"distributed.comm.require-encryption": True, "distributed.comm.tls.ca-file": sec.tls_ca_file,
+               "distributed.comm.tls.client.cert": sec.tls_worker_cert or sec.tls_client_cert,
+               "distributed.comm.tls.client.key": sec.tls_worker_key or sec.tls_client_key}
+    writer = _LineWriter(driver.log)
+    driver.log(f"script {filename}: running with DASK_SCHEDULER_ADDRESS={address}")
+    with tempfile.TemporaryDirectory(prefix=f"{driver.job_id}-") as tmp:
+        path = Path(tmp) / Path(filename).name
+        path.write_text(source)
+        previous = os.environ.get("DASK_SCHEDULER_ADDRESS")
+        os.environ["DASK_SCHEDULER_ADDRESS"] = address
+        argv = sys.argv
+        sys.argv = [str(path)]
+        try:
+            with dask.config.set({"scheduler-address": address, **tls}), \
+                    contextlib.redirect_stdout(writer), contextlib.redirect_stderr(writer):
+                try:
+                    runpy.run_path(str(path), run_name="__main__")
+                except SystemExit as exc:
+                    if exc.code not in (None, 0):
+                        raise RuntimeError(f"script {filename} exited with status {exc.code}") from None
+        finally:
+            writer.flush()
+            sys.argv = argv
+            if previous is None:
+                os.environ.pop("DASK_SCHEDULER_ADDRESS", None)
+            else:
+                os.environ["DASK_SCHEDULER_ADDRESS"] = previous
+    return {"script": filename}
+
+
+# -- client side --------------------------------------------------------------------------------------------
+def _quiet() -> None:
+    for name in ("distributed", "distributed.client", "distributed.core", "distributed.comm",
+                 "distributed.batched", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _security(tls_dir: str | None):
+    if not tls_dir:
+        return None
+    try:
+        from .security import security_from_dir
+    except ImportError:
+        raise SubmitError(f"--tls-dir {tls_dir}: attnclust.security is not available in this installation; "
+                          f"reinstall attnclust") from None
+    path = Path(tls_dir).expanduser()
+    if not path.is_dir():
+        raise SubmitError(f"--tls-dir {tls_dir}: no such directory; create certificates with "
+                          f"'attnclust certs {tls_dir}'")
+    return security_from_dir(path, role="client")
+
+
+def connect(address: str | None, *, tls_dir: str | None = None, timeout: float = 10.0):
+    """A ``distributed.Client`` for ``address`` (or ``$DASK_SCHEDULER_ADDRESS``), or ``SubmitError`` in one line."""
+    address = address or os.environ.get("DASK_SCHEDULER_ADDRESS")
+    if not address:
+        raise SubmitError("no scheduler given: pass --scheduler ADDR (e.g. tcp://127.0.0.1:8786) or set "
+                          "DASK_SCHEDULER_ADDRESS")
+    security = _security(tls_dir)
+    _quiet()
+    from distributed import Client
+
+    is_file = address.endswith(".json")
+    if is_file and not Path(address).exists():
+        raise SubmitError(f"scheduler file {address}: not found; pass the file 'dask scheduler --scheduler-file' "
+                          f"wrote, or the scheduler address")
+    hint = ("check the address ('dask scheduler' prints it at start) and that the scheduler is running"
+            + ("; a tls:// scheduler needs --tls-dir CERTDIR" if not tls_dir else ""))
+    try:
+        kwargs = {"scheduler_file": address} if is_file else {"address": address}
+        return Client(**kwargs, security=security, timeout=timeout, set_as_default=False)
+    except Exception as exc:
+        reason = _one_line(exc) or type(exc).__name__
+        raise SubmitError(f"scheduler {address}: cannot connect within {timeout:g} s ({reason}); {hint}") from None
+
+
+def _dashboard(client) -> str | None:
+    try:
+        return client.dashboard_link
+    except Exception:
+        return None
+
+
+def _absolute(cfg):
+    """The job with local paths made absolute: the driver runs in another process, maybe another cwd."""
+    from .config import DataConfig, ModelConfig
+    from .models import PACKAGED
+
+    changes = {}
+    if cfg.data.path:
+        p = Path(cfg.data.path).expanduser()
+        if not p.is_absolute() and p.exists():
+            changes["data"] = DataConfig(**{**cfg.data.to_dict(), "path": str(p.resolve())})
+    name = cfg.model.name
+    if name not in PACKAGED:
+        p = Path(name).expanduser()
+        if p.is_dir() and not p.is_absolute():
+            changes["model"] = ModelConfig(**{**cfg.model.to_dict(), "name": str(p.resolve())})
+    weights = cfg.featurize.weights
+    if weights not in ("imagenet", "none"):
+        p = Path(weights).expanduser()
+        if p.exists() and not p.is_absolute():
+            from .config import FeaturizeConfig
+
+            changes["featurize"] = FeaturizeConfig(**{**cfg.featurize.to_dict(), "weights": str(p.resolve())})
+    return cfg.replace(**changes) if changes else cfg
+
+
+def _script_name(path: Path) -> str:
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9_]", "_", path.stem) or "script"
+    return name if name[0].isalpha() else f"s_{name}"[:48]
+
+
+def submit(args) -> int:
+    from distributed import fire_and_forget
+
+    from .pipeline import make_job_id
+
+    target = Path(args.job)
+    if target.suffix == ".py":
+        try:
+            source = target.read_text()
+        except OSError as exc:
+            raise SubmitError(f"script {target}: cannot read it ({exc.strerror}); check the path") from None
+        try:
+            compile(source, str(target), "exec")
+        except SyntaxError as exc:
+            raise SubmitError(f"script {target}: syntax error at line {exc.lineno}: {exc.msg}") from None
+        if args.overrides or args.data:
+            raise SubmitError(f"script {target}: --set and --data apply to job YAML files only")
+        kind, payload, name = "script", (target.name, source), _script_name(target)
+        out = Path(args.out).expanduser().resolve() if args.out else None
+    else:
+        from .config import load_job
+
+        overrides = list(args.overrides)
+        if args.data:
+            overrides.append(f"data.path={args.data}")
+        cfg = _absolute(load_job(target, overrides))
+        kind, payload, name = "job", cfg, cfg.name
+        out = (Path(args.out) if args.out else Path("runs") / cfg.name).expanduser().resolve()
+    client = connect(args.scheduler, tls_dir=args.tls_dir, timeout=args.timeout)
+    try:
+        job_id = make_job_id(name)
+        key = f"{job_id}-driver"
+        dashboard = _dashboard(client)
+        record = {"job_id": job_id, "kind": kind, "name": name, "state": "submitted", "stage": None,
+                  "out": str(out) if out else None, "submitted_at": _now(), "updated_at": _now(),
+                  "started_at": None, "finished_at": None, "error": None, "attempt": 0,
+                  "source": str(target.resolve()), "scheduler": client.scheduler.address, "dashboard": dashboard,
+                  "log_tail": []}
+        client.set_metadata([META, job_id], record)
+        future = client.submit(run_driver, job_id, kind, payload, str(out) if out else None, key=key,
+                               retries=DRIVER_RETRIES, pure=False)
+        fire_and_forget(future)
+        deadline = time.monotonic() + args.timeout
+        while not client.run_on_scheduler(_FAF_REGISTERED, key):
+            if time.monotonic() > deadline:
+                raise SubmitError(f"scheduler {client.scheduler.address}: the driver task {key} was not "
+                                  f"registered within {args.timeout:g} s; check the scheduler's log")
+            time.sleep(0.05)
+        print(f"job {job_id} submitted to {client.scheduler.address}", flush=True)
+        if out:
+            print(f"  output:    {out}")
+        print(f"  dashboard: {dashboard or 'not available (scheduler started without a dashboard)'}")
+        print(f"  follow:    dask-submit wait {job_id} --scheduler {client.scheduler.address}", flush=True)
+        if args.wait:
+            return _follow(client, job_id)
+        return 0
+    finally:
+        client.close()
+
+
+def _record(client, job_id: str) -> dict:
+    record = client.get_metadata([META, job_id], default=None)
+    if record is None:
+        raise SubmitError(f"job {job_id}: unknown on scheduler {client.scheduler.address}; list the jobs with "
+                          f"'dask-submit status --scheduler {client.scheduler.address}'")
+    return record
+
+
+def _lost(client, job_id: str, record: dict, tasks: dict) -> str | None:
+    """Why a job that is not finished has no driver anymore (``None`` while it has one)."""
+    if record.get("state") in TERMINAL:
+        return None
+    driver = tasks.get(f"{job_id}-driver")
+    if driver is None:
+        return "the driver task is gone from the scheduler (its workers died too often, or it was released)"
+    if driver[0] == "erred":
+        return _one_line(driver[1] or "the driver task failed")
+    return None
+
+
+def _follow(client, job_id: str) -> int:
+    """Follow a job until it ends: a progress bar over its tasks; exit 0 finished, 1 failed or cancelled."""
+    from tqdm.auto import tqdm
+
+    record = _record(client, job_id)
+    prefix = f"{job_id}-"
+    driver_key = f"{job_id}-driver"
+    seen: set = set()
+    done: set = set()
+    missing = 0
+    bar = tqdm(total=0, desc=f"{job_id} {record.get('state')}", unit="task", dynamic_ncols=True, mininterval=0.5)
+    try:
+        while True:
+            record = _record(client, job_id)
+            tasks = client.run_on_scheduler(_JOB_TASKS, prefix)
+            for key, (state, _) in tasks.items():
+                if key == driver_key:
+                    continue
+                seen.add(key)
+                if state == "memory":
+                    done.add(key)
+            done.update(k for k in seen if k not in tasks)  # released after their results were collected
+            bar.total = len(seen)
+            bar.n = len(done)
+            bar.set_description(f"{job_id} {record.get('state')} {record.get('stage') or ''}".rstrip(), False)
+            bar.refresh()
+            state = record.get("state")
+            if state in TERMINAL:
+                break
+            reason = _lost(client, job_id, record, tasks)
+            missing = missing + 1 if reason else 0
+            if missing >= 3:  # confirmed over ~1.5 s: the driver's final write may just be in flight
+                record = _record(client, job_id)
+                if record.get("state") not in TERMINAL:
+                    record.update(state="failed", error=reason, finished_at=_now(), updated_at=_now())
+                    client.set_metadata([META, job_id], record)
+                break
+            time.sleep(POLL_S)
+    finally:
+        bar.close()
+    state = record.get("state")
+    if state == "finished":
+        report = (record.get("result") or {}).get("report")
+        print(f"job {job_id} finished" + (f"; report: {report}" if report else ""), flush=True)
+        return 0
+    if state == "cancelled":
+        print(f"job {job_id} was cancelled", file=sys.stderr)
+        return 1
+    print(f"job {job_id} failed: {record.get('error') or 'no reason recorded'}"
+          + (f"; log: {record['out']}/job.log" if record.get("out") else ""), file=sys.stderr)
+    return 1
+
+
+def _fmt_stage(record: dict) -> str:
+    stage = record.get("stage") or "-"
+    parts = record.get("parts_done")
+    return f"{stage} ({parts} blocks)" if parts and record.get("state") == "running" else stage
+
+
+def status(client, job_id: str | None) -> int:
+    if job_id:
+        record = _record(client, job_id)
+        tasks = client.run_on_scheduler(_JOB_TASKS, f"{job_id}-")
+        lost = _lost(client, job_id, record, tasks)
+        for field in ("job_id", "kind", "name", "state", "stage", "attempt", "out", "submitted_at", "started_at",
+                      "updated_at", "finished_at", "error", "dashboard"):
+            value = record.get(field)
+            if field == "state" and lost:
+                value = f"{value} (driver lost: {lost})"
+            if field == "stage":
+                value = _fmt_stage(record)
+            print(f"{field + ':':<14}{'' if value is None else value}")
+        driver = record.get("driver") or {}
+        if driver:
+            print(f"{'driver:':<14}{driver.get('worker')} (pid {driver.get('pid')} on {driver.get('host')})")
+        active = sum(1 for k, (s, _) in tasks.items() if not k.endswith("-driver") and s != "memory")
+        print(f"{'tasks:':<14}{active} active on the scheduler")
+        return 0
+    jobs = client.get_metadata([META], default={}) or {}
+    if not jobs:
+        print(f"no jobs on scheduler {client.scheduler.address}")
+        return 0
+    rows = [("JOB", "STATE", "STAGE", "SUBMITTED", "UPDATED", "OUT")]
+    for jid, rec in sorted(jobs.items(), key=lambda kv: kv[1].get("submitted_at") or ""):
+        rows.append((jid, rec.get("state") or "-", _fmt_stage(rec), rec.get("submitted_at") or "-",
+                     rec.get("updated_at") or "-", rec.get("out") or "-"))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) + "  " + str(row[-1]))
+    return 0
+
+
+def logs(client, job_id: str) -> int:
+    record = _record(client, job_id)
+    out = record.get("out")
+    path = Path(out) / "job.log" if out else None
+    if path is not None and path.exists():
+        sys.stdout.write(path.read_text())
+    else:
+        where = f" ({path} is not readable here)" if path else ""
+        print(f"# last {len(record.get('log_tail') or [])} lines kept on the scheduler{where}", file=sys.stderr)
+        for line in record.get("log_tail") or []:
+            print(line)
+    return 0
+
+
+def cancel(client, job_id: str) -> int:
+    record = _record(client, job_id)
+    if record.get("state") in TERMINAL:
+        print(f"job {job_id} already {record['state']}; nothing to cancel")
+        return 0
+    client.set_metadata([CANCEL, job_id], True)
+    n = client.run_on_scheduler(_CANCEL_TASKS, f"{job_id}-", client.id)
+    record.update(state="cancelled", error="cancelled by user", finished_at=_now(), updated_at=_now())
+    client.set_metadata([META, job_id], record)
+    out = record.get("out")
+    if out and (Path(out) / "_state").is_dir():  # the driver writes it too once it stops; this covers a queued one
+        from .store import atomic_write_json
+
+        with contextlib.suppress(OSError):
+            atomic_write_json(Path(out) / "_state" / "service.json",
+                              {k: v for k, v in record.items() if k != "log_tail"})
+    print(f"job {job_id} cancelled ({n} task(s) cancelled on the scheduler)")
+    return 0
+
+
+# -- command line ---------------------------------------------------------------------------------------------
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-dir", metavar="CERTDIR",
+                   help="directory with the CA and client certificate (see 'attnclust certs')")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to try to reach the scheduler (default 10)")
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dask-submit",
+        usage="dask-submit SCHEDULER JOB.yaml|script.py [options]\n"
+              "       dask-submit {status,wait,logs,cancel} [JOB_ID] [--scheduler ADDR]",
+        description="Submit an attnclust job (or a Python script) to run on a Dask cluster without staying "
+                    "attached; follow it with 'dask-submit status|wait|logs|cancel'.")
+    p.add_argument("scheduler", help="scheduler address (tcp://host:8786, tls://...) or scheduler JSON file")
+    p.add_argument("job", help="job YAML, or a Python script to run on the cluster")
+    p.add_argument("--data", help="dataset file, overrides data.path")
+    p.add_argument("--out", help="output directory on the shared filesystem (default: runs/<job name>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a job setting (repeatable)")
+    p.add_argument("--wait", action="store_true", help="then follow the job like 'dask-submit wait'")
+    _common(p)
+    return p
+
+
+def _sub_parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"dask-submit {command}")
+    p.add_argument("job_id", nargs="?" if command == "status" else None,
+                   help="job id (printed by dask-submit)" + ("; all jobs when omitted" if command == "status"
+                                                             else ""))
+    p.add_argument("--scheduler", help="scheduler address or file (default: $DASK_SCHEDULER_ADDRESS)")
+    _common(p)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "submit"
+    args = (_sub_parser(command).parse_args(argv[1:]) if command != "submit"
+            else _submit_parser().parse_args(argv))
+    try:
+        if command == "submit":
+            return submit(args)
+        client = connect(args.scheduler, tls_dir=args.tls_dir, timeout=args.timeout)
+        try:
+            if command == "status":
+                return status(client, args.job_id)
+            if command == "wait":
+                return _follow(client, args.job_id)
+            if command == "logs":
+                return logs(client, args.job_id)
+            return cancel(client, args.job_id)
+        finally:
+            client.close()
+    except AttnclustError as exc:
+        print(f"dask-submit: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dask-submit: interrupted (the job keeps running on the cluster)", file=sys.stderr)
+        return 130
+    except (OSError, TimeoutError) as exc:
+        print(f"dask-submit: error: lost the scheduler connection ({_one_line(exc)}); check that the scheduler "
+              f"is running", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""End-to-end runs of the pipeline on a tiny random BERT: CLI, resume after a kill, refusals, foreign stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, env=None, **kwargs) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "attnclust.cli", *map(str, args)], capture_output=True,
+                          text=True, env=full_env, cwd=ROOT, timeout=300, **kwargs)
+
+
+def tiny_args(model_dir, data, out, *extra):
+    return ["run", "--data", data, "--out", out, "--workers", "1", "--quiet",
+            "--set", f"model.name={model_dir}", "--set", "cluster.k=3", "--set", "cluster.umap=false",
+            "--set", "extract.features_per_task=2", *extra]
+
+
+def attention(out: Path) -> np.ndarray:
+    import zarr
+
+    return np.asarray(zarr.open_group(str(out / "attention.zarr"), mode="r")["attention"][:])
+
+
+def assert_same_outputs(a: Path, b: Path):
+    np.testing.assert_array_equal(attention(a), attention(b))
+    for table in ("maps", "heads", "clusters", "features"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_bert_dir):
+    """An uninterrupted run on 20 examples of the bundled sample."""
+    from attnclust.data import sample_path
+
+    out = tmp_path_factory.mktemp("ref") / "out"
+    r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20"))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_run_writes_every_output(reference):
+    out = reference
+    for name in ("attention.zarr", "features.parquet", "embedding.zarr", "maps.parquet", "heads.parquet",
+                 "clusters.parquet", "predictions.parquet", "report.html", "job.json"):
+        assert (out / name).exists(), name
+    job = json.loads((out / "job.json").read_text())
+    assert set(job["stages"]) >= {"extract", "featurize", "cluster", "report"}
+    assert job["stages"]["extract"]["features_per_second"] > 0
+    assert job["config"]["cluster"]["k"] == 3 and "torch" in job["versions"]
+    maps = pd.read_parquet(out / "maps.parquet")
+    feats = pd.read_parquet(out / "features.parquet")
+    assert len(maps) == len(feats) * 2 * 4
+    assert maps.groupby(["layer", "head"]).size().eq(len(feats)).all()
+    assert set(maps["example_id"]) == set(feats["example_id"])
+    assert len(set(feats["example_id"])) == 20              # no example dropped
+
+
+def test_rerun_is_a_no_op_and_other_config_is_refused(reference, tiny_bert_dir):
+    from attnclust.data import sample_path
+
+    before = (reference / "maps.parquet").stat().st_mtime_ns
+    r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20"))
+    assert r.returncode == 0, r.stderr
+    assert "already complete" in r.stdout
+    assert (reference / "maps.parquet").stat().st_mtime_ns == before
+    r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20",
+                       "--set", "cluster.k=4"))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "stage 'cluster' was run with a different configuration" in r.stderr and "--force" in r.stderr
+
+
+def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, tmp_path):
+    from attnclust.data import sample_path
+
+    out = tmp_path / "killed"
+    args = [sys.executable, "-m", "attnclust.cli", *tiny_args(tiny_bert_dir, sample_path(), out,
+                                                            "--set", "data.max_examples=20")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ATTNCLUST_TEST_TASK_DELAY": "0.7"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    markers = out / "_state" / "extract"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (markers.is_dir() and len(list(markers.glob("*.done"))) >= 2):
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list(markers.glob("*.done")))
+    total = len(pd.read_parquet(out / "features.parquet")) // 2 + 1
+    assert 2 <= done < total, "the kill should land in the middle of extraction"
+    assert not (out / "_state" / "extract.json").exists()
+    with pytest.raises(Exception, match="extraction did not finish"):
+        from attnclust.store import open_attention_store
+
+        open_attention_store(out / "attention.zarr")
+    r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20"))
+    assert r.returncode == 0, r.stderr
+    record = json.loads((out / "_state" / "extract.json").read_text())
+    assert record["blocks_resumed"] == done
+    assert_same_outputs(reference, out)
+
+
+def test_second_run_on_a_locked_dir_is_refused(reference, tiny_bert_dir):
+    from attnclust.data import sample_path
+    from attnclust.store import OutputDir
+
+    with OutputDir(reference):
+        r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20"))
+    assert r.returncode == 2
+    assert "in use by another attnclust run" in r.stderr
+
+
+@pytest.mark.parametrize("setup, args, match", [
+    ("malformed", [], r"malformed JSON"),
+    ("good", ["--set", "model.name=/nonexistent/model"], r"model\.name '/nonexistent/model': no such directory"),
+    ("good", ["--set", "featurize.method=wavelet"], r"featurize\.method: got 'wavelet'"),
+    ("good", ["--set", "cluster.k=0"], r"cluster\.k: got 0"),
+    ("dup", [], r"id 'q00' repeats record 0.*ids must be unique"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, tiny_bert_dir, small_squad, setup, args,
+                                                            match):
+    data = small_squad
+    if setup == "malformed":
+        data = tmp_path / "bad.json"
+        data.write_text('{"version": "v2.0", "data": [')
+    elif setup == "dup":
+        raw = json.loads(small_squad.read_text())
+        raw["data"][1]["paragraphs"][0]["qas"][0]["id"] = "q00"
+        data = tmp_path / "dup.json"
+        data.write_text(json.dumps(raw))
+    out = tmp_path / "out"
+    r = cli(*tiny_args(tiny_bert_dir, data, out), *args)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnclust: error:"), r.stderr
+    assert re.search(match, lines[0]), lines[0]
+    assert not out.exists()
+
+
+def test_stages_on_a_store_written_by_another_tool(tmp_path):
+    """featurize, cluster and report need only attention.zarr + features.parquet (the store contract)."""
+    import zarr
+
+    from attnclust.store import DIMS
+    from attnclust.synthetic import planted_map
+
+    rng = np.random.default_rng(0)
+    out = tmp_path / "foreign"
+    out.mkdir()
+    n_feat, L, H, width = 6, 2, 3, 20
+    seq = rng.integers(10, width + 1, size=n_feat).astype(np.int32)
+    kinds = ["previous", "cls", "uniform"]
+    att = np.zeros((n_feat, L, H, width, width), np.float16)
+    for f in range(n_feat):
+        for layer in range(L):
+            for head in range(H):
+                att[f, layer, head, :seq[f], :seq[f]] = planted_map(kinds[head], int(seq[f]), rng=rng, noise=0.05)
+    g = zarr.open_group(str(out / "attention.zarr"), mode="w", zarr_format=3)
+    g.create_array("attention", data=att, chunks=(2, L, H, width, width), dimension_names=DIMS)
+    g.create_array("seq_len", data=seq)
+    tokens = [["[CLS]"] + [f"w{i}" for i in range(int(n) - 2)] + ["[SEP]"] for n in seq]
+    pd.DataFrame({"feature_id": np.arange(n_feat), "example_id": [f"x{i}" for i in range(n_feat)], "span": 0,
+                  "seq_len": seq, "tokens": tokens, "segment_ids": [[0] * int(n) for n in seq]}
+                 ).to_parquet(out / "features.parquet")
+    for stage in ("featurize", "cluster", "report"):
+        r = cli(stage, "--out", out, "--workers", "1", "--quiet", "--set", "cluster.k=3",
+                "--set", "cluster.umap=false", "--set", "featurize.grid=8")
+        assert r.returncode == 0, r.stderr
+    maps = pd.read_parquet(out / "maps.parquet")
+    from sklearn.metrics import adjusted_rand_score
+
+    assert adjusted_rand_score(maps["head"], maps["cluster"]) > 0.9
+    assert (out / "report.html").stat().st_size > 10_000
+    r = cli("featurize", "--out", tmp_path / "empty", "--quiet")
+    assert r.returncode == 2 and "not found" in r.stderr
+
+
+def test_python_api_opens_outputs_as_xarray(reference):
+    import attnclust
+
+    atlas = attnclust.open_output(reference)
+    assert atlas.attention.dims == attnclust.DIMS
+    assert atlas.attention.sizes["layer"] == 2 and atlas.attention.sizes["head"] == 4
+    one = atlas.map(0, 1, 2)
+    n = int(atlas.features.loc[0, "seq_len"])
+    assert one.shape == (n, n) and list(one["query_token"].values) == list(atlas.features.loc[0, "tokens"])
+    np.testing.assert_allclose(one.values.astype(np.float32).sum(-1), 1.0, atol=3e-3)
+    assert {"cluster", "umap_x", "entropy"} <= set(atlas.maps.columns)
+    assert len(atlas.heads) == 8
