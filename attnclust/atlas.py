@@ -57,11 +57,11 @@ def describe_cluster(means: pd.Series) -> str:
                ("to_punct", "'.' and ',' ({} of mass)", 0.25)]
     parts = [tmpl.format(_pct(means[c])) for c, tmpl, cut in targets if means[c] >= cut]
     if not parts:
-        col, tmpl, _ = max(targets, key=lambda t: means[t[0]])
+        minor = sorted((t for t in targets if means[t[0]] >= 0.1), key=lambda t: -means[t[0]])[:2]
         if means["own_segment"] >= 0.85:
             parts.append(f"within its own segment, question or context ({_pct(means['own_segment'])})")
-        elif means[col] >= 0.15:
-            parts.append("mostly " + tmpl.format(_pct(means[col])))
+        if minor:
+            parts.append("partly " + " and ".join(tmpl.format(_pct(means[c])) for c, tmpl, _ in minor))
     ent = means["entropy_norm"]
     if ent >= 0.75:
         parts.append(f"broad (entropy {ent:.2f} of maximum)")

@@ -8,6 +8,7 @@ code drives scikit-learn/umap-learn on CPU and cuML on GPU. A fixed ``random_sta
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ class FittedClusters:
     k_scores_: dict[int, float] = field(default_factory=dict)
     umap_rows_: np.ndarray | None = None
     umap_xy_: np.ndarray | None = None
+    timings_: dict[str, float] = field(default_factory=dict)
 
     def reduce(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
@@ -75,6 +77,15 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     x = np.asarray(x, dtype=np.float32)
     n = len(x)
     rows = np.arange(n) if rows is None else np.asarray(rows)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 3)
+        clock = now
+
     if cfg.k != "auto" and cfg.k > n:
         raise ConfigError(f"config cluster.k: got {cfg.k} but there are only {n} maps; lower k")
     pca = None
@@ -83,6 +94,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         pca.fit(x)
     fitted = FittedClusters(k_=0, kmeans_=None, pca_=pca)
     z = fitted.reduce(x)
+    lap("pca")
     scores: dict[int, float] = {}
     if cfg.k == "auto":
         pick = sample_rows(n, cfg.silhouette_sample, cfg.random_state + 1)
@@ -103,8 +115,10 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         k = max(scores, key=lambda key: (round(scores[key], 6), -key))
     else:
         k = int(cfg.k)
+    lap("choose_k")
     kmeans = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=4)
     kmeans.fit(z)
+    lap("kmeans")
     fitted.k_, fitted.kmeans_, fitted.k_scores_ = k, kmeans, scores
     if cfg.umap and n > cfg.umap_neighbors + 1:
         pick = sample_rows(n, cfg.umap_sample, cfg.random_state + 2)
@@ -112,6 +126,8 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
                             random_state=cfg.random_state)
         fitted.umap_xy_ = bk.to_numpy(umap.fit_transform(z[pick])).astype(np.float32)
         fitted.umap_, fitted.umap_rows_ = umap, rows[pick]
+        lap("umap")
+    fitted.timings_ = timings
     return fitted
 
 

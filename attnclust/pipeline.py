@@ -180,7 +180,9 @@ def _cluster(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: st
               f"(k={cfg.cluster.k}, UMAP {'on' if cfg.cluster.umap else 'off'}) ...", flush=True)
     fitted = future.result()
     fit_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
     [fitted_future] = client.scatter([fitted], broadcast=True)
+    scatter_s = time.perf_counter() - t1
     n_maps = group["embedding"].shape[0]
     step = group["embedding"].chunks[0]
     items = [(str(outdir.path), b, r0, min(r0 + step, n_maps), fitted_future)
@@ -195,7 +197,8 @@ def _cluster(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: st
              "umap_fitted_on": None if fitted.umap_rows_ is None else int(len(fitted.umap_rows_))}
     atomic_write_json(outdir.path / "cluster_model.json", model)
     seconds = time.perf_counter() - t0
-    record = {"seconds": round(seconds, 3), "fit_seconds": round(fit_s, 3), "maps": int(n_maps),
+    record = {"seconds": round(seconds, 3), "fit_seconds": round(fit_s, 3), "fit_parts": fitted.timings_,
+              "scatter_seconds": round(scatter_s, 3), "maps": int(n_maps),
               "k": fitted.k_, "k_scores": model["k_scores"], "backend": backend,
               "maps_per_second": round(n_maps / seconds, 1)}
     outdir.finish_stage("cluster", fp, **record)

@@ -25,6 +25,10 @@ are mirrored into the metadata. If the driver's worker dies, the scheduler rerun
 resumes from the finished blocks recorded under ``OUT/_state`` (same job id, config and output dir), so the
 outputs equal a run without the fault. The output dir's lock is a ``flock`` held by the driver's process, so the
 OS releases it when that process dies.
+
+A job that raises (bad data, a task that keeps failing) is recorded ``failed`` with the reason at once; only
+connection errors make the driver raise for the scheduler to retry it. ``cancel`` flags the job in the metadata
+and force-cancels its tasks; the driver notices within a poll, records ``cancelled`` and releases the output dir.
 """
 
 from __future__ import annotations
@@ -73,13 +77,22 @@ def _one_line(text: Any) -> str:
 # -- functions run on the scheduler (defined in a factory so that cloudpickle ships them by value: the scheduler
 # -- process does not need attnclust installed) ----------------------------------------------------------------
 def _scheduler_functions():
-    def job_tasks(prefix, dask_scheduler=None):
-        """{key: [state, exception_text]} of the tasks whose key starts with ``prefix``."""
-        out = {}
-        for key, ts in dask_scheduler.tasks.items():
-            if isinstance(key, str) and key.startswith(prefix):
-                out[key] = [ts.state, (ts.exception_text or "") if ts.state == "erred" else ""]
-        return out
+    def job_progress(job_id, dask_scheduler=None):
+        """The driver task's [state, exception] (None when gone) and, per task prefix of the job (a stage), how
+        many tasks were created, finished and erred, and how many are active now."""
+        ts = dask_scheduler.tasks.get(f"{job_id}-driver")
+        driver = None if ts is None else [ts.state, (ts.exception_text or "") if ts.state == "erred" else ""]
+        stages = {}
+        for name, tp in dask_scheduler.task_prefixes.items():
+            if not (isinstance(name, str) and name.startswith(f"{job_id}-")) or name == f"{job_id}-driver":
+                continue
+            counts = tp.state_counts
+            now = tp.states if hasattr(tp, "states") else {}
+            stages[name[len(job_id) + 1:]] = {
+                "created": int(max(counts.get("waiting", 0), counts.get("memory", 0))),
+                "done": int(counts.get("memory", 0)), "erred": int(counts.get("erred", 0)),
+                "active": int(sum(now.get(s, 0) for s in ("waiting", "queued", "processing", "no-worker")))}
+        return {"driver": driver, "stages": stages}
 
     def cancel_tasks(prefix, client, keep=(), dask_scheduler=None):
         """Force-cancel every wanted task whose key starts with ``prefix`` (except ``keep``); return the count."""
@@ -99,13 +112,15 @@ def _scheduler_functions():
         return n
 
     def fire_and_forget_registered(key, dask_scheduler=None):
+        """Whether the scheduler holds ``key`` for the fire-and-forget client (or it has already ended)."""
         ts = dask_scheduler.tasks.get(key)
-        return ts is not None and any(cs.client_key == "fire-and-forget" for cs in ts.who_wants or ())
+        return ts is not None and (ts.state in ("memory", "erred")
+                                   or any(cs.client_key == "fire-and-forget" for cs in ts.who_wants or ()))
 
-    return job_tasks, cancel_tasks, fire_and_forget_registered
+    return job_progress, cancel_tasks, fire_and_forget_registered
 
 
-_JOB_TASKS, _CANCEL_TASKS, _FAF_REGISTERED = _scheduler_functions()
+_JOB_PROGRESS, _CANCEL_TASKS, _FAF_REGISTERED = _scheduler_functions()
 
 
 # -- the driver (runs inside a worker) ---------------------------------------------------------------------
@@ -155,8 +170,7 @@ class _Driver:
             if self.out is not None:
                 self.out.mkdir(parents=True, exist_ok=True)
                 with open(self.out / "job.log", "a", encoding="utf-8") as fh:
-                    for line in lines:
-                        fh.write(f"{stamp}  {line}\n")
+                    fh.writelines(f"{stamp}  {line}\n" for line in lines)
             self.tail.extend(lines)
 
     def update(self, **fields) -> None:
@@ -176,7 +190,7 @@ class _Driver:
         if not self.cancelled:
             try:
                 self.cancelled = bool(self.client.get_metadata([CANCEL, self.job_id], default=False))
-            except Exception:  # scheduler briefly unreachable: ask again next time
+            except Exception:  # noqa: BLE001 -- scheduler briefly unreachable: ask again next time
                 return False
         return self.cancelled
 
@@ -198,49 +212,66 @@ def _state_files(out: Path) -> dict[tuple[str, str], int]:
     return snap
 
 
-def _watch(driver: _Driver, stop: threading.Event) -> None:
-    """Follow stage state files, mirror progress and honour a cancel request until ``stop`` is set."""
-    out = driver.out
-    seen = _state_files(out) if out is not None else {}
-    last_parts = None
-    while not stop.wait(POLL_S):
+class _Watcher(threading.Thread):
+    """Follows the stage state files, mirrors progress into the record and honours a cancel request."""
+
+    def __init__(self, driver: _Driver):
+        super().__init__(name=f"{driver.job_id}-watch", daemon=True)
+        self.driver = driver
+        self.stop = threading.Event()
+        self.seen = _state_files(driver.out) if driver.out is not None else {}
+        self.last_parts = None
+
+    def run(self) -> None:
+        while not self.stop.wait(POLL_S):
+            try:
+                self.scan()
+            except Exception as exc:  # noqa: BLE001 -- never let the watcher kill the driver
+                self.driver.log(f"watcher: {type(exc).__name__}: {exc}")
+
+    def finish(self) -> None:
+        """Stop the thread and record the last state changes."""
+        self.stop.set()
+        self.join(timeout=5)
         try:
-            if driver.cancel_requested():
-                if driver.record.get("state") != "cancelled":
-                    driver.log("cancel requested: cancelling the job's tasks")
-                    driver.update(state="cancelled", error="cancelled by user")
-                driver.cancel_tasks()  # again on every poll: the driver may submit more before it notices
-            if out is None:
+            self.scan()
+        except Exception as exc:  # noqa: BLE001 -- the job's outcome matters more than this record
+            self.driver.log(f"watcher: {type(exc).__name__}: {exc}")
+
+    def scan(self) -> None:
+        driver, out = self.driver, self.driver.out
+        if driver.cancel_requested():
+            if driver.record.get("state") != "cancelled":
+                driver.log("cancel requested: cancelling the job's tasks")
+                driver.update(state="cancelled", error="cancelled by user")
+            if not self.stop.is_set():
+                driver.cancel_tasks()  # on every poll: the job may submit more tasks before it notices
+        if out is None:
+            return
+        now = _state_files(out)
+        changes: dict[str, Any] = {}
+        for (stage, suffix), mtime in now.items():
+            if self.seen.get((stage, suffix)) == mtime:
                 continue
-            now = _state_files(out)
-            changes = {}
-            for (stage, suffix), mtime in now.items():
-                if seen.get((stage, suffix)) == mtime:
-                    continue
-                if suffix == ".started":
-                    driver.log(f"stage {stage} started")
-                    changes["stage"] = stage
-                else:
-                    try:
-                        secs = json.loads((out / "_state" / f"{stage}.json").read_text()).get("seconds")
-                    except (OSError, ValueError):
-                        secs = None
-                    driver.log(f"stage {stage} finished" + (f" in {secs:.1f} s" if secs is not None else ""))
-                    changes["stage"] = stage
-                    changes.setdefault("stages_done", list(driver.record.get("stages_done") or []))
-                    if stage not in changes["stages_done"]:
-                        changes["stages_done"].append(stage)
-            seen = now
-            stage = changes.get("stage", driver.record.get("stage"))
-            folder = out / "_state" / str(stage)
-            parts = sum(1 for _ in folder.glob("*.done")) if folder.is_dir() else None
-            if parts != last_parts:
-                changes["parts_done"] = parts
-                last_parts = parts
-            if changes and not driver.cancelled:
-                driver.update(**changes)
-        except Exception as exc:  # never let the watcher kill the driver
-            driver.log(f"watcher: {type(exc).__name__}: {exc}")
+            changes["stage"] = stage
+            if suffix == ".started":
+                driver.log(f"stage {stage} started")
+                continue
+            try:
+                secs = json.loads((out / "_state" / f"{stage}.json").read_text()).get("seconds")
+            except (OSError, ValueError):
+                secs = None
+            driver.log(f"stage {stage} finished" + (f" in {secs:.1f} s" if secs is not None else ""))
+            done = changes.setdefault("stages_done", list(driver.record.get("stages_done") or []))
+            if stage not in done:
+                done.append(stage)
+        self.seen = now
+        folder = out / "_state" / str(changes.get("stage", driver.record.get("stage")))
+        parts = sum(1 for _ in folder.glob("*.done")) if folder.is_dir() else None
+        if parts != self.last_parts:
+            changes["parts_done"] = self.last_parts = parts
+        if changes and not driver.cancelled:
+            driver.update(**changes)
 
 
 def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
@@ -266,8 +297,7 @@ def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
     driver.log(f"driver attempt {attempt} on worker {worker.address} (pid {os.getpid()} on {where['host']})")
     driver.update(state="running", attempt=attempt, driver=where, error=None,
                   started_at=driver.record.get("started_at") or _now())
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(driver, stop), name=f"{job_id}-watch", daemon=True)
+    watcher = _Watcher(driver)
     watcher.start()
     try:
         if kind == "job":
@@ -275,8 +305,7 @@ def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
         else:
             summary = _run_script(driver, client, worker, payload)
     except BaseException as exc:
-        stop.set()
-        watcher.join(timeout=5)
+        watcher.finish()
         if driver.cancel_requested():
             driver.log("job cancelled")
             driver.update(state="cancelled", error="cancelled by user", finished_at=_now())
@@ -284,13 +313,13 @@ def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
         reason = _one_line(f"{type(exc).__name__}: {exc}") if not isinstance(exc, AttnclustError) else \
             _one_line(exc)
         driver.log(f"error: {reason}\n{traceback.format_exc()}")
-        if isinstance(exc, (AttnclustError, KeyboardInterrupt)) or attempt > DRIVER_RETRIES:
+        transient = isinstance(exc, (OSError, TimeoutError)) and not isinstance(exc, AttnclustError)
+        if not transient or attempt > DRIVER_RETRIES:
             driver.update(state="failed", error=reason, finished_at=_now())
             return {"state": "failed", "error": reason}
         driver.update(state="retrying", error=reason)
-        raise  # the scheduler reruns the driver (retries); the rerun resumes from the finished blocks
-    stop.set()
-    watcher.join(timeout=5)
+        raise  # connection trouble: the scheduler reruns the driver (retries), which resumes from finished blocks
+    watcher.finish()
     if driver.cancel_requested():
         driver.update(state="cancelled", error="cancelled by user", finished_at=_now())
         return {"state": "cancelled"}
@@ -372,6 +401,12 @@ def _security(tls_dir: str | None):
     return security_from_dir(path, role="client")
 
 
+def _quiet_client_del(unraisable) -> None:
+    if getattr(unraisable.object, "__qualname__", "") == "Client.__del__":
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def connect(address: str | None, *, tls_dir: str | None = None, timeout: float = 10.0):
     """A ``distributed.Client`` for ``address`` (or ``$DASK_SCHEDULER_ADDRESS``), or ``SubmitError`` in one line."""
     address = address or os.environ.get("DASK_SCHEDULER_ADDRESS")
@@ -386,12 +421,29 @@ def connect(address: str | None, *, tls_dir: str | None = None, timeout: float =
     if is_file and not Path(address).exists():
         raise SubmitError(f"scheduler file {address}: not found; pass the file 'dask scheduler --scheduler-file' "
                           f"wrote, or the scheduler address")
+    if not is_file:
+        from distributed.comm import get_address_host_port, parse_address
+        from distributed.comm.registry import get_backend
+
+        try:  # before a Client exists: a half-built Client complains on stderr when collected
+            scheme, _ = parse_address(address)
+            get_backend(scheme)
+            get_address_host_port(address)
+        except ValueError as exc:
+            raise SubmitError(f"scheduler {address}: not a scheduler address ({_one_line(exc)}); give "
+                              f"tcp://HOST:PORT, tls://HOST:PORT or a scheduler JSON file") from None
+        import dask
+
+        if scheme == "tls" and security is None and not dask.config.get("distributed.comm.tls.ca-file", None):
+            raise SubmitError(f"scheduler {address}: a tls:// scheduler needs certificates; pass --tls-dir CERTDIR "
+                              f"(the directory 'attnclust certs' wrote)")
+    sys.unraisablehook = _quiet_client_del  # a Client that failed to connect complains when collected
     hint = ("check the address ('dask scheduler' prints it at start) and that the scheduler is running"
             + ("; a tls:// scheduler needs --tls-dir CERTDIR" if not tls_dir else ""))
     try:
         kwargs = {"scheduler_file": address} if is_file else {"address": address}
         return Client(**kwargs, security=security, timeout=timeout, set_as_default=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- OSError, TimeoutError, ValueError, TLS errors: all one message
         reason = _one_line(exc) or type(exc).__name__
         raise SubmitError(f"scheduler {address}: cannot connect within {timeout:g} s ({reason}); {hint}") from None
 
@@ -399,7 +451,7 @@ def connect(address: str | None, *, tls_dir: str | None = None, timeout: float =
 def _dashboard(client) -> str | None:
     try:
         return client.dashboard_link
-    except Exception:
+    except Exception:  # noqa: BLE001 -- no dashboard on the scheduler
         return None
 
 
@@ -503,11 +555,11 @@ def _record(client, job_id: str) -> dict:
     return record
 
 
-def _lost(client, job_id: str, record: dict, tasks: dict) -> str | None:
-    """Why a job that is not finished has no driver anymore (``None`` while it has one)."""
+def _lost(record: dict, progress: dict) -> str | None:
+    """Why a job that has not ended has no driver anymore (``None`` while it has one)."""
     if record.get("state") in TERMINAL:
         return None
-    driver = tasks.get(f"{job_id}-driver")
+    driver = progress.get("driver")
     if driver is None:
         return "the driver task is gone from the scheduler (its workers died too often, or it was released)"
     if driver[0] == "erred":
@@ -520,33 +572,22 @@ def _follow(client, job_id: str) -> int:
     from tqdm.auto import tqdm
 
     record = _record(client, job_id)
-    prefix = f"{job_id}-"
-    driver_key = f"{job_id}-driver"
-    seen: set = set()
-    done: set = set()
     missing = 0
     bar = tqdm(total=0, desc=f"{job_id} {record.get('state')}", unit="task", dynamic_ncols=True, mininterval=0.5)
     try:
         while True:
             record = _record(client, job_id)
-            tasks = client.run_on_scheduler(_JOB_TASKS, prefix)
-            for key, (state, _) in tasks.items():
-                if key == driver_key:
-                    continue
-                seen.add(key)
-                if state == "memory":
-                    done.add(key)
-            done.update(k for k in seen if k not in tasks)  # released after their results were collected
-            bar.total = len(seen)
-            bar.n = len(done)
+            progress = client.run_on_scheduler(_JOB_PROGRESS, job_id)
+            stages = progress["stages"].values()
+            bar.total = sum(s["created"] for s in stages)
+            bar.n = min(bar.total, sum(s["done"] for s in stages))
             bar.set_description(f"{job_id} {record.get('state')} {record.get('stage') or ''}".rstrip(), False)
             bar.refresh()
-            state = record.get("state")
-            if state in TERMINAL:
+            if record.get("state") in TERMINAL:
                 break
-            reason = _lost(client, job_id, record, tasks)
+            reason = _lost(record, progress)
             missing = missing + 1 if reason else 0
-            if missing >= 3:  # confirmed over ~1.5 s: the driver's final write may just be in flight
+            if missing >= 3:  # confirmed over ~1.5 s: the driver's last write may just be in flight
                 record = _record(client, job_id)
                 if record.get("state") not in TERMINAL:
                     record.update(state="failed", error=reason, finished_at=_now(), updated_at=_now())
@@ -577,8 +618,8 @@ def _fmt_stage(record: dict) -> str:
 def status(client, job_id: str | None) -> int:
     if job_id:
         record = _record(client, job_id)
-        tasks = client.run_on_scheduler(_JOB_TASKS, f"{job_id}-")
-        lost = _lost(client, job_id, record, tasks)
+        progress = client.run_on_scheduler(_JOB_PROGRESS, job_id)
+        lost = _lost(record, progress)
         for field in ("job_id", "kind", "name", "state", "stage", "attempt", "out", "submitted_at", "started_at",
                       "updated_at", "finished_at", "error", "dashboard"):
             value = record.get(field)
@@ -590,8 +631,9 @@ def status(client, job_id: str | None) -> int:
         driver = record.get("driver") or {}
         if driver:
             print(f"{'driver:':<14}{driver.get('worker')} (pid {driver.get('pid')} on {driver.get('host')})")
-        active = sum(1 for k, (s, _) in tasks.items() if not k.endswith("-driver") and s != "memory")
-        print(f"{'tasks:':<14}{active} active on the scheduler")
+        for stage, c in progress["stages"].items():
+            print(f"{'tasks:':<14}{stage}: {c['done']}/{c['created']} done, {c['active']} active"
+                  + (f", {c['erred']} erred" if c["erred"] else ""))
         return 0
     jobs = client.get_metadata([META], default={}) or {}
     if not jobs:

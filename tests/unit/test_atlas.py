@@ -55,3 +55,5 @@ def test_descriptions_in_words():
     assert describe_cluster(pd.Series(base | {"entropy_norm": 0.92})) == "broad (entropy 0.92 of maximum)"
     assert "own segment" in describe_cluster(pd.Series(base | {"own_segment": 0.95}))
     assert describe_cluster(pd.Series(base)).startswith("mixed")
+    two = describe_cluster(pd.Series(base | {"to_cls": 0.31, "to_prev": 0.19}))
+    assert two == "partly attends to [CLS] (31% of mass) and previous token (19%)"
