@@ -88,7 +88,7 @@ def write_certificates(dir: Path, *, overwrite: bool = False, days: int = 825) -
                           f"certificate it signed")
     dir.mkdir(parents=True, exist_ok=True)
 
-    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)  # tolerate small clock skew
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew
     until = now + dt.timedelta(days=days)
 
     def name(common: str) -> x509.Name:

@@ -6,6 +6,8 @@ certificates from another CA are refused.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import ssl
@@ -53,34 +55,25 @@ def tls_cluster(certs, tmp_path_factory):
     """(scheduler address, certs dir) of a TLS-only scheduler with one TLS worker; both killed at teardown."""
     tmp = tmp_path_factory.mktemp("tls-cluster")
     scheduler_file = tmp / "scheduler.json"
-    procs: list[subprocess.Popen] = []
-    logs = []
-    try:
-        log = open(tmp / "scheduler.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            [*DASK, "scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", "tls", "--no-dashboard",
-             "--scheduler-file", str(scheduler_file), *_tls_args(certs, "scheduler")],
-            stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
+    with contextlib.ExitStack() as stack:
+        def start(args: list[str], log_name: str) -> subprocess.Popen:
+            log = stack.enter_context(open(tmp / log_name, "w"))
+            proc = subprocess.Popen([*DASK, *args], stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+            stack.callback(_stop, proc)  # teardown, in reverse order of start
+            return proc
+
+        scheduler = start(["scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", "tls", "--no-dashboard",
+                           "--scheduler-file", str(scheduler_file), *_tls_args(certs, "scheduler")], "scheduler.log")
         deadline = time.monotonic() + START_TIMEOUT
         while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            if procs[0].poll() is not None or time.monotonic() > deadline:
+            if scheduler.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dask scheduler did not start:\n{(tmp / 'scheduler.log').read_text()}")
             time.sleep(0.2)
-        time.sleep(0.2)  # the file is written in one go, but give the writer a moment to close it
+        time.sleep(0.2)  # let the writer finish the file
         address = json.loads(scheduler_file.read_text())["address"]
-        log = open(tmp / "worker.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen(
-            [*DASK, "worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", "1GB",
-             "--local-directory", str(tmp / "worker-space"), *_tls_args(certs, "worker")],
-            stdout=log, stderr=subprocess.STDOUT, cwd=tmp))
+        start(["worker", address, "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", "1GB",
+               "--local-directory", str(tmp / "worker-space"), *_tls_args(certs, "worker")], "worker.log")
         yield address, tmp
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
-        for log in logs:
-            log.close()
 
 
 def test_scheduler_listens_on_tls_only(tls_cluster):
@@ -99,16 +92,32 @@ def test_client_with_certificates_runs_a_task(tls_cluster, certs):
         assert client.submit(sum, [1, 2]).result(timeout=30) == 3
 
 
+def _connect(address: str, security: Security | None) -> None:
+    """Open and close a client on a private event loop.
+
+    A refused synchronous ``Client(...)`` leaves state behind in distributed's shared loop that can make the
+    next synchronous client in the same process hang, so each refused attempt gets a loop of its own.
+    """
+    async def attempt():
+        client = Client(address, security=security, asynchronous=True, timeout="5s")
+        try:
+            await client
+        finally:
+            await client.close()  # also after a refusal, before the loop goes away
+
+    asyncio.run(asyncio.wait_for(attempt(), 30))
+
+
 def test_client_without_certificates_is_refused(tls_cluster):
     address, _ = tls_cluster
     with pytest.raises(TypeError, match="TLS expects a `ssl_context` argument"):
-        Client(address, security=Security(), timeout="5s")
+        _connect(address, Security())
 
 
 def test_plain_tcp_client_is_refused(tls_cluster):
     address, _ = tls_cluster
-    with pytest.raises(OSError, match=r"Connection reset by peer|Timed out|closed"):
-        Client(address.replace("tls://", "tcp://"), timeout="5s")
+    with pytest.raises(OSError, match=r"Connection reset by peer|Stream is closed|Timed out trying to connect"):
+        _connect(address.replace("tls://", "tcp://"), None)
 
 
 def test_tls_client_without_a_client_certificate_is_refused(tls_cluster, certs):
@@ -117,15 +126,14 @@ def test_tls_client_without_a_client_certificate_is_refused(tls_cluster, certs):
     host, port = address.removeprefix("tls://").rsplit(":", 1)
     ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))  # trusts the scheduler, offers no certificate
     ctx.check_hostname = False
-    with socket.create_connection((host, int(port)), timeout=10) as raw:
-        with pytest.raises((ssl.SSLError, ConnectionError), match=r"(?i)certificate required|alert|reset|EOF"):
-            with ctx.wrap_socket(raw) as tls:
-                tls.sendall(b"\0" * 8)  # with TLS 1.3 the server's refusal arrives after the client's handshake
-                tls.recv(1)
+    refused = pytest.raises((ssl.SSLError, ConnectionError), match=r"(?i)certificate required|alert|reset|EOF")
+    with socket.create_connection((host, int(port)), timeout=10) as raw, refused, ctx.wrap_socket(raw) as tls:
+        tls.sendall(b"\0" * 8)  # with TLS 1.3 the server's refusal arrives after the client's handshake
+        tls.recv(1)
 
 
 def test_certificates_from_another_ca_are_refused(tls_cluster, tmp_path):
     address, _ = tls_cluster
     write_certificates(tmp_path / "other")
     with pytest.raises(OSError, match="TLS certificate does not match"):
-        Client(address, security=security_from_dir(tmp_path / "other"), timeout="5s")
+        _connect(address, security_from_dir(tmp_path / "other"))

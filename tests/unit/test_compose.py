@@ -45,7 +45,7 @@ def tls() -> dict:
 def _compose_command() -> list[str] | None:
     """A compose implementation that can run ``config`` without an engine, or None."""
     docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True, check=False).returncode == 0:
         return [docker, "compose"]
     legacy = shutil.which("docker-compose")
     return [legacy] if legacy else None
@@ -60,7 +60,8 @@ def _compose_config(*files: Path) -> dict:
     args = [*cmd, "--project-directory", str(ROOT)]
     for f in files:
         args += ["-f", str(f)]
-    proc = subprocess.run([*args, "config"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    proc = subprocess.run([*args, "config"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+                          check=False)
     assert proc.returncode == 0, f"{' '.join(args)} config failed:\n{proc.stderr}"
     return yaml.safe_load(proc.stdout)["services"]
 
@@ -229,7 +230,7 @@ def test_tls_commands_are_the_base_commands_over_tls(base, tls):
 def test_images_pin_dask_like_the_project():
     pins = dict(re.findall(r'"(dask|distributed)(?:\[\w+\])?==([\w.]+)"', (ROOT / "pyproject.toml").read_text()))
     constraints = dict(re.findall(r"^(dask|distributed)==([\w.]+)$", (ROOT / "docker" / "constraints.txt").read_text(),
-                                  re.M))
+                                  re.MULTILINE))
     assert pins and constraints == pins
 
 
@@ -238,7 +239,7 @@ def test_images_pin_dask_like_the_project():
 def test_dockerfiles(dockerfile, base_image):
     text = (ROOT / "docker" / dockerfile).read_text()
     assert base_image in text
-    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    users = re.findall(r"^USER\s+(\S+)", text, re.MULTILINE)
     assert users and users[-1] not in ("root", "0"), "the image must end as a non-root user"
     for needed in ("ARG HF_MODEL", "ARG BAKE_RESNET", "HF_HOME=/models/hf", "TORCH_HOME=/models/torch",
                    "ENV HF_HUB_OFFLINE=${HF_MODEL:+1}", "torch==2.14.1", "torchvision==0.29.1", '"/src[service]"',
