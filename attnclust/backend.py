@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["GPU_INSTALL_HINT", "gpu_status", "make_kmeans", "make_pca", "make_umap", "resolve_backend",
+__all__ = ["GPU_INSTALL_HINT", "gpu_status", "make_kmeans", "make_local_cuda_cluster", "make_pca", "make_umap", "resolve_backend",
            "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
@@ -69,6 +69,21 @@ def resolve_backend(requested: str, client: Any = None, *, probe=gpu_status) -> 
         where, why = next(iter(bad.items()))
         raise BackendUnavailable(f"backend gpu: worker {where}: {why}; {GPU_INSTALL_HINT}")
     return "cpu"
+
+
+def make_local_cuda_cluster(*, n_workers: int | None = None):
+    """A dask-cuda ``LocalCUDACluster`` (one single-threaded worker per visible GPU)."""
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        raise BackendUnavailable(f"runtime local-cuda: dask-cuda is not installed; {GPU_INSTALL_HINT}") from None
+    ok, why = gpu_status()
+    if not ok:
+        raise BackendUnavailable(f"runtime local-cuda: {why}; {GPU_INSTALL_HINT}")
+    kwargs = {"threads_per_worker": 1, "dashboard_address": "127.0.0.1:0", "rmm_async": True}
+    if n_workers:
+        kwargs["n_workers"] = n_workers
+    return LocalCUDACluster(**kwargs)
 
 
 def torch_device(backend: Resolved) -> str:

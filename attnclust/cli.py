@@ -31,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a job setting, e.g. --set cluster.k=12 (repeatable)")
         p.add_argument("--scheduler", help="Dask scheduler address or scheduler JSON file (default: embedded)")
         p.add_argument("--workers", type=int, help="workers of the embedded cluster (default: CPU cores)")
+        p.add_argument("--runtime", choices=("local", "local-cuda"), default="local",
+                       help="embedded cluster: LocalCluster (default) or dask-cuda LocalCUDACluster")
         p.add_argument("--force", action="store_true",
                        help="overwrite stages that were run with another configuration")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_job(args.job, overrides)
         out = Path(args.out) if args.out else Path("runs") / cfg.name
         result = run_job(cfg, out, stages=STAGE_SETS[args.command], scheduler=args.scheduler,
-                         force=args.force, progress=not args.quiet, n_workers=args.workers)
+                         force=args.force, progress=not args.quiet, n_workers=args.workers,
+                         runtime=args.runtime)
     except AttnclustError as exc:
         print(f"attnclust: error: {exc}", file=sys.stderr)
         return 2

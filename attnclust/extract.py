@@ -76,7 +76,8 @@ def _best_span(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[in
     return lo + int(i), lo + int(j), float(scores[i, j])
 
 
-def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, fingerprint: str) -> dict:
+def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, fingerprint: str,
+                  device: str = "cpu") -> dict:
     """Extract features ``start:stop`` (one shard) on a worker and record the block as done.
 
     Returns
@@ -92,7 +93,7 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
     delay = float(os.environ.get("ATTNCLUST_TEST_TASK_DELAY", "0") or 0)  # testing aid: widen the kill window
     if delay:
         time.sleep(delay)
-    loaded = get_model(cfg.model, threads=_worker_threads())
+    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
     model = loaded.model
     accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
     feats = pd.read_parquet(out_path / FEATURES, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
@@ -122,13 +123,14 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
         inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
         if accepts_types:
             inputs["token_type_ids"] = torch.from_numpy(types)
+        inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
             result = model(**inputs, output_attentions=True)
+        attn = torch.stack(result.attentions, dim=1).float().cpu().numpy()  # (batch, layer, head, query, key)
         forward_s += time.perf_counter() - t0
-        attn = torch.stack(result.attentions, dim=1).float().numpy()  # (batch, layer, head, query, key)
-        start_logits = result.start_logits.float().numpy()
-        end_logits = result.end_logits.float().numpy()
+        start_logits = result.start_logits.float().cpu().numpy()
+        end_logits = result.end_logits.float().cpu().numpy()
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
             maps = attn[i, :, :, :m, :m]

@@ -111,7 +111,7 @@ def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception) -> s
     return f"model.name {cfg.name!r}: cannot load the {what} from {source!r} ({first[:200]}); {hint}"
 
 
-def get_model(cfg: ModelConfig, *, threads: int | None = None) -> LoadedModel:
+def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cpu") -> LoadedModel:
     """The QA model in eval mode with eager attention, loaded once per process.
 
     Parameters
@@ -120,12 +120,14 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None) -> LoadedModel:
         Model settings.
     threads
         torch intra-op threads for this process (a Dask worker passes its own thread count).
+    device
+        ``cpu`` or ``cuda`` (the worker's own device under dask-cuda).
     """
     import torch
 
     if threads:
         torch.set_num_threads(int(threads))
-    key = ("model", cfg.name, cfg.revision)
+    key = ("model", cfg.name, cfg.revision, device)
     with _LOCK:
         if key not in _CACHE:
             _quiet_transformers()
@@ -141,7 +143,7 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None) -> LoadedModel:
                 raise ModelError(_load_failure(cfg, source, "model", exc)) from None
             finally:
                 torch.random.set_rng_state(state)
-            model.eval()
+            model.eval().to(device)
             missing = {k for k in info.get("missing_keys", ()) if "qa_outputs" in k}
             config = model.config
             _CACHE[key] = LoadedModel(model=model, qa_head_trained=not missing,

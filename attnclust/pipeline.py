@@ -99,11 +99,11 @@ def check_featurizer(cfg: JobConfig) -> None:
 
 
 # -- stages -------------------------------------------------------------------------------------------------
-def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dict, *, force: bool,
-             progress: bool) -> dict:
+def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dict, backend: str, *,
+             force: bool, progress: bool) -> dict:
     from .extract import extract_block, finish_store, prepare_store
 
-    fp = cfg.fingerprint("data", "model", "extract")
+    fp = _digest(cfg.fingerprint("data", "model", "extract"), backend)  # fp16 on GPU: other maps
     if outdir.begin_stage("extract", fp, force=force):
         return {**outdir.stage_record("extract"), "skipped": True}
     t0 = time.perf_counter()
@@ -111,7 +111,8 @@ def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dic
     atomic_write_parquet(inputs["examples"], outdir.path / "examples.parquet")
     blocks, done = prepare_store(outdir, features, cfg=cfg, model_info=inputs["model_info"], fingerprint=fp,
                                  resume=not force)
-    todo = [(str(outdir.path), b, s, e, cfg, fp) for b, (s, e) in enumerate(blocks) if b not in done]
+    device = bk.torch_device(backend)
+    todo = [(str(outdir.path), b, s, e, cfg, fp, device) for b, (s, e) in enumerate(blocks) if b not in done]
     results = run_tasks(client, extract_block, todo, job_id=job_id, stage="extract",
                         desc=f"extract ({len(blocks)} blocks, {len(done)} done)", progress=progress)
     finish_store(outdir, blocks)
@@ -257,7 +258,7 @@ def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bo
 # -- the job ------------------------------------------------------------------------------------------------
 def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES, scheduler: str | None = None,
             force: bool = False, progress: bool = True, client=None, n_workers: int | None = None,
-            job_id: str | None = None, security=None) -> JobResult:
+            job_id: str | None = None, security=None, runtime: str = "local") -> JobResult:
     """Run some or all stages of a job into ``out``.
 
     Parameters
@@ -274,6 +275,9 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
         Overwrite stages that were run with another configuration.
     client
         An existing ``distributed.Client`` (overrides ``scheduler``).
+    runtime
+        Embedded cluster kind when no scheduler is given: ``local`` (LocalCluster) or ``local-cuda``
+        (LocalCUDACluster, one worker per GPU).
     """
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -289,7 +293,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
             open_attention_store(outdir.path / ATTENTION)  # fail fast on a missing/foreign store
         started = time.perf_counter()
         ctx = _nullcontext(client) if client is not None else dask_client(scheduler, n_workers=n_workers,
-                                                                           security=security)
+                                                                           security=security, runtime=runtime)
         with ctx as cl:
             backend = bk.resolve_backend(cfg.backend, cl)
             if progress:
@@ -299,7 +303,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
                 if stage not in stages:
                     continue
                 if stage == "extract":
-                    rec = _extract(cl, outdir, cfg, job_id, inputs, force=force, progress=progress)
+                    rec = _extract(cl, outdir, cfg, job_id, inputs, backend, force=force, progress=progress)
                 elif stage == "featurize":
                     rec = _featurize(cl, outdir, cfg, job_id, backend, force=force, progress=progress)
                 elif stage == "cluster":

@@ -14,7 +14,7 @@ __all__ = ["dask_client"]
 
 @contextlib.contextmanager
 def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
-                security=None, quiet: bool = True) -> Iterator:
+                security=None, quiet: bool = True, runtime: str = "local") -> Iterator:
     """Yield a ``distributed.Client``.
 
     Parameters
@@ -23,7 +23,10 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         ``None`` starts an embedded ``LocalCluster`` (processes, one single-threaded worker per core); an
         address (``tcp://host:8786``, ``tls://...``) or a scheduler JSON file connects to that cluster.
     n_workers
-        Workers of the embedded cluster (default: CPU cores).
+        Workers of the embedded cluster (default: CPU cores; GPUs for ``local-cuda``).
+    runtime
+        ``local``: a LocalCluster of processes; ``local-cuda``: a dask-cuda LocalCUDACluster, one worker per GPU
+        (fails with the install hint when dask-cuda or a GPU is missing).
     """
     from distributed import Client, LocalCluster
 
@@ -31,10 +34,17 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.worker",
                      "distributed.core", "distributed.http.proxy"):
             logging.getLogger(name).setLevel(logging.ERROR)
+    if runtime not in ("local", "local-cuda"):
+        raise AttnclustError(f"--runtime {runtime!r}: unknown; allowed: local | local-cuda")
     if scheduler is None:
-        workers = n_workers or max(1, len(os.sched_getaffinity(0)))
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+        if runtime == "local-cuda":
+            from .backend import make_local_cuda_cluster
+
+            cluster = make_local_cuda_cluster(n_workers=n_workers)
+        else:
+            workers = n_workers or max(1, len(os.sched_getaffinity(0)))
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                   dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
         client = Client(cluster)
         try:
             yield client

@@ -71,3 +71,34 @@ def test_gpu_kmeans_recovers_blobs():
     km = bk.make_kmeans("gpu", n_clusters=5, random_state=0)
     km.fit(x.astype(np.float32))
     assert adjusted_rand_score(y, bk.to_numpy(km.predict(x.astype(np.float32)))) > 0.95
+
+
+def test_local_cuda_runtime_without_dask_cuda_says_what_to_install():
+    usable, _ = bk.gpu_status()
+    if usable:
+        pytest.skip("a GPU is usable here")
+    from attnclust.runtime import dask_client
+
+    with pytest.raises(BackendUnavailable, match=r"runtime local-cuda: .*install the GPU extra"):
+        with dask_client(None, runtime="local-cuda"):
+            pass
+
+
+def test_gpu_backend_refused_before_any_work(tmp_path):
+    """backend: gpu on a machine without one ends at once, with the install hint, writing no outputs."""
+    usable, _ = bk.gpu_status()
+    if usable:
+        pytest.skip("a GPU is usable here")
+    from attnclust.config import JobConfig
+    from attnclust.pipeline import run_job
+
+    class Client:
+        dashboard_link = "n/a"
+
+        def run(self, fn):
+            return {"tcp://w1": fn()}
+
+    cfg = JobConfig.from_dict({"backend": "gpu", "data": {"max_examples": 2}})
+    with pytest.raises(BackendUnavailable, match=r"backend gpu: worker tcp://w1: .*attnclust\[gpu\]"):
+        run_job(cfg, tmp_path / "out", client=Client(), progress=False)
+    assert not (tmp_path / "out" / "attention.zarr").exists()
