@@ -24,7 +24,7 @@ Resolved = Literal["cpu", "gpu"]
 def gpu_status() -> tuple[bool, str]:
     """Whether this process can use a GPU through cupy + cuml, and why not."""
     try:
-        import cupy  # noqa: F401
+        import cupy
     except ImportError:
         return False, "cupy is not installed"
     try:

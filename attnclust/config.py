@@ -318,7 +318,7 @@ class JobConfig:
         _literal("", "backend", self.backend, get_args(Backend))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> "JobConfig":
+    def from_dict(cls, raw: dict[str, Any] | None) -> JobConfig:
         raw = {} if raw is None else raw
         if not isinstance(raw, dict):
             raise ConfigError(f"job config: expected a mapping at the top level, got {type(raw).__name__}")
@@ -337,7 +337,7 @@ class JobConfig:
             out[key] = getattr(self, key).to_dict()
         return out
 
-    def replace(self, **changes) -> "JobConfig":
+    def replace(self, **changes) -> JobConfig:
         return dataclasses.replace(self, **changes)
 
     def fingerprint(self, *sections: str) -> str:

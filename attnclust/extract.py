@@ -28,7 +28,7 @@ from .store import (
     open_attention_store,
 )
 
-__all__ = ["extract_block", "plan_features", "shard_features", "MAX_ANSWER_TOKENS"]
+__all__ = ["MAX_ANSWER_TOKENS", "extract_block", "plan_features", "shard_features"]
 
 MAX_ANSWER_TOKENS = 30
 STAGE = "extract"

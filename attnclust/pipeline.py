@@ -26,7 +26,7 @@ from .errors import AttnclustError, DataError, StoreError
 from .runtime import dask_client, run_tasks
 from .store import ATTENTION, OutputDir, atomic_write_json, atomic_write_parquet, open_attention_store, read_features
 
-__all__ = ["JobResult", "STAGES", "make_job_id", "run_job"]
+__all__ = ["STAGES", "JobResult", "make_job_id", "run_job"]
 
 STAGES = ("extract", "featurize", "cluster", "report")
 PACKAGES = ("attnclust", "torch", "torchvision", "transformers", "dask", "distributed", "zarr", "numpy",
@@ -195,7 +195,7 @@ def _cluster(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: st
     model = {"k": fitted.k_, "k_scores": {str(k): v for k, v in fitted.k_scores_.items()},
              "centers": bk.to_numpy(fitted.kmeans_.cluster_centers_).tolist(),
              "pca_components": None if fitted.pca_ is None else int(fitted.pca_.n_components),
-             "umap_fitted_on": None if fitted.umap_rows_ is None else int(len(fitted.umap_rows_))}
+             "umap_fitted_on": None if fitted.umap_rows_ is None else len(fitted.umap_rows_)}
     atomic_write_json(outdir.path / "cluster_model.json", model)
     seconds = time.perf_counter() - t0
     record = {"seconds": round(seconds, 3), "fit_seconds": round(fit_s, 3), "fit_parts": fitted.timings_,

@@ -16,9 +16,7 @@ import html
 import io
 import json
 import math
-import os
 import pathlib
-import tempfile
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +30,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .errors import DataError
+from .stats import STAT_COLUMNS
+from .store import atomic_write_bytes
 
 __all__ = [
     "MAX_SCATTER_POINTS",
@@ -45,9 +45,6 @@ __all__ = [
     "write_report",
 ]
 
-# Mirrors attnclust.stats.STAT_COLUMNS (to be replaced by that import once attnclust.stats exists).
-STAT_COLUMNS = ("entropy", "entropy_norm", "to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next",
-                "confidence", "own_segment", "mean_offset")
 
 MAX_SCATTER_POINTS = 50_000
 """At most this many maps are drawn in each UMAP scatter (a seeded random subsample beyond)."""
@@ -292,17 +289,7 @@ def write_report(path: pathlib.Path, inputs: ReportInputs) -> pathlib.Path:
     """
     path = pathlib.Path(path)
     text = render_report(inputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, text.encode("utf-8"))
     return path
 
 

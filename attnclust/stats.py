@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["STAT_COLUMNS", "PUNCT_TOKENS", "SEP_TOKENS", "map_statistics", "token_masks"]
+__all__ = ["PUNCT_TOKENS", "SEP_TOKENS", "STAT_COLUMNS", "map_statistics", "token_masks"]
 
 STAT_COLUMNS = ("entropy", "entropy_norm", "to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next",
                 "confidence", "own_segment", "mean_offset")

@@ -170,7 +170,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     path = Path(path)
     if path.exists():
         shutil.rmtree(path)
-    n = int(len(seq_len))
+    n = len(seq_len)
     width = int(seq_len.max())
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
     group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
