@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["GPU_INSTALL_HINT", "gpu_status", "make_kmeans", "make_local_cuda_cluster", "make_pca", "make_umap", "resolve_backend",
+__all__ = ["GPU_INSTALL_HINT", "gpu_status", "fit_kmeans_distributed", "make_kmeans", "make_local_cuda_cluster", "make_pca", "make_umap", "resolve_backend",
            "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
@@ -116,6 +116,29 @@ def make_kmeans(backend: Resolved, *, n_clusters: int, random_state: int, n_init
     from sklearn.cluster import KMeans
 
     return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
+
+
+def fit_kmeans_distributed(client, x, *, n_clusters: int, random_state: int):
+    """KMeans across every GPU worker: ``cuml.dask.cluster.KMeans`` (k-means||) on a Dask array.
+
+    Parameters
+    ----------
+    x
+        dask array (map, dim) of NumPy blocks; blocks move to each worker's GPU as CuPy arrays.
+
+    Returns
+    -------
+    A single-GPU model with the fitted centres (``predict``, ``cluster_centers_``), picklable to every worker.
+    """
+    _require_gpu()
+    import cupy
+    from cuml.dask.cluster import KMeans
+
+    xg = x.map_blocks(cupy.asarray, dtype=x.dtype)
+    model = KMeans(client=client, n_clusters=n_clusters, random_state=random_state,
+                   init="scalable-k-means++", oversampling_factor=10)
+    model.fit(xg)
+    return model.get_combined_model()
 
 
 def make_pca(backend: Resolved, *, n_components: int, random_state: int):

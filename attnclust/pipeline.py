@@ -180,11 +180,14 @@ def _cluster(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: st
         print(f"cluster: fitting on a sample of {min(group['embedding'].shape[0], cfg.cluster.fit_sample)} maps "
               f"(k={cfg.cluster.k}, UMAP {'on' if cfg.cluster.umap else 'off'}) ...", flush=True)
     fitted = future.result()
+    n_maps = group["embedding"].shape[0]
+    n_workers = len(client.scheduler_info().get("workers", {}))
+    if backend == "gpu" and n_workers > 1 and n_maps > cfg.cluster.fit_sample:
+        fitted.kmeans_ = _distributed_kmeans(client, outdir, fitted, cfg)  # all maps, every GPU
     fit_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     [fitted_future] = client.scatter([fitted], broadcast=True)
     scatter_s = time.perf_counter() - t1
-    n_maps = group["embedding"].shape[0]
     step = group["embedding"].chunks[0]
     items = [(str(outdir.path), b, r0, min(r0 + step, n_maps), fitted_future)
              for b, r0 in enumerate(range(0, n_maps, step))]
@@ -204,6 +207,18 @@ def _cluster(client, outdir: OutputDir, cfg: JobConfig, job_id: str, backend: st
               "maps_per_second": round(n_maps / seconds, 1)}
     outdir.finish_stage("cluster", fp, **record)
     return record
+
+
+def _distributed_kmeans(client, outdir: OutputDir, fitted, cfg: JobConfig):
+    """Refit the final KMeans on every map across all GPU workers (k chosen on the sample stays)."""
+    import dask.array as da
+
+    from .featurize import open_embedding
+
+    emb = da.from_zarr(open_embedding(outdir.path)["embedding"])
+    dim = fitted.pca_.n_components if fitted.pca_ is not None else emb.shape[1]
+    reduced = emb.map_blocks(fitted.reduce, dtype="float32", chunks=(emb.chunks[0], (dim,)))
+    return bk.fit_kmeans_distributed(client, reduced, n_clusters=fitted.k_, random_state=cfg.cluster.random_state)
 
 
 def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bool, progress: bool,

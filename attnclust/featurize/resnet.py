@@ -128,5 +128,6 @@ def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, devic
             peak = x.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
             x = F.interpolate(x / peak, size=(image_size, image_size), mode="bilinear", align_corners=False)
             x = ((x.expand(-1, 3, -1, -1) - mean) / std).contiguous(memory_format=torch.channels_last)
-            out.append(net(x).float().cpu().numpy())
+            with torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
+                out.append(net(x).float().cpu().numpy())
     return np.concatenate(out, axis=0)

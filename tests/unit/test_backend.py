@@ -102,3 +102,32 @@ def test_gpu_backend_refused_before_any_work(tmp_path):
     with pytest.raises(BackendUnavailable, match=r"backend gpu: worker tcp://w1: .*attnclust\[gpu\]"):
         run_job(cfg, tmp_path / "out", client=Client(), progress=False)
     assert not (tmp_path / "out" / "attention.zarr").exists()
+
+
+def test_several_gpu_workers_refit_kmeans_across_all_of_them(tmp_path, monkeypatch):
+    """With backend gpu and more than one worker, the final KMeans runs through cuml.dask on every map."""
+    import numpy as np
+    import zarr
+
+    from attnclust import pipeline
+    from attnclust.cluster import fit_clusters
+    from attnclust.config import JobConfig
+    from attnclust.store import OutputDir
+
+    x = np.random.default_rng(0).random((300, 16)).astype(np.float32)
+    g = zarr.open_group(str(tmp_path / "embedding.zarr"), mode="w", zarr_format=3)
+    g.attrs.update({"schema": "attnclust.embedding", "complete": True})
+    g.create_array("embedding", data=x, chunks=(100, 16))
+    cfg = JobConfig.from_dict({"cluster": {"k": 3, "pca_components": 4, "umap": False}})
+    fitted = fit_clusters(x, cfg.cluster)
+    seen = {}
+
+    def fake(client, reduced, *, n_clusters, random_state):
+        seen.update(shape=reduced.shape, chunks=reduced.chunks, k=n_clusters, data=reduced.compute())
+        return "combined-model"
+
+    monkeypatch.setattr(bk, "fit_kmeans_distributed", fake)
+    model = pipeline._distributed_kmeans(object(), OutputDir(tmp_path), fitted, cfg)
+    assert model == "combined-model" and seen["k"] == 3
+    assert seen["shape"] == (300, 4) and seen["chunks"][0] == (100, 100, 100)
+    np.testing.assert_allclose(seen["data"], fitted.reduce(x), rtol=1e-5)
