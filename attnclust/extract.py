@@ -127,14 +127,14 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
         t0 = time.perf_counter()
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
             result = model(**inputs, output_attentions=True)
-        attn = torch.stack(result.attentions, dim=1).float().cpu().numpy()  # (batch, layer, head, query, key)
+        attn = torch.stack(result.attentions, dim=1).float().cpu()  # (batch, layer, head, query, key)
         forward_s += time.perf_counter() - t0
         start_logits = result.start_logits.float().cpu().numpy()
         end_logits = result.end_logits.float().cpu().numpy()
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
             maps = attn[i, :, :, :m, :m]
-            shard[row.feature_id - start, :, :, :m, :m] = maps
+            shard[row.feature_id - start, :, :, :m, :m] = maps.to(torch.float16).numpy()
             sep, punct, seg = token_masks(row.tokens, row.segment_ids)
             stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
             s_tok, e_tok, span_score = _best_span(start_logits[i], end_logits[i],

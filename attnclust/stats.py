@@ -34,14 +34,14 @@ def token_masks(tokens, segment_ids, *, sep_tokens=SEP_TOKENS) -> tuple[np.ndarr
     return sep, punct, np.asarray(segment_ids, dtype=np.int64)
 
 
-def map_statistics(maps: np.ndarray, *, sep: np.ndarray, punct: np.ndarray,
-                   segment_ids: np.ndarray) -> dict[str, np.ndarray]:
+def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray) -> dict[str, np.ndarray]:
     """Statistics of every map of one feature.
 
     Parameters
     ----------
     maps
-        (layer, head, query, key) attention of one feature, cropped to its true length ``n``.
+        (layer, head, query, key) attention of one feature, cropped to its true length ``n``: a NumPy array or
+        a torch tensor (computed with torch either way: vectorised, a handful of passes over the maps).
     sep, punct
         (key,) boolean masks of separator and punctuation tokens.
     segment_ids
@@ -52,27 +52,38 @@ def map_statistics(maps: np.ndarray, *, sep: np.ndarray, punct: np.ndarray,
     dict
         One (layer, head) float32 array per name in :data:`STAT_COLUMNS`.
     """
-    a = np.asarray(maps, dtype=np.float32)
+    import torch
+
+    a = maps if isinstance(maps, torch.Tensor) else torch.from_numpy(np.asarray(maps, dtype=np.float32))
+    a = a.float()
     n = a.shape[-1]
     if a.shape[-2] != n or len(sep) != n or len(punct) != n or len(segment_ids) != n:
-        raise ValueError(f"map_statistics: maps {a.shape[-2:]} and masks ({len(sep)}, {len(punct)}, "
+        raise ValueError(f"map_statistics: maps {tuple(a.shape[-2:])} and masks ({len(sep)}, {len(punct)}, "
                          f"{len(segment_ids)}) must all have the feature's length")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        plogp = np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0)
+    lead = a.shape[:-2]
+    seg = torch.from_numpy(np.array(segment_ids, dtype=np.int64))
+    # one matrix-vector product per key mask: [SEP], punctuation, each segment
+    segments = torch.unique(seg)
+    masks = torch.stack([torch.from_numpy(np.array(sep, bool)), torch.from_numpy(np.array(punct, bool)),
+                         *[seg == s for s in segments]], dim=1).float()           # (key, 2 + segments)
+    mass = a @ masks                                                               # (..., query, 2 + segments)
+    own = (mass[..., 2:] * (seg[:, None] == segments[None, :]).float()).sum(-1)   # (..., query)
+    plogp = torch.log(a.clamp_min(1e-30)).mul_(a)                                  # 0 log 0 -> 0
     entropy = -plogp.sum(-1).mean(-1)
-    idx = np.arange(n)
-    diag = a[..., idx, idx]
+    del plogp
+    offsets = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().float()
+    zeros = torch.zeros(lead)
     out = {
         "entropy": entropy,
-        "entropy_norm": entropy / np.log(n) if n > 1 else np.zeros_like(entropy),
+        "entropy_norm": entropy / float(np.log(n)) if n > 1 else zeros,
         "to_cls": a[..., :, 0].mean(-1),
-        "to_sep": (a @ sep.astype(np.float32)).mean(-1),
-        "to_punct": (a @ punct.astype(np.float32)).mean(-1),
-        "to_self": diag.mean(-1),
-        "to_prev": a[..., idx[1:], idx[:-1]].mean(-1) if n > 1 else np.zeros(a.shape[:-2], np.float32),
-        "to_next": a[..., idx[:-1], idx[1:]].mean(-1) if n > 1 else np.zeros(a.shape[:-2], np.float32),
-        "confidence": a.max(-1).mean(-1),
-        "own_segment": (a * (segment_ids[:, None] == segment_ids[None, :])).sum(-1).mean(-1),
-        "mean_offset": (a * np.abs(idx[:, None] - idx[None, :]).astype(np.float32)).sum(-1).mean(-1),
+        "to_sep": mass[..., 0].mean(-1),
+        "to_punct": mass[..., 1].mean(-1),
+        "to_self": a.diagonal(dim1=-2, dim2=-1).mean(-1),
+        "to_prev": a.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1 else zeros,
+        "to_next": a.diagonal(offset=1, dim1=-2, dim2=-1).mean(-1) if n > 1 else zeros,
+        "confidence": a.amax(-1).mean(-1),
+        "own_segment": own.mean(-1),
+        "mean_offset": (a * offsets).sum(-1).mean(-1),
     }
-    return {k: np.asarray(out[k], dtype=np.float32) for k in STAT_COLUMNS}
+    return {k: out[k].numpy().astype(np.float32) for k in STAT_COLUMNS}

@@ -1,0 +1,141 @@
+"""Extraction figures: the stage against bare forward passes, length bucketing, and the store's size on disk."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .inproc import run_extract, select_features, store_nbytes
+from .timing import interleave, median
+
+__all__ = ["bench_extract", "bench_store", "make_batches", "dataset_order"]
+
+
+def dataset_order(features: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
+    """The features in dataset order (examples as in the file, spans in context order): the unsorted order."""
+    pos = {eid: i for i, eid in enumerate(examples["id"])}
+    key = features["example_id"].map(pos).to_numpy() * 1000 + features["span"].to_numpy()
+    return features.iloc[np.argsort(key, kind="stable")].reset_index(drop=True)
+
+
+def make_batches(features: pd.DataFrame, batch_size: int, *, pad_id: int = 0) -> list[dict]:
+    """Pre-made input tensors, each batch padded to its own longest feature (as extract_block pads)."""
+    import torch
+
+    batches = []
+    for b0 in range(0, len(features), batch_size):
+        rows = features.iloc[b0:b0 + batch_size]
+        n = int(rows["seq_len"].max())
+        ids = np.full((len(rows), n), pad_id, dtype=np.int64)
+        types = np.zeros_like(ids)
+        mask = np.zeros_like(ids)
+        for i, (tok, seg) in enumerate(zip(rows["input_ids"], rows["segment_ids"])):
+            ids[i, :len(tok)], types[i, :len(seg)], mask[i, :len(tok)] = tok, seg, 1
+        batches.append({"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
+                        "token_type_ids": torch.from_numpy(types)})
+    return batches
+
+
+def bare_forward(model, batches: list[dict]) -> float:
+    """Seconds for ``model(**batch, output_attentions=True)`` over every batch; nothing kept or stored."""
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for batch in batches:
+            model(**batch, output_attentions=True)
+    return time.perf_counter() - t0
+
+
+def bench_extract(ctx, n_examples: int, reps: int) -> dict:
+    """``extract_vs_forward`` and ``bucketing_gain``, three arms interleaved in one loop.
+
+    A: the extraction stage in-process (prepare_store + extract_block per shard + finish_store: forward, crop,
+    statistics, QA spans, zarr shard, parquet parts). B: bare forwards over the same length-sorted batches.
+    C: bare forwards over the same features in dataset order (unsorted batches).
+    """
+    import torch
+
+    feats = select_features(ctx.inputs["features"], ctx.inputs["examples"]["id"][:n_examples])
+    bs = ctx.cfg.extract.batch_size
+    pad = int(getattr(ctx.model.config, "pad_token_id", 0) or 0)
+    sorted_b = make_batches(feats, bs, pad_id=pad)
+    unsorted_b = make_batches(dataset_order(feats, ctx.inputs["examples"]), bs, pad_id=pad)
+    out = ctx.tmp / "extract"
+    extract_info = {}
+
+    def arm_extract(r):
+        rec = run_extract(out, feats, ctx.cfg, ctx.inputs["model_info"])
+        extract_info.update(rec)
+        return rec["seconds"]
+
+    times = interleave({"extract_stage": arm_extract,
+                        "bare_sorted": lambda r: bare_forward(ctx.model, sorted_b),
+                        "bare_unsorted": lambda r: bare_forward(ctx.model, unsorted_b)}, reps)
+    n = len(feats)
+    tp = {k: n / median(v) for k, v in times.items()}
+    lens = feats["seq_len"].to_numpy()
+    pad_sorted = sum(int(b["input_ids"].numel()) for b in sorted_b)
+    pad_unsorted = sum(int(b["input_ids"].numel()) for b in unsorted_b)
+    common = {"features": n, "examples": int(n_examples), "batch_size": bs, "repetitions": reps,
+              "torch_threads": torch.get_num_threads(), "model": ctx.cfg.model.name,
+              "seq_len_mean": round(float(lens.mean()), 1), "seq_len_min": int(lens.min()),
+              "seq_len_max": int(lens.max()),
+              "seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
+              "features_per_second": {k: round(v, 2) for k, v in tp.items()}}
+    ctx.figure("extract_vs_forward", tp["extract_stage"] / tp["bare_sorted"], ">=", 0.85, {
+        **common, "extract_forward_seconds_last_rep": round(extract_info.get("forward_seconds", 0), 3),
+        "note": "extract stage (in-process extract_block on planned features, with zarr + parquet writes) vs "
+                "bare model(**batch, output_attentions=True) on the same length-sorted batches"})
+    ctx.figure("bucketing_gain", tp["bare_sorted"] / tp["bare_unsorted"], ">", 1.3, {
+        **common, "tokens_true": int(lens.sum()), "tokens_padded_sorted": pad_sorted,
+        "tokens_padded_unsorted": pad_unsorted,
+        "note": "bare forwards, length-grouped batches / the same features in dataset order"})
+    ctx.state["extract_store"] = out
+    ctx.state["extract_features"] = feats
+    ctx.state["extract_fps"] = tp["extract_stage"]
+    ctx.state["bare_fps"] = tp["bare_sorted"]
+    return tp
+
+
+def bench_store(ctx) -> None:
+    """``store_bytes_per_map`` and ``store_uint8_vs_float16`` on the store extracted by bench_extract."""
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    from attnclust.store import ATTENTION, open_attention_store
+
+    out: Path = ctx.state["extract_store"]
+    store = open_attention_store(out / ATTENTION)
+    n_maps = store.n_features * store.n_layers * store.n_heads
+    on_disk = store_nbytes(out / ATTENTION)
+    raw = ctx.cfg.extract.max_seq_len ** 2 * 4
+    lens = store.seq_len
+    ctx.figure("store_bytes_per_map", on_disk / n_maps / raw, "<=", 0.125, {
+        "maps": n_maps, "bytes_on_disk": on_disk, "bytes_per_map": round(on_disk / n_maps),
+        "raw_float32_padded_bytes_per_map": raw, "store_width": store.width,
+        "seq_len_mean": round(float(lens.mean()), 1),
+        "true_length_float16_bytes_per_map": round(float((2 * lens.astype(np.int64) ** 2).mean())),
+        "note": "attention.zarr bytes / maps / (384*384*4); float16, zero beyond the true length, zstd level 1"})
+
+    # the same maps quantised to uint8 (x255), same layout and codec
+    a = store.attention
+    q_path = ctx.tmp / "uint8.zarr"
+    group = zarr.open_group(str(q_path), mode="w", zarr_format=3)
+    q = group.create_array("attention", shape=a.shape, dtype="uint8", shards=a.shards, chunks=a.chunks,
+                           fill_value=0, compressors=ZstdCodec(level=1), config={"write_empty_chunks": True})
+    max_err = 0.0
+    for s, e in store.blocks():
+        block = np.asarray(a[s:e], dtype=np.float32)
+        qb = np.clip(np.rint(block * 255), 0, 255).astype(np.uint8)
+        max_err = max(max_err, float(np.abs(qb.astype(np.float32) / 255 - block).max()))
+        q[s:e] = qb
+    q_bytes = store_nbytes(q_path)
+    ctx.figure("store_uint8_vs_float16", q_bytes / on_disk, None, None, {
+        "uint8_bytes_on_disk": q_bytes, "float16_bytes_on_disk": on_disk, "max_abs_error": round(max_err, 5),
+        "bound": round(0.5 / 255, 5),
+        "note": "informational: bytes of the same maps as uint8 (round(x*255)), zstd level 1, same shards/chunks, "
+                "over the float16 store (lower = smaller)"})

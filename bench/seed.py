@@ -1,0 +1,111 @@
+"""A faithful re-implementation of the seed project's pipeline (the baseline of the e2e figures).
+
+As the seed did (see /work/shared/REFERENCE.md): features one at a time (batch 1), padded to ``max_seq_len``
+(384); every 384 x 384 map kept *with its padding*; scaled 0-255 by a scikit-learn ``MinMaxScaler`` fitted on the
+map (which scales each column separately, not the map); copied to 3 channels; fed unnormalised at native size
+(384 px) to a ResNet-50 without its classifier -> 2,048-d; each feature's rows appended to a CSV file; then
+scikit-learn KMeans (k = 35, or fewer when there are fewer maps) on the CSV read back. Layer/head are implied by
+row position, as in the seed. Differences: the seed used Barlow Twins weights and BERT-base; here the ResNet-50 is
+randomly initialised (no weights can be downloaded on this machine; the cost is the same) and the model is the
+one under test (MiniLM).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["SeedPipeline", "seed_featurize_maps", "seed_resnet50"]
+
+SEED_K = 35
+SEED_SIZE = 384
+
+
+def seed_resnet50():
+    """ResNet-50, random init (stand-in for Barlow Twins weights), classifier removed, eval, default layout."""
+    import torch
+    import torchvision.models as tvm
+
+    net = tvm.resnet50(weights=None)
+    net.fc = torch.nn.Identity()
+    return net.eval()
+
+
+def seed_featurize_maps(net, maps: np.ndarray) -> np.ndarray:
+    """Seed featurizer on (map, 384, 384) padded maps: per-column MinMaxScaler 0-255, 3 channels, batch 1."""
+    import torch
+    from sklearn.preprocessing import MinMaxScaler
+
+    out = np.empty((len(maps), 2048), dtype=np.float32)
+    with torch.inference_mode():
+        for i, m in enumerate(maps):
+            img = MinMaxScaler(feature_range=(0, 255)).fit_transform(np.asarray(m, dtype=np.float64))
+            x = torch.from_numpy(img.astype(np.float32))[None, None].expand(1, 3, -1, -1).contiguous()
+            out[i] = net(x).numpy()[0]
+    return out
+
+
+class SeedPipeline:
+    """The seed pipeline over QA features, writing CSVs into ``workdir``.
+
+    Parameters
+    ----------
+    model
+        The QA model (eager attention).
+    workdir
+        Directory for the CSV files (one per call of :meth:`extract_featurize`, as the seed wrote parts).
+    """
+
+    def __init__(self, model, workdir: Path, *, max_seq_len: int = SEED_SIZE, pad_id: int = 0):
+        self.model = model
+        self.net = seed_resnet50()
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.max_seq_len = max_seq_len
+        self.pad_id = pad_id
+
+    def extract_featurize(self, features: pd.DataFrame, csv: Path) -> dict:
+        """Batch-1 forward padded to max_seq_len, seed featurizer on every padded map, rows appended to ``csv``."""
+        import torch
+
+        t_fwd = t_feat = t_csv = 0.0
+        for row in features.itertuples(index=False):
+            n = len(row.input_ids)
+            ids = np.full((1, self.max_seq_len), self.pad_id, dtype=np.int64)
+            types = np.zeros_like(ids)
+            mask = np.zeros_like(ids)
+            ids[0, :n], types[0, :n], mask[0, :n] = row.input_ids, row.segment_ids, 1
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                res = self.model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                                 token_type_ids=torch.from_numpy(types), output_attentions=True)
+            maps = torch.cat(res.attentions, dim=1)[0].numpy()  # (layer*head, 384, 384), padding included
+            t1 = time.perf_counter()
+            vec = seed_featurize_maps(self.net, maps)
+            t2 = time.perf_counter()
+            pd.DataFrame(vec).to_csv(csv, mode="a", header=False, index=False)
+            t3 = time.perf_counter()
+            t_fwd, t_feat, t_csv = t_fwd + t1 - t0, t_feat + t2 - t1, t_csv + t3 - t2
+        return {"forward": t_fwd, "featurize": t_feat, "csv": t_csv}
+
+    @staticmethod
+    def cluster(csvs: list[Path], *, k: int = SEED_K, random_state: int = 0) -> np.ndarray:
+        """KMeans (k, or fewer when there are fewer maps) on every CSV row read back."""
+        from sklearn.cluster import KMeans
+
+        x = pd.concat([pd.read_csv(c, header=None) for c in csvs], ignore_index=True).to_numpy(np.float32)
+        return KMeans(n_clusters=min(k, len(x)), random_state=random_state, n_init="auto").fit_predict(x)
+
+    def run(self, features: pd.DataFrame, tag: str) -> dict:
+        """The whole seed pipeline on ``features``; seconds per part and in total."""
+        csv = self.workdir / f"seed-{tag}.csv"
+        csv.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        parts = self.extract_featurize(features, csv)
+        t1 = time.perf_counter()
+        labels = self.cluster([csv])
+        t2 = time.perf_counter()
+        return {**parts, "cluster": t2 - t1, "total": t2 - t0, "n_maps": int(len(labels))}
