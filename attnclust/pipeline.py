@@ -313,6 +313,10 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
             backend = bk.resolve_backend(cfg.backend, cl)
             if progress:
                 print(f"job {job_id}: backend {backend}, dashboard {cl.dashboard_link}", flush=True)
+                if inputs is not None and not inputs["model_info"]["qa_head_in_checkpoint"]:
+                    print(f"note: model {cfg.model.name!r} has no trained question-answering head; it gets a "
+                          f"seeded random one, so QA predictions are marked untrained (attention is unaffected)",
+                          flush=True)
             settings = {"job_id": job_id, "config": cfg.to_dict(), "backend": backend}
             for stage in STAGES:
                 if stage not in stages:

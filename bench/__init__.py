@@ -1,0 +1,1 @@
+"""attnclust benchmarks: ``python -m bench [--quick]`` from the repository root (see bench/README.md)."""

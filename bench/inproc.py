@@ -19,7 +19,8 @@ from attnclust.extract import extract_block, finish_store, plan_features, prepar
 from attnclust.featurize import featurize_block, mark_embedding_complete, prepare_embedding
 from attnclust.store import ATTENTION, OutputDir, atomic_write_parquet, open_attention_store
 
-__all__ = ["job_config", "select_features", "run_extract", "run_featurize", "run_cluster", "run_all"]
+__all__ = ["job_config", "select_features", "run_extract", "run_featurize", "run_cluster", "run_all",
+           "features_near_median", "store_nbytes"]
 
 FINGERPRINT = "bench"
 
@@ -105,5 +106,8 @@ def store_nbytes(path: Path) -> int:
     return int(sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()))
 
 
-def feature_lengths(features: pd.DataFrame) -> np.ndarray:
-    return features["seq_len"].to_numpy(np.int64)
+def features_near_median(features: pd.DataFrame, n: int) -> pd.DataFrame:
+    """``n`` planned features whose length is closest to the median length (typical maps, not outliers)."""
+    lens = features["seq_len"].to_numpy()
+    order = np.argsort(np.abs(lens - np.median(lens)), kind="stable")[:n]
+    return plan_features(features.iloc[np.sort(order)].drop(columns="feature_id"))

@@ -1,0 +1,209 @@
+"""``python -m bench [--quick]``: attnclust's performance figures on this machine.
+
+Prints one line per figure (``name value goal``) and writes ``bench/results.json``: a list of
+``{name, value, goal, pass, settings, machine}``. Ratios are measured within one run with their arms interleaved
+(A, B, A, B, ...) and take the median of the repetitions; nothing here is a timed test. Lines starting with
+``ESTIMATE`` are derived from public specs, never measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ("extract", "store", "featurize", "e2e", "quality", "scale", "cluster", "estimates")
+
+# sizes per mode
+MODES = {
+    "quick": {"dataset_examples": 240, "extract_examples": 40, "extract_reps": 3, "featurize_features": 1,
+              "featurize_reps": 3, "seed_features": 2, "seed_maps_timed": 12, "default_examples": 24,
+              "quality_per_type": 6, "scale_n": 6, "scale_reps": 1, "cluster_rows": 100_000,
+              "cluster_name": "cluster_100k"},
+    "full": {"dataset_examples": 2000, "extract_examples": 96, "extract_reps": 5, "featurize_features": 4,
+             "featurize_reps": 5, "seed_features": 3, "seed_maps_timed": None, "default_examples": 192,
+             "quality_per_type": 30, "scale_n": 24, "scale_reps": 2, "cluster_rows": 1_000_000,
+             "cluster_name": "cluster_1m"},
+}
+
+
+@dataclass
+class Ctx:
+    """What every figure needs: sizes, the generated data, the tokenised inputs, the model, the results."""
+
+    mode: str
+    sizes: dict
+    root: Path
+    tmp: Path
+    data_path: Path
+    cfg: object
+    demo_cfg: object
+    inputs: dict
+    model: object
+    machine: dict
+    results: list = field(default_factory=list)
+    state: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
+
+    def figure(self, name: str, value: float, op: str | None, goal: float | None, settings: dict) -> dict:
+        """Record and print one figure; ``op``/``goal`` None for reported-only figures."""
+        ok = None
+        if op is not None and value is not None and not (isinstance(value, float) and math.isnan(value)):
+            ok = bool({">=": value >= goal, ">": value > goal, "<=": value <= goal, "<": value < goal}[op])
+        goal_s = f"{op}{goal:g}" if op is not None else "report"
+        rec = {"name": name, "value": _clean(value), "goal": goal_s, "pass": ok,
+               "settings": {"mode": self.mode, **settings,
+                            **({"size_overrides": self.overrides} if self.overrides else {})}, "machine": self.machine}
+        self.results.append(rec)
+        verdict = "" if ok is None else ("pass" if ok else "FAIL")
+        print(f"{name:<36} {_fmt(value):>12} {goal_s:<8} {verdict}", flush=True)
+        return rec
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and (math.isnan(v) or math.isinf(v))):
+        return str(v)
+    return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.4e}"
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf -> None, numpy scalars/arrays -> Python."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _clean(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _setup(mode: str, tmp: Path, sizes: dict) -> Ctx:
+    import torch
+
+    from attnclust.config import load_job
+    from attnclust.models import get_model
+    from attnclust.pipeline import prepare_inputs
+
+    from .inproc import job_config
+    from .squadgen import write_squad
+    from .timing import machine
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    data_path = write_squad(tmp / "data" / "generated_squad_v2.json", sizes["dataset_examples"], seed=0)
+    cfg = job_config(data_path)
+    demo = load_job(None, [f"data.path={data_path}", "backend=cpu"])
+    inputs = prepare_inputs(cfg)
+    model = get_model(cfg.model).model
+    lens = inputs["features"]["seq_len"]
+    print(f"# attnclust bench ({mode}): {len(inputs['examples'])} generated SQuAD-v2 examples "
+          f"({inputs['examples']['is_impossible'].mean():.0%} unanswerable) -> {len(lens)} features, "
+          f"{lens.min()}-{lens.max()} tokens (median {int(lens.median())}); model {cfg.model.name}; "
+          f"torch threads {torch.get_num_threads()}; ResNets randomly initialised (weights=none: no pretrained "
+          f"weights on this machine)", flush=True)
+    return Ctx(mode=mode, sizes=sizes, root=ROOT, tmp=tmp, data_path=data_path, cfg=cfg, demo_cfg=demo,
+               inputs=inputs, model=model, machine=machine())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, under ~5 minutes on 2 cores")
+    ap.add_argument("--only", default=",".join(FIGURES),
+                    help=f"comma-separated groups to run (default all): {','.join(FIGURES)}")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"), help="results JSON path")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
+                    help=f"override one size of the mode (names: {', '.join(MODES['quick'])})")
+    args = ap.parse_args(argv)
+    groups = [g.strip() for g in args.only.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in FIGURES]
+    if unknown:
+        ap.error(f"--only {unknown[0]!r}: unknown group; groups are {', '.join(FIGURES)}")
+    if "store" in groups and "extract" not in groups:
+        groups.insert(0, "extract")
+    mode = "quick" if args.quick else "full"
+    sizes = dict(MODES[mode])
+    for item in args.size:
+        key, _, value = item.partition("=")
+        if key not in sizes or not value:
+            ap.error(f"--size {item!r}: expected NAME=VALUE with NAME one of {', '.join(sizes)}")
+        sizes[key] = value if key == "cluster_name" else (None if value == "none" else int(value))
+    started = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="attnclust-bench-"))
+    try:
+        ctx = _setup(mode, tmp, sizes)
+        s = ctx.sizes
+        ctx.overrides = {k: v for k, v in sizes.items() if MODES[mode][k] != v}
+        if "extract" in groups:
+            from .extraction import bench_extract
+
+            bench_extract(ctx, s["extract_examples"], s["extract_reps"])
+        if "store" in groups:
+            from .extraction import bench_store
+
+            bench_store(ctx)
+        if "featurize" in groups:
+            from .featurizer import bench_featurize_resnet
+
+            bench_featurize_resnet(ctx, s["featurize_features"], s["featurize_reps"])
+        if "e2e" in groups:
+            from .e2e import bench_e2e
+
+            bench_e2e(ctx, n_seed_features=s["seed_features"], maps_timed=s["seed_maps_timed"],
+                      n_default_examples=s["default_examples"])
+        if "quality" in groups:
+            from .featurizer import bench_cluster_quality
+
+            bench_cluster_quality(ctx, s["quality_per_type"], (60, 380))
+        if "scale" in groups:
+            from .scale import bench_scale
+
+            bench_scale(ctx, s["scale_n"], s["scale_reps"])
+        if "cluster" in groups:
+            from .cluster_scale import bench_cluster
+            from .e2e import warm_umap
+
+            if "umap_compile_s" not in ctx.state:
+                ctx.state["umap_compile_s"] = warm_umap()
+            bench_cluster(ctx, s["cluster_rows"], s["cluster_name"])
+        if "estimates" in groups:
+            from .estimates import estimate_lines, verdict
+
+            print("# ESTIMATES for one H100 from public specs (not measured; see bench/estimates.py)", flush=True)
+            rows = estimate_lines(ctx)
+            for name, value, settings in rows:
+                rec = {"name": name, "value": _clean(value), "goal": "estimate", "pass": None,
+                       "settings": {"mode": mode, **_clean(settings)}, "machine": "ESTIMATE: one H100 (public specs)"}
+                ctx.results.append(rec)
+                print(f"ESTIMATE {name:<45} {_fmt(value):>10} us/example", flush=True)
+            for line in verdict(rows):
+                print(line, flush=True)
+        total = time.perf_counter() - started
+        print(f"# total {total:.0f} s ({mode}); results -> {args.out}", flush=True)
+        for rec in ctx.results:
+            rec["settings"]["bench_total_seconds"] = round(total, 1)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(_clean(ctx.results), indent=1) + "\n")
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"# kept {tmp}", file=sys.stderr)
+    return 0
