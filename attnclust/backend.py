@@ -152,7 +152,11 @@ def make_pca(backend: Resolved, *, n_components: int, random_state: int):
     return PCA(n_components=n_components, random_state=random_state, svd_solver="randomized")
 
 
-def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_state: int):
+def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_state: int,
+              exact_knn_of=None):
+    """A 2-D UMAP. On CPU, ``exact_knn_of`` (the data it will be fitted on) precomputes the exact neighbour
+    graph with scikit-learn instead of pynndescent: much faster for up to a few tens of thousands of points
+    (no numba compilation of the approximate search), but the model cannot ``transform`` new points."""
     if backend == "gpu":
         _require_gpu()
         from cuml.manifold import UMAP
@@ -164,8 +168,15 @@ def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_st
     from umap import UMAP
 
     warnings.filterwarnings("ignore", message=".*n_jobs value.*overridden.*")
+    warnings.filterwarnings("ignore", message=".*knn_search_index.*")
+    knn = None
+    if exact_knn_of is not None:
+        from sklearn.neighbors import NearestNeighbors
+
+        dist, idx = NearestNeighbors(n_neighbors=n_neighbors).fit(exact_knn_of).kneighbors(exact_knn_of)
+        knn = (idx, dist.astype(np.float32), None)
     return UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=random_state,
-                n_jobs=1)
+                n_jobs=1, precomputed_knn=knn if knn is not None else (None, None, None))
 
 
 def silhouette(backend: Resolved, x: np.ndarray, labels: np.ndarray, *, random_state: int) -> float:

@@ -62,7 +62,7 @@ def sample_rows(n: int, size: int, random_state: int) -> np.ndarray:
 
 
 def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
-                 rows: np.ndarray | None = None) -> FittedClusters:
+                 rows: np.ndarray | None = None, n_total: int | None = None) -> FittedClusters:
     """Fit PCA, choose k, fit KMeans and UMAP on the sampled vectors ``x`` (rows: their global row numbers).
 
     Parameters
@@ -73,6 +73,9 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         Cluster settings.
     rows
         Global row number of each sampled vector (for reusing UMAP coordinates of fitted points).
+    n_total
+        Number of maps the model will be applied to (default: ``len(x)``); when UMAP is fitted on all of them,
+        it needs no ``transform`` and uses an exact neighbour graph.
     """
     x = np.asarray(x, dtype=np.float32)
     n = len(x)
@@ -122,8 +125,10 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     fitted.k_, fitted.kmeans_, fitted.k_scores_ = k, kmeans, scores
     if cfg.umap and n > cfg.umap_neighbors + 1:
         pick = sample_rows(n, cfg.umap_sample, cfg.random_state + 2)
+        fits_all = len(pick) == (n if n_total is None else n_total)
         umap = bk.make_umap(backend, n_neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist,
-                            random_state=cfg.random_state)
+                            random_state=cfg.random_state,
+                            exact_knn_of=z[pick] if fits_all and backend == "cpu" else None)
         fitted.umap_xy_ = bk.to_numpy(umap.fit_transform(z[pick])).astype(np.float32)
         fitted.umap_, fitted.umap_rows_ = umap, rows[pick]
         lap("umap")
@@ -141,7 +146,7 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu") -> Fitted
         x = emb[:]
     else:
         x = emb.get_orthogonal_selection((rows, slice(None)))
-    return fit_clusters(x, cfg, backend, rows=rows)
+    return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0])
 
 
 def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters) -> pd.DataFrame:

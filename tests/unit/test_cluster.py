@@ -75,3 +75,16 @@ def test_assign_block_uses_umap_fit_positions_and_transforms_the_rest(tmp_path, 
     np.testing.assert_allclose(frame.loc[fitted_rows, ["umap_x", "umap_y"]].to_numpy(), fitted.umap_xy_)
     assert np.isfinite(frame[["umap_x", "umap_y"]].to_numpy()).all()
     assert (frame["centroid_dist"] >= 0).all()
+
+
+def test_umap_on_all_maps_uses_exact_neighbours_deterministically(planted):
+    from sklearn.manifold import trustworthiness
+
+    x, labels = planted
+    cfg = ClusterConfig(k=6, umap_sample=10_000, umap_neighbors=10, pca_components=10)
+    a = fit_clusters(x, cfg)
+    b = fit_clusters(x, cfg)
+    assert len(a.umap_rows_) == len(x)                          # fitted on every map: nothing to transform
+    assert a.umap_.precomputed_knn[0] is not None               # exact graph, no pynndescent
+    np.testing.assert_allclose(a.umap_xy_, b.umap_xy_)
+    assert trustworthiness(a.reduce(x), a.umap_xy_, n_neighbors=10) > 0.9
