@@ -49,6 +49,8 @@ class Output:
         import xarray as xr
 
         arr = da.from_zarr(self._store.attention)
+        if self._store.scale != 1.0:  # a uint8 store: weights = stored * scale
+            arr = arr.astype("float32") * self._store.scale
         feats = self.features
         return xr.DataArray(arr, dims=DIMS, name="attention", coords={
             "feature": feats["feature_id"].to_numpy(), "seq_len": ("feature", self._store.seq_len),

@@ -158,8 +158,7 @@ def cluster_mean_maps(out: Path, maps: pd.DataFrame, k: int, *, grid: int = 32, 
         pick = rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]
         acc = np.zeros((grid, grid), dtype=np.float64)
         for f, layer, head in pick:
-            n = int(store.seq_len[f])
-            acc += _pool_rows(np.asarray(store.attention[f, layer, head, :n, :n], np.float32), grid)
+            acc += _pool_rows(store.read_map(f, layer, head), grid)
         result[c] = acc / len(pick)
     return result
 
@@ -173,9 +172,8 @@ def medoid_maps(out: Path, clusters: pd.DataFrame, features: pd.DataFrame) -> di
         if row.medoid_feature_id < 0:
             continue
         f = int(row.medoid_feature_id)
-        n = int(store.seq_len[f])
-        result[int(row.cluster)] = (np.asarray(store.attention[f, row.medoid_layer, row.medoid_head, :n, :n],
-                                               np.float32), list(tokens.loc[f]))
+        result[int(row.cluster)] = (store.read_map(f, int(row.medoid_layer), int(row.medoid_head)),
+                                    list(tokens.loc[f]))
     return result
 
 

@@ -150,6 +150,9 @@ class ExtractConfig(_Section):
         float16 maps.
     target_task_mb
         Uncompressed size a task's shard aims at when ``features_per_task`` is ``None``.
+    store_dtype
+        ``float16`` (the contract's default) or ``uint8``: weights quantised to 1/255 (max error 1/510), several
+        times smaller on disk; readers multiply by the group attribute ``quantization.scale``.
     """
 
     SECTION = "extract"
@@ -159,6 +162,7 @@ class ExtractConfig(_Section):
     batch_size: int = 8
     features_per_task: int | None = None
     target_task_mb: int = 192
+    store_dtype: Literal["float16", "uint8"] = "float16"
 
     def __post_init__(self):
         _int_range("extract", "max_seq_len", self.max_seq_len, 16, 4096)
@@ -172,6 +176,7 @@ class ExtractConfig(_Section):
         if self.features_per_task is not None:
             _int_range("extract", "features_per_task", self.features_per_task, 1)
         _int_range("extract", "target_task_mb", self.target_task_mb, 1)
+        _literal("extract", "store_dtype", self.store_dtype, ("float16", "uint8"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,7 +51,7 @@ def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: in
     """Features per task/shard: the configured number, or about ``target_task_mb`` of float16 maps."""
     if cfg.extract.features_per_task is not None:
         return cfg.extract.features_per_task
-    per_feature = num_layers * num_heads * width * width * 2
+    per_feature = num_layers * num_heads * width * width * (1 if cfg.extract.store_dtype == "uint8" else 2)
     return max(1, int(cfg.extract.target_task_mb * 2**20 // per_feature))
 
 
@@ -103,7 +103,8 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(out_path / ATTENTION, mode="r+", require_complete=False)
     width = store.width
-    shard = np.zeros((stop - start, loaded.num_layers, loaded.num_heads, width, width), dtype=np.float16)
+    shard = np.zeros((stop - start, loaded.num_layers, loaded.num_heads, width, width),
+                     dtype=store.attention.dtype)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
     forward_s = 0.0
@@ -134,7 +135,8 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
             maps = attn[i, :, :, :m, :m]
-            shard[row.feature_id - start, :, :, :m, :m] = maps.to(torch.float16).numpy()
+            shard[row.feature_id - start, :, :, :m, :m] = (maps.to(torch.float16).numpy() if shard.dtype == np.float16
+                                                           else store.encode(maps.numpy()))
             sep, punct, seg = token_masks(row.tokens, row.segment_ids)
             stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
             s_tok, e_tok, span_score = _best_span(start_logits[i], end_logits[i],
@@ -184,7 +186,7 @@ def prepare_store(outdir: OutputDir, features: pd.DataFrame, *, cfg: JobConfig, 
                               width=int(seq_len.max()))
     store = create_attention_store(
         store_path, seq_len=seq_len, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
-        features_per_task=per_task,
+        features_per_task=per_task, dtype=cfg.extract.store_dtype,
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"], "fingerprint": fingerprint},
     )

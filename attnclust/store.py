@@ -139,6 +139,26 @@ class AttentionStore:
         step = self.features_per_task
         return [(s, min(s + step, self.n_features)) for s in range(0, self.n_features, step)]
 
+    @property
+    def scale(self) -> float:
+        """Multiplier from stored values to attention weights (1 for float16, 1/255 for a uint8 store)."""
+        return float((self.attrs.get("quantization") or {}).get("scale", 1.0))
+
+    def read_map(self, feature: int, layer: int, head: int) -> np.ndarray:
+        """One map at its true length, (query, key) float32."""
+        n = int(self.seq_len[feature])
+        return self._decode(self.attention[feature, layer, head, :n, :n])
+
+    def _decode(self, values) -> np.ndarray:
+        out = np.asarray(values, dtype=np.float32)
+        return out * np.float32(self.scale) if self.scale != 1.0 else out
+
+    def encode(self, maps: np.ndarray) -> np.ndarray:
+        """Float maps in [0, 1] to the stored dtype (rounded to the nearest 1/255 for a uint8 store)."""
+        if self.attention.dtype == np.uint8:
+            return np.rint(np.clip(maps, 0, 1) * 255).astype(np.uint8)
+        return np.asarray(maps, dtype=self.attention.dtype)
+
     def read_block(self, start: int, stop: int) -> np.ndarray:
         """Maps of features ``start:stop`` cropped to the block's longest true length, as float32.
 
@@ -148,7 +168,7 @@ class AttentionStore:
             (feature, layer, head, query, key), query and key cropped to ``max(seq_len[start:stop])``.
         """
         n = int(self.seq_len[start:stop].max()) if stop > start else 0
-        return np.asarray(self.attention[start:stop, :, :, :n, :n], dtype=np.float32)
+        return self._decode(self.attention[start:stop, :, :, :n, :n])
 
 
 def _zarr():
@@ -158,12 +178,17 @@ def _zarr():
 
 
 def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, num_heads: int,
-                           features_per_task: int, attrs: dict) -> AttentionStore:
+                           features_per_task: int, attrs: dict, dtype: str = "float16") -> AttentionStore:
     """Create (overwrite) the attention store with one shard per ``features_per_task`` features.
 
     The query/key width is the longest true length (not ``max_seq_len``); padding beyond each feature's own
-    length stays zero (the fill value, never written).
+    length stays zero (the fill value, never written). ``dtype="uint8"`` stores ``round(255 * weight)``
+    (max error 1/510) with ``attrs["quantization"] = {"dtype": "uint8", "scale": 1/255}``.
     """
+    if dtype not in ("float16", "uint8"):
+        raise ValueError(f"store dtype {dtype!r}: allowed float16 | uint8")
+    if dtype == "uint8":
+        attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
     zarr = _zarr()
     from zarr.codecs import ZstdCodec
 
@@ -176,7 +201,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
                         "complete": False, **attrs})
     attention = group.create_array(
-        "attention", shape=(n, num_layers, num_heads, width, width), dtype="float16",
+        "attention", shape=(n, num_layers, num_heads, width, width), dtype=dtype,
         shards=(features_per_task, num_layers, num_heads, width, width),
         chunks=(1, 1, num_heads, width, width), fill_value=0, compressors=ZstdCodec(level=1),
         dimension_names=DIMS,

@@ -1,20 +1,25 @@
 """Per-stage FLOPs and bytes per example, and what they would mean on one H100 — ESTIMATES, not measurements.
 
 FLOPs come from the model config (``2 * non-embedding params * tokens`` for the dense layers plus
-``4 * L * H * n^2 * d_head`` for QK^T and AV) and from the published ResNet costs (torchvision quotes ResNet-18
-1.8 and ResNet-50 4.1 "GFLOPS" at 224 px; those count multiply-adds, so 2x that is used here), scaled with pixels.
-Bytes are what a stage must move per example (attention maps, store bytes as measured here). H100 figures are
-public specs: ~990 TFLOP/s dense bf16 with ~60% achievable, 3.35 TB/s HBM3, PCIe Gen5 x16 ~50 GB/s in practice,
-NVMe ~7 GB/s. Nothing here was measured on an H100.
+``4 * L * H * n^2 * d_head`` for QK^T and AV, with n^2 averaged over the generated features) and from the
+published ResNet costs (torchvision quotes ResNet-18 1.8 and ResNet-50 4.1 "GFLOPS" at 224 px; those count
+multiply-adds, so 2x that is used here), scaled with pixels. Bytes are what a stage must move per example:
+attention maps at true length in float16, the store's bytes as measured by the ``store`` figures of this run
+(or the REFERENCE ratio 1/1.14 when those did not run). H100 figures are public specs: ~990 TFLOP/s dense bf16
+with ~60% achievable, 3.35 TB/s HBM3, PCIe Gen5 x16 ~50 GB/s in practice, NVMe ~7 GB/s. Nothing here was
+measured on an H100.
 """
 
 from __future__ import annotations
 
-__all__ = ["H100", "estimate_lines"]
+import numpy as np
+
+__all__ = ["H100", "estimate_rows", "estimate_text"]
 
 H100 = {"flops": 990e12 * 0.6, "hbm": 3.35e12, "pcie": 50e9, "nvme": 7e9}
 RESNET_GMACS_224 = {"resnet18": 1.8, "resnet34": 3.6, "resnet50": 4.1}
 BERT_BASE = {"layers": 12, "heads": 12, "hidden": 768, "ff": 3072}
+LABEL = "ESTIMATE from the model config and public H100 specs, not a measurement"
 
 
 def _nonembedding_params(layers: int, hidden: int, ff: int) -> int:
@@ -28,81 +33,84 @@ def model_geometry(model) -> dict:
             "ff": int(c.intermediate_size)}
 
 
-def extract_cost(geo: dict, n: float) -> dict:
-    """FLOPs and map bytes of one feature of ``n`` tokens."""
+def extract_cost(geo: dict, n_mean: float, n_sq: float) -> dict:
+    """FLOPs and bytes of one feature: ``n_mean`` tokens on average, ``n_sq`` = mean of n^2."""
     params = _nonembedding_params(geo["layers"], geo["hidden"], geo["ff"])
-    d_head = geo["hidden"] // geo["heads"]
     maps = geo["layers"] * geo["heads"]
-    attn_flops = 4 * maps * n * n * d_head
-    return {"params_nonembedding": params, "flops": 2 * params * n + attn_flops, "attention_flops": attn_flops,
-            "maps": maps, "map_bytes_fp16": 2 * maps * n * n,
-            "hbm_bytes_eager": 4 * 2 * maps * n * n}  # scores written, softmax read+written, read by AV (fp16)
+    attn = 4 * maps * n_sq * (geo["hidden"] // geo["heads"])
+    return {"params_nonembedding": params, "maps": maps, "flops": 2 * params * n_mean + attn,
+            "attention_flops": attn, "map_bytes_fp16": 2 * maps * n_sq,
+            # eager attention in HBM: scores written, softmax read + written, probabilities read by AV (fp16)
+            "hbm_bytes": 4 * 2 * maps * n_sq}
 
 
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:,.1f} us"
-
-
-def estimate_lines(ctx) -> list[tuple[str, float, dict]]:
-    """(name, value, settings) rows; value in microseconds per example on one H100 unless named otherwise."""
-    import numpy as np
-
+def estimate_rows(ctx) -> list[tuple[str, float, str, dict]]:
+    """``(name, value, unit, settings)`` rows: per-stage costs per example, then H100 times per example."""
     lens = ctx.inputs["features"]["seq_len"].to_numpy(np.float64)
     n_mean, n_sq = float(lens.mean()), float((lens ** 2).mean())
-    n_eff = n_sq ** 0.5  # attention cost goes with mean n^2
-    store_ratio = ctx.state.get("store_bytes_ratio_true_length", 1 / 1.14)  # compressed / raw true-length fp16
+    store_ratio = ctx.state.get("store_bytes_ratio_true_length", 1 / 1.14)
     u8_ratio = ctx.state.get("uint8_vs_float16", 1 / 7)
     rows = []
-    for label, geo in (("minilm", model_geometry(ctx.model)), ("bert_base", BERT_BASE)):
-        c = extract_cost(geo, n_mean)
-        c2 = extract_cost(geo, n_eff)
-        flops = c["flops"] - c["attention_flops"] + c2["attention_flops"]
-        maps_bytes = c2["map_bytes_fp16"]
-        t = {"compute": flops / H100["flops"], "hbm": c2["hbm_bytes_eager"] / H100["hbm"],
-             "pcie_raw_fp16_maps": maps_bytes / H100["pcie"],
-             "nvme_store_fp16": maps_bytes * store_ratio / H100["nvme"],
-             "nvme_store_uint8": maps_bytes * store_ratio * u8_ratio / H100["nvme"],
-             "pcie_pooled_vectors": c["maps"] * 1024 * 4 / H100["pcie"]}
+    minilm = model_geometry(ctx.model)
+    maps = minilm["layers"] * minilm["heads"]
+    base = {"tokens_mean": round(n_mean, 1), "tokens_rms": round(n_sq ** 0.5, 1), "kind": LABEL,
+            "store_bytes_over_true_length_fp16": round(store_ratio, 4), "uint8_over_float16_store": round(u8_ratio, 4)}
+    for label, geo in (("minilm", minilm), ("bert_base", BERT_BASE)):
+        c = extract_cost(geo, n_mean, n_sq)
+        t = {"compute": c["flops"] / H100["flops"], "hbm": c["hbm_bytes"] / H100["hbm"],
+             "pcie_raw_fp16_maps": c["map_bytes_fp16"] / H100["pcie"],
+             "nvme_store_fp16": c["map_bytes_fp16"] * store_ratio / H100["nvme"],
+             "nvme_store_uint8": c["map_bytes_fp16"] * store_ratio * u8_ratio / H100["nvme"],
+             "pcie_pooled_vectors_only": c["maps"] * 32 * 32 * 4 / H100["pcie"]}
         bound = max(("compute", "hbm", "pcie_raw_fp16_maps", "nvme_store_fp16"), key=lambda k: t[k])
-        settings = {"model": label, "tokens_mean": round(n_mean, 1), "tokens_rms": round(n_eff, 1),
-                    "gflops_per_example": round(flops / 1e9, 3), "map_mb_per_example_fp16": round(maps_bytes / 1e6, 3),
-                    "store_mb_per_example": round(maps_bytes * store_ratio / 1e6, 3),
-                    "h100_us_per_example": {k: round(v * 1e6, 2) for k, v in t.items()}, "bound_by": bound,
-                    "kind": "ESTIMATE from public specs, not a measurement"}
+        s = {**base, "model": label, "maps_per_example": c["maps"], "gflop": round(c["flops"] / 1e9, 3),
+             "attention_share_of_flops": round(c["attention_flops"] / c["flops"], 3),
+             "maps_mb_fp16": round(c["map_bytes_fp16"] / 1e6, 3),
+             "store_mb": round(c["map_bytes_fp16"] * store_ratio / 1e6, 3),
+             "h100_us": {k: round(v * 1e6, 2) for k, v in t.items()}, "bound_by": bound}
         if label == "minilm" and ctx.state.get("extract_fps"):
-            settings["measured_here_gflops_per_s"] = round(flops / 1e9 * ctx.state["extract_fps"], 2)
-        rows.append((f"estimate_h100_extract_{label}_us", t[bound] * 1e6, settings))
-    # featurizers per example (all maps of one MiniLM feature)
-    geo = model_geometry(ctx.model)
-    maps = geo["layers"] * geo["heads"]
+            s["measured_here_gflop_per_s"] = round(c["flops"] / 1e9 * ctx.state["extract_fps"], 2)
+        rows.append((f"stage_extract_{label}_gflop_per_example", c["flops"] / 1e9, "GFLOP", s))
+        rows.append((f"stage_extract_{label}_maps_mb_per_example", c["map_bytes_fp16"] / 1e6, "MB", s))
+        rows.append((f"h100_extract_{label}_us_per_example", t[bound] * 1e6, "us", s))
+    read = 2 * maps * n_sq  # the featurizers read every map once from the store
     for arch, size in (("resnet18", 224), ("resnet50", 224), ("resnet50", 384)):
         flops = 2 * RESNET_GMACS_224[arch] * 1e9 * (size / 224) ** 2 * maps
-        rows.append((f"estimate_h100_featurize_{arch}_{size}px_us", flops / H100["flops"] * 1e6, {
-            "gflops_per_example": round(flops / 1e9, 1), "maps_per_example": maps,
-            "ratio_to_minilm_extract_flops": round(flops / extract_cost(geo, n_mean)["flops"], 1),
-            "kind": "ESTIMATE from public specs, not a measurement"}))
-    pooled_bytes = 2 * maps * n_sq
-    rows.append(("estimate_h100_featurize_pooled_us", pooled_bytes / H100["hbm"] * 1e6, {
-        "bytes_read_per_example": round(pooled_bytes), "flops_per_example": round(maps * n_sq),
-        "bound_by": "hbm (one read of each map; ~1 FLOP per element)",
-        "kind": "ESTIMATE from public specs, not a measurement"}))
+        s = {**base, "gflop": round(flops / 1e9, 1), "maps_read_mb": round(read / 1e6, 3),
+             "vector_kb_written": round(maps * (2048 if arch == "resnet50" else 512) * 4 / 1e3, 1),
+             "times_minilm_extract_flops": round(flops / extract_cost(minilm, n_mean, n_sq)["flops"], 1)}
+        rows.append((f"stage_featurize_{arch}_{size}px_gflop_per_example", flops / 1e9, "GFLOP", s))
+        rows.append((f"h100_featurize_{arch}_{size}px_us_per_example", flops / H100["flops"] * 1e6, "us", s))
+    s = {**base, "flops": round(maps * n_sq), "maps_read_mb": round(read / 1e6, 3),
+         "vector_kb_written": round(maps * 1024 * 4 / 1e3, 1), "bound_by": "hbm (one pass over each map)"}
+    rows.append(("stage_featurize_pooled_mflop_per_example", maps * n_sq / 1e6, "MFLOP", s))
+    rows.append(("h100_featurize_pooled_us_per_example", read / H100["hbm"] * 1e6, "us", s))
+    pca = 2 * 1024 * 50 + 2 * 50 * 16  # per map: PCA projection + distances to at most k_max centres
+    rows.append(("stage_cluster_assign_mflop_per_example", maps * pca / 1e6, "MFLOP",
+                 {**base, "bytes_read": maps * 1024 * 4, "note": "PCA 1024->50 and KMeans predict per map; UMAP "
+                  "transform (nearest neighbours + a few epochs) comes on top and dominates on CPU"}))
     return rows
 
 
-def verdict(rows) -> list[str]:
-    """Plain-language consequences of the estimate rows."""
-    by = {name: s for name, _, s in rows}
+def estimate_text(rows) -> list[str]:
+    """The consequences, with the numbers they rest on."""
+    by = {name: s for name, _, _, s in rows}
     out = []
     for label in ("minilm", "bert_base"):
-        s = by.get(f"estimate_h100_extract_{label}_us")
-        if not s:
-            continue
-        us = s["h100_us_per_example"]
-        out.append(f"ESTIMATE {label}: compute {us['compute']} us, HBM {us['hbm']} us, PCIe (raw fp16 maps) "
-                   f"{us['pcie_raw_fp16_maps']} us, NVMe (fp16 store) {us['nvme_store_fp16']} us, NVMe (uint8) "
-                   f"{us['nvme_store_uint8']} us, PCIe (pooled vectors only) {us['pcie_pooled_vectors']} us per "
-                   f"example -> bound by {s['bound_by']}")
-    out.append("ESTIMATE consequence: on an H100 the forward pass is not the limit; shipping every raw map over "
-               "PCIe and writing it to disk is (10-100x the compute time). Compute statistics and pooled features "
-               "on the GPU, ship only vectors + statistics, and store maps as uint8 (or only a sample).")
+        s = by[f"h100_extract_{label}_us_per_example"]
+        us = s["h100_us"]
+        out.append(f"ESTIMATE H100 {label} extraction per example: compute {us['compute']} us, HBM {us['hbm']} us, "
+                   f"PCIe raw fp16 maps {us['pcie_raw_fp16_maps']} us, NVMe fp16 store {us['nvme_store_fp16']} us "
+                   f"(uint8 store {us['nvme_store_uint8']} us; pooled vectors only over PCIe "
+                   f"{us['pcie_pooled_vectors_only']} us) -> bound by {s['bound_by']}: "
+                   f"{us['nvme_store_fp16'] / us['compute']:.0f}x the compute time, PCIe alone "
+                   f"{us['pcie_raw_fp16_maps'] / us['compute']:.0f}x")
+    r18 = by["h100_featurize_resnet18_224px_us_per_example"]
+    out.append(f"ESTIMATE the ResNet-18 featurizer costs {r18['times_minilm_extract_flops']}x the MiniLM forward's "
+               f"FLOPs per example; pooled featurization is one pass over the maps (HBM-bound, ~"
+               f"{by['h100_featurize_pooled_us_per_example']['maps_read_mb']} MB per example).")
+    out.append("ESTIMATE consequence: on an H100 the forward pass is not the limit, moving maps is. Compute the "
+               "statistics and pooled vectors on the GPU in the same task as the forward, ship only vectors and "
+               "statistics over PCIe, and store maps as uint8 (about 7x fewer bytes) or only for a sample; the "
+               "float16 full store would hold the GPU to NVMe speed.")
     return out

@@ -9,13 +9,12 @@ from attnclust.stats import STAT_COLUMNS
 from attnclust.store import OutputDir, open_attention_store
 
 
-@pytest.fixture
-def extracted(tmp_path, tiny_bert_dir, small_squad):
+def run_extract(tmp_path, tiny_bert_dir, small_squad, name="out", **extract):
     cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)},
                                "model": {"name": str(tiny_bert_dir)},
-                               "extract": {"batch_size": 3, "features_per_task": 3}})
+                               "extract": {"batch_size": 3, "features_per_task": 3, **extract}})
     inputs = prepare_inputs(cfg)
-    out = OutputDir(tmp_path / "out")
+    out = OutputDir(tmp_path / name)
     out.path.mkdir()
     blocks, done = prepare_store(out, inputs["features"], cfg=cfg, model_info=inputs["model_info"],
                                  fingerprint="fp", resume=True)
@@ -24,6 +23,27 @@ def extracted(tmp_path, tiny_bert_dir, small_squad):
         extract_block(str(out.path), b, s, e, cfg, "fp")
     finish_store(out, blocks)
     return cfg, out, inputs
+
+
+@pytest.fixture
+def extracted(tmp_path, tiny_bert_dir, small_squad):
+    return run_extract(tmp_path, tiny_bert_dir, small_squad)
+
+
+def test_uint8_store_is_within_one_step_of_float16(tmp_path, tiny_bert_dir, small_squad):
+    import attnclust
+
+    _, f16, _ = run_extract(tmp_path, tiny_bert_dir, small_squad, "f16")
+    _, u8, _ = run_extract(tmp_path, tiny_bert_dir, small_squad, "u8", store_dtype="uint8")
+    a = open_attention_store(f16.path / "attention.zarr")
+    b = open_attention_store(u8.path / "attention.zarr")
+    assert b.attention.dtype == np.uint8 and b.attrs["quantization"]["scale"] == pytest.approx(1 / 255)
+    diff = np.abs(a.read_block(0, a.n_features) - b.read_block(0, b.n_features))
+    assert diff.max() <= 1 / 510 + 1e-3          # rounding to 1/255 plus float16's own error
+    np.testing.assert_allclose(b.read_map(2, 1, 3), a.read_map(2, 1, 3), atol=1 / 510 + 1e-3)
+    xr = attnclust.open_output(u8.path).attention
+    np.testing.assert_allclose(xr.isel(feature=2, layer=1, head=3).values[:4, :4],
+                               b.read_map(2, 1, 3)[:4, :4], rtol=1e-6)
 
 
 def test_maps_are_cropped_zero_padded_and_row_stochastic(extracted):
