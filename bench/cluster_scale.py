@@ -84,7 +84,7 @@ def bench_cluster(ctx, n_rows: int, name: str) -> None:
         total = time.perf_counter() - t0
     ari = float(adjusted_rand_score(truth[::max(1, n_rows // 50_000)], labels[::max(1, n_rows // 50_000)]))
     settings = {"rows": n_rows, "dim": int(protos.shape[1]), "block_rows": BLOCK, "noise_sd": NOISE,
-                "prototypes": int(len(protos)), "fit_sample": int(len(rows)), "umap_sample": ccfg.umap_sample,
+                "prototypes": len(protos), "fit_sample": len(rows), "umap_sample": ccfg.umap_sample,
                 "k": int(fitted.k_), "pca_components": ccfg.pca_components,
                 "seconds_parts": {k: round(v, 2) for k, v in t.items()}, "fit_parts": fitted.timings_,
                 "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.baseline, "peak_growth_bytes": mem.growth,

@@ -99,7 +99,7 @@ def bench_e2e(ctx, *, n_seed_features: int, maps_timed: int | None, n_default_ex
 
     seed_note = ("seed: batch 1 padded to 384, per-column MinMaxScaler 0-255, 3 channels, unnormalised ResNet-50 "
                  "at 384 px, random init (seed: Barlow Twins), batch 1 per map, CSV append, sklearn KMeans "
-                 f"k=min(35, maps) on the CSV read back")
+                 "k=min(35, maps) on the CSV read back")
     timed_note = (f"seed featurizer timed on {maps_timed} of {maps_per_feature} maps per feature and scaled "
                   f"x{maps_per_feature / maps_timed:.1f} (every seed map is 384x384 at batch 1: same cost per map)"
                   if maps_timed else "seed featurizer timed on every map")

@@ -11,7 +11,7 @@ import pandas as pd
 from .inproc import run_extract, select_features, store_nbytes
 from .timing import interleave, median
 
-__all__ = ["bench_extract", "bench_store", "make_batches", "dataset_order"]
+__all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches"]
 
 
 def dataset_order(features: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import numpy as np
 from .inproc import features_near_median, job_config, run_extract, run_featurize
 from .timing import interleave, median
 
-__all__ = ["bench_featurize_resnet", "bench_cluster_quality"]
+__all__ = ["bench_cluster_quality", "bench_featurize_resnet"]
 
 
 def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:

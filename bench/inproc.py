@@ -19,8 +19,16 @@ from attnclust.extract import extract_block, finish_store, plan_features, prepar
 from attnclust.featurize import featurize_block, mark_embedding_complete, prepare_embedding
 from attnclust.store import ATTENTION, OutputDir, atomic_write_parquet, open_attention_store
 
-__all__ = ["job_config", "select_features", "run_extract", "run_featurize", "run_cluster", "run_all",
-           "features_near_median", "store_nbytes"]
+__all__ = [
+    "features_near_median",
+    "job_config",
+    "run_all",
+    "run_cluster",
+    "run_extract",
+    "run_featurize",
+    "select_features",
+    "store_nbytes",
+]
 
 FINGERPRINT = "bench"
 

@@ -62,7 +62,7 @@ class Ctx:
             ok = bool({">=": value >= goal, ">": value > goal, "<=": value <= goal, "<": value < goal}[op])
         goal_s = f"{op}{goal:g}" if op is not None else "report"
         rec = {"name": name, "value": _clean(value), "goal": goal_s, "pass": ok,
-               "settings": {"mode": self.mode, **settings,
+               "settings": {"mode": self.mode, **settings, "loadavg_1min_at_figure": round(os.getloadavg()[0], 2),
                             **({"size_overrides": self.overrides} if self.overrides else {})}, "machine": self.machine}
         self.results.append(rec)
         verdict = "" if ok is None else ("pass" if ok else "FAIL")

@@ -26,6 +26,9 @@ import numpy as np
 __all__ = ["bench_scale", "peak_rss_bytes"]
 
 
+SHARD_FEATURES = 4
+
+
 def peak_rss_bytes() -> int:
     """This process's resident-memory high-water mark (VmHWM), bytes."""
     with open("/proc/self/status") as fh:
@@ -46,7 +49,11 @@ def _child(argv: list[str]) -> None:
 
     from .inproc import run_cluster, run_extract, run_featurize
 
-    cfg = load_job(None, [f"data.path={args.data}", "backend=cpu", "cluster.umap=false"])
+    # Both arms use the same shard size (SHARD_FEATURES features per task), so N already spans several shards:
+    # with streaming, the peak is bounded by one shard whatever N is. (With the auto size, one shard holds
+    # ~23 long features, more than N itself in quick mode, and the figure would measure shard filling.)
+    cfg = load_job(None, [f"data.path={args.data}", "backend=cpu", "cluster.umap=false",
+                          f"extract.features_per_task={SHARD_FEATURES}"])
     inputs = prepare_inputs(cfg)
     get_model(cfg.model)
     base = peak_rss_bytes()

@@ -118,4 +118,4 @@ class SeedPipeline:
         labels = self.cluster([csv])
         cluster_s = time.perf_counter() - t1
         total = parts["forward"] + parts["featurize"] + parts["csv"] + cluster_s
-        return {**parts, "cluster": cluster_s, "total": total, "n_maps": int(len(labels))}
+        return {**parts, "cluster": cluster_s, "total": total, "n_maps": len(labels)}

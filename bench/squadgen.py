@@ -18,23 +18,24 @@ import numpy as np
 __all__ = ["WORDS", "generate_squad", "write_squad"]
 
 # Common English words (all whole WordPiece tokens in an uncased BERT vocabulary, so ~1.1 tokens per word).
-WORDS = tuple("""
-the of and to in is was for on that with as by at from his her it an were are which this be or has had not but
+_WORD_TEXT = """
+the of and to in is was for on that with by at from his her it an were are which this be or has had not but
 first one their its new after who they have two been more also other into all she during time most over city
 only may up some about would such there can made out when these many him world than later where year used then
-three them between war state under while years known school part river under since team both before because
-north south east west early called through each most high including life area town village around well four
-second long however several film water following people region family what series around county members due
-home house number work government university national century based season under name own another country
-could land states began led different until group within large around early small five general century local
-sea market power music church king public island court main station system built light road order field form
-line bridge valley mountain lake forest coast harbour tower castle library museum garden square street port
-stone iron wood glass paper cloth grain salt wool silver gold copper trade ship boat train wagon horse cattle
-farmer miller baker weaver merchant sailor soldier teacher doctor painter writer singer builder engineer
-morning evening winter summer spring autumn rain snow wind storm river bank hill valley plain desert island
-ancient modern famous quiet busy narrow broad deep shallow steep gentle bright dark warm cold dry wet old young
-built opened closed moved carried grew fell rose changed formed found named ruled held sold bought wrote read
-""".split())
+three them between war state under while years known school part river since team both before because north
+south east west early called through each high including life area town village around well four second long
+however several film water following people region family what series county members due home house number work
+government university national century based season name own another country could land states began led
+different until group within large small five general local sea market power music church king public island
+court main station system built light road order field form line bridge valley mountain lake forest coast
+harbour tower castle library museum garden square street port stone iron wood glass paper cloth grain salt wool
+silver gold copper trade ship boat train wagon horse cattle farmer miller baker weaver merchant sailor soldier
+teacher doctor painter writer singer builder engineer morning evening winter summer spring autumn rain snow wind
+storm bank hill plain desert ancient modern famous quiet busy narrow broad deep shallow steep gentle bright dark
+warm cold dry wet old young opened closed moved carried grew fell rose changed formed found named ruled held
+sold bought wrote read
+"""
+WORDS = tuple(_WORD_TEXT.split())
 QUESTION_WORDS = ("What", "Which", "Who", "Where", "When", "How", "Why")
 
 
