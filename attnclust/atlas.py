@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .featurize.pooled import pool_maps
 from .stats import STAT_COLUMNS, map_statistics, token_masks
-from .store import ATTENTION, atomic_write_parquet, open_attention_store, read_features
+from .store import ATTENTION, FEATURES, atomic_write_parquet, open_attention_store
 
 __all__ = ["build_atlas", "cluster_mean_maps", "describe_cluster", "head_table", "medoid_maps", "stats_block"]
 
@@ -24,7 +25,8 @@ def stats_block(out: str, start: int, stop: int) -> pd.DataFrame:
     other tools, which carry no ``map_stats.parquet``)."""
     out_path = Path(out)
     store = open_attention_store(out_path / ATTENTION)
-    feats = read_features(out_path).set_index("feature_id")
+    feats = pd.read_parquet(out_path / FEATURES, columns=["feature_id", "tokens", "segment_ids"],  # this block's
+                            filters=[("feature_id", ">=", start), ("feature_id", "<", stop)]).set_index("feature_id")
     maps = store.read_block(start, stop)
     L, H = store.n_layers, store.n_heads
     frames = []
@@ -136,14 +138,6 @@ def build_atlas(out: Path, labels: pd.DataFrame, stats: pd.DataFrame, features: 
     return maps, heads, clusters
 
 
-def _pool_rows(m: np.ndarray, grid: int) -> np.ndarray:
-    import torch
-    import torch.nn.functional as F
-
-    pooled = F.adaptive_avg_pool2d(torch.from_numpy(np.ascontiguousarray(m, np.float32))[None, None], grid)[0, 0]
-    return (pooled / pooled.sum(-1, keepdim=True).clamp_min(1e-12)).numpy()
-
-
 def cluster_mean_maps(out: Path, maps: pd.DataFrame, k: int, *, grid: int = 32, per_cluster: int = 48,
                       random_state: int = 0) -> np.ndarray:
     """(cluster, grid, grid): the average of up to ``per_cluster`` sampled maps of each cluster, each pooled
@@ -158,7 +152,7 @@ def cluster_mean_maps(out: Path, maps: pd.DataFrame, k: int, *, grid: int = 32, 
         pick = rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]
         acc = np.zeros((grid, grid), dtype=np.float64)
         for f, layer, head in pick:
-            acc += _pool_rows(store.read_map(f, layer, head), grid)
+            acc += pool_maps(store.read_map(f, layer, head)[None], grid=grid, sqrt=False).reshape(grid, grid)
         result[c] = acc / len(pick)
     return result
 

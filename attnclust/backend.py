@@ -13,8 +13,8 @@ import numpy as np
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["GPU_INSTALL_HINT", "gpu_status", "fit_kmeans_distributed", "make_kmeans", "make_local_cuda_cluster", "make_pca", "make_umap", "resolve_backend",
-           "to_numpy", "torch_device"]
+__all__ = ["GPU_INSTALL_HINT", "fit_kmeans_distributed", "gpu_status", "make_kmeans", "make_local_cuda_cluster",
+           "make_pca", "make_umap", "resolve_backend", "silhouette", "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
                     "(cupy-cuda13x, cuml-cu13, dask-cuda), or use backend: cpu")

@@ -7,6 +7,7 @@ after an interruption skips finished blocks, and a different configuration is re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import platform
@@ -307,7 +308,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
         if "extract" not in stages:
             open_attention_store(outdir.path / ATTENTION)  # fail fast on a missing/foreign store
         started = time.perf_counter()
-        ctx = _nullcontext(client) if client is not None else dask_client(scheduler, n_workers=n_workers,
+        ctx = contextlib.nullcontext(client) if client is not None else dask_client(scheduler, n_workers=n_workers,
                                                                            security=security, runtime=runtime)
         with ctx as cl:
             backend = bk.resolve_backend(cfg.backend, cl)
@@ -337,17 +338,6 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
     return result
 
 
-class _nullcontext:
-    def __init__(self, value):
-        self.value = value
-
-    def __enter__(self):
-        return self.value
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _write_job_json(outdir: OutputDir, cfg: JobConfig, job_id: str, backend: str, stages: dict) -> None:
     path = outdir.path / "job.json"
     previous = {}
@@ -356,7 +346,7 @@ def _write_job_json(outdir: OutputDir, cfg: JobConfig, job_id: str, backend: str
             previous = json.loads(path.read_text()).get("stages", {})
         except ValueError:
             previous = {}
-    merged = {**previous, **{k: v for k, v in stages.items()}}
+    merged = {**previous, **stages}
     atomic_write_json(path, {"job_id": job_id, "config": cfg.to_dict(), "backend": backend,
                              "versions": _versions(), "stages": merged})
 

@@ -83,9 +83,6 @@ def run_tasks(client, fn, items: list[tuple], *, job_id: str, stage: str, desc: 
     bar = tqdm(total=len(futures), desc=desc or stage, unit="task", disable=not progress, leave=True)
     try:
         for future in as_completed(futures):
-            if future.status == "error":
-                exc = future.exception()
-                raise exc
             results[index[future.key]] = future.result()
             bar.update(1)
     finally:

@@ -59,34 +59,30 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
-    """Write a DataFrame as parquet through a temporary file and a rename."""
+def _atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place, so readers
+    never see half a file; the temporary file is removed on any failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        df.to_parquet(tmp, index=False)
+        write(tmp)
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    _atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
+    """Write a DataFrame as parquet through a temporary file and a rename."""
+    _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 __all__ = ["pool_maps"]
 
 
-def pool_maps(maps: np.ndarray, *, grid: int) -> np.ndarray:
+def pool_maps(maps: np.ndarray, *, grid: int, sqrt: bool = True) -> np.ndarray:
     """Pool maps of one length to ``grid x grid``.
 
     Parameters
@@ -21,6 +21,9 @@ def pool_maps(maps: np.ndarray, *, grid: int) -> np.ndarray:
         (map, query, key) float32, all of the same true length ``n``.
     grid
         Output side G.
+    sqrt
+        Take the square root (the featurizer's Hellinger geometry); ``False`` keeps row-normalised weights
+        (for pictures of maps).
 
     Returns
     -------
@@ -33,5 +36,7 @@ def pool_maps(maps: np.ndarray, *, grid: int) -> np.ndarray:
     t = torch.from_numpy(np.ascontiguousarray(maps, dtype=np.float32))
     pooled = F.adaptive_avg_pool2d(t[:, None], grid)[:, 0]
     rows = pooled.sum(-1, keepdim=True).clamp_min(1e-12)
-    pooled = (pooled / rows).clamp_min(0).sqrt()
+    pooled = (pooled / rows).clamp_min(0)
+    if sqrt:
+        pooled = pooled.sqrt()
     return pooled.reshape(len(maps), grid * grid).numpy()
