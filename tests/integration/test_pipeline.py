@@ -104,9 +104,10 @@ def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, 
     total = len(pd.read_parquet(out / "features.parquet")) // 2 + 1
     assert 2 <= done < total, "the kill should land in the middle of extraction"
     assert not (out / "_state" / "extract.json").exists()
-    with pytest.raises(Exception, match="extraction did not finish"):
-        from attnclust.store import open_attention_store
+    from attnclust.errors import StoreError
+    from attnclust.store import open_attention_store
 
+    with pytest.raises(StoreError, match="extraction did not finish"):
         open_attention_store(out / "attention.zarr")
     r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20"))
     assert r.returncode == 0, r.stderr
