@@ -44,7 +44,10 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         else:
             workers = n_workers or max(1, len(os.sched_getaffinity(0)))
             cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+                                   dashboard_address="127.0.0.1:0",
+                                   # task failures reach the driver as exceptions; what is left at ERROR in
+                                   # worker processes is shutdown noise (a heartbeat racing the scheduler's exit)
+                                   silence_logs=logging.CRITICAL)
         client = Client(cluster)
         try:
             yield client
