@@ -169,35 +169,3 @@ def medoid_maps(out: Path, clusters: pd.DataFrame, features: pd.DataFrame) -> di
         result[int(row.cluster)] = (store.read_map(f, int(row.medoid_layer), int(row.medoid_head)),
                                     list(tokens.loc[f]))
     return result
-
-
-def qa_predictions(out: Path, qa: pd.DataFrame, features: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
-    """Per example: the best span over its features against the null answer, with the gold answers."""
-    merged = qa.merge(features[["feature_id", "example_id", "offsets"]], on="feature_id", validate="one_to_one")
-    best = merged.loc[merged.groupby("example_id")["span_score"].idxmax()].set_index("example_id")
-    null = merged.groupby("example_id")["null_score"].min()
-    ex = examples.set_index("id")
-    rows = []
-    for eid, row in best.iterrows():
-        context = ex.at[eid, "context"]
-        start = int(row["offsets"][row["pred_start_token"]][0])
-        end = int(row["offsets"][row["pred_end_token"]][1])
-        impossible = bool(null[eid] > row["span_score"])
-        text = "" if impossible else context[start:end]
-        golds = list(ex.at[eid, "answer_texts"])
-        rows.append({"example_id": eid, "question": ex.at[eid, "question"], "prediction": text,
-                     "span_score": float(row["span_score"]), "null_score": float(null[eid]),
-                     "gold_answers": golds, "is_impossible": bool(ex.at[eid, "is_impossible"]),
-                     "exact_match": (text == "" if not golds else any(_norm(text) == _norm(g) for g in golds))})
-    table = pd.DataFrame(rows)
-    atomic_write_parquet(table, Path(out) / "predictions.parquet")
-    return table
-
-
-def _norm(text: str) -> str:
-    import re
-    import string
-
-    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())

@@ -1,4 +1,4 @@
-"""Command line: ``attnclust run|extract|featurize|cluster|report [JOB.yaml] ...``.
+"""Command line: ``attnclust run|extract|featurize|cluster|report|finetune [JOB.yaml] ...``, ``attnclust evaluate``.
 
 Thin by design: parse arguments, load the job, call the library, map errors to exit codes (2 for bad input).
 """
@@ -36,6 +36,24 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--force", action="store_true",
                        help="overwrite stages that were run with another configuration")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
+    ft = sub.add_parser("finetune", help="fine-tune model.name for extractive QA on SQuAD-v2-format data")
+    ft.add_argument("job", nargs="?", help="job YAML (default: jobs/demo.yaml), e.g. jobs/finetune-squad2.yaml")
+    ft.add_argument("--data", help="training data, overrides data.path (default: the bundled sample)")
+    ft.add_argument("--eval-data", help="data to score the model on afterwards, overrides finetune.eval_data")
+    ft.add_argument("--out", help="model directory (default: models/<job name>); loads as model.name afterwards")
+    ft.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="override a job setting, e.g. --set finetune.max_steps=200 (repeatable)")
+    ft.add_argument("--force", action="store_true", help="start over when --out holds another configuration")
+    ft.add_argument("--quiet", action="store_true", help="no progress bars or loss lines")
+    ev = sub.add_parser("evaluate", help="score predictions with the official SQuAD 2.0 metric (prints JSON)")
+    ev.add_argument("--data", required=True, help="gold data: SQuAD-v2-format file the predictions were made on")
+    ev.add_argument("--predictions", required=True, help="JSON object: question id -> answer ('' = no answer)")
+    ev.add_argument("--null-odds", help="JSON object: question id -> no-answer probability or odds; adds best_*")
+    ev.add_argument("--null-odds-threshold", type=float, default=1.0,
+                    help="a question whose null odds exceed this counts as answered 'no answer' (default 1.0, "
+                         "as the official script)")
+    ev.add_argument("--allow-missing", action="store_true",
+                    help="score only the questions that have a prediction (default: missing ones are an error)")
     certs = sub.add_parser("certs", help="generate a CA and scheduler/worker/client TLS certificates")
     certs.add_argument("dir")
     return parser
@@ -51,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             paths = write_certificates(Path(args.dir))
             print(f"certificates written to {args.dir}: {', '.join(sorted(p.name for p in paths))}")
             return 0
+        if args.command == "evaluate":
+            return _evaluate(args)
+        if args.command == "finetune":
+            return _finetune(args)
         from .config import load_job
         from .pipeline import result_summary, run_job
 
@@ -73,6 +95,40 @@ def main(argv: list[str] | None = None) -> int:
     if "report" in STAGE_SETS[args.command]:
         print(f"report: {result.report.resolve()}")
     print(f"outputs: {result.out.resolve()}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    import json
+
+    from .evaluate import evaluate_files
+
+    scores = evaluate_files(args.data, args.predictions, args.null_odds, null_odds_threshold=args.null_odds_threshold,
+                            allow_missing=args.allow_missing)
+    print(json.dumps(scores, indent=2))
+    return 0
+
+
+def _finetune(args) -> int:
+    from .config import load_job
+    from .finetune import finetune_model
+
+    overrides = list(args.overrides)
+    if args.data:
+        overrides.append(f"data.path={args.data}")
+    if args.eval_data:
+        overrides.append(f"finetune.eval_data={args.eval_data}")
+    cfg = load_job(args.job, overrides)
+    out = Path(args.out) if args.out else Path("models") / cfg.name
+    record = finetune_model(cfg, out, force=args.force, progress=not args.quiet)
+    losses = [h["loss"] for h in record.get("loss_history", [])]
+    if losses:
+        print(f"training loss {losses[0]:.3f} -> {losses[-1]:.3f} over {record['steps']} steps")
+    if "eval" in record:
+        ev = record["eval"]
+        print(f"evaluation: EM {ev['exact']:.2f} / F1 {ev['f1']:.2f} on {ev['total']} questions "
+              f"(official SQuAD 2.0 metric; {out / 'eval' / 'eval_results.json'})")
+    print(f"model: {out.resolve()}  (use it with --set model.name={out})")
     return 0
 
 

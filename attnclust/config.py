@@ -25,8 +25,10 @@ __all__ = [
     "DataConfig",
     "ExtractConfig",
     "FeaturizeConfig",
+    "FinetuneConfig",
     "JobConfig",
     "ModelConfig",
+    "QAConfig",
     "ReportConfig",
     "apply_overrides",
     "default_job_path",
@@ -34,6 +36,7 @@ __all__ = [
 ]
 
 Backend = Literal["auto", "cpu", "gpu"]
+Precision = Literal["auto", "fp32", "fp16", "bf16"]
 Featurizer = Literal["pooled", "resnet"]
 ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
 
@@ -49,6 +52,22 @@ def _int_range(section: str, key: str, value: Any, lo: int, hi: int | None = Non
         raise _fail(section, key, value, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""))
     if value < lo or (hi is not None and value > hi):
         raise _fail(section, key, value, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""))
+
+
+def _number(section: str, key: str, value: Any, lo: float | None = None, *, lo_open: bool = False,
+            hi: float | None = None) -> None:
+    import math
+
+    bounds = []
+    if lo is not None:
+        bounds.append(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None:
+        bounds.append(f"<= {hi:g}")
+    allowed = "a number" + (" " + " and ".join(bounds) if bounds else "")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(section, key, value, allowed)
+    if (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi):
+        raise _fail(section, key, value, allowed)
 
 
 def _literal(section: str, key: str, value: Any, options: tuple[str, ...]) -> None:
@@ -78,6 +97,11 @@ class _Section:
         for key, value in raw.items():
             if isinstance(value, list) and get_origin(hints[key]) is not Literal:
                 value = tuple(value)
+            if hints[key] is float and isinstance(value, str):  # YAML 1.1 reads 3e-5 (no dot) as a string
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
             values[key] = value
         return cls(**values)
 
@@ -289,6 +313,99 @@ class ReportConfig(_Section):
         _int_range("report", "max_tokens_shown", self.max_tokens_shown, 8, 512)
 
 
+@dataclass(frozen=True, kw_only=True)
+class QAConfig(_Section):
+    """Turning start/end logits into answers (extraction and fine-tune evaluation share it).
+
+    Parameters
+    ----------
+    n_best
+        Best start and end positions tried per feature, and candidate answers kept per question.
+    max_answer_tokens
+        Longest answer, in tokens.
+    null_threshold
+        Predict "no answer" when the null score beats the best span's score by more than this (the
+        ``null_odds`` written next to the predictions); tune it on a dev set with ``attnclust evaluate``'s
+        ``best_f1_thresh``.
+    """
+
+    SECTION = "qa"
+    n_best: int = 20
+    max_answer_tokens: int = 30
+    null_threshold: float = 0.0
+
+    def __post_init__(self):
+        _int_range("qa", "n_best", self.n_best, 1, 1000)
+        _int_range("qa", "max_answer_tokens", self.max_answer_tokens, 1)
+        _number("qa", "null_threshold", self.null_threshold)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneConfig(_Section):
+    """Fine-tuning ``model.name`` for extractive QA on ``data.path`` (``attnclust finetune``).
+
+    Features are built with the ``extract`` section's ``max_seq_len``, ``doc_stride`` and ``max_query_len``;
+    an unanswerable question (or a span that does not hold the answer) points at the first token ([CLS]).
+
+    Parameters
+    ----------
+    epochs
+        Passes over the training features (a fraction is allowed).
+    max_steps
+        Stop after this many optimiser steps instead; ``None`` trains for ``epochs``.
+    learning_rate, weight_decay, warmup_ratio
+        AdamW with a linear schedule; ``warmup_ratio`` of the steps warm up from 0.
+    batch_size, gradient_accumulation_steps
+        Features per step and device, and steps accumulated per optimiser update.
+    eval_batch_size
+        Features per forward pass when evaluating.
+    logging_steps, save_steps, save_total_limit
+        Log the training loss every N steps; checkpoint every N steps, keeping the newest ``save_total_limit``.
+    seed
+        Seeds data order, dropout and a new QA head.
+    precision
+        ``auto`` (bf16 or fp16 mixed precision on a GPU, fp32 on CPU), ``fp32``, ``fp16`` (GPU only), ``bf16``.
+    eval_data
+        A SQuAD-v2-format file to score the fine-tuned model on with the official metric; ``None`` skips it.
+    eval_max_examples
+        Score only the first N questions of ``eval_data``.
+    """
+
+    SECTION = "finetune"
+    epochs: float = 2.0
+    max_steps: int | None = None
+    learning_rate: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    eval_batch_size: int = 32
+    logging_steps: int = 10
+    save_steps: int = 500
+    save_total_limit: int = 2
+    seed: int = 42
+    precision: Precision = "auto"
+    eval_data: str | None = None
+    eval_max_examples: int | None = None
+
+    def __post_init__(self):
+        _number("finetune", "epochs", self.epochs, 0, lo_open=True)
+        if self.max_steps is not None:
+            _int_range("finetune", "max_steps", self.max_steps, 1)
+        _number("finetune", "learning_rate", self.learning_rate, 0, lo_open=True, hi=1)
+        _number("finetune", "weight_decay", self.weight_decay, 0)
+        _number("finetune", "warmup_ratio", self.warmup_ratio, 0, hi=0.99)
+        for key in ("batch_size", "gradient_accumulation_steps", "eval_batch_size", "logging_steps", "save_steps",
+                    "save_total_limit"):
+            _int_range("finetune", key, getattr(self, key), 1)
+        _int_range("finetune", "seed", self.seed, 0)
+        _literal("finetune", "precision", self.precision, get_args(Precision))
+        if self.eval_data is not None and (not isinstance(self.eval_data, str) or not self.eval_data.strip()):
+            raise _fail("finetune", "eval_data", self.eval_data, "a SQuAD-v2-format file, or null to skip scoring")
+        if self.eval_max_examples is not None:
+            _int_range("finetune", "eval_max_examples", self.eval_max_examples, 1)
+
+
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
 
@@ -312,9 +429,12 @@ class JobConfig:
     featurize: FeaturizeConfig = field(default_factory=FeaturizeConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    qa: QAConfig = field(default_factory=QAConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     SECTIONS = {"data": DataConfig, "model": ModelConfig, "extract": ExtractConfig,
-                "featurize": FeaturizeConfig, "cluster": ClusterConfig, "report": ReportConfig}
+                "featurize": FeaturizeConfig, "cluster": ClusterConfig, "report": ReportConfig,
+                "qa": QAConfig, "finetune": FinetuneConfig}
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):

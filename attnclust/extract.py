@@ -8,7 +8,6 @@ parquet parts, and only then its completion marker. The driver never holds atten
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from pathlib import Path
@@ -28,9 +27,8 @@ from .store import (
     open_attention_store,
 )
 
-__all__ = ["MAX_ANSWER_TOKENS", "extract_block", "plan_features", "shard_features"]
+__all__ = ["extract_block", "plan_features", "shard_features"]
 
-MAX_ANSWER_TOKENS = 30
 STAGE = "extract"
 
 
@@ -64,18 +62,6 @@ def _worker_threads() -> int | None:
         return None
 
 
-def _best_span(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[int, int, float]:
-    """Best (start, end, score) with lo <= start <= end <= hi and at most MAX_ANSWER_TOKENS tokens."""
-    s = start[lo:hi + 1]
-    e = end[lo:hi + 1]
-    scores = s[:, None] + e[None, :]
-    offsets = np.arange(len(s))
-    width = offsets[None, :] - offsets[:, None]
-    scores = np.where((width >= 0) & (width < MAX_ANSWER_TOKENS), scores, -np.inf)
-    i, j = np.unravel_index(int(np.argmax(scores)), scores.shape)
-    return lo + int(i), lo + int(j), float(scores[i, j])
-
-
 def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, fingerprint: str,
                   device: str = "cpu") -> dict:
     """Extract features ``start:stop`` (one shard) on a worker and record the block as done.
@@ -87,7 +73,7 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
     """
     import torch
 
-    from .models import get_model
+    from .models import batch_inputs, get_model
 
     out_path = Path(out)
     delay = float(os.environ.get("ATTNCLUST_TEST_TASK_DELAY", "0") or 0)  # testing aid: widen the kill window
@@ -95,7 +81,6 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
         time.sleep(delay)
     loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
     model = loaded.model
-    accepts_types = "token_type_ids" in inspect.signature(model.forward).parameters
     feats = pd.read_parquet(out_path / FEATURES, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
     feats = feats.sort_values("feature_id").reset_index(drop=True)
     if len(feats) != stop - start:
@@ -108,23 +93,10 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
     forward_s = 0.0
-    pad_id = int(getattr(model.config, "pad_token_id", 0) or 0)
     bs = cfg.extract.batch_size
     for b0 in range(0, len(feats), bs):
         rows = feats.iloc[b0:b0 + bs]
-        lens = rows["seq_len"].to_numpy()
-        n = int(lens.max())
-        ids = np.full((len(rows), n), pad_id, dtype=np.int64)
-        types = np.zeros((len(rows), n), dtype=np.int64)
-        mask = np.zeros((len(rows), n), dtype=np.int64)
-        for i, (tok_ids, seg) in enumerate(zip(rows["input_ids"], rows["segment_ids"])):
-            ids[i, :len(tok_ids)] = tok_ids
-            types[i, :len(seg)] = seg
-            mask[i, :len(tok_ids)] = 1
-        inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-        if accepts_types:
-            inputs["token_type_ids"] = torch.from_numpy(types)
-        inputs = {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+        inputs = batch_inputs(model, rows, device=device)
         t0 = time.perf_counter()
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
             result = model(**inputs, output_attentions=True)
@@ -139,11 +111,8 @@ def extract_block(out: str, block: int, start: int, stop: int, cfg: JobConfig, f
                                                            else store.encode(maps.numpy()))
             sep, punct, seg = token_masks(row.tokens, row.segment_ids)
             stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
-            s_tok, e_tok, span_score = _best_span(start_logits[i], end_logits[i],
-                                                  int(row.context_start), int(row.context_end))
-            qa_rows.append({"feature_id": row.feature_id, "pred_start_token": s_tok, "pred_end_token": e_tok,
-                            "span_score": span_score,
-                            "null_score": float(start_logits[i, 0] + end_logits[i, 0])})
+            qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
+                            "end_logits": end_logits[i, :m].astype(np.float32)})
     # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
     store.attention.with_config({"write_empty_chunks": True})[start:stop] = shard
     n_layers, n_heads = loaded.num_layers, loaded.num_heads

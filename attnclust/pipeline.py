@@ -106,7 +106,8 @@ def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dic
 
     fp = _digest(cfg.fingerprint("data", "model", "extract"), backend)  # fp16 on GPU: other maps
     if outdir.begin_stage("extract", fp, force=force):
-        return {**outdir.stage_record("extract"), "skipped": True}
+        record = outdir.stage_record("extract")
+        return {**record, "qa": _score_qa(outdir, cfg, record, progress=progress), "skipped": True}
     t0 = time.perf_counter()
     features = inputs["features"]
     atomic_write_parquet(inputs["examples"], outdir.path / "examples.parquet")
@@ -125,8 +126,19 @@ def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dic
               "tokens": int(features["seq_len"].sum()),
               "qa_head_in_checkpoint": inputs["model_info"]["qa_head_in_checkpoint"],
               "data_path": inputs["data_path"]}
+    record["qa"] = _score_qa(outdir, cfg, record, progress=progress)
     outdir.finish_stage("extract", fp, **record)
     return record
+
+
+def _score_qa(outdir: OutputDir, cfg: JobConfig, record: dict, *, progress: bool) -> dict:
+    """Answers from the stored logits and their official scores (cheap: redone when ``qa`` settings change)."""
+    from .qa import score_output
+
+    summary = score_output(outdir.path, cfg.qa, head_trained=bool(record.get("qa_head_in_checkpoint")))
+    if progress:
+        print(summary["note"], flush=True)
+    return summary
 
 
 def _store_identity(outdir: OutputDir) -> str:
@@ -224,13 +236,14 @@ def _distributed_kmeans(client, outdir: OutputDir, fitted, cfg: JobConfig):
 
 def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bool, progress: bool,
             settings: dict) -> dict:
-    from .atlas import build_atlas, cluster_mean_maps, medoid_maps, qa_predictions, stats_block
+    from .atlas import build_atlas, cluster_mean_maps, medoid_maps, stats_block
     from .report import ReportInputs, write_report
 
     cl_record = outdir.stage_record("cluster")
     if cl_record is None:
         raise StoreError(f"output dir {outdir.path}: cluster has not finished; run 'attnclust cluster' first")
-    fp = _digest(cl_record["fingerprint"], cfg.report.to_dict())
+    qa_path = outdir.path / "qa_scores.json"
+    fp = _digest(cl_record["fingerprint"], cfg.report.to_dict(), qa_path.read_text() if qa_path.exists() else None)
     if outdir.begin_stage("report", fp, force=force):
         return {**outdir.stage_record("report"), "skipped": True}
     t0 = time.perf_counter()
@@ -247,24 +260,17 @@ def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bo
         atomic_write_parquet(stats, out / "map_stats.parquet")
     k = int(cl_record["k"])
     maps, heads, clusters = build_atlas(out, labels, stats, features, k=k)
-    notes = []
-    if (out / "qa.parquet").exists() and (out / "examples.parquet").exists():
-        preds = qa_predictions(out, pd.read_parquet(out / "qa.parquet"), features,
-                               pd.read_parquet(out / "examples.parquet"))
-        ext = outdir.stage_record("extract") or {}
-        if ext.get("qa_head_in_checkpoint") is False:
-            notes.append("The model's checkpoint has no trained question-answering head (it was initialised "
-                         "randomly): predictions.parquet is written but its answers are meaningless. Attention "
-                         "maps are unaffected.")
-        else:
-            notes.append(f"QA exact match on these examples: {100 * preds['exact_match'].mean():.1f}% "
-                         f"({len(preds)} examples).")
+    qa_path = out / "qa_scores.json"
+    qa = json.loads(qa_path.read_text()) if qa_path.exists() else None
+    predictions = pd.read_parquet(out / "predictions.parquet") if qa and (out / "predictions.parquet").exists() \
+        else None
+    notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
     inputs = ReportInputs(
         title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads, clusters=clusters,
         mean_maps=cluster_mean_maps(out, maps, k, random_state=cfg.cluster.random_state),
         medoids=medoid_maps(out, clusters, features), settings=settings, notes=tuple(notes),
         k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
-        max_tokens_shown=cfg.report.max_tokens_shown)
+        max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
     path = write_report(out / "report.html", inputs)
     record = {"seconds": round(time.perf_counter() - t0, 3), "report": str(path), "clusters": k}
     outdir.finish_stage("report", fp, **record)

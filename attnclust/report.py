@@ -6,7 +6,8 @@ inline and there is no script, external font or link. All text from the inputs (
 settings) passes through :func:`html.escape`.
 
 Sections, in order: summary, notes, the layer x head grid, one card per cluster (largest first), the UMAP
-scatter, the per-cluster statistics table, silhouette against k, and the settings.
+scatter, the per-cluster statistics table, silhouette against k, the model's question answering (official
+SQuAD 2.0 scores, null odds by kind of question, example answers) and the settings.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ _PERCENT = frozenset({"share", "purity", "to_cls", "to_sep", "to_punct", "to_sel
 _MAP_COLUMNS = ("feature_id", "example_id", "layer", "head", "cluster", "umap_x", "umap_y")
 _HEAD_COLUMNS = ("layer", "head", "dominant_cluster", "purity")
 _CLUSTER_COLUMNS = ("cluster", "size", "share", "description", "top_heads")
+_PREDICTION_COLUMNS = ("example_id", "question", "prediction", "gold_answers", "is_impossible", "null_odds",
+                       "exact", "f1")
+QA_EXAMPLES_SHOWN = 12
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:1.5em auto;
  max-width:1320px;padding:0 1em;color:#222;line-height:1.4}
@@ -111,6 +115,12 @@ class ReportInputs:
         Silhouette per k when k was chosen automatically.
     max_tokens_shown : int, optional
         Medoid maps are cropped to their first this many tokens.
+    qa : dict, optional
+        ``qa_scores.json`` of the run: ``head_trained``, ``scores`` (official SQuAD 2.0 fields), ``settings``
+        (``null_threshold`` ...), ``note``.
+    predictions : pandas.DataFrame, optional
+        ``predictions.parquet``: ``example_id``, ``question``, ``prediction``, ``gold_answers``,
+        ``is_impossible``, ``null_odds``, ``exact``, ``f1``.
 
     Raises
     ------
@@ -129,6 +139,8 @@ class ReportInputs:
     notes: tuple[str, ...] = ()
     k_scores: dict[int, float] | None = None
     max_tokens_shown: int = 64
+    qa: dict | None = None
+    predictions: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:
         for name, table, cols in (("maps", self.maps, _MAP_COLUMNS), ("heads", self.heads, _HEAD_COLUMNS),
@@ -164,6 +176,13 @@ class ReportInputs:
             if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != len(value[1]):
                 raise DataError(f"report input medoids[{cid}]: map shape {m.shape} with {len(value[1])} tokens; "
                                 "expected an (n, n) map and n tokens")
+        if self.qa is not None and not {"head_trained", "scores", "note"} <= set(self.qa):
+            raise DataError("report input qa: expected the qa_scores.json mapping with head_trained, scores, note")
+        if self.predictions is not None:
+            missing = [c for c in _PREDICTION_COLUMNS if c not in self.predictions.columns]
+            if missing:
+                raise DataError(f"report input predictions: missing column(s) {', '.join(missing)}; "
+                                f"required: {', '.join(_PREDICTION_COLUMNS)}")
         if isinstance(self.notes, str):
             raise DataError("report input notes: got a single string; pass a tuple of strings, e.g. (note,)")
         if isinstance(self.max_tokens_shown, bool) or not isinstance(self.max_tokens_shown, (int, np.integer)) \
@@ -256,6 +275,7 @@ def render_report(inputs: ReportInputs) -> str:
             f"<h1>{_e(inputs.title)}</h1>",
             '<nav><a href="#grid">Heads</a><a href="#clusters">Clusters</a><a href="#umap">UMAP</a>'
             '<a href="#stats">Statistics</a>' + ('<a href="#k">Choice of k</a>' if inputs.k_scores else "")
+            + ('<a href="#qa">Question answering</a>' if inputs.qa else "")
             + '<a href="#settings">Settings</a></nav>',
             _summary(inputs),
             _notes(inputs.notes),
@@ -264,6 +284,7 @@ def render_report(inputs: ReportInputs) -> str:
             _umap_section(inputs.maps, palette),
             _stats_section(clusters, palette),
             _k_section(inputs.k_scores, len(inputs.clusters)),
+            _qa_section(inputs.qa, inputs.predictions),
             '<h2 id="settings">Settings</h2>',
             f"<pre>{_e(_settings_text(inputs.settings))}</pre>",
         ]
@@ -531,6 +552,60 @@ def _k_section(k_scores: dict[int, float] | None, k: int) -> str:
     ax.set_ylabel("silhouette")
     ax.grid(alpha=0.3)
     return f'<h2 id="k">Choice of k</h2>{_img(fig, "silhouette against k")}'
+
+
+_QA_FIELDS = (("All questions", ""), ("Answerable", "HasAns_"), ("Unanswerable", "NoAns_"))
+
+
+def _qa_section(qa: dict | None, predictions: pd.DataFrame | None) -> str:
+    if not qa:
+        return ""
+    sc = qa["scores"]
+    rows = "".join(
+        f"<tr><td class=txt>{label}</td><td>{sc[p + 'exact']:.2f}</td><td>{sc[p + 'f1']:.2f}</td>"
+        f"<td>{int(sc[p + 'total']):,}</td></tr>" for label, p in _QA_FIELDS if f"{p}total" in sc)
+    parts = ['<h2 id="qa">Question answering</h2>',
+             f"<p>{_e(qa['note'])}</p>" if qa["head_trained"] else
+             '<p class="muted">The QA head is untrained (see the note at the top): these figures describe a '
+             "random head, not the model.</p>",
+             '<table class="mini"><tr><th>questions</th><th>exact</th><th>F1</th><th>count</th></tr>'
+             + rows + "</table>"]
+    if "best_f1" in sc:
+        parts.append(f'<p class="muted">With the best null threshold: exact {sc["best_exact"]:.2f} at '
+                     f'{sc["best_exact_thresh"]:.3f}, F1 {sc["best_f1"]:.2f} at {sc["best_f1_thresh"]:.3f} '
+                     f"(set <code>qa.null_threshold</code>; official SQuAD 2.0 metric).</p>")
+    if predictions is not None and len(predictions):
+        threshold = float(qa.get("settings", {}).get("null_threshold", 0.0))
+        parts.append(_img(_null_odds_fig(predictions, threshold),
+                          "null odds of answerable and unanswerable questions"))
+        shown = predictions.head(QA_EXAMPLES_SHOWN)
+        body = "".join(
+            f"<tr><td class=txt>{_e(_short(str(r.question), 90))}</td>"
+            f"<td class=txt>{_e(_short(r.prediction, 60)) if r.prediction else '<i>no answer</i>'}</td>"
+            f"<td class=txt>{_e(_short(' | '.join(r.gold_answers), 60)) if len(r.gold_answers) else '<i>no answer</i>'}"
+            f"</td><td>{r.null_odds:.2f}</td><td>{r.f1:.2f}</td></tr>" for r in shown.itertuples(index=False))
+        parts.append(f"<p>The first {len(shown)} of {len(predictions):,} questions (all in "
+                     "<code>predictions.parquet</code>):</p><table class=mini><tr><th>question</th><th>answer</th>"
+                     f"<th>gold</th><th>null odds</th><th>F1</th></tr>{body}</table>")
+    return "\n".join(parts)
+
+
+def _null_odds_fig(predictions: pd.DataFrame, threshold: float) -> Figure:
+    fig = Figure(figsize=(6.4, 2.6), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    odds = predictions["null_odds"].to_numpy(dtype=np.float64)
+    impossible = predictions["is_impossible"].to_numpy(dtype=bool)
+    bins = np.histogram_bin_edges(odds[np.isfinite(odds)], bins=30)
+    for mask, label, color in ((~impossible, "answerable", "#1f77b4"), (impossible, "unanswerable", "#d62728")):
+        if mask.any():
+            ax.hist(odds[mask], bins=bins, alpha=0.6, label=f"{label} ({int(mask.sum())})", color=color)
+    ax.axvline(threshold, color="#222", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.set_xlabel("null odds = null score - best span score (right of the line: no answer)")
+    ax.set_ylabel("questions")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def _jsonable(o: Any) -> Any:

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from attnclust.config import JobConfig
-from attnclust.extract import _best_span, extract_block, finish_store, plan_features, prepare_store
+from attnclust.extract import extract_block, finish_store, plan_features, prepare_store
 from attnclust.pipeline import prepare_inputs
 from attnclust.stats import STAT_COLUMNS
 from attnclust.store import OutputDir, open_attention_store
@@ -91,8 +91,24 @@ def test_statistics_and_predictions_have_one_row_per_map_and_feature(extracted):
     feats = inputs["features"].set_index("feature_id")
     assert sorted(qa["feature_id"]) == list(range(8))
     for r in qa.itertuples():
-        f = feats.loc[r.feature_id]
-        assert f["context_start"] <= r.pred_start_token <= r.pred_end_token <= f["context_end"]
+        n = int(feats.loc[r.feature_id, "seq_len"])
+        assert len(r.start_logits) == len(r.end_logits) == n
+
+
+def test_stored_logits_equal_an_unbatched_forward(extracted, tiny_bert_dir):
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    cfg, out, inputs = extracted
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
+    qa = pd.read_parquet(out.path / "qa.parquet").set_index("feature_id")
+    for _, feat in inputs["features"].iloc[[0, -1]].iterrows():
+        with torch.inference_mode():
+            res = model(input_ids=torch.tensor([list(feat["input_ids"])]),
+                        token_type_ids=torch.tensor([list(feat["segment_ids"])]))
+        fid = int(feat["feature_id"])
+        np.testing.assert_allclose(qa.at[fid, "start_logits"], res.start_logits[0].numpy(), atol=1e-4)
+        np.testing.assert_allclose(qa.at[fid, "end_logits"], res.end_logits[0].numpy(), atol=1e-4)
 
 
 def test_plan_features_orders_by_length_and_keeps_ties_in_dataset_order():
@@ -100,10 +116,3 @@ def test_plan_features_orders_by_length_and_keeps_ties_in_dataset_order():
     planned = plan_features(df)
     assert list(planned["example_id"]) == ["b", "d", "a", "c"]
     assert list(planned["feature_id"]) == [0, 1, 2, 3]
-
-
-def test_best_span_respects_context_and_order():
-    start = np.array([9.0, 0, 5, 0, 0, 0])
-    end = np.array([9.0, 0, 0, 1, 6, 0])
-    s, e, score = _best_span(start, end, 1, 4)
-    assert (s, e, score) == (2, 4, 11.0)

@@ -1,0 +1,333 @@
+"""Fine-tuning a BERT-family model for extractive QA on SQuAD-v2-format data (``attnclust finetune``).
+
+Features are built exactly as extraction builds them (``extract.max_seq_len``, ``doc_stride``,
+``max_query_len``); the labels are the answer's first and last token when the feature holds the whole answer,
+else the first token ([CLS]: "no answer here"), as in the SQuAD 2.0 reference recipe. Training runs the
+transformers ``Trainer`` (AdamW, linear schedule, mixed precision on a GPU) with checkpoints under
+``MODEL_DIR/checkpoints``; re-running the same command resumes from the newest one. Only when training has
+finished is the model written to ``MODEL_DIR`` itself (weights and tokenizer first, ``config.json`` last), so a
+directory a job can load as ``model.name`` always holds a finished model. With ``finetune.eval_data`` the model is
+then scored with the official SQuAD 2.0 metric (``MODEL_DIR/eval``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .config import JobConfig
+from .errors import BackendUnavailable, ConfigError, ModelError
+from .store import OutputDir, atomic_write_json
+
+__all__ = ["FINETUNE_RECORD", "finetune_model", "training_labels"]
+
+FINETUNE_RECORD = "finetune.json"
+STAGE = "finetune"
+_FINAL_FILES_LAST = ("config.json",)
+
+
+def training_labels(features: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end token of the answer in each feature; 0 ([CLS]) when the feature does not hold it.
+
+    Parameters
+    ----------
+    features : pandas.DataFrame
+        From :func:`attnclust.data.tokenize_examples`: ``answer_start_token`` / ``answer_end_token`` are -1
+        for unanswerable questions and for spans that do not hold the whole (first) answer.
+
+    Returns
+    -------
+    (numpy.ndarray, numpy.ndarray) of int64, shape (feature,)
+    """
+    from .qa import NULL_INDEX
+
+    start = features["answer_start_token"].to_numpy(np.int64)
+    end = features["answer_end_token"].to_numpy(np.int64)
+    inside = (start >= 0) & (end >= start)
+    return np.where(inside, start, NULL_INDEX), np.where(inside, end, NULL_INDEX)
+
+
+class _Features:
+    """A torch-style dataset over tokenised features (lists, unpadded)."""
+
+    def __init__(self, features: pd.DataFrame, with_types: bool):
+        self.ids = list(features["input_ids"])
+        self.types = list(features["segment_ids"])
+        self.start, self.end = training_labels(features)
+        self.with_types = with_types
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        item = {"input_ids": list(self.ids[i]), "start_positions": int(self.start[i]),
+                "end_positions": int(self.end[i])}
+        if self.with_types:
+            item["token_type_ids"] = list(self.types[i])
+        return item
+
+
+def _collate(pad_id: int):
+    import torch
+
+    def collate(items: list[dict]) -> dict:
+        n = max(len(it["input_ids"]) for it in items)
+        ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), n), dtype=torch.long)
+        types = torch.zeros((len(items), n), dtype=torch.long)
+        for i, it in enumerate(items):
+            m = len(it["input_ids"])
+            ids[i, :m] = torch.tensor(it["input_ids"])
+            mask[i, :m] = 1
+            if "token_type_ids" in it:
+                types[i, :m] = torch.tensor(it["token_type_ids"])
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "start_positions": torch.tensor([it["start_positions"] for it in items]),
+                 "end_positions": torch.tensor([it["end_positions"] for it in items])}
+        if "token_type_ids" in items[0]:
+            batch["token_type_ids"] = types
+        return batch
+
+    return collate
+
+
+def _device(cfg: JobConfig) -> str:
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if cfg.backend == "gpu" and not has_cuda:
+        raise BackendUnavailable("backend 'gpu': torch sees no CUDA device here; fine-tune on a GPU machine or "
+                                 "set backend: cpu (slow beyond a few hundred steps)")
+    device = "cuda" if has_cuda and cfg.backend != "cpu" else "cpu"
+    if device == "cpu" and cfg.finetune.precision == "fp16":
+        raise ConfigError("config finetune.precision: got 'fp16'; allowed on CPU: auto | fp32 | bf16; fp16 mixed "
+                          "precision needs a GPU")
+    return device
+
+
+def _precision(cfg: JobConfig, device: str) -> dict:
+    import torch
+
+    p = cfg.finetune.precision
+    if p == "auto":
+        p = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if device == "cuda" else "fp32"
+    return {"fp16": p == "fp16", "bf16": p == "bf16", "precision": p}
+
+
+def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer) -> tuple[list, pd.DataFrame]:
+    from .data import read_squad, sample_path, tokenize_examples
+
+    file = Path(path).expanduser() if path else sample_path()
+    examples = read_squad(file, max_examples=max_examples)
+    features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
+                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len)
+    features.insert(0, "feature_id", np.arange(len(features), dtype=np.int64))
+    return examples, features
+
+
+def _check_model_dir(out: Path) -> None:
+    """Refuse a directory that holds something other than our fine-tuning output."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file; give a directory for the fine-tuned model")
+    ours = (out / "_state" / f"{STAGE}.started").exists() or (out / FINETUNE_RECORD).exists()
+    if not ours and any(p for p in out.iterdir() if p.name != ".lock"):
+        raise ConfigError(f"--out {out}: exists and holds files not written by 'attnclust finetune'; choose an "
+                          "empty or new directory")
+
+
+def _fingerprint(cfg: JobConfig, data_path: str) -> str:
+    import hashlib
+
+    ft = {k: v for k, v in cfg.finetune.to_dict().items() if not k.startswith("eval_")}
+    ft.pop("eval_batch_size", None)
+    blob = {"model": cfg.model.to_dict(), "data": {**cfg.data.to_dict(), "path": data_path},
+            "tokens": {k: getattr(cfg.extract, k) for k in ("max_seq_len", "doc_stride", "max_query_len")},
+            "finetune": ft, "backend": cfg.backend}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _last_checkpoint(folder: Path) -> Path | None:
+    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()
+             and (p / "trainer_state.json").exists()]
+    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+
+
+def _publish(model, tokenizer, out: Path) -> None:
+    """Write the final model into ``out``; config.json goes last (the marker loaders look for)."""
+    tmp = out / ".final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (out / "config.json").unlink(missing_ok=True)
+    names = sorted(p.name for p in tmp.iterdir())
+    for name in [n for n in names if n not in _FINAL_FILES_LAST] + [n for n in names if n in _FINAL_FILES_LAST]:
+        os.replace(tmp / name, out / name)
+    tmp.rmdir()
+
+
+def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, progress: bool = True,
+                   callbacks: tuple = ()) -> dict:
+    """Fine-tune ``cfg.model`` for extractive QA on ``cfg.data`` and write it to ``out``.
+
+    Parameters
+    ----------
+    cfg
+        The job: ``model`` (start from), ``data`` (training set), ``extract`` (feature lengths), ``finetune``
+        (training), ``qa`` (answer post-processing for the evaluation), ``backend``.
+    out
+        The model directory; it loads as ``model.name`` once this returns.
+    force
+        Start over when ``out`` holds a run with another configuration (refused otherwise).
+    progress
+        Progress bars and the training loss on stdout.
+    callbacks
+        Extra ``transformers.TrainerCallback`` objects.
+
+    Returns
+    -------
+    dict
+        What ``out/finetune.json`` records: settings, steps, seconds, the loss history, ``resumed_from`` and,
+        with ``finetune.eval_data``, the official SQuAD 2.0 scores.
+    """
+    from .models import _quiet_transformers, get_tokenizer, resolve_model_path
+
+    out = Path(out)
+    ft = cfg.finetune
+    device = _device(cfg)
+    source = resolve_model_path(cfg.model)
+    tokenizer = get_tokenizer(cfg.model)
+    examples, features = _read(cfg, cfg.data.path, cfg.data.max_examples, tokenizer)
+    evaluation = None
+    if ft.eval_data:
+        evaluation = _read(cfg, ft.eval_data, ft.eval_max_examples, tokenizer)
+    _check_model_dir(out)
+    data_path = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "sample"
+    fp = _fingerprint(cfg, data_path)
+    outdir = OutputDir(out)
+    with outdir:
+        done = _begin(outdir, fp, force)
+        checkpoints = out / "checkpoints"
+        if done:
+            record = json.loads((out / FINETUNE_RECORD).read_text())
+            if progress:
+                print(f"finetune: {out} already holds this fine-tuning (fingerprint {fp}); evaluating only",
+                      flush=True)
+        else:
+            if force:
+                shutil.rmtree(checkpoints, ignore_errors=True)
+            _quiet_transformers()
+            record = _train(cfg, out, source, tokenizer, features, device=device, progress=progress,
+                            callbacks=callbacks, checkpoints=checkpoints)
+            record.update({"fingerprint": fp, "data_path": data_path, "examples": len(examples),
+                           "base_model": cfg.model.name, "config": cfg.to_dict()})
+        if evaluation is not None:
+            record["eval"] = _evaluate(cfg, out, evaluation, device=device, progress=progress)
+        else:
+            record.pop("eval", None)
+        atomic_write_json(out / FINETUNE_RECORD, record)
+        if not done:
+            outdir.finish_stage(STAGE, fp, steps=record["steps"])
+    return record
+
+
+def _begin(outdir: OutputDir, fp: str, force: bool) -> bool:
+    """``OutputDir.begin_stage`` for the fine-tuning stage (not one of the pipeline's stages)."""
+    previous = outdir.started_fingerprint(STAGE)
+    if previous is not None and previous != fp and not force:
+        raise ConfigError(f"--out {outdir.path}: holds a fine-tuning run with another configuration (fingerprint "
+                          f"{previous} vs {fp}); use --force to start over or choose another --out")
+    if force or (previous is not None and previous != fp):
+        for suffix in (".json", ".started"):
+            (outdir.state / f"{STAGE}{suffix}").unlink(missing_ok=True)
+    record = outdir.stage_record(STAGE)
+    if record is not None and record.get("fingerprint") == fp and (outdir.path / FINETUNE_RECORD).exists():
+        return True
+    from .store import atomic_write_bytes
+
+    atomic_write_bytes(outdir.state / f"{STAGE}.started", fp.encode())
+    return False
+
+
+def _train(cfg: JobConfig, out: Path, source: str, tokenizer, features: pd.DataFrame, *, device: str,
+           progress: bool, callbacks: tuple, checkpoints: Path) -> dict:
+    import inspect
+
+    import torch
+    from transformers import AutoModelForQuestionAnswering, PrinterCallback, Trainer, TrainingArguments
+
+    ft = cfg.finetune
+    torch.manual_seed(ft.seed)  # a new QA head starts from the same weights on every run of this config
+    try:
+        model = AutoModelForQuestionAnswering.from_pretrained(source, revision=cfg.model.revision)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelError(f"model.name {cfg.model.name!r}: cannot load it for question answering from {source!r} "
+                         f"({first[:200]}); give a BERT-family encoder") from None
+    with_types = "token_type_ids" in inspect.signature(model.forward).parameters
+    dataset = _Features(features, with_types)
+    precision = _precision(cfg, device)
+    args = TrainingArguments(
+        output_dir=str(checkpoints), num_train_epochs=float(ft.epochs), max_steps=ft.max_steps or -1,
+        learning_rate=ft.learning_rate, weight_decay=ft.weight_decay, warmup_steps=float(ft.warmup_ratio),
+        per_device_train_batch_size=ft.batch_size, gradient_accumulation_steps=ft.gradient_accumulation_steps,
+        logging_steps=ft.logging_steps, logging_first_step=True, save_strategy="steps", save_steps=ft.save_steps,
+        save_total_limit=ft.save_total_limit, seed=ft.seed, fp16=precision["fp16"], bf16=precision["bf16"],
+        use_cpu=device == "cpu", report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
+        train_sampling_strategy="group_by_length", remove_unused_columns=False)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=_collate(
+        int(getattr(model.config, "pad_token_id", 0) or 0)), processing_class=tokenizer,
+        callbacks=list(callbacks))
+    if not progress:
+        trainer.remove_callback(PrinterCallback)
+    resume = _last_checkpoint(checkpoints)
+    if progress:
+        steps = ft.max_steps or math.ceil(len(dataset) / (ft.batch_size * ft.gradient_accumulation_steps)
+                                          * ft.epochs)
+        print(f"finetune: {cfg.model.name} on {len(dataset)} features, {steps} steps, {device} "
+              f"{precision['precision']}" + (f", resuming from {resume.name}" if resume else ""), flush=True)
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    seconds = time.perf_counter() - t0
+    history = [{"step": h["step"], "epoch": h.get("epoch"), "loss": h["loss"],
+                "learning_rate": h.get("learning_rate")} for h in trainer.state.log_history if "loss" in h]
+    _publish(trainer.model, tokenizer, out)
+    return {"steps": int(trainer.state.global_step), "epochs": round(float(trainer.state.epoch or 0), 4),
+            "features": len(dataset), "device": device, "precision": precision["precision"],
+            "seconds": round(seconds, 2), "train_loss": float(result.training_loss),
+            "loss_history": history, "resumed_from": resume.name if resume else None}
+
+
+def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], *, device: str,
+              progress: bool) -> dict:
+    """Score the model in ``out`` on the evaluation set: predictions, null odds and the official metric."""
+    from transformers import AutoModelForQuestionAnswering
+
+    from .qa import predict_answers, predict_logits, score_answers, write_predictions
+
+    examples, features = evaluation
+    model = AutoModelForQuestionAnswering.from_pretrained(str(out)).to(device)
+    logits = predict_logits(model, features, batch_size=cfg.finetune.eval_batch_size, device=device,
+                            progress=progress, desc="evaluate")
+    table = pd.DataFrame({"id": [e.id for e in examples], "question": [e.question for e in examples],
+                          "answer_texts": [[a.text for a in e.answers] for e in examples],
+                          "is_impossible": [e.is_impossible for e in examples]})
+    predicted = predict_answers(features, logits, {e.id: e.context for e in examples}, cfg.qa)
+    scored, scores = score_answers(predicted, table, null_threshold=cfg.qa.null_threshold,
+                                   where=f"predictions of {out}")
+    folder = out / "eval"
+    write_predictions(folder, scored)
+    atomic_write_json(folder / "eval_results.json", scores)
+    if progress:
+        print(f"evaluate: EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions of "
+              f"{cfg.finetune.eval_data} (best F1 {scores.get('best_f1', float('nan')):.2f} at null threshold "
+              f"{scores.get('best_f1_thresh', float('nan')):.3f})", flush=True)
+    return {"data": cfg.finetune.eval_data, "qa": cfg.qa.to_dict(), **scores}

@@ -1,0 +1,254 @@
+"""Question answering: start/end logits of strided features -> one answer per question.
+
+Shared by extraction (``predictions.parquet``, scores in ``job.json`` and the report) and by the evaluation at
+the end of ``attnclust finetune``. A long context is cut into overlapping features; each feature proposes its
+``n_best`` spans (best start and end logits inside the context, end not before start, at most
+``max_answer_tokens`` tokens), the question keeps its ``n_best`` spans over all its features, and the null
+answer is scored at the first token ([CLS]) of each feature, the lowest such score over the features counting
+(the feature that most believes an answer is present). The question is answered with the best non-empty span
+unless ``null_odds = null_score - best_span_score`` exceeds ``null_threshold``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .config import QAConfig
+from .errors import DataError
+
+__all__ = ["NULL_INDEX", "PREDICTION_COLUMNS", "feature_candidates", "gold_answers", "predict_answers",
+           "predict_logits", "score_answers", "score_output", "write_predictions"]
+
+NULL_INDEX = 0  # the [CLS] token: where an unanswerable question points, in training and in prediction
+PREDICTION_COLUMNS = ("example_id", "prediction", "best_span", "span_score", "null_score", "null_odds",
+                      "span_probability", "n_best")
+
+
+def feature_candidates(start_logits: np.ndarray, end_logits: np.ndarray, context: np.ndarray, *, n_best: int,
+                       max_answer_tokens: int) -> list[tuple[int, int, float]]:
+    """A feature's best answer spans.
+
+    Parameters
+    ----------
+    start_logits, end_logits : numpy.ndarray, shape (token,)
+        The model's logits over the feature's tokens.
+    context : numpy.ndarray of bool, shape (token,)
+        True for context tokens (spans may only start and end there).
+    n_best
+        The ``n_best`` best starts are paired with the ``n_best`` best ends; at most ``n_best`` spans returned.
+    max_answer_tokens
+        Longest span, in tokens.
+
+    Returns
+    -------
+    list of (int, int, float)
+        ``(start_token, end_token, start_logit + end_logit)``, best first.
+    """
+    start = np.where(context, np.asarray(start_logits, dtype=np.float64), -np.inf)
+    end = np.where(context, np.asarray(end_logits, dtype=np.float64), -np.inf)
+    k = min(n_best, int(context.sum()))
+    if k == 0:
+        return []
+    starts = np.argsort(-start, kind="stable")[:k]
+    ends = np.argsort(-end, kind="stable")[:k]
+    length = ends[None, :] - starts[:, None]
+    scores = start[starts][:, None] + end[ends][None, :]
+    ok = (length >= 0) & (length < max_answer_tokens)
+    i, j = np.nonzero(ok)
+    order = np.argsort(-scores[i, j], kind="stable")[:n_best]
+    return [(int(starts[i[o]]), int(ends[j[o]]), float(scores[i[o], j[o]])) for o in order]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def predict_answers(features: pd.DataFrame, logits: pd.DataFrame, contexts: Mapping[str, str],
+                    cfg: QAConfig) -> pd.DataFrame:
+    """One answer per question from its features' logits.
+
+    Parameters
+    ----------
+    features : pandas.DataFrame
+        ``feature_id``, ``example_id`` and ``offsets`` (per token ``[start, end)`` context characters,
+        ``[-1, -1]`` outside the context), as written by extraction.
+    logits : pandas.DataFrame
+        ``feature_id``, ``start_logits`` and ``end_logits`` (one array of ``seq_len`` floats each).
+    contexts
+        Example id -> context text.
+    cfg
+        ``n_best``, ``max_answer_tokens``, ``null_threshold``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per example, in the order of first appearance in ``features``: ``example_id``, ``prediction``
+        (``""`` for no answer), ``best_span`` (the best non-empty span's text, even when the null answer wins),
+        ``span_score``, ``null_score``, ``null_odds`` (``null_score - span_score``; with no valid span the empty
+        answer scores 0), ``span_probability`` (softmax over the n-best spans and the null answer) and
+        ``n_best`` (the candidate texts, best first).
+    """
+    merged = features[["feature_id", "example_id", "offsets"]].merge(
+        logits[["feature_id", "start_logits", "end_logits"]], on="feature_id", how="left", validate="one_to_one")
+    lost = merged["start_logits"].isna()
+    if lost.any():
+        raise DataError(f"QA logits: missing for {int(lost.sum())} feature(s) (first: feature_id "
+                        f"{int(merged.loc[lost, 'feature_id'].iloc[0])}); re-run the extraction")
+    rows = []
+    for example_id, group in merged.groupby("example_id", sort=False):
+        context = contexts[example_id]
+        null_score = np.inf
+        spans: list[tuple[float, str]] = []
+        for offsets, s_log, e_log in zip(group["offsets"], group["start_logits"], group["end_logits"]):
+            offsets = np.asarray([list(o) for o in offsets], dtype=np.int64).reshape(-1, 2)
+            s_log = np.asarray(s_log, dtype=np.float64)
+            e_log = np.asarray(e_log, dtype=np.float64)
+            if len(s_log) != len(offsets) or len(e_log) != len(offsets):
+                raise DataError(f"QA logits of example {example_id!r}: {len(s_log)} start / {len(e_log)} end "
+                                f"logits for {len(offsets)} tokens; re-run the extraction")
+            null_score = min(null_score, float(s_log[NULL_INDEX] + e_log[NULL_INDEX]))
+            for s, e, score in feature_candidates(s_log, e_log, offsets[:, 0] >= 0, n_best=cfg.n_best,
+                                                  max_answer_tokens=cfg.max_answer_tokens):
+                text = context[offsets[s, 0]:offsets[e, 1]]
+                if text.strip():
+                    spans.append((score, text))
+        spans.sort(key=lambda t: -t[0])
+        spans = spans[:cfg.n_best]
+        best_score, best_text = spans[0] if spans else (0.0, "")
+        odds = null_score - best_score
+        probs = _softmax(np.array([s for s, _ in spans] + [null_score])) if spans else np.array([0.0])
+        rows.append({"example_id": example_id, "prediction": best_text if odds <= cfg.null_threshold else "",
+                     "best_span": best_text, "span_score": best_score, "null_score": null_score,
+                     "null_odds": odds, "span_probability": float(probs[0]) if spans else 0.0,
+                     "n_best": [t for _, t in spans]})
+    return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
+
+
+def predict_logits(model, features: pd.DataFrame, *, batch_size: int, device: str = "cpu",
+                   progress: bool = False, desc: str = "predict") -> pd.DataFrame:
+    """Start/end logits of every feature (no attention kept), batched by length.
+
+    Parameters
+    ----------
+    model
+        A question-answering model.
+    features : pandas.DataFrame
+        ``feature_id``, ``seq_len``, ``input_ids``, ``segment_ids``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``feature_id``, ``start_logits``, ``end_logits`` (float32 arrays of ``seq_len``), in ``features`` order.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from .models import batch_inputs
+
+    order = features.sort_values("seq_len", kind="stable")
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    was_training = model.training
+    model.eval()
+    bar = tqdm(total=len(order), desc=desc, unit="feature", disable=not progress)
+    try:
+        for b0 in range(0, len(order), batch_size):
+            rows = order.iloc[b0:b0 + batch_size]
+            inputs = batch_inputs(model, rows, device=device)
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
+                result = model(**inputs)
+            start = result.start_logits.float().cpu().numpy()
+            end = result.end_logits.float().cpu().numpy()
+            for i, (fid, n) in enumerate(zip(rows["feature_id"], rows["seq_len"])):
+                out[int(fid)] = (start[i, :n].astype(np.float32), end[i, :n].astype(np.float32))
+            bar.update(len(rows))
+    finally:
+        bar.close()
+        model.train(was_training)
+    ids = features["feature_id"].astype(int).tolist()
+    return pd.DataFrame({"feature_id": features["feature_id"].to_numpy(),
+                         "start_logits": [out[f][0] for f in ids], "end_logits": [out[f][1] for f in ids]})
+
+
+def gold_answers(examples: pd.DataFrame) -> dict[str, list[str]]:
+    """Question id -> gold answer texts (``[]`` when unanswerable) from an ``examples.parquet`` table."""
+    return {str(i): [str(t) for t in texts] for i, texts in zip(examples["id"], examples["answer_texts"])}
+
+
+def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_threshold: float,
+                  where: str = "predictions") -> tuple[pd.DataFrame, dict]:
+    """Official SQuAD 2.0 scores of :func:`predict_answers`' table against the examples' gold answers.
+
+    Returns
+    -------
+    (pandas.DataFrame, dict)
+        The predictions joined to ``question``, ``gold_answers``, ``is_impossible`` and per-question ``exact`` /
+        ``f1`` (0 or 1 / 0..1, before any threshold); and the scores of
+        :func:`attnclust.evaluate.evaluate_predictions` with the null odds (``best_*`` included) and the
+        threshold the predictions were made with (so ``exact``/``f1`` are those of the predictions as given).
+    """
+    from .evaluate import evaluate_predictions, exact_score, f1_score, normalize_answer
+
+    gold = gold_answers(examples)
+    table = predicted.merge(examples[["id", "question", "answer_texts", "is_impossible"]].rename(
+        columns={"id": "example_id", "answer_texts": "gold_answers"}), on="example_id", how="left",
+        validate="one_to_one")
+    golds = [[g for g in gold[e] if normalize_answer(g)] or [""] for e in table["example_id"]]
+    table["exact"] = [max(exact_score(g, p) for g in gs) for gs, p in zip(golds, table["prediction"])]
+    table["f1"] = [max(f1_score(g, p) for g in gs) for gs, p in zip(golds, table["prediction"])]
+    table["gold_answers"] = table["gold_answers"].map(list)
+    scores = evaluate_predictions(
+        gold, dict(zip(table["example_id"], table["prediction"])),
+        dict(zip(table["example_id"], table["null_odds"].astype(float))), null_odds_threshold=null_threshold,
+        predictions_name=where)
+    return table, scores
+
+
+def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
+    """Write ``predictions.parquet`` (the whole table), ``predictions.json`` (question id -> answer, ``""`` for
+    no answer: the official format) and ``null_odds.json`` (id -> null odds, for ``attnclust evaluate``)."""
+    from .store import atomic_write_bytes, atomic_write_parquet
+
+    folder = Path(folder)
+    atomic_write_parquet(table, folder / "predictions.parquet")
+    answers = dict(zip(table["example_id"].astype(str), table["prediction"].astype(str)))
+    atomic_write_bytes(folder / "predictions.json", json.dumps(answers, indent=1, ensure_ascii=False).encode())
+    odds = {e: round(float(v), 5) for e, v in zip(table["example_id"].astype(str), table["null_odds"])}
+    atomic_write_bytes(folder / "null_odds.json", json.dumps(odds, indent=1).encode())
+
+
+def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
+    """Answers and official scores of an extraction run, from the logits it stored.
+
+    Reads ``features.parquet``, ``examples.parquet`` and ``qa.parquet`` of ``out``; writes
+    ``predictions.parquet`` (per question, see :func:`score_answers`), ``predictions.json`` (id -> answer, the
+    official format), ``null_odds.json`` (id -> null odds) and ``qa_scores.json``, and returns what the latter
+    holds: ``head_trained``, the settings, the scores and ``note`` (one sentence for people).
+    """
+    from .store import atomic_write_json, read_features
+
+    out = Path(out)
+    features = read_features(out)
+    examples = pd.read_parquet(out / "examples.parquet")
+    logits = pd.read_parquet(out / "qa.parquet")
+    predicted = predict_answers(features, logits, dict(zip(examples["id"], examples["context"])), cfg)
+    table, scores = score_answers(predicted, examples, null_threshold=cfg.null_threshold,
+                                  where=f"predictions of {out}")
+    write_predictions(out, table)
+    headline = (f"EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions "
+                f"(official SQuAD 2.0 metric, null threshold {cfg.null_threshold:g})")
+    if head_trained:
+        note = f"QA: {headline}."
+    else:
+        note = (f"QA head untrained: the checkpoint has no question-answering weights, so the model got a random "
+                f"head and its answers are meaningless ({headline}). Attention maps are unaffected; fine-tune "
+                f"with 'attnclust finetune' or use a SQuAD 2.0 checkpoint to study a model that answers.")
+    summary = {"head_trained": bool(head_trained), "settings": cfg.to_dict(), "scores": scores, "note": note,
+               "files": ["predictions.json", "null_odds.json", "predictions.parquet"]}
+    atomic_write_json(out / "qa_scores.json", summary)
+    return summary
