@@ -233,7 +233,7 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
             record["eval"] = _evaluate(cfg, out, evaluation, device=device, progress=progress)
         else:
             record.pop("eval", None)
-        atomic_write_json(out / FINETUNE_RECORD, record)
+        atomic_write_json(out / FINETUNE_RECORD, record, sort_keys=False)
         if not done:
             outdir.finish_stage(STAGE, fp, steps=record["steps"])
     return record
@@ -325,7 +325,7 @@ def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], 
                                    where=f"predictions of {out}")
     folder = out / "eval"
     write_predictions(folder, scored)
-    atomic_write_json(folder / "eval_results.json", scores)
+    atomic_write_json(folder / "eval_results.json", scores, sort_keys=False)  # the official key order
     if progress:
         print(f"evaluate: EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions of "
               f"{cfg.finetune.eval_data} (best F1 {scores.get('best_f1', float('nan')):.2f} at null threshold "

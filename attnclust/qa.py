@@ -250,5 +250,5 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
                 f"with 'attnclust finetune' or use a SQuAD 2.0 checkpoint to study a model that answers.")
     summary = {"head_trained": bool(head_trained), "settings": cfg.to_dict(), "scores": scores, "note": note,
                "files": ["predictions.json", "null_odds.json", "predictions.parquet"]}
-    atomic_write_json(out / "qa_scores.json", summary)
+    atomic_write_json(out / "qa_scores.json", summary, sort_keys=False)
     return summary

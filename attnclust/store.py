@@ -85,8 +85,8 @@ def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
     _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode())
+def atomic_write_json(path: Path, obj: Any, *, sort_keys: bool = True) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n").encode())
 
 
 @dataclass(frozen=True)
