@@ -77,6 +77,16 @@ class Output:
     def predictions(self) -> pd.DataFrame:
         return self._table("predictions")
 
+    @cached_property
+    def qa(self) -> dict:
+        """``qa_scores.json``: whether the QA head was trained, the settings and the official SQuAD 2.0 scores."""
+        import json
+
+        path = self.path / "qa_scores.json"
+        if not path.exists():
+            raise StoreError(f"{path}: not found; run 'attnclust extract' for this output dir")
+        return json.loads(path.read_text())
+
     def map(self, feature_id: int, layer: int, head: int):
         """One map at its true length, as a labelled ``xarray.DataArray`` (query, key) with token coords."""
         n = int(self._store.seq_len[feature_id])

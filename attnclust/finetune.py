@@ -290,8 +290,8 @@ def _train(cfg: JobConfig, out: Path, source: str, tokenizer, features: pd.DataF
         trainer.remove_callback(PrinterCallback)
     resume = _last_checkpoint(checkpoints)
     if progress:
-        steps = ft.max_steps or math.ceil(len(dataset) / (ft.batch_size * ft.gradient_accumulation_steps)
-                                          * ft.epochs)
+        per_epoch = max(1, math.ceil(len(dataset) / ft.batch_size) // ft.gradient_accumulation_steps)
+        steps = ft.max_steps or math.ceil(per_epoch * ft.epochs)
         print(f"finetune: {cfg.model.name} on {len(dataset)} features, {steps} steps, {device} "
               f"{precision['precision']}" + (f", resuming from {resume.name}" if resume else ""), flush=True)
     t0 = time.perf_counter()

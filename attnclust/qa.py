@@ -188,16 +188,17 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
     -------
     (pandas.DataFrame, dict)
         The predictions joined to ``question``, ``gold_answers``, ``is_impossible`` and per-question ``exact`` /
-        ``f1`` (0 or 1 / 0..1, before any threshold); and the scores of
+        ``f1`` (0 or 1 / 0..1, before any threshold), in the order of ``examples``; and the scores of
         :func:`attnclust.evaluate.evaluate_predictions` with the null odds (``best_*`` included) and the
         threshold the predictions were made with (so ``exact``/``f1`` are those of the predictions as given).
     """
     from .evaluate import evaluate_predictions, exact_score, f1_score, normalize_answer
 
     gold = gold_answers(examples)
-    table = predicted.merge(examples[["id", "question", "answer_texts", "is_impossible"]].rename(
-        columns={"id": "example_id", "answer_texts": "gold_answers"}), on="example_id", how="left",
-        validate="one_to_one")
+    table = examples[["id", "question", "answer_texts", "is_impossible"]].rename(
+        columns={"id": "example_id", "answer_texts": "gold_answers"}).merge(
+        predicted, on="example_id", how="inner", validate="one_to_one")  # in the examples' (file) order
+    table = table[[*PREDICTION_COLUMNS, "question", "gold_answers", "is_impossible"]]
     golds = [[g for g in gold[e] if normalize_answer(g)] or [""] for e in table["example_id"]]
     table["exact"] = [max(exact_score(g, p) for g in gs) for gs, p in zip(golds, table["prediction"])]
     table["f1"] = [max(f1_score(g, p) for g in gs) for gs, p in zip(golds, table["prediction"])]
@@ -218,7 +219,7 @@ def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
     atomic_write_parquet(table, folder / "predictions.parquet")
     answers = dict(zip(table["example_id"].astype(str), table["prediction"].astype(str)))
     atomic_write_bytes(folder / "predictions.json", json.dumps(answers, indent=1, ensure_ascii=False).encode())
-    odds = {e: round(float(v), 5) for e, v in zip(table["example_id"].astype(str), table["null_odds"])}
+    odds = {e: float(v) for e, v in zip(table["example_id"].astype(str), table["null_odds"])}
     atomic_write_bytes(folder / "null_odds.json", json.dumps(odds, indent=1).encode())
 
 

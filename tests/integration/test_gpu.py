@@ -43,3 +43,16 @@ def test_resnet_featurizer_on_cuda_matches_cpu():
     gpu = embed_maps(net, maps, image_size=112, batch_size=4, device="cuda")
     cos = (cpu * gpu).sum(1) / np.linalg.norm(cpu, axis=1) / np.linalg.norm(gpu, axis=1)
     assert cos.min() > 0.99
+
+
+def test_finetune_on_cuda_uses_mixed_precision_and_learns(tmp_path, tiny_bert_dir):
+    from attnclust.config import JobConfig
+    from attnclust.finetune import finetune_model
+
+    cfg = JobConfig.from_dict({"backend": "gpu", "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"max_seq_len": 128, "doc_stride": 32, "max_query_len": 32},
+                               "finetune": {"max_steps": 40, "learning_rate": 2e-3, "logging_steps": 2}})
+    record = finetune_model(cfg, tmp_path / "model", progress=False)
+    losses = [h["loss"] for h in record["loss_history"]]
+    assert record["device"] == "cuda" and record["precision"] in ("bf16", "fp16")
+    assert np.mean(losses[-4:]) < 0.8 * np.mean(losses[:4])

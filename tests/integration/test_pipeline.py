@@ -68,6 +68,11 @@ def test_run_writes_every_output(reference):
     assert maps.groupby(["layer", "head"]).size().eq(len(feats)).all()
     assert set(maps["example_id"]) == set(feats["example_id"])
     assert len(set(feats["example_id"])) == 20              # no example dropped
+    qa = job["stages"]["extract"]["qa"]                        # answers scored with the official metric
+    assert qa["scores"]["total"] == 20 and qa["head_trained"] is True
+    assert json.loads((out / "qa_scores.json").read_text())["scores"] == qa["scores"]
+    assert len(json.loads((out / "predictions.json").read_text())) == 20
+    assert 'id="qa"' in (out / "report.html").read_text()
 
 
 def test_rerun_is_a_no_op_and_other_config_is_refused(reference, tiny_bert_dir):
@@ -203,3 +208,4 @@ def test_python_api_opens_outputs_as_xarray(reference):
     np.testing.assert_allclose(one.values.astype(np.float32).sum(-1), 1.0, atol=3e-3)
     assert {"cluster", "umap_x", "entropy"} <= set(atlas.maps.columns)
     assert len(atlas.heads) == 8
+    assert atlas.qa["scores"]["total"] == len(atlas.predictions) == 20

@@ -7,7 +7,7 @@ import pytest
 from attnclust.config import QAConfig
 from attnclust.errors import DataError
 from attnclust.finetune import training_labels
-from attnclust.qa import feature_candidates, predict_answers, score_answers
+from attnclust.qa import feature_candidates, predict_answers, score_answers, score_output
 
 CONTEXT = "Alpha beta gamma delta epsilon zeta"
 #          0     6    11    17    23      31
@@ -109,3 +109,37 @@ def test_training_labels_point_at_cls_when_the_answer_is_not_inside():
     feats = pd.DataFrame({"answer_start_token": [5, -1, 7], "answer_end_token": [6, -1, -1]})
     start, end = training_labels(feats)
     assert start.tolist() == [5, 0, 0] and end.tolist() == [6, 0, 0]
+
+
+def test_score_output_writes_official_files_and_marks_an_untrained_head(tmp_path):
+    import json
+
+    from attnclust.evaluate import evaluate_files
+
+    feats = pd.DataFrame([feature(0, "a", WORDS), feature(1, "b", WORDS)])
+    feats = feats.assign(span=0, seq_len=11, tokens=[["t"] * 11] * 2, segment_ids=[[0] * 11] * 2)
+    feats.to_parquet(tmp_path / "features.parquet")
+    pd.DataFrame({"id": ["b", "a"], "title": "", "question": ["qb", "qa"], "context": [CONTEXT, CONTEXT],
+                  "answer_texts": [[], ["gamma"]], "answer_starts": [[], [11]],
+                  "is_impossible": [True, False]}).to_parquet(tmp_path / "examples.parquet")
+    pd.DataFrame([logits(0, 11, {6: 4.0}, {6: 4.0}), logits(1, 11, {5: 1.0}, {5: 1.0}, null=(2.0, 2.0))]) \
+        .to_parquet(tmp_path / "qa.parquet")
+    summary = score_output(tmp_path, QAConfig(), head_trained=False)
+    assert json.loads((tmp_path / "predictions.json").read_text()) == {"b": "", "a": "gamma"}
+    assert summary["scores"]["exact"] == 100.0 and summary["scores"]["total"] == 2
+    assert summary["head_trained"] is False and summary["note"].startswith("QA head untrained")
+    assert pd.read_parquet(tmp_path / "predictions.parquet")["example_id"].tolist() == ["b", "a"]   # file order
+    again = evaluate_files(_gold_file(tmp_path), tmp_path / "predictions.json",
+                           tmp_path / "null_odds.json", null_odds_threshold=0.0)
+    assert again == summary["scores"]
+    assert json.loads((tmp_path / "qa_scores.json").read_text())["scores"] == summary["scores"]
+
+
+def _gold_file(tmp_path):
+    import json
+
+    path = tmp_path / "gold.json"
+    path.write_text(json.dumps([{"id": "b", "question": "qb", "context": CONTEXT, "answers": []},
+                                {"id": "a", "question": "qa", "context": CONTEXT,
+                                 "answers": [{"text": "gamma", "answer_start": 11}]}]))
+    return path

@@ -237,3 +237,36 @@ def test_other_invalid_inputs(inputs: ReportInputs) -> None:
         dataclasses.replace(inputs, max_tokens_shown=0)
     with pytest.raises(DataError, match=r"notes: got a single string"):
         dataclasses.replace(inputs, notes=NOTE)
+
+
+def _qa_inputs(inputs: ReportInputs, trained: bool) -> ReportInputs:
+    scores = {"exact": 61.5, "f1": 64.25, "total": 4, "HasAns_exact": 50.0, "HasAns_f1": 55.5, "HasAns_total": 2,
+              "NoAns_exact": 73.0, "NoAns_f1": 73.0, "NoAns_total": 2, "best_exact": 70.0,
+              "best_exact_thresh": -1.25, "best_f1": 71.5, "best_f1_thresh": -0.75}
+    preds = pd.DataFrame({"example_id": list("abcd"), "question": ["Who <b>?", "When?", "Why?", "Where?"],
+                          "prediction": ["Ada & Bob", "", "x", ""], "gold_answers": [["Ada"], [], ["y"], []],
+                          "is_impossible": [False, True, False, True], "null_odds": [-2.0, 1.5, -0.5, 3.0],
+                          "exact": [0, 1, 0, 1], "f1": [0.67, 1.0, 0.0, 1.0]})
+    qa = {"head_trained": trained, "scores": scores, "settings": {"null_threshold": 0.0},
+          "note": "QA: EM 61.50 / F1 64.25 on 4 questions." if trained else NOTE}
+    return dataclasses.replace(inputs, qa=qa, predictions=preds)
+
+
+def test_qa_section_shows_official_scores_a_picture_and_example_answers(inputs):
+    report = render_report(_qa_inputs(inputs, trained=True))
+    section = report[report.index('id="qa"'):report.index('id="settings"')]
+    for text in ("64.25", "55.50", "73.00", "at -0.750", "Ada &amp; Bob", "Who &lt;b&gt;?", "no answer"):
+        assert text in section, text
+    assert section.count("data:image/png;base64,") == 1
+    assert '<a href="#qa">' in report
+    untrained = render_report(_qa_inputs(inputs, trained=False))
+    assert "random head, not the model" in untrained[untrained.index('id="qa"'):]
+    assert 'id="qa"' not in render_report(inputs)
+
+
+def test_qa_inputs_are_checked(inputs):
+    bad = _qa_inputs(inputs, trained=True)
+    with pytest.raises(DataError, match="predictions: missing column.*null_odds"):
+        dataclasses.replace(bad, predictions=bad.predictions.drop(columns="null_odds"))
+    with pytest.raises(DataError, match="report input qa"):
+        dataclasses.replace(bad, qa={"scores": {}})
