@@ -237,6 +237,11 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     features = read_features(out)
     examples = pd.read_parquet(out / "examples.parquet")
     logits = pd.read_parquet(out / "qa.parquet")
+    if not {"start_logits", "end_logits"} <= set(logits.columns):
+        from .errors import StoreError
+
+        raise StoreError(f"{out / 'qa.parquet'}: holds no start/end logits (written by an older attnclust); re-run "
+                         "the extraction with --force")
     predicted = predict_answers(features, logits, dict(zip(examples["id"], examples["context"])), cfg)
     table, scores = score_answers(predicted, examples, null_threshold=cfg.null_threshold,
                                   where=f"predictions of {out}")
