@@ -325,8 +325,8 @@ class QAConfig(_Section):
         Longest answer, in tokens.
     null_threshold
         Predict "no answer" when the null score beats the best span's score by more than this (the
-        ``null_odds`` written next to the predictions); tune it on a dev set with ``attnclust evaluate``'s
-        ``best_f1_thresh``.
+        ``null_odds`` written next to the predictions); tune it on a dev set with the recorded
+        ``threshold_search.best_f1_thresh`` (``attnclust evaluate`` on ``best_spans.json`` and ``null_odds.json``).
     """
 
     SECTION = "qa"

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .config import JobConfig
-from .errors import BackendUnavailable, ConfigError, ModelError
+from .errors import BackendUnavailable, ConfigError, ModelError, StoreError
 from .store import OutputDir, atomic_write_json
 
 __all__ = ["FINETUNE_RECORD", "finetune_model", "training_labels"]
@@ -144,12 +144,18 @@ def _check_model_dir(out: Path) -> None:
                           "empty or new directory")
 
 
+def _file_identity(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
 def _fingerprint(cfg: JobConfig, data_path: str) -> str:
     import hashlib
 
-    ft = {k: v for k, v in cfg.finetune.to_dict().items() if not k.startswith("eval_")}
-    ft.pop("eval_batch_size", None)
+    ft = {k: v for k, v in cfg.finetune.to_dict().items() if not k.startswith("eval_")
+          and k not in ("logging_steps", "save_steps", "save_total_limit")}  # these may change on a resume
     blob = {"model": cfg.model.to_dict(), "data": {**cfg.data.to_dict(), "path": data_path},
+            "data_file": _file_identity(Path(data_path)) if data_path != "sample" else None,
             "tokens": {k: getattr(cfg.extract, k) for k in ("max_seq_len", "doc_stride", "max_query_len")},
             "finetune": ft, "backend": cfg.backend}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
@@ -212,20 +218,25 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
     _check_model_dir(out)
     data_path = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "sample"
     fp = _fingerprint(cfg, data_path)
+    _quiet_transformers()
+    model = _load_for_training(cfg, source)  # before anything is written: a model that cannot load leaves nothing
     outdir = OutputDir(out)
     with outdir:
         done = _begin(outdir, fp, force)
         checkpoints = out / "checkpoints"
         if done:
-            record = json.loads((out / FINETUNE_RECORD).read_text())
+            try:
+                record = json.loads((out / FINETUNE_RECORD).read_text())
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"{out / FINETUNE_RECORD}: unreadable ({exc}); run again with --force to "
+                                 "fine-tune afresh") from None
             if progress:
                 print(f"finetune: {out} already holds this fine-tuning (fingerprint {fp}); evaluating only",
                       flush=True)
         else:
             if force:
                 shutil.rmtree(checkpoints, ignore_errors=True)
-            _quiet_transformers()
-            record = _train(cfg, out, source, tokenizer, features, device=device, progress=progress,
+            record = _train(cfg, out, model, tokenizer, features, device=device, progress=progress,
                             callbacks=callbacks, checkpoints=checkpoints)
             record.update({"fingerprint": fp, "data_path": data_path, "examples": len(examples),
                            "base_model": cfg.model.name, "config": cfg.to_dict()})
@@ -257,21 +268,26 @@ def _begin(outdir: OutputDir, fp: str, force: bool) -> bool:
     return False
 
 
-def _train(cfg: JobConfig, out: Path, source: str, tokenizer, features: pd.DataFrame, *, device: str,
-           progress: bool, callbacks: tuple, checkpoints: Path) -> dict:
-    import inspect
-
+def _load_for_training(cfg: JobConfig, source: str):
     import torch
-    from transformers import AutoModelForQuestionAnswering, PrinterCallback, Trainer, TrainingArguments
+    from transformers import AutoModelForQuestionAnswering
 
-    ft = cfg.finetune
-    torch.manual_seed(ft.seed)  # a new QA head starts from the same weights on every run of this config
+    torch.manual_seed(cfg.finetune.seed)  # a new QA head starts from the same weights on every run of this config
     try:
-        model = AutoModelForQuestionAnswering.from_pretrained(source, revision=cfg.model.revision)
+        return AutoModelForQuestionAnswering.from_pretrained(source, revision=cfg.model.revision)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ModelError(f"model.name {cfg.model.name!r}: cannot load it for question answering from {source!r} "
                          f"({first[:200]}); give a BERT-family encoder") from None
+
+
+def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, *, device: str,
+           progress: bool, callbacks: tuple, checkpoints: Path) -> dict:
+    import inspect
+
+    from transformers import PrinterCallback, Trainer, TrainingArguments
+
+    ft = cfg.finetune
     with_types = "token_type_ids" in inspect.signature(model.forward).parameters
     dataset = _Features(features, with_types)
     precision = _precision(cfg, device)
@@ -294,15 +310,18 @@ def _train(cfg: JobConfig, out: Path, source: str, tokenizer, features: pd.DataF
         steps = ft.max_steps or math.ceil(per_epoch * ft.epochs)
         print(f"finetune: {cfg.model.name} on {len(dataset)} features, {steps} steps, {device} "
               f"{precision['precision']}" + (f", resuming from {resume.name}" if resume else ""), flush=True)
+    start_step = int(resume.name.split("-")[-1]) if resume else 0
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     seconds = time.perf_counter() - t0
+    ran = int(trainer.state.global_step) - start_step
     history = [{"step": h["step"], "epoch": h.get("epoch"), "loss": h["loss"],
                 "learning_rate": h.get("learning_rate")} for h in trainer.state.log_history if "loss" in h]
     _publish(trainer.model, tokenizer, out)
     return {"steps": int(trainer.state.global_step), "epochs": round(float(trainer.state.epoch or 0), 4),
             "features": len(dataset), "device": device, "precision": precision["precision"],
-            "seconds": round(seconds, 2), "train_loss": float(result.training_loss),
+            "seconds": round(seconds, 2),
+            "train_loss": float(result.training_loss) if ran else None,  # mean loss of the steps run in this call
             "loss_history": history, "resumed_from": resume.name if resume else None}
 
 
@@ -321,13 +340,13 @@ def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], 
                           "answer_texts": [[a.text for a in e.answers] for e in examples],
                           "is_impossible": [e.is_impossible for e in examples]})
     predicted = predict_answers(features, logits, {e.id: e.context for e in examples}, cfg.qa)
-    scored, scores = score_answers(predicted, table, null_threshold=cfg.qa.null_threshold,
-                                   where=f"predictions of {out}")
+    scored, scores, search = score_answers(predicted, table, null_threshold=cfg.qa.null_threshold,
+                                           where=f"predictions of {out}")
     folder = out / "eval"
     write_predictions(folder, scored)
     atomic_write_json(folder / "eval_results.json", scores, sort_keys=False)  # the official key order
     if progress:
         print(f"evaluate: EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions of "
-              f"{cfg.finetune.eval_data} (best F1 {scores.get('best_f1', float('nan')):.2f} at null threshold "
-              f"{scores.get('best_f1_thresh', float('nan')):.3f})", flush=True)
-    return {"data": cfg.finetune.eval_data, "qa": cfg.qa.to_dict(), **scores}
+              f"{cfg.finetune.eval_data}; best F1 {search['best_f1']:.2f} at qa.null_threshold "
+              f"{search['best_f1_thresh']:.3f}", flush=True)
+    return {"data": cfg.finetune.eval_data, "qa": cfg.qa.to_dict(), **scores, "threshold_search": search}

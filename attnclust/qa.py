@@ -99,27 +99,27 @@ def predict_answers(features: pd.DataFrame, logits: pd.DataFrame, contexts: Mapp
     lost = merged["start_logits"].isna()
     if lost.any():
         raise DataError(f"QA logits: missing for {int(lost.sum())} feature(s) (first: feature_id "
-                        f"{int(merged.loc[lost, 'feature_id'].iloc[0])}); re-run the extraction")
+                        f"{int(merged.loc[lost, 'feature_id'].iloc[0])}); re-run the extraction with --force")
     rows = []
     for example_id, group in merged.groupby("example_id", sort=False):
         context = contexts[example_id]
         null_score = np.inf
-        spans: list[tuple[float, str]] = []
+        spans: dict[tuple[int, int], tuple[float, str]] = {}  # by character span: overlapping windows repeat one
         for offsets, s_log, e_log in zip(group["offsets"], group["start_logits"], group["end_logits"]):
             offsets = np.asarray([list(o) for o in offsets], dtype=np.int64).reshape(-1, 2)
             s_log = np.asarray(s_log, dtype=np.float64)
             e_log = np.asarray(e_log, dtype=np.float64)
             if len(s_log) != len(offsets) or len(e_log) != len(offsets):
                 raise DataError(f"QA logits of example {example_id!r}: {len(s_log)} start / {len(e_log)} end "
-                                f"logits for {len(offsets)} tokens; re-run the extraction")
+                                f"logits for {len(offsets)} tokens; re-run the extraction with --force")
             null_score = min(null_score, float(s_log[NULL_INDEX] + e_log[NULL_INDEX]))
             for s, e, score in feature_candidates(s_log, e_log, offsets[:, 0] >= 0, n_best=cfg.n_best,
                                                   max_answer_tokens=cfg.max_answer_tokens):
-                text = context[offsets[s, 0]:offsets[e, 1]]
-                if text.strip():
-                    spans.append((score, text))
-        spans.sort(key=lambda t: -t[0])
-        spans = spans[:cfg.n_best]
+                chars = (int(offsets[s, 0]), int(offsets[e, 1]))
+                text = context[chars[0]:chars[1]]
+                if text.strip() and (chars not in spans or spans[chars][0] < score):
+                    spans[chars] = (score, text)
+        spans = sorted(spans.values(), key=lambda t: -t[0])[:cfg.n_best]
         best_score, best_text = spans[0] if spans else (0.0, "")
         odds = null_score - best_score
         probs = _softmax(np.array([s for s, _ in spans] + [null_score])) if spans else np.array([0.0])
@@ -181,16 +181,19 @@ def gold_answers(examples: pd.DataFrame) -> dict[str, list[str]]:
 
 
 def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_threshold: float,
-                  where: str = "predictions") -> tuple[pd.DataFrame, dict]:
+                  where: str = "predictions") -> tuple[pd.DataFrame, dict, dict]:
     """Official SQuAD 2.0 scores of :func:`predict_answers`' table against the examples' gold answers.
 
     Returns
     -------
-    (pandas.DataFrame, dict)
+    (pandas.DataFrame, dict, dict)
         The predictions joined to ``question``, ``gold_answers``, ``is_impossible`` and per-question ``exact`` /
-        ``f1`` (0 or 1 / 0..1, before any threshold), in the order of ``examples``; and the scores of
-        :func:`attnclust.evaluate.evaluate_predictions` with the null odds (``best_*`` included) and the
-        threshold the predictions were made with (so ``exact``/``f1`` are those of the predictions as given).
+        ``f1`` (0 or 1 / 0..1, before any threshold), in the order of ``examples``; the scores of
+        :func:`attnclust.evaluate.evaluate_predictions` with the null odds and the threshold the predictions were
+        made with (so ``exact``/``f1`` are those of the predictions as given, and ``best_*`` what the official
+        script reports for them, which can only lower the threshold); and the threshold search over the best
+        non-empty spans (``best_span``) with the same null odds: ``best_exact``, ``best_exact_thresh``,
+        ``best_f1``, ``best_f1_thresh`` in both directions, the value to set ``qa.null_threshold`` to.
     """
     from .evaluate import evaluate_predictions, exact_score, f1_score, normalize_answer
 
@@ -207,12 +210,17 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
         gold, dict(zip(table["example_id"], table["prediction"])),
         dict(zip(table["example_id"], table["null_odds"].astype(float))), null_odds_threshold=null_threshold,
         predictions_name=where)
-    return table, scores
+    spans = evaluate_predictions(gold, dict(zip(table["example_id"], table["best_span"])),
+                                 dict(zip(table["example_id"], table["null_odds"].astype(float))),
+                                 predictions_name=where)
+    search = {k: v for k, v in spans.items() if k.startswith("best_")}
+    return table, scores, search
 
 
 def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
     """Write ``predictions.parquet`` (the whole table), ``predictions.json`` (question id -> answer, ``""`` for
-    no answer: the official format) and ``null_odds.json`` (id -> null odds, for ``attnclust evaluate``)."""
+    no answer: the official format), ``null_odds.json`` (id -> null odds, for ``attnclust evaluate``) and
+    ``best_spans.json`` (id -> best non-empty span: with the null odds, the threshold search in both directions)."""
     from .store import atomic_write_bytes, atomic_write_parquet
 
     folder = Path(folder)
@@ -221,15 +229,17 @@ def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
     atomic_write_bytes(folder / "predictions.json", json.dumps(answers, indent=1, ensure_ascii=False).encode())
     odds = {e: float(v) for e, v in zip(table["example_id"].astype(str), table["null_odds"])}
     atomic_write_bytes(folder / "null_odds.json", json.dumps(odds, indent=1).encode())
+    spans = dict(zip(table["example_id"].astype(str), table["best_span"].astype(str)))
+    atomic_write_bytes(folder / "best_spans.json", json.dumps(spans, indent=1, ensure_ascii=False).encode())
 
 
 def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     """Answers and official scores of an extraction run, from the logits it stored.
 
     Reads ``features.parquet``, ``examples.parquet`` and ``qa.parquet`` of ``out``; writes
-    ``predictions.parquet`` (per question, see :func:`score_answers`), ``predictions.json`` (id -> answer, the
-    official format), ``null_odds.json`` (id -> null odds) and ``qa_scores.json``, and returns what the latter
-    holds: ``head_trained``, the settings, the scores and ``note`` (one sentence for people).
+    the files of :func:`write_predictions` and ``qa_scores.json``, and returns what the latter holds:
+    ``head_trained``, the settings, the official ``scores``, the ``threshold_search`` (see :func:`score_answers`)
+    and ``note`` (one sentence for people).
     """
     from .store import atomic_write_json, read_features
 
@@ -243,8 +253,8 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
         raise StoreError(f"{out / 'qa.parquet'}: holds no start/end logits (written by an older attnclust); re-run "
                          "the extraction with --force")
     predicted = predict_answers(features, logits, dict(zip(examples["id"], examples["context"])), cfg)
-    table, scores = score_answers(predicted, examples, null_threshold=cfg.null_threshold,
-                                  where=f"predictions of {out}")
+    table, scores, search = score_answers(predicted, examples, null_threshold=cfg.null_threshold,
+                                          where=f"predictions of {out}")
     write_predictions(out, table)
     headline = (f"EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions "
                 f"(official SQuAD 2.0 metric, null threshold {cfg.null_threshold:g})")
@@ -254,7 +264,8 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
         note = (f"QA head untrained: the checkpoint has no question-answering weights, so the model got a random "
                 f"head and its answers are meaningless ({headline}). Attention maps are unaffected; fine-tune "
                 f"with 'attnclust finetune' or use a SQuAD 2.0 checkpoint to study a model that answers.")
-    summary = {"head_trained": bool(head_trained), "settings": cfg.to_dict(), "scores": scores, "note": note,
-               "files": ["predictions.json", "null_odds.json", "predictions.parquet"]}
+    summary = {"head_trained": bool(head_trained), "settings": cfg.to_dict(), "scores": scores,
+               "threshold_search": search, "note": note,
+               "files": ["predictions.json", "null_odds.json", "best_spans.json", "predictions.parquet"]}
     atomic_write_json(out / "qa_scores.json", summary, sort_keys=False)
     return summary

@@ -117,7 +117,7 @@ class ReportInputs:
         Medoid maps are cropped to their first this many tokens.
     qa : dict, optional
         ``qa_scores.json`` of the run: ``head_trained``, ``scores`` (official SQuAD 2.0 fields), ``settings``
-        (``null_threshold`` ...), ``note``.
+        (``null_threshold`` ...), ``note`` and optionally ``threshold_search`` (``best_*`` over the best spans).
     predictions : pandas.DataFrame, optional
         ``predictions.parquet``: ``example_id``, ``question``, ``prediction``, ``gold_answers``,
         ``is_impossible``, ``null_odds``, ``exact``, ``f1``.
@@ -570,9 +570,10 @@ def _qa_section(qa: dict | None, predictions: pd.DataFrame | None) -> str:
              "random head, not the model.</p>",
              '<table class="mini"><tr><th>questions</th><th>exact</th><th>F1</th><th>count</th></tr>'
              + rows + "</table>"]
-    if "best_f1" in sc:
-        parts.append(f'<p class="muted">With the best null threshold: exact {sc["best_exact"]:.2f} at '
-                     f'{sc["best_exact_thresh"]:.3f}, F1 {sc["best_f1"]:.2f} at {sc["best_f1_thresh"]:.3f} '
+    best = qa.get("threshold_search") or {k: v for k, v in sc.items() if k.startswith("best_")}
+    if "best_f1" in best:
+        parts.append(f'<p class="muted">With the best null threshold: exact {best["best_exact"]:.2f} at '
+                     f'{best["best_exact_thresh"]:.3f}, F1 {best["best_f1"]:.2f} at {best["best_f1_thresh"]:.3f} '
                      f"(set <code>qa.null_threshold</code>; official SQuAD 2.0 metric).</p>")
     if predictions is not None and len(predictions):
         threshold = float(qa.get("settings", {}).get("null_threshold", 0.0))

@@ -89,6 +89,11 @@ def test_the_output_dir_loads_in_an_extract_job_that_scores_its_answers(trained,
     table = pd.read_parquet(tmp_path / "run" / "predictions.parquet")
     assert len(preds) == 12 and preds == dict(zip(table["example_id"], table["prediction"]))
     assert qa["scores"]["exact"] == pytest.approx(100 * table["exact"].mean())
+    # one post-processing: extraction answers exactly as the fine-tune evaluation did on the same questions
+    evaluated = json.loads((out / "eval" / "predictions.json").read_text())
+    assert preds == {q: evaluated[q] for q in preds}
+    odds = json.loads((out / "eval" / "null_odds.json").read_text())
+    np.testing.assert_allclose(table["null_odds"], [odds[q] for q in table["example_id"]], atol=1e-3)
 
 
 def test_rerun_is_a_no_op_and_another_config_is_refused(trained, encoder_dir):
@@ -134,6 +139,10 @@ def test_cli_finetune_bad_inputs_exit_2_with_one_line(encoder_dir, tmp_path, cap
         (["--out", str(tmp_path / "c"), "--set", "backend=gpu"], "no CUDA device"),
         (["--out", str(tmp_path / "d"), "--set", "finetune.learning_rate=-1"], "finetune.learning_rate"),
     ]
+    import torch
+
+    if torch.cuda.is_available():  # with a GPU these two start training instead of failing
+        cases = [c for c in cases if "precision=fp16" not in c[0] and "backend=gpu" not in c[0]]
     for extra, pattern in cases:
         code = main(["finetune", "--quiet", "--set", f"model.name={encoder_dir}", *extra])
         err = capsys.readouterr().err.strip()
@@ -141,6 +150,13 @@ def test_cli_finetune_bad_inputs_exit_2_with_one_line(encoder_dir, tmp_path, cap
         assert len(err.splitlines()) == 1 and re.search(pattern, err), (extra, err)
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
     assert not any((tmp_path / d).exists() for d in "abcd")
+    broken = tmp_path / "broken"                              # a model that cannot load leaves nothing behind
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert", "vocab_size": 10}')
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    assert main(["finetune", "--quiet", "--set", f"model.name={encoder_dir}", "--set", f"model.name={broken}",
+                 "--out", str(tmp_path / "e")]) == 2
+    assert "cannot load" in capsys.readouterr().err and not (tmp_path / "e").exists()
 
 
 def test_cli_evaluate_prints_official_json_and_refuses_bad_input(tmp_path, capsys):

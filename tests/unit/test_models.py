@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from attnclust.config import ModelConfig
@@ -49,3 +51,20 @@ def test_checkpoint_without_qa_head_is_flagged_and_seeded(tmp_path):
     models._CACHE.clear()
     again = get_model(ModelConfig(name=str(tmp_path / "enc")))
     assert torch.equal(again.model.qa_outputs.weight, loaded.model.qa_outputs.weight)
+
+
+def test_model_identity_changes_when_a_directory_gets_new_weights(tmp_path, tiny_bert_dir):
+    import shutil
+
+    from attnclust.models import model_identity
+
+    local = tmp_path / "m"
+    shutil.copytree(tiny_bert_dir, local)
+    cfg = ModelConfig(name=str(local))
+    before = model_identity(cfg)
+    assert model_identity(cfg) == before
+    weights = local / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())             # same name, re-written (as a new fine-tune would)
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert model_identity(cfg) != before
+    assert model_identity(ModelConfig(name="minilm")).startswith("minilm==")

@@ -73,6 +73,15 @@ def test_null_answer_wins_above_the_threshold_and_loses_below():
     assert answers[0.0]["best_span"] == "Alpha" and answers[0.0]["null_odds"] == pytest.approx(2.0)
 
 
+def test_a_span_seen_by_two_overlapping_features_is_one_candidate():
+    feats = pd.DataFrame([feature(0, "q", WORDS[:4]), feature(1, "q", WORDS[2:])])
+    # "gamma" is token 6 in feature 0 and token 4 in feature 1; feature 1 scores it higher
+    lg = pd.DataFrame([logits(0, 9, {6: 2.0}, {6: 2.0}, null=(-9, -9)),
+                       logits(1, 9, {4: 3.0}, {4: 3.0}, null=(-9, -9))])
+    row = predict_answers(feats, lg, {"q": CONTEXT}, QAConfig()).iloc[0]
+    assert row["n_best"].count("gamma") == 1 and row["span_score"] == pytest.approx(6.0)
+
+
 def test_max_answer_tokens_limits_the_span():
     feats = pd.DataFrame([feature(0, "q", WORDS)])
     lg = pd.DataFrame([logits(0, 11, {4: 5.0, 7: 1.0}, {9: 5.0, 8: 1.0}, null=(-9, -9))])
@@ -97,12 +106,27 @@ def test_score_answers_adds_official_per_question_scores():
     examples = pd.DataFrame({"id": ["a", "b", "c"], "question": ["qa", "qb", "qc"],
                              "answer_texts": [["alpha", "beta"], [], ["epsilon zeta"]],
                              "is_impossible": [False, True, False]})
-    table, scores = score_answers(predicted, examples, null_threshold=0.0)
+    table, scores, search = score_answers(predicted, examples, null_threshold=0.0)
     assert table["exact"].tolist() == [1, 1, 0]
     assert table["f1"].tolist() == pytest.approx([1.0, 1.0, 2 / 3])   # zeta vs epsilon zeta: P 1, R 1/2
     assert scores["exact"] == pytest.approx(200 / 3) and scores["total"] == 3
     assert scores["NoAns_total"] == 1 and scores["HasAns_f1"] == pytest.approx(100 * (1 + 2 / 3) / 2)
-    assert "best_f1_thresh" in scores
+    assert "best_f1_thresh" in scores and set(search) == {"best_exact", "best_exact_thresh", "best_f1",
+                                                          "best_f1_thresh"}
+
+
+def test_threshold_search_over_best_spans_can_raise_the_threshold():
+    # b is answerable and its best span is right, but its null odds (1.0) are above the threshold 0 used:
+    # the official best_* over the predictions cannot recover it; the search over best spans finds 1.0
+    predicted = pd.DataFrame({"example_id": ["a", "b", "c"], "prediction": ["alpha", "", ""],
+                              "best_span": ["alpha", "gamma", "zeta"], "span_score": [1.0] * 3,
+                              "null_score": [0.0] * 3, "null_odds": [-1.0, 1.0, 3.0],
+                              "span_probability": [0.5] * 3, "n_best": [["alpha"], ["gamma"], ["zeta"]]})
+    examples = pd.DataFrame({"id": ["a", "b", "c"], "question": ["qa", "qb", "qc"],
+                             "answer_texts": [["alpha"], ["gamma"], []], "is_impossible": [False, False, True]})
+    _, scores, search = score_answers(predicted, examples, null_threshold=0.0)
+    assert scores["exact"] == pytest.approx(200 / 3) and scores["best_exact"] == pytest.approx(200 / 3)
+    assert search["best_exact"] == pytest.approx(100.0) and search["best_exact_thresh"] == pytest.approx(1.0)
 
 
 def test_training_labels_point_at_cls_when_the_answer_is_not_inside():
