@@ -11,6 +11,7 @@ __all__ = [
     "BackendUnavailable",
     "ConfigError",
     "DataError",
+    "JobCancelled",
     "JobLocked",
     "ModelError",
     "StoreError",
@@ -43,3 +44,11 @@ class JobLocked(StoreError):
 
 class BackendUnavailable(AttnclustError):
     """A backend (GPU) or resource (pretrained weights) was requested but is not installed or reachable."""
+
+
+class JobCancelled(Exception):
+    """A run was asked to stop (``should_stop`` of :func:`attnclust.pipeline.run_job`, e.g. ``dask-submit cancel``).
+
+    Not an ``AttnclustError``: nothing about the input is wrong. Finished blocks stay recorded, so the same run
+    resumes from them; the stage that was stopped is not marked finished and writes no final output.
+    """

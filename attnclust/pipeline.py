@@ -17,13 +17,14 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
 
 from . import backend as bk
 from .config import JobConfig
-from .errors import AttnclustError, DataError, StoreError
+from .errors import AttnclustError, DataError, JobCancelled, StoreError
 from .runtime import dask_client, run_tasks
 from .store import ATTENTION, OutputDir, atomic_write_json, atomic_write_parquet, open_attention_store, read_features
 
@@ -235,8 +236,13 @@ def _distributed_kmeans(client, outdir: OutputDir, fitted, cfg: JobConfig):
     return bk.fit_kmeans_distributed(client, reduced, n_clusters=fitted.k_, random_state=cfg.cluster.random_state)
 
 
+def _stop_if_asked(should_stop: Callable[[], bool] | None, before: str) -> None:
+    if should_stop is not None and should_stop():
+        raise JobCancelled(f"job stopped on request before {before}")
+
+
 def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bool, progress: bool,
-            settings: dict) -> dict:
+            settings: dict, should_stop: Callable[[], bool] | None = None) -> dict:
     from .atlas import build_atlas, cluster_mean_maps, medoid_maps, stats_block
     from .report import ReportInputs, write_report
 
@@ -272,6 +278,7 @@ def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bo
         medoids=medoid_maps(out, clusters, features), settings=settings, notes=tuple(notes),
         k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
         max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
+    _stop_if_asked(should_stop, "writing report.html")  # the atlas is built on the driver: no task to cancel
     path = write_report(out / "report.html", inputs)
     record = {"seconds": round(time.perf_counter() - t0, 3), "report": str(path), "clusters": k}
     outdir.finish_stage("report", fp, **record)
@@ -281,7 +288,8 @@ def _report(client, outdir: OutputDir, cfg: JobConfig, job_id: str, *, force: bo
 # -- the job ------------------------------------------------------------------------------------------------
 def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES, scheduler: str | None = None,
             force: bool = False, progress: bool = True, client=None, n_workers: int | None = None,
-            job_id: str | None = None, security=None, runtime: str = "local") -> JobResult:
+            job_id: str | None = None, security=None, runtime: str = "local",
+            should_stop: Callable[[], bool] | None = None) -> JobResult:
     """Run some or all stages of a job into ``out``.
 
     Parameters
@@ -301,6 +309,10 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
     runtime
         Embedded cluster kind when no scheduler is given: ``local`` (LocalCluster) or ``local-cuda``
         (LocalCUDACluster, one worker per GPU).
+    should_stop
+        Asked before each stage and before the report is written; when it returns True the run raises
+        :class:`~attnclust.errors.JobCancelled` (finished blocks stay recorded; the stopped stage is not marked
+        finished). The stages' own tasks are cancelled by whoever stops the job (``dask-submit cancel``).
     """
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -329,6 +341,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
             for stage in STAGES:
                 if stage not in stages:
                     continue
+                _stop_if_asked(should_stop, f"the {stage} stage")
                 if stage == "extract":
                     rec = _extract(cl, outdir, cfg, job_id, inputs, backend, force=force, progress=progress)
                 elif stage == "featurize":
@@ -337,7 +350,8 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = STAGES
                     rec = _cluster(cl, outdir, cfg, job_id, backend, force=force, progress=progress)
                 else:
                     settings["stages"] = dict(result.stages)
-                    rec = _report(cl, outdir, cfg, job_id, force=force, progress=progress, settings=settings)
+                    rec = _report(cl, outdir, cfg, job_id, force=force, progress=progress, settings=settings,
+                                  should_stop=should_stop)
                 result.stages[stage] = rec
                 _write_job_json(outdir, cfg, job_id, backend, result.stages)
         result.stages["total_seconds"] = round(time.perf_counter() - started, 3)

@@ -332,7 +332,8 @@ def _run_job(driver: _Driver, client, cfg, out: Path) -> dict:
     from .pipeline import run_job
 
     driver.log(f"job {driver.job_id}: {cfg.name} -> {out}")
-    result = run_job(cfg, out, client=client, progress=False, job_id=driver.job_id)
+    result = run_job(cfg, out, client=client, progress=False, job_id=driver.job_id,
+                     should_stop=driver.cancel_requested)  # driver-side steps (QA scoring, the atlas) have no tasks
     stages = {k: (v.get("seconds") if isinstance(v, dict) else v) for k, v in result.stages.items()}
     report = result.report if result.report.exists() else None
     return {"seconds": stages, "report": str(report) if report else None}

@@ -121,6 +121,35 @@ def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, 
     assert_same_outputs(reference, out)
 
 
+def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tiny_bert_dir, tmp_path):
+    """``should_stop`` is asked before each stage and again before report.html is written: the atlas is built on
+    the driver, where there is no task for ``dask-submit cancel`` to cancel."""
+    import shutil
+
+    from attnclust.config import load_job
+    from attnclust.errors import JobCancelled
+    from attnclust.pipeline import run_job
+
+    out = tmp_path / "stopped"
+    shutil.copytree(reference, out)
+    (out / "report.html").unlink()
+    (out / "_state" / "report.json").unlink()  # the report stage is left to do
+    cfg = load_job(None, [f"model.name={tiny_bert_dir}", "cluster.k=3", "cluster.umap=false",
+                          "extract.features_per_task=2", "data.max_examples=20"])
+    asked = []
+
+    def stop_once_the_stage_runs() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) > 1
+
+    with pytest.raises(JobCancelled, match="before writing report.html"):
+        run_job(cfg, out, stages=("report",), progress=False, n_workers=1, should_stop=stop_once_the_stage_runs)
+    assert len(asked) == 2
+    assert not (out / "report.html").exists() and not (out / "_state" / "report.json").exists()
+    run_job(cfg, out, stages=("report",), progress=False, n_workers=1, should_stop=lambda: False)
+    assert (out / "report.html").exists() and (out / "_state" / "report.json").exists()
+
+
 def test_second_run_on_a_locked_dir_is_refused(reference, tiny_bert_dir):
     from attnclust.data import sample_path
     from attnclust.store import OutputDir

@@ -162,27 +162,40 @@ def test_a_failing_job_is_reported_by_wait(dask_cluster, tiny_bert_dir, tmp_path
 
 
 def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
-    out = tmp_path / "cancelled"
-    job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
-    deadline = time.monotonic() + 60
-    while not (out / "_state" / "service.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)  # the driver started
-    r = run("dask-submit", "cancel", job_id, "--scheduler", dask_cluster.address)
-    assert r.returncode == 0 and f"job {job_id} cancelled" in r.stdout, r.stderr
-    r = run("dask-submit", "wait", job_id, "--scheduler", dask_cluster.address)
-    assert r.returncode == 1 and f"job {job_id} was cancelled" in r.stderr
+    from distributed import Client
+
     from attnclust.store import OutputDir
 
-    deadline = time.monotonic() + 30
-    while True:  # the driver notices, records it and lets go of the output dir
+    out = tmp_path / "cancelled"
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        # ~24 extract blocks at >= 1 s each on two workers: the cancel lands while the job is extracting
+        client.run(os.environ.__setitem__, "ATTNCLUST_TEST_TASK_DELAY", "1.0")
         try:
-            with OutputDir(out):
-                break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
+            markers = out / "_state" / "extract"
+            deadline = time.monotonic() + 120
+            while not (markers.is_dir() and any(markers.glob("*.done"))):
+                assert time.monotonic() < deadline, "extraction never started"
+                time.sleep(0.1)
+            r = run("dask-submit", "cancel", job_id, "--scheduler", dask_cluster.address)
+            assert r.returncode == 0 and f"job {job_id} cancelled" in r.stdout, (r.stdout, r.stderr)
+            r = run("dask-submit", "wait", job_id, "--scheduler", dask_cluster.address)
+            assert r.returncode == 1 and f"job {job_id} was cancelled" in r.stderr
+            deadline = time.monotonic() + 30
+            while True:  # the driver notices, records it and lets go of the output dir
+                try:
+                    with OutputDir(out):
+                        break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            client.run(os.environ.pop, "ATTNCLUST_TEST_TASK_DELAY", None)
     assert service(out)["state"] == "cancelled"
+    assert not (out / "_state" / "extract.json").exists(), "extraction should not have finished"
+    assert len(list(markers.glob("*.done"))) < len(pd.read_parquet(out / "features.parquet"))
+    assert not (out / "_state" / "featurize.started").exists()
     assert not (out / "report.html").exists()
 
 
