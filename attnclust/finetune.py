@@ -118,6 +118,9 @@ def _precision(cfg: JobConfig, device: str) -> dict:
     p = cfg.finetune.precision
     if p == "auto":
         p = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if device == "cuda" else "fp32"
+    elif p == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f"config finetune.precision: got 'bf16', which {torch.cuda.get_device_name()} does not "
+                          "support; set finetune.precision to auto or fp16")
     return {"fp16": p == "fp16", "bf16": p == "bf16", "precision": p}
 
 
@@ -209,6 +212,7 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
     out = Path(out)
     ft = cfg.finetune
     device = _device(cfg)
+    precision = _precision(cfg, device)
     source = resolve_model_path(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
     examples, features = _read(cfg, cfg.data.path, cfg.data.max_examples, tokenizer)
@@ -236,8 +240,8 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
         else:
             if force:
                 shutil.rmtree(checkpoints, ignore_errors=True)
-            record = _train(cfg, out, model, tokenizer, features, device=device, progress=progress,
-                            callbacks=callbacks, checkpoints=checkpoints)
+            record = _train(cfg, out, model, tokenizer, features, device=device, precision=precision,
+                            progress=progress, callbacks=callbacks, checkpoints=checkpoints)
             record.update({"fingerprint": fp, "data_path": data_path, "examples": len(examples),
                            "base_model": cfg.model.name, "config": cfg.to_dict()})
         if evaluation is not None:
@@ -281,7 +285,7 @@ def _load_for_training(cfg: JobConfig, source: str):
                          f"({first[:200]}); give a BERT-family encoder") from None
 
 
-def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, *, device: str,
+def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, *, device: str, precision: dict,
            progress: bool, callbacks: tuple, checkpoints: Path) -> dict:
     import inspect
 
@@ -290,7 +294,6 @@ def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, 
     ft = cfg.finetune
     with_types = "token_type_ids" in inspect.signature(model.forward).parameters
     dataset = _Features(features, with_types)
-    precision = _precision(cfg, device)
     args = TrainingArguments(
         output_dir=str(checkpoints), num_train_epochs=float(ft.epochs), max_steps=ft.max_steps or -1,
         learning_rate=ft.learning_rate, weight_decay=ft.weight_decay, warmup_steps=float(ft.warmup_ratio),
@@ -348,5 +351,5 @@ def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], 
     if progress:
         print(f"evaluate: EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions of "
               f"{cfg.finetune.eval_data}; best F1 {search['best_f1']:.2f} at qa.null_threshold "
-              f"{search['best_f1_thresh']:.3f}", flush=True)
+              f"{search['best_f1_thresh']!r}", flush=True)  # in full: rounded down, it would drop a question
     return {"data": cfg.finetune.eval_data, "qa": cfg.qa.to_dict(), **scores, "threshold_search": search}

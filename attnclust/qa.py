@@ -193,7 +193,8 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
         made with (so ``exact``/``f1`` are those of the predictions as given, and ``best_*`` what the official
         script reports for them, which can only lower the threshold); and the threshold search over the best
         non-empty spans (``best_span``) with the same null odds: ``best_exact``, ``best_exact_thresh``,
-        ``best_f1``, ``best_f1_thresh`` in both directions, the value to set ``qa.null_threshold`` to.
+        ``best_f1``, ``best_f1_thresh`` in both directions, the value to set ``qa.null_threshold`` to (where
+        answering nothing scores best, a threshold below every null odds, not the official 0.0).
     """
     from .evaluate import evaluate_predictions, exact_score, f1_score, normalize_answer
 
@@ -214,7 +215,24 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
                                  dict(zip(table["example_id"], table["null_odds"].astype(float))),
                                  predictions_name=where)
     search = {k: v for k, v in spans.items() if k.startswith("best_")}
-    return table, scores, search
+    return table, scores, _settable(search, table["null_odds"].astype(float).tolist(),
+                                    sum(not gold[e] for e in table["example_id"]))
+
+
+def _settable(search: dict, null_odds: list[float], n_unanswerable: int) -> dict:
+    """Make ``best_*_thresh`` a value that gives ``best_*`` when set as ``qa.null_threshold``.
+
+    The official search starts from "no answer everywhere" at threshold 0.0, which does that for probabilities
+    in [0, 1]; our null odds are logit differences, often negative, so when answering nothing scores best the
+    threshold has to lie below every question's null odds.
+    """
+    nothing = 100.0 * n_unanswerable / len(null_odds)  # the official search's starting score, same arithmetic
+    floor = min(null_odds) - 1.0
+    out = dict(search)
+    for name in ("exact", "f1"):
+        if out[f"best_{name}"] == nothing and floor < 0.0:
+            out[f"best_{name}_thresh"] = floor
+    return out
 
 
 def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:

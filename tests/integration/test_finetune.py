@@ -159,6 +159,19 @@ def test_cli_finetune_bad_inputs_exit_2_with_one_line(encoder_dir, tmp_path, cap
     assert "cannot load" in capsys.readouterr().err and not (tmp_path / "e").exists()
 
 
+def test_bf16_on_a_gpu_without_it_is_refused_before_training(monkeypatch, encoder_dir):
+    import torch
+
+    from attnclust.finetune import _precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla T4")
+    with pytest.raises(ConfigError, match="got 'bf16', which Tesla T4 does not support.*auto or fp16"):
+        _precision(job(encoder_dir, precision="bf16"), "cuda")
+    assert _precision(job(encoder_dir, precision="auto"), "cuda")["precision"] == "fp16"
+    assert _precision(job(encoder_dir, precision="bf16"), "cpu")["precision"] == "bf16"
+
+
 def test_cli_evaluate_prints_official_json_and_refuses_bad_input(tmp_path, capsys):
     from attnclust.evaluate import read_gold
 

@@ -129,6 +129,29 @@ def test_threshold_search_over_best_spans_can_raise_the_threshold():
     assert search["best_exact"] == pytest.approx(100.0) and search["best_exact_thresh"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("seed, answerable", [(0, 0.0), (1, 0.0), (2, 0.3), (3, 0.6), (4, 1.0)])
+def test_the_searched_threshold_gives_the_searched_score_when_set(seed, answerable):
+    # null odds are logit differences, often all negative: "no answer everywhere" (best for unanswerable data)
+    # needs a threshold below them all, not the official script's starting 0.0
+    rng = np.random.default_rng(seed)
+    n = 12
+    ids = [f"q{i}" for i in range(n)]
+    has = rng.random(n) < answerable
+    gold = [["right"] if h else [] for h in has]
+    spans = [str(w) for w in rng.choice(["right", "wrong"], size=n)]
+    odds = np.round(rng.normal(-2.0, 1.5, size=n), 2)
+    predicted = pd.DataFrame({"example_id": ids, "prediction": spans, "best_span": spans, "span_score": 1.0,
+                              "null_score": 1.0 + odds, "null_odds": odds, "span_probability": 0.5,
+                              "n_best": [[t] for t in spans]})
+    examples = pd.DataFrame({"id": ids, "question": ids, "answer_texts": gold, "is_impossible": ~has})
+    _, _, search = score_answers(predicted, examples, null_threshold=0.0)
+    for name in ("exact", "f1"):
+        t = search[f"best_{name}_thresh"]
+        again = predicted.assign(prediction=[s if o <= t else "" for s, o in zip(spans, odds)])
+        _, scores, _ = score_answers(again, examples, null_threshold=t)
+        assert scores[name] == pytest.approx(search[f"best_{name}"]), (name, t)
+
+
 def test_training_labels_point_at_cls_when_the_answer_is_not_inside():
     feats = pd.DataFrame({"answer_start_token": [5, -1, 7], "answer_end_token": [6, -1, -1]})
     start, end = training_labels(feats)
