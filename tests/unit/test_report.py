@@ -255,7 +255,7 @@ def _qa_inputs(inputs: ReportInputs, trained: bool) -> ReportInputs:
 def test_qa_section_shows_official_scores_a_picture_and_example_answers(inputs):
     report = render_report(_qa_inputs(inputs, trained=True))
     section = report[report.index('id="qa"'):report.index('id="settings"')]
-    for text in ("64.25", "55.50", "73.00", "at -0.750", "Ada &amp; Bob", "Who &lt;b&gt;?", "no answer"):
+    for text in ("64.25", "55.50", "73.00", "at -0.75 ", "Ada &amp; Bob", "Who &lt;b&gt;?", "no answer"):
         assert text in section, text
     assert section.count("data:image/png;base64,") == 1
     assert '<a href="#qa">' in report
