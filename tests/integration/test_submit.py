@@ -168,8 +168,8 @@ def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
 
     out = tmp_path / "cancelled"
     with Client(dask_cluster.address, set_as_default=False) as client:
-        # ~24 extract blocks at >= 1 s each on two workers: the cancel lands while the job is extracting
-        client.run(os.environ.__setitem__, "ATTNCLUST_TEST_TASK_DELAY", "1.0")
+        # ~23 extract blocks at >= 2 s each on two workers: the cancel lands while the job is extracting
+        client.run(os.environ.__setitem__, "ATTNCLUST_TEST_TASK_DELAY", "2.0")
         try:
             job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
             markers = out / "_state" / "extract"
