@@ -42,6 +42,27 @@ def submitted_id(result: subprocess.CompletedProcess) -> str:
     return match.group(1)
 
 
+def set_task_delay(client, seconds: float | None) -> None:
+    """Make every extract task on the cluster's current workers sleep ``seconds`` first (``None``: not at all).
+
+    The hook is extract.py's ``ATTNCLUST_TEST_TASK_DELAY``. The setter is a nested function so that cloudpickle
+    sends it by value: ``client.run(os.environ.__setitem__, ...)`` would set a pickled copy of this process's
+    ``os.environ`` on the workers, not theirs.
+    """
+    value = None if seconds is None else str(seconds)
+
+    def apply() -> None:
+        import os
+
+        if value is None:
+            os.environ.pop("ATTNCLUST_TEST_TASK_DELAY", None)
+        else:
+            os.environ["ATTNCLUST_TEST_TASK_DELAY"] = value
+
+    client.run(apply)
+    assert set(client.run(os.getenv, "ATTNCLUST_TEST_TASK_DELAY").values()) == {value}
+
+
 def service(out: Path) -> dict:
     return json.loads((out / "_state" / "service.json").read_text())
 
@@ -169,7 +190,7 @@ def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
     out = tmp_path / "cancelled"
     with Client(dask_cluster.address, set_as_default=False) as client:
         # ~23 extract blocks at >= 2 s each on two workers: the cancel lands while the job is extracting
-        client.run(os.environ.__setitem__, "ATTNCLUST_TEST_TASK_DELAY", "2.0")
+        set_task_delay(client, 2.0)
         try:
             job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
             markers = out / "_state" / "extract"
@@ -191,7 +212,7 @@ def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
                         raise
                     time.sleep(0.2)
         finally:
-            client.run(os.environ.pop, "ATTNCLUST_TEST_TASK_DELAY", None)
+            set_task_delay(client, None)
     assert service(out)["state"] == "cancelled"
     assert not (out / "_state" / "extract.json").exists(), "extraction should not have finished"
     assert len(list(markers.glob("*.done"))) < len(pd.read_parquet(out / "features.parquet"))
@@ -204,7 +225,7 @@ def test_worker_killed_mid_extraction_the_job_still_equals_an_embedded_run(dask_
     from distributed import Client
 
     with Client(dask_cluster.address, set_as_default=False) as client:  # widen the kill window a little
-        client.run(os.environ.__setitem__, "ATTNCLUST_TEST_TASK_DELAY", "0.1")
+        set_task_delay(client, 0.1)
     out = tmp_path / "killed"
     job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
     markers = out / "_state" / "extract"
