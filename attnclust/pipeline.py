@@ -14,10 +14,10 @@ import platform
 import secrets
 import string
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import pandas as pd

@@ -227,11 +227,11 @@ def _settable(search: dict, null_odds: list[float], n_unanswerable: int) -> dict
     threshold has to lie below every question's null odds.
     """
     nothing = 100.0 * n_unanswerable / len(null_odds)  # the official search's starting score, same arithmetic
-    floor = min(null_odds) - 1.0
+    lowest = min(null_odds)
     out = dict(search)
     for name in ("exact", "f1"):
-        if out[f"best_{name}"] == nothing and floor < 0.0:
-            out[f"best_{name}_thresh"] = floor
+        if out[f"best_{name}"] == nothing and lowest <= 0.0:  # 0.0 would answer the questions at or below it
+            out[f"best_{name}_thresh"] = lowest - 1.0
     return out
 
 
