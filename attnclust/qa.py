@@ -193,8 +193,8 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
         made with (so ``exact``/``f1`` are those of the predictions as given, and ``best_*`` what the official
         script reports for them, which can only lower the threshold); and the threshold search over the best
         non-empty spans (``best_span``) with the same null odds: ``best_exact``, ``best_exact_thresh``,
-        ``best_f1``, ``best_f1_thresh`` in both directions, the value to set ``qa.null_threshold`` to (where
-        answering nothing scores best, a threshold below every null odds, not the official 0.0).
+        ``best_f1``, ``best_f1_thresh`` in both directions, the value to set ``qa.null_threshold`` to (a midpoint
+        between two questions' null odds rather than the official value on one of them: see :func:`_settable`).
     """
     from .evaluate import evaluate_predictions, exact_score, f1_score, normalize_answer
 
@@ -220,18 +220,24 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
 
 
 def _settable(search: dict, null_odds: list[float], n_unanswerable: int) -> dict:
-    """Make ``best_*_thresh`` a value that gives ``best_*`` when set as ``qa.null_threshold``.
+    """Make ``best_*_thresh`` a value that gives ``best_*`` when set as ``qa.null_threshold``, with a margin.
 
-    The official search starts from "no answer everywhere" at threshold 0.0, which does that for probabilities
-    in [0, 1]; our null odds are logit differences, often negative, so when answering nothing scores best the
-    threshold has to lie below every question's null odds.
+    The official search returns the null odds of the last question the best setting answers, or 0.0 when
+    answering nothing scores best (made for probabilities in [0, 1]; our null odds are logit differences, often
+    negative). We return the midpoint to the next question's null odds instead, or a value 1.0 below all of them:
+    the same answers, and they survive the ~1e-6 differences between two runs' logits (other batches, other
+    padding), e.g. a fine-tune's evaluation and an extraction of the same model.
     """
+    values = sorted(set(null_odds))
     nothing = 100.0 * n_unanswerable / len(null_odds)  # the official search's starting score, same arithmetic
-    lowest = min(null_odds)
     out = dict(search)
     for name in ("exact", "f1"):
-        if out[f"best_{name}"] == nothing and lowest <= 0.0:  # 0.0 would answer the questions at or below it
-            out[f"best_{name}_thresh"] = lowest - 1.0
+        key = f"best_{name}_thresh"
+        if out[f"best_{name}"] == nothing:  # the search never improved on answering nothing
+            out[key] = values[0] - 1.0
+        else:
+            above = [v for v in values if v > out[key]]
+            out[key] = (out[key] + above[0]) / 2 if above else out[key] + 1.0
     return out
 
 
