@@ -63,6 +63,16 @@ def set_task_delay(client, seconds: float | None) -> None:
     assert set(client.run(os.getenv, "ATTNCLUST_TEST_TASK_DELAY").values()) == {value}
 
 
+def wait_for_first_block(out: Path, poll: float = 0.1) -> Path:
+    """Wait until the job's first extract block is done; return the folder of the extract markers."""
+    markers = out / "_state" / "extract"
+    deadline = time.monotonic() + 120
+    while not (markers.is_dir() and any(markers.glob("*.done"))):
+        assert time.monotonic() < deadline, "extraction never started"
+        time.sleep(poll)
+    return markers
+
+
 def service(out: Path) -> dict:
     return json.loads((out / "_state" / "service.json").read_text())
 
@@ -193,11 +203,7 @@ def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
         set_task_delay(client, 2.0)
         try:
             job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
-            markers = out / "_state" / "extract"
-            deadline = time.monotonic() + 120
-            while not (markers.is_dir() and any(markers.glob("*.done"))):
-                assert time.monotonic() < deadline, "extraction never started"
-                time.sleep(0.1)
+            markers = wait_for_first_block(out)
             r = run("dask-submit", "cancel", job_id, "--scheduler", dask_cluster.address)
             assert r.returncode == 0 and f"job {job_id} cancelled" in r.stdout, (r.stdout, r.stderr)
             r = run("dask-submit", "wait", job_id, "--scheduler", dask_cluster.address)
@@ -228,11 +234,7 @@ def test_worker_killed_mid_extraction_the_job_still_equals_an_embedded_run(dask_
         set_task_delay(client, 0.1)
     out = tmp_path / "killed"
     job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
-    markers = out / "_state" / "extract"
-    deadline = time.monotonic() + 120
-    while not (markers.is_dir() and any(markers.glob("*.done"))):
-        assert time.monotonic() < deadline, "extraction never started"
-        time.sleep(0.02)
+    markers = wait_for_first_block(out, poll=0.02)
     driver = service(out)["driver"]
     victim = dask_cluster.worker_holding(driver["pid"])  # the worker running the driver: the hardest case
     dask_cluster.kill_worker(victim)
