@@ -351,5 +351,5 @@ def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], 
     if progress:
         print(f"evaluate: EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions of "
               f"{cfg.finetune.eval_data}; best F1 {search['best_f1']:.2f} at qa.null_threshold "
-              f"{search['best_f1_thresh']!r}", flush=True)  # in full: rounded down, it would drop a question
+              f"{float(search['best_f1_thresh'])!r}", flush=True)  # in full: rounded down, it would drop a question
     return {"data": cfg.finetune.eval_data, "qa": cfg.qa.to_dict(), **scores, "threshold_search": search}

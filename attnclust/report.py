@@ -573,7 +573,8 @@ def _qa_section(qa: dict | None, predictions: pd.DataFrame | None) -> str:
     best = qa.get("threshold_search") or {k: v for k, v in sc.items() if k.startswith("best_")}
     if "best_f1" in best:
         parts.append(f'<p class="muted">With the best null threshold: exact {best["best_exact"]:.2f} at '
-                     f'{best["best_exact_thresh"]!r}, F1 {best["best_f1"]:.2f} at {best["best_f1_thresh"]!r} '
+                     f'{float(best["best_exact_thresh"])!r}, F1 {best["best_f1"]:.2f} at '
+                     f'{float(best["best_f1_thresh"])!r} '
                      f"(set <code>qa.null_threshold</code>; official SQuAD 2.0 metric).</p>")
     if predictions is not None and len(predictions):
         threshold = float(qa.get("settings", {}).get("null_threshold", 0.0))

@@ -139,7 +139,7 @@ def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tin
     asked = []
 
     def stop_once_the_stage_runs() -> bool:
-        asked.append(time.monotonic())
+        asked.append("asked")
         return len(asked) > 1
 
     with pytest.raises(JobCancelled, match="before writing report.html"):
