@@ -9,7 +9,8 @@ import pandas as pd
 
 from .config import JobConfig, load_job
 from .errors import StoreError
-from .store import ATTENTION, DIMS, open_attention_store, read_features
+from .layout import RunLayout
+from .store import DIMS, open_attention_store, read_features
 
 __all__ = ["Output", "open_output", "run"]
 
@@ -32,10 +33,11 @@ class Output:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._store = open_attention_store(self.path / ATTENTION)
+        self.layout = RunLayout(self.path)
+        self._store = open_attention_store(self.layout.attention)
 
     def _table(self, name: str) -> pd.DataFrame:
-        path = self.path / f"{name}.parquet"
+        path = self.layout.table(name)
         if not path.exists():
             raise StoreError(f"{path}: not found; run the stage that writes it (attnclust run ... --out "
                              f"{self.path})")
@@ -59,22 +61,27 @@ class Output:
 
     @cached_property
     def features(self) -> pd.DataFrame:
+        """``features.parquet``: one row per feature (store row)."""
         return read_features(self.path)
 
     @cached_property
     def maps(self) -> pd.DataFrame:
+        """``maps.parquet``: one row per (feature, layer, head): cluster, UMAP position, statistics."""
         return self._table("maps")
 
     @cached_property
     def heads(self) -> pd.DataFrame:
+        """``heads.parquet``: one row per (layer, head): cluster shares, mean statistics, head analyses."""
         return self._table("heads")
 
     @cached_property
     def clusters(self) -> pd.DataFrame:
+        """``clusters.parquet``: one row per cluster: size, medoid, mean statistics, description."""
         return self._table("clusters")
 
     @cached_property
     def predictions(self) -> pd.DataFrame:
+        """``predictions.parquet``: one row per question: the model's answer, null odds, EM/F1."""
         return self._table("predictions")
 
     @cached_property
@@ -82,7 +89,7 @@ class Output:
         """``qa_scores.json``: whether the QA head was trained, the settings and the official SQuAD 2.0 scores."""
         import json
 
-        path = self.path / "qa_scores.json"
+        path = self.layout.qa_scores
         if not path.exists():
             raise StoreError(f"{path}: not found; run 'attnclust extract' for this output dir")
         return json.loads(path.read_text())

@@ -14,18 +14,21 @@ from .errors import AttnclustError
 
 __all__ = ["main"]
 
-STAGE_SETS = {"run": ("extract", "featurize", "cluster", "report"), "extract": ("extract",),
-              "featurize": ("featurize",), "cluster": ("cluster",), "report": ("report",)}
+STAGE_COMMANDS = ("run", "extract", "featurize", "cluster", "report")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnclust", description="Attention-head atlas: extract every "
                                      "attention map of a QA model over a dataset, cluster them, report.")
+    from importlib import metadata
+
+    parser.add_argument("--version", action="version", version=f"attnclust {metadata.version('attnclust')}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, stages in STAGE_SETS.items():
+    for name in STAGE_COMMANDS:
         p = sub.add_parser(name, help="the whole job" if name == "run" else f"the {name} stage alone")
         p.add_argument("job", nargs="?", help="job YAML (default: jobs/demo.yaml)")
-        p.add_argument("--data", help="dataset file, overrides data.path")
+        if name in ("run", "extract"):
+            p.add_argument("--data", help="dataset file, overrides data.path")
         p.add_argument("--out", help="output directory (default: runs/<job name>)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a job setting, e.g. --set cluster.k=12 (repeatable)")
@@ -34,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--runtime", choices=("local", "local-cuda"), default="local",
                        help="embedded cluster: LocalCluster (default) or dask-cuda LocalCUDACluster")
         p.add_argument("--force", action="store_true",
-                       help="overwrite stages that were run with another configuration")
+                       help="overwrite stages that were run with other settings" + (
+                           "" if name == "run" else f"; re-run {name} even when nothing changed"))
         p.add_argument("--quiet", action="store_true", help="no progress bars")
     ft = sub.add_parser("finetune", help="fine-tune model.name for extractive QA on SQuAD-v2-format data")
     ft.add_argument("job", nargs="?", help="job YAML (default: jobs/demo.yaml), e.g. jobs/finetune-squad2.yaml")
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if args.command == "certs":
-            from .security import write_certificates
+            from .service.security import write_certificates
 
             paths = write_certificates(Path(args.dir))
             print(f"certificates written to {args.dir}: {', '.join(sorted(p.name for p in paths))}")
@@ -75,15 +79,16 @@ def main(argv: list[str] | None = None) -> int:
             return _finetune(args)
         from .config import load_job
         from .pipeline import result_summary, run_job
+        from .stages import COMMANDS
 
         overrides = list(args.overrides)
-        if args.data:
+        if getattr(args, "data", None):
             overrides.append(f"data.path={args.data}")
         cfg = load_job(args.job, overrides)
         out = Path(args.out) if args.out else Path("runs") / cfg.name
-        result = run_job(cfg, out, stages=STAGE_SETS[args.command], scheduler=args.scheduler,
-                         force=args.force, progress=not args.quiet, n_workers=args.workers,
-                         runtime=args.runtime)
+        result = run_job(cfg, out, stages=COMMANDS[args.command], scheduler=args.scheduler,
+                         force=args.force, force_named=args.force and args.command != "run",
+                         progress=not args.quiet, n_workers=args.workers, runtime=args.runtime)
     except AttnclustError as exc:
         print(f"attnclust: error: {exc}", file=sys.stderr)
         return 2
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"job {result.job_id} finished in {result.stages.get('total_seconds', 0):.1f} s")
     print(result_summary(result))
-    if "report" in STAGE_SETS[args.command]:
+    if args.command in ("run", "report"):
         print(f"report: {result.report.resolve()}")
     print(f"outputs: {result.out.resolve()}")
     return 0

@@ -138,7 +138,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
 
 def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu") -> FittedClusters:
     """Dask task: read the fit sample from ``embedding.zarr`` and fit."""
-    from .featurize import open_embedding
+    from .stages.featurize import open_embedding
 
     emb = open_embedding(Path(out))["embedding"]
     rows = sample_rows(emb.shape[0], cfg.fit_sample, cfg.random_state)
@@ -151,7 +151,7 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu") -> Fitted
 
 def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters) -> pd.DataFrame:
     """Dask task: cluster label, distance to its centroid and UMAP position of rows ``r0:r1``."""
-    from .featurize import open_embedding
+    from .stages.featurize import open_embedding
 
     group = open_embedding(Path(out))
     z = fitted.reduce(group["embedding"][r0:r1])

@@ -1,22 +1,28 @@
-"""Job configuration: frozen, keyword-only dataclasses validated on construction.
+"""Job configuration: frozen pydantic v2 models validated on construction.
 
-A job file (YAML) maps onto :class:`JobConfig`; every section maps onto one stage's dataclass. Unknown keys,
-wrong types and out-of-range values raise :class:`~attnclust.errors.ConfigError` naming the key, the value, what
-is allowed and the fix. ``to_dict``/``from_dict`` round-trip exactly, so the resolved configuration written to
-``job.json`` can be read back.
+A job file (YAML) maps onto :class:`JobConfig`; every section maps onto one stage's model. Unknown keys, wrong
+types and out-of-range values raise one :class:`~attnclust.errors.ConfigError` naming the dotted key, the value,
+what is allowed and the fix; a pydantic ``ValidationError`` never escapes this module. Types are strict (a bool
+is not an int, ``"12"`` is not an int), except that float settings accept integers. ``to_dict``/``from_dict``
+round-trip exactly, so the resolved configuration written to ``job.json`` can be read back.
+
+Each setting declares what is allowed next to its type: ``Field(json_schema_extra={"allowed": ..., "fix": ...})``
+built by the helpers ``_int``, ``_num``, ``_choice`` and ``_setting``; validators that compute the allowed text
+at validation time (cross-field checks, the featurizer registry) raise ``PydanticCustomError`` carrying it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import functools
 import hashlib
 import json
-import re
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError
 
@@ -37,84 +43,159 @@ __all__ = [
 
 Backend = Literal["auto", "cpu", "gpu"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
-Featurizer = Literal["pooled", "resnet"]
 ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
+StoreDtype = Literal["float16", "uint8"]
 
+_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,47}$"
+_TEXT_PATTERN = r"\S"  # not blank
+_NULLS = frozenset({"", "~", "null", "Null", "NULL"})  # YAML's spellings of null, for --set values
+_BUILTIN_FEATURIZERS = ("pooled", "resnet")
+
+
+# --- declaring settings: the type's constraint and the "allowed" text in one place ---------------------------
+
+def _setting(default: Any = None, allowed: str = "", fix: str = "", **constraints: Any) -> Any:
+    extra = {"allowed": allowed, **({"fix": fix} if fix else {})}
+    return Field(default, json_schema_extra=extra, **constraints)
+
+
+def _int(default: int | None, lo: int, hi: int | None = None, fix: str = "") -> Any:
+    allowed = f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
+    return _setting(default, allowed, fix, ge=lo, le=hi)
+
+
+def _num(default: float, lo: float | None = None, *, lo_open: bool = False, hi: float | None = None,
+         allowed: str = "") -> Any:
+    bounds = ([f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []) + (
+        [f"<= {hi:g}"] if hi is not None else [])
+    allowed = allowed or "a number" + (" " + " and ".join(bounds) if bounds else "")
+    low = {"gt": lo} if lo_open else {"ge": lo}
+    return _setting(default, allowed, allow_inf_nan=False, le=hi, **low)
+
+
+def _choice(default: str, options: Any) -> Any:
+    return _setting(default, " | ".join(get_args(options)))
+
+
+def _cross(key: str, value: Any, allowed: str, fix: str = "") -> PydanticCustomError:
+    """A check whose allowed text depends on other values (raised from validators, translated below)."""
+    return PydanticCustomError("config", "{key}: {allowed}",
+                               {"key": key, "value": value, "allowed": allowed, "fix": fix})
+
+
+# --- pydantic errors -> one ConfigError --------------------------------------------------------------------
 
 def _fail(section: str, key: str, value: Any, allowed: str, fix: str = "") -> ConfigError:
-    where = f"{section}.{key}" if section else key
+    where = (f"{section}.{key}" if section and key else section or key) or "(top level)"
     msg = f"config {where}: got {value!r}; allowed: {allowed}"
     return ConfigError(msg + (f"; {fix}" if fix else ""))
 
 
-def _int_range(section: str, key: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(section, key, value, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""))
-    if value < lo or (hi is not None and value > hi):
-        raise _fail(section, key, value, f"an integer >= {lo}" + (f" and <= {hi}" if hi else ""))
+def _unknown_section(key: Any) -> ConfigError:
+    known = sorted({"name", "backend", *JobConfig.SECTIONS})
+    return ConfigError(f"config {key}: unknown section; known: {', '.join(known)}")
 
 
-def _number(section: str, key: str, value: Any, lo: float | None = None, *, lo_open: bool = False,
-            hi: float | None = None) -> None:
-    import math
-
-    bounds = []
-    if lo is not None:
-        bounds.append(f"{'>' if lo_open else '>='} {lo:g}")
-    if hi is not None:
-        bounds.append(f"<= {hi:g}")
-    allowed = "a number" + (" " + " and ".join(bounds) if bounds else "")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(section, key, value, allowed)
-    if (lo is not None and (value <= lo if lo_open else value < lo)) or (hi is not None and value > hi):
-        raise _fail(section, key, value, allowed)
+def _unknown(owner: type[_Model], key: Any) -> ConfigError:
+    if not owner.SECTION:
+        return _unknown_section(key)
+    names = ", ".join(sorted(owner.model_fields))
+    return ConfigError(f"config {owner.SECTION}.{key}: unknown setting; known settings of '{owner.SECTION}': {names}")
 
 
-def _literal(section: str, key: str, value: Any, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise _fail(section, key, value, " | ".join(options))
+@contextlib.contextmanager
+def _translated(owner: type[_Model]):
+    try:
+        yield
+    except ValidationError as exc:
+        raise _config_error(owner, exc) from None
 
 
-class _Section:
-    """Mixin: dict round-trip with strict key checking for one config section."""
+def _config_error(owner: type[_Model], exc: ValidationError) -> ConfigError:
+    """The first error of ``exc`` as a ConfigError naming the dotted key, the value and what is allowed."""
+    err = exc.errors(include_url=False)[0]
+    ctx = err.get("ctx") or {}
+    if isinstance(ctx.get("error"), ConfigError):  # a section given as a mapping reports through its __init__
+        return ctx["error"]
+    key = ctx.get("key") or (str(err["loc"][0]) if err["loc"] else "")
+    if err["type"] == "extra_forbidden":
+        return _unknown(owner, key)
+    field = owner.model_fields.get(key)
+    extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
+    allowed = ctx.get("allowed") or extra.get("allowed") or err["msg"]
+    fix = ctx.get("fix") or extra.get("fix", "")
+    return _fail(owner.SECTION, key, ctx.get("value", err["input"]), allowed, fix)
 
-    SECTION = ""
+
+# --- the models ---------------------------------------------------------------------------------------------
+
+class _Model(BaseModel):
+    """Base of every config model: frozen, strict, unknown keys refused, errors as ``ConfigError``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    SECTION: ClassVar[str] = ""
+
+    def __init__(self, **values: Any) -> None:
+        with _translated(type(self)):
+            super().__init__(**values)
+
+    @classmethod
+    def model_validate(cls, obj: Any, **options: Any):
+        """Pydantic's ``model_validate``, raising ``ConfigError`` as construction does; prefer ``from_dict``."""
+        with _translated(cls):
+            return super().model_validate(obj, **options)
+
+    @classmethod
+    def model_validate_json(cls, data: str | bytes, **options: Any):
+        """Pydantic's ``model_validate_json``, raising ``ConfigError`` as construction does."""
+        with _translated(cls):
+            return super().model_validate_json(data, **options)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name!r}; use .replace({name}=...)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name!r}")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None):
+        """Build the section from a mapping as read from YAML or written by :meth:`to_dict`; ``ConfigError`` if invalid.
+
+        Parameters
+        ----------
+        raw
+            Setting name -> value; ``None`` gives the defaults. A float setting also accepts text that
+            reads as a float (YAML 1.1 reads ``3e-5``, without a dot, as a string), a tuple one a list.
+        """
         raw = {} if raw is None else raw
         if not isinstance(raw, dict):
             raise ConfigError(f"config {cls.SECTION}: expected a mapping of settings, got {type(raw).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - names)
+        unknown = [key for key in raw if key not in cls.model_fields]
         if unknown:
-            raise ConfigError(
-                f"config {cls.SECTION}.{unknown[0]}: unknown setting; known settings of '{cls.SECTION}': "
-                + ", ".join(sorted(names))
-            )
-        hints = get_type_hints(cls)
-        values = {}
-        for key, value in raw.items():
-            if isinstance(value, list) and get_origin(hints[key]) is not Literal:
-                value = tuple(value)
-            if hints[key] is float and isinstance(value, str):  # YAML 1.1 reads 3e-5 (no dot) as a string
-                try:
-                    value = float(value)
-                except ValueError:
-                    pass
-            values[key] = value
-        return cls(**values)
+            raise _unknown(cls, unknown[0])
+        return cls(**{key: _from_yaml(cls.model_fields[key].annotation, value) for key, value in raw.items()})
 
     def to_dict(self) -> dict[str, Any]:
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        """The settings as a plain JSON-able dict (tuples become lists); ``from_dict`` reads it back equal."""
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any):
+        """A validated copy with ``changes`` applied; raises ``ConfigError`` like construction does."""
+        return type(self)(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
 
 
-@dataclass(frozen=True, kw_only=True)
-class DataConfig(_Section):
+def _from_yaml(annotation: Any, value: Any) -> Any:
+    """YAML's spelling of a value as its setting's type: text like ``3e-5`` for a float, a list for a tuple."""
+    if annotation is float and isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return float(value)
+    if isinstance(value, list) and tuple in {get_origin(a) for a in (annotation, *get_args(annotation))}:
+        return tuple(value)
+    return value
+
+
+class DataConfig(_Model):
     """Where the SQuAD-v2-format data comes from.
 
     Parameters
@@ -126,18 +207,11 @@ class DataConfig(_Section):
     """
 
     SECTION = "data"
-    path: str | None = None
-    max_examples: int | None = None
-
-    def __post_init__(self):
-        if self.path is not None and (not isinstance(self.path, str) or not self.path.strip()):
-            raise _fail("data", "path", self.path, "a file path, or null for the bundled sample")
-        if self.max_examples is not None:
-            _int_range("data", "max_examples", self.max_examples, 1)
+    path: str | None = _setting(None, "a file path, or null for the bundled sample", pattern=_TEXT_PATTERN)
+    max_examples: int | None = _int(None, 1)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig(_Section):
+class ModelConfig(_Model):
     """The question-answering model whose attention is extracted.
 
     Parameters
@@ -150,17 +224,13 @@ class ModelConfig(_Section):
     """
 
     SECTION = "model"
-    name: str = "minilm"
-    revision: str | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise _fail("model", "name", self.name, "'minilm', a hub id like 'deepset/bert-base-uncased-squad2', "
-                        "or a local model directory")
+    name: str = _setting("minilm", "'minilm', a hub id like 'deepset/bert-base-uncased-squad2', or a local model "
+                         "directory", pattern=_TEXT_PATTERN)
+    revision: str | None = _setting(None, "a branch, tag or commit as text, or null",
+                                    "quote a commit that YAML reads as a number")
 
 
-@dataclass(frozen=True, kw_only=True)
-class ExtractConfig(_Section):
+class ExtractConfig(_Model):
     """Tokenisation and attention extraction.
 
     Parameters
@@ -180,38 +250,43 @@ class ExtractConfig(_Section):
     """
 
     SECTION = "extract"
-    max_seq_len: int = 384
-    doc_stride: int = 128
-    max_query_len: int = 64
-    batch_size: int = 8
-    features_per_task: int | None = None
-    target_task_mb: int = 192
-    store_dtype: Literal["float16", "uint8"] = "float16"
+    max_seq_len: int = _int(384, 16, 4096)
+    doc_stride: int = _int(128, 0)
+    max_query_len: int = _int(64, 4)
+    batch_size: int = _int(8, 1)
+    features_per_task: int | None = _int(None, 1)
+    target_task_mb: int = _int(192, 1)
+    store_dtype: StoreDtype = _choice("float16", StoreDtype)
 
-    def __post_init__(self):
-        _int_range("extract", "max_seq_len", self.max_seq_len, 16, 4096)
-        _int_range("extract", "max_query_len", self.max_query_len, 4, self.max_seq_len - 8)
-        _int_range("extract", "doc_stride", self.doc_stride, 0)
-        if self.doc_stride >= self.max_seq_len - self.max_query_len - 3:
-            raise _fail("extract", "doc_stride", self.doc_stride,
-                        f"less than max_seq_len - max_query_len - 3 = {self.max_seq_len - self.max_query_len - 3}",
-                        "lower doc_stride or raise max_seq_len")
-        _int_range("extract", "batch_size", self.batch_size, 1)
-        if self.features_per_task is not None:
-            _int_range("extract", "features_per_task", self.features_per_task, 1)
-        _int_range("extract", "target_task_mb", self.target_task_mb, 1)
-        _literal("extract", "store_dtype", self.store_dtype, ("float16", "uint8"))
+    @model_validator(mode="after")
+    def _lengths_fit(self) -> ExtractConfig:
+        if self.max_query_len > self.max_seq_len - 8:
+            raise _cross("max_query_len", self.max_query_len, f"an integer >= 4 and <= {self.max_seq_len - 8}",
+                         "lower max_query_len or raise max_seq_len")
+        limit = self.max_seq_len - self.max_query_len - 3
+        if self.doc_stride >= limit:
+            raise _cross("doc_stride", self.doc_stride, f"less than max_seq_len - max_query_len - 3 = {limit}",
+                         "lower doc_stride or raise max_seq_len")
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class FeaturizeConfig(_Section):
+def _featurizer_names() -> tuple[str, ...]:
+    try:
+        from .featurize import featurizer_names
+    except ImportError:  # the registry is not there (yet): the built-in featurizers
+        return _BUILTIN_FEATURIZERS
+    return tuple(featurizer_names())
+
+
+class FeaturizeConfig(_Model):
     """How each attention map becomes a vector.
 
     Parameters
     ----------
     method
-        ``pooled``: the true-length map average-pooled to ``grid x grid``, flattened. ``resnet``: a torchvision
-        ResNet's penultimate layer on the map as a normalised 3-channel image.
+        A registered featurizer (``attnclust.featurize.featurizer_names()``). ``pooled``: the true-length map
+        average-pooled to ``grid x grid``, flattened. ``resnet``: a torchvision ResNet's penultimate layer on the
+        map as a normalised 3-channel image.
     grid
         Pooled grid side (``pooled``).
     arch, weights, image_size
@@ -222,37 +297,38 @@ class FeaturizeConfig(_Section):
     """
 
     SECTION = "featurize"
-    method: Featurizer = "pooled"
-    grid: int = 32
-    arch: ResnetArch = "resnet18"
-    weights: str = "imagenet"
-    image_size: int = 224
-    batch_size: int = 64
+    method: str = _setting("pooled", "a registered featurizer")
+    grid: int = _int(32, 2, 256)
+    arch: ResnetArch = _choice("resnet18", ResnetArch)
+    weights: str = _setting("imagenet", "imagenet | none | a path to a .pth state dict", pattern=_TEXT_PATTERN)
+    image_size: int = _int(224, 32, 1024)
+    batch_size: int = _int(64, 1)
 
-    def __post_init__(self):
-        _literal("featurize", "method", self.method, get_args(Featurizer))
-        _int_range("featurize", "grid", self.grid, 2, 256)
-        _literal("featurize", "arch", self.arch, get_args(ResnetArch))
-        if not isinstance(self.weights, str) or not self.weights:
-            raise _fail("featurize", "weights", self.weights, "imagenet | none | a path to a .pth state dict")
-        _int_range("featurize", "image_size", self.image_size, 32, 1024)
-        _int_range("featurize", "batch_size", self.batch_size, 1)
+    @field_validator("method", mode="before")
+    @classmethod
+    def _registered(cls, value: Any) -> Any:
+        names = _featurizer_names()  # at validation time: other modules may register featurizers
+        if not isinstance(value, str) or value not in names:
+            raise PydanticCustomError("config", "{allowed}", {"allowed": " | ".join(names)})
+        return value
 
 
-@dataclass(frozen=True, kw_only=True)
-class ClusterConfig(_Section):
+class ClusterConfig(_Model):
     """KMeans and UMAP over all map vectors.
 
     Parameters
     ----------
     k
-        Number of clusters, or ``auto``: best silhouette over ``k_min..k_max`` on ``silhouette_sample`` maps.
+        Number of clusters (at least 2), or ``auto``: best silhouette over ``k_min..k_max`` on
+        ``silhouette_sample`` maps.
+    k_min, k_max, silhouette_sample
+        The range of k tried by ``auto``, and how many maps each candidate's silhouette is measured on.
     pca_components
         Reduce vectors with PCA (fitted on a sample) first; ``None`` keeps them.
     umap
         Compute the 2-D UMAP layout.
-    umap_sample
-        UMAP is fitted on at most this many maps and applied to the rest.
+    fit_sample, umap_sample
+        KMeans (and UMAP) are fitted on at most this many maps and applied to the rest.
     umap_neighbors, umap_min_dist
         UMAP settings.
     random_state
@@ -260,41 +336,33 @@ class ClusterConfig(_Section):
     """
 
     SECTION = "cluster"
-    k: int | Literal["auto"] = "auto"
-    k_min: int = 4
-    k_max: int = 16
-    silhouette_sample: int = 4000
-    pca_components: int | None = 50
-    fit_sample: int = 200_000
-    umap: bool = True
-    umap_sample: int = 20_000
-    umap_neighbors: int = 15
-    umap_min_dist: float = 0.1
-    random_state: int = 0
+    k: int | Literal["auto"] = _setting("auto", "an integer >= 2 or 'auto'", "for example k: 12 or k: auto")
+    k_min: int = _int(4, 2)
+    k_max: int = _int(16, 2)
+    silhouette_sample: int = _int(4000, 10)
+    pca_components: int | None = _int(50, 2)
+    fit_sample: int = _int(200_000, 100)
+    umap: bool = _setting(True, "true | false")
+    umap_sample: int = _int(20_000, 10)
+    umap_neighbors: int = _int(15, 2)
+    umap_min_dist: float = _num(0.1, 0, hi=1, allowed="a number in [0, 1]")
+    random_state: int = _int(0, 0)
 
-    def __post_init__(self):
-        if self.k != "auto":
-            if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
-                raise _fail("cluster", "k", self.k, "a positive integer or 'auto'",
-                            "for example k: 12 or k: auto")
-        _int_range("cluster", "k_min", self.k_min, 2)
-        _int_range("cluster", "k_max", self.k_max, self.k_min)
-        _int_range("cluster", "silhouette_sample", self.silhouette_sample, 10)
-        if self.pca_components is not None:
-            _int_range("cluster", "pca_components", self.pca_components, 2)
-        _int_range("cluster", "fit_sample", self.fit_sample, 100)
-        if not isinstance(self.umap, bool):
-            raise _fail("cluster", "umap", self.umap, "true | false")
-        _int_range("cluster", "umap_sample", self.umap_sample, 10)
-        _int_range("cluster", "umap_neighbors", self.umap_neighbors, 2)
-        if isinstance(self.umap_min_dist, bool) or not isinstance(self.umap_min_dist, (int, float)) \
-                or not 0 <= self.umap_min_dist <= 1:
-            raise _fail("cluster", "umap_min_dist", self.umap_min_dist, "a number in [0, 1]")
-        _int_range("cluster", "random_state", self.random_state, 0)
+    @field_validator("k")
+    @classmethod
+    def _at_least_two(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 2:
+            raise PydanticCustomError("config", "k below 2")  # the field's allowed text says the rest
+        return value
+
+    @model_validator(mode="after")
+    def _k_range(self) -> ClusterConfig:
+        if self.k_max < self.k_min:
+            raise _cross("k_max", self.k_max, f"an integer >= k_min = {self.k_min}", "raise k_max or lower k_min")
+        return self
 
 
-@dataclass(frozen=True, kw_only=True)
-class ReportConfig(_Section):
+class ReportConfig(_Model):
     """The HTML report.
 
     Parameters
@@ -306,15 +374,11 @@ class ReportConfig(_Section):
     """
 
     SECTION = "report"
-    title: str | None = None
-    max_tokens_shown: int = 64
-
-    def __post_init__(self):
-        _int_range("report", "max_tokens_shown", self.max_tokens_shown, 8, 512)
+    title: str | None = _setting(None, "text, or null for the job name", "quote a title that YAML reads otherwise")
+    max_tokens_shown: int = _int(64, 8, 512)
 
 
-@dataclass(frozen=True, kw_only=True)
-class QAConfig(_Section):
+class QAConfig(_Model):
     """Turning start/end logits into answers (extraction and fine-tune evaluation share it).
 
     Parameters
@@ -330,18 +394,12 @@ class QAConfig(_Section):
     """
 
     SECTION = "qa"
-    n_best: int = 20
-    max_answer_tokens: int = 30
-    null_threshold: float = 0.0
-
-    def __post_init__(self):
-        _int_range("qa", "n_best", self.n_best, 1, 1000)
-        _int_range("qa", "max_answer_tokens", self.max_answer_tokens, 1)
-        _number("qa", "null_threshold", self.null_threshold)
+    n_best: int = _int(20, 1, 1000)
+    max_answer_tokens: int = _int(30, 1)
+    null_threshold: float = _num(0.0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class FinetuneConfig(_Section):
+class FinetuneConfig(_Model):
     """Fine-tuning ``model.name`` for extractive QA on ``data.path`` (``attnclust finetune``).
 
     Features are built with the ``extract`` section's ``max_seq_len``, ``doc_stride`` and ``max_query_len``;
@@ -372,45 +430,29 @@ class FinetuneConfig(_Section):
     """
 
     SECTION = "finetune"
-    epochs: float = 2.0
-    max_steps: int | None = None
-    learning_rate: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    eval_batch_size: int = 32
-    logging_steps: int = 10
-    save_steps: int = 500
-    save_total_limit: int = 2
-    seed: int = 42
-    precision: Precision = "auto"
-    eval_data: str | None = None
-    eval_max_examples: int | None = None
-
-    def __post_init__(self):
-        _number("finetune", "epochs", self.epochs, 0, lo_open=True)
-        if self.max_steps is not None:
-            _int_range("finetune", "max_steps", self.max_steps, 1)
-        _number("finetune", "learning_rate", self.learning_rate, 0, lo_open=True, hi=1)
-        _number("finetune", "weight_decay", self.weight_decay, 0)
-        _number("finetune", "warmup_ratio", self.warmup_ratio, 0, hi=0.99)
-        for key in ("batch_size", "gradient_accumulation_steps", "eval_batch_size", "logging_steps", "save_steps",
-                    "save_total_limit"):
-            _int_range("finetune", key, getattr(self, key), 1)
-        _int_range("finetune", "seed", self.seed, 0)
-        _literal("finetune", "precision", self.precision, get_args(Precision))
-        if self.eval_data is not None and (not isinstance(self.eval_data, str) or not self.eval_data.strip()):
-            raise _fail("finetune", "eval_data", self.eval_data, "a SQuAD-v2-format file, or null to skip scoring")
-        if self.eval_max_examples is not None:
-            _int_range("finetune", "eval_max_examples", self.eval_max_examples, 1)
+    epochs: float = _num(2.0, 0, lo_open=True)
+    max_steps: int | None = _int(None, 1)
+    learning_rate: float = _num(3e-5, 0, lo_open=True, hi=1)
+    weight_decay: float = _num(0.0, 0)
+    warmup_ratio: float = _num(0.0, 0, hi=0.99)
+    batch_size: int = _int(8, 1)
+    gradient_accumulation_steps: int = _int(1, 1)
+    eval_batch_size: int = _int(32, 1)
+    logging_steps: int = _int(10, 1)
+    save_steps: int = _int(500, 1)
+    save_total_limit: int = _int(2, 1)
+    seed: int = _int(42, 0)
+    precision: Precision = _choice("auto", Precision)
+    eval_data: str | None = _setting(None, "a SQuAD-v2-format file, or null to skip scoring", pattern=_TEXT_PATTERN)
+    eval_max_examples: int | None = _int(None, 1)
 
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+def _section(model: type[_Model]) -> Any:
+    return Field(default_factory=model,
+                 json_schema_extra={"allowed": f"the '{model.SECTION}' settings ({model.__name__}, or a mapping)"})
 
 
-@dataclass(frozen=True, kw_only=True)
-class JobConfig:
+class JobConfig(_Model):
     """A whole job: one section per stage plus the job name and backend.
 
     Parameters
@@ -419,93 +461,150 @@ class JobConfig:
         Letters, digits and ``_``, starting with a letter; prefixes every Dask task key of the job.
     backend
         ``cpu``, ``gpu`` or ``auto`` (gpu only when every worker has a usable GPU).
+    data, model, extract, featurize, cluster, report, qa, finetune
+        The sections (``SECTIONS`` maps each name to its model); each defaults to its model's defaults.
     """
 
-    name: str = "attnclust"
-    backend: Backend = "auto"
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    extract: ExtractConfig = field(default_factory=ExtractConfig)
-    featurize: FeaturizeConfig = field(default_factory=FeaturizeConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
-    qa: QAConfig = field(default_factory=QAConfig)
-    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    name: str = _setting("attnclust", "letters, digits and '_', starting with a letter (max 48)",
+                         "for example name: squad_dev", pattern=_NAME_PATTERN)
+    backend: Backend = _choice("auto", Backend)
+    data: DataConfig = _section(DataConfig)
+    model: ModelConfig = _section(ModelConfig)
+    extract: ExtractConfig = _section(ExtractConfig)
+    featurize: FeaturizeConfig = _section(FeaturizeConfig)
+    cluster: ClusterConfig = _section(ClusterConfig)
+    report: ReportConfig = _section(ReportConfig)
+    qa: QAConfig = _section(QAConfig)
+    finetune: FinetuneConfig = _section(FinetuneConfig)
 
-    SECTIONS = {"data": DataConfig, "model": ModelConfig, "extract": ExtractConfig,
-                "featurize": FeaturizeConfig, "cluster": ClusterConfig, "report": ReportConfig,
-                "qa": QAConfig, "finetune": FinetuneConfig}
-
-    def __post_init__(self):
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise _fail("", "name", self.name, "letters, digits and '_', starting with a letter (max 48)",
-                        "for example name: squad_dev")
-        _literal("", "backend", self.backend, get_args(Backend))
+    SECTIONS: ClassVar[dict[str, type[_Model]]] = {
+        "data": DataConfig, "model": ModelConfig, "extract": ExtractConfig, "featurize": FeaturizeConfig,
+        "cluster": ClusterConfig, "report": ReportConfig, "qa": QAConfig, "finetune": FinetuneConfig}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> JobConfig:
+        """Build the job from a mapping of ``name``, ``backend`` and sections (a job file's, or ``job.json``'s).
+
+        Parameters
+        ----------
+        raw
+            The top-level mapping; ``None`` or a missing section gives the defaults. An unknown section or
+            setting, or a value that is not allowed, raises ``ConfigError`` naming its dotted key.
+        """
         raw = {} if raw is None else raw
         if not isinstance(raw, dict):
             raise ConfigError(f"job config: expected a mapping at the top level, got {type(raw).__name__}")
-        known = {"name", "backend", *cls.SECTIONS}
-        unknown = sorted(set(raw) - known)
+        unknown = [key for key in raw if key not in cls.model_fields]
         if unknown:
-            raise ConfigError(f"config {unknown[0]}: unknown section; known: {', '.join(sorted(known))}")
-        kwargs: dict[str, Any] = {k: raw[k] for k in ("name", "backend") if k in raw}
-        for key, section in cls.SECTIONS.items():
-            kwargs[key] = section.from_dict(raw.get(key))
-        return cls(**kwargs)
+            raise _unknown_section(unknown[0])
+        values = {key: raw[key] for key in ("name", "backend") if key in raw}
+        values.update({key: section.from_dict(raw.get(key)) for key, section in cls.SECTIONS.items()})
+        return cls(**values)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "backend": self.backend}
-        for key in self.SECTIONS:
-            out[key] = getattr(self, key).to_dict()
-        return out
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every dotted key: ``("data.path", ..., "finetune.eval_max_examples", "name", "backend")``."""
+        return tuple(f"{name}.{key}" for name, section in cls.SECTIONS.items() for key in section.model_fields) \
+            + ("name", "backend")
 
-    def replace(self, **changes) -> JobConfig:
-        return dataclasses.replace(self, **changes)
+    def value(self, key: str) -> Any:
+        """The value of one dotted key of :meth:`keys`, e.g. ``cfg.value("cluster.k")``.
+
+        Parameters
+        ----------
+        key
+            ``"section.setting"``, ``"name"`` or ``"backend"``; any other raises ``ConfigError`` naming it.
+        """
+        section, dot, setting = key.partition(".") if isinstance(key, str) else (key, "", "")
+        if not dot and section in ("name", "backend"):
+            return getattr(self, section)
+        owner = self.SECTIONS.get(section)
+        if owner is None or not dot:
+            raise ConfigError(f"config {key}: unknown key; allowed: name, backend, or section.setting with a "
+                              f"section among {', '.join(self.SECTIONS)} (JobConfig.keys() lists them all)")
+        if setting not in owner.model_fields:
+            raise _unknown(owner, setting)
+        return getattr(getattr(self, section), setting)
 
     def fingerprint(self, *sections: str) -> str:
-        """Hash of the given sections' settings (all when none given), for detecting a changed config."""
+        """Hash (16 hex digits) of the given sections' settings (all, with name and backend, when none given).
+
+        Parameters
+        ----------
+        *sections
+            Top-level keys of :meth:`to_dict` (section names, ``name``, ``backend``).
+        """
         blob = self.to_dict()
         if sections:
-            blob = {k: blob[k] for k in sections}
+            unknown = [key for key in sections if key not in blob]
+            if unknown:
+                raise _unknown_section(unknown[0])
+            blob = {key: blob[key] for key in sections}
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _parse_value(text: str) -> Any:
+# --- --set overrides and job files --------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _adapter(annotation: Any) -> TypeAdapter:
+    return TypeAdapter(annotation)
+
+
+def _typed(owner: type[_Model], key: str, text: str) -> Any:
+    """``text`` read as the type of ``owner.key`` (``12`` -> 12 for an int, ``auto`` stays text, ``null`` -> None)."""
+    if text in _NULLS:
+        return None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+        return _adapter(owner.model_fields[key].annotation).validate_strings(text)
+    except ValidationError:
+        return text  # not of the type: the model names it with what is allowed
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    key, eq, text = item.partition("=") if isinstance(item, str) else ("", "", "")
+    parts = [part.strip() for part in key.split(".")]
+    if not eq or len(parts) > 2 or not all(parts) or (len(parts) == 1) != (parts[0] in ("name", "backend")):
+        raise ConfigError(f"--set {item!r}: expected section.key=value (or name=value, backend=value), "
+                          "for example --set cluster.k=12")
+    owner, name = (JobConfig, parts[0]) if len(parts) == 1 else (JobConfig.SECTIONS.get(parts[0]), parts[1])
+    if owner is None:
+        raise _unknown_section(parts[0])
+    if name not in owner.model_fields:
+        raise _unknown(owner, name)
+    return parts, _typed(owner, name, text.strip())
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` overrides (values parsed as YAML scalars) to a raw job mapping.
+    """Apply ``section.key=value`` overrides to a raw job mapping, each value read as its setting's type.
 
     Parameters
     ----------
     raw
-        The job mapping as read from YAML.
+        The job mapping as read from YAML (not modified).
     overrides
-        Strings like ``cluster.k=12`` or ``name=run2``.
+        Strings like ``cluster.k=12``, ``cluster.k=auto``, ``data.path=null`` or ``name=run2``. A value is
+        parsed by the type of the setting it targets (``12`` -> 12 for an int, ``false`` -> False for a bool,
+        ``null`` -> None); a value that does not parse is passed on as text and refused by validation.
+        A malformed item (no ``=``, more than one dot) or an unknown section or setting raises ``ConfigError``.
+
+    Returns
+    -------
+    dict
+        A new mapping with the overrides applied, for :meth:`JobConfig.from_dict`.
     """
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, for example --set cluster.k=12")
-        key, _, text = item.partition("=")
-        parts = key.strip().split(".")
-        value = _parse_value(text)
+        parts, value = _parse_override(item)
         if len(parts) == 1:
             out[parts[0]] = value
-        elif len(parts) == 2:
-            section = out.setdefault(parts[0], {})
-            if not isinstance(section, dict):
-                raise ConfigError(f"--set {item!r}: '{parts[0]}' is not a section")
-            section[parts[1]] = value
-        else:
-            raise ConfigError(f"--set {item!r}: expected section.key=value with one dot, got {key!r}")
+            continue
+        section = out.get(parts[0])
+        if section is None:
+            section = out[parts[0]] = {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"--set {item!r}: '{parts[0]}' is not a section in the job file "
+                              f"(got {type(section).__name__}); make it a mapping of settings")
+        section[parts[1]] = value
     return out
 
 
@@ -515,7 +614,21 @@ def default_job_path() -> Path:
 
 
 def load_job(path: str | Path | None = None, overrides: list[str] | None = None) -> JobConfig:
-    """Read a YAML job file (``None``: the packaged demo job) and apply ``--set`` overrides."""
+    """Read a YAML job file (``None``: the packaged demo job) and apply ``--set`` overrides.
+
+    Parameters
+    ----------
+    path
+        The job file; read with ``yaml.safe_load`` (tags that build objects are refused).
+    overrides
+        ``section.key=value`` strings, see :func:`apply_overrides`.
+
+    Returns
+    -------
+    JobConfig
+        The validated job. An unreadable file, malformed YAML (with line and column) or an invalid setting
+        raises ``ConfigError``; errors in the resolved job are prefixed with ``job file PATH: ``.
+    """
     path = Path(path) if path is not None else default_job_path()
     try:
         text = path.read_text()
@@ -537,6 +650,4 @@ def load_job(path: str | Path | None = None, overrides: list[str] | None = None)
     try:
         return JobConfig.from_dict(raw)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    except TypeError as exc:
         raise ConfigError(f"{source}: {exc}") from None

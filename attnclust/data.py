@@ -10,6 +10,9 @@ Three input layouts are read into the same :class:`Example` records:
 
 Every record is validated before anything is returned, and each problem raises :class:`~attnclust.errors.DataError`
 with one line that names the file, the record (position and id), the field, the value and the fix.
+:func:`read_squad` checks everything a training or extraction run needs (questions, contexts, answer offsets);
+:func:`read_gold` reads the same layouts for scoring, with the same checks of ids and answers but, as the official
+SQuAD 2.0 evaluation script, without looking at contexts or answer offsets.
 
 :func:`tokenize_examples` then cuts each (question, context) pair into the overlapping features ("spans") that a
 BERT-style extractive QA model is fed, one row per ``feature``.
@@ -34,6 +37,7 @@ __all__ = [
     "FEATURE_COLUMNS",
     "Answer",
     "Example",
+    "read_gold",
     "read_squad",
     "sample_path",
     "tokenize_examples",
@@ -172,9 +176,44 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None)
     examples = [_validate_record(raw, where) for raw in _records(_parse_json(text, file, where), where)]
     if not examples:
         raise DataError(f"{where}: holds no questions; the file must contain at least one question")
-    _check_unique_ids(examples, where)
+    _check_unique_ids([(ex.id, label) for ex, label in examples], where)
     out = [ex for ex, _ in examples]
     return out if max_examples is None else out[:max_examples]
+
+
+def read_gold(path: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """Read the gold answers of a SQuAD-v2-format dataset, leniently (for scoring).
+
+    Parameters
+    ----------
+    path
+        Any layout :func:`read_squad` reads. Ids and answers are checked as :func:`read_squad` checks them,
+        except that only the answer texts are required: questions, contexts and ``answer_start`` are not looked
+        at, as in the official evaluation script.
+
+    Returns
+    -------
+    dict of str to list of str
+        Question id -> gold answer texts in file order; ``[]`` for an unanswerable question.
+
+    Raises
+    ------
+    ConfigError
+        If ``path`` is not a path.
+    DataError
+        If the file is missing, unreadable or malformed, holds no question, or a record lacks a non-empty string
+        id or an ``answers`` list of texts, or an id repeats.
+    """
+    where = _where("gold file", path)
+    file, text = _open_text(path, where)
+    labelled = []
+    for rec, loc, position in _records(_parse_json(text, file, where), where):
+        rid, label = _record_id(rec, loc, position, where, expected="an object with id and answers")
+        labelled.append((rid, label, [t for t, *_ in _answer_items(rec, label, offsets=False)]))
+    if not labelled:
+        raise DataError(f"{where}: holds no questions; the file must contain at least one question")
+    _check_unique_ids([(rid, label) for rid, label, _ in labelled], where)
+    return {rid: texts for rid, _, texts in labelled}
 
 
 def _show(value: Any) -> str:
@@ -188,6 +227,23 @@ def _kind(value: Any) -> str:
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
              float: "a number", type(None): "null"}
     return names.get(type(value), type(value).__name__)
+
+
+def _where(kind: str, path: Any) -> str:
+    """How messages name a file: ``"<kind> <path>"``."""
+    return f"{kind} {os.fspath(path)}" if isinstance(path, (str, os.PathLike)) else kind
+
+
+def _open_text(path: Any, where: str, expected: str | None = None) -> tuple[pathlib.Path, str]:
+    """Read a whole file given by the user; ``expected`` describes a JSON-object file for its messages."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"{where}: got {path!r}; allowed: a file path (str or pathlib.Path)")
+    file = pathlib.Path(path)
+    if not file.exists():
+        raise DataError(f"{where}: not found; check the path")
+    if expected is not None and file.is_file() and file.stat().st_size == 0:
+        raise DataError(f"{where}: is empty; it must hold one JSON object {{\"question id\": {expected}, ...}}")
+    return file, _read_text(file, where)
 
 
 def _read_text(file: pathlib.Path, where: str) -> str:
@@ -328,23 +384,25 @@ def _context_problem(context: Any, holder: str = "record") -> str:
     return ""
 
 
+def _record_id(rec: Any, loc: str, position: int, where: str, *, expected: str) -> tuple[str, str]:
+    """Check that a record is an object with a usable id; return the id and the record's label for messages."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: record {position}{loc}: is {_kind(rec)}; expected {expected}")
+    rid = rec.get("id")
+    if isinstance(rid, str) and rid.strip():
+        return rid, f"{where}: record {position} ({rid!r}){loc}"
+    label = f"{where}: record {position}{loc}"
+    if rid is None:
+        raise DataError(f"{label}: id is missing; give every question a unique, non-empty string id")
+    what = "empty" if isinstance(rid, str) else _kind(rid)
+    raise DataError(f"{label}: id {_show(rid)} is {what}; give every question a unique, non-empty string id")
+
+
 def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, str]:
     """Validate one flat record; return the example and its label for later messages."""
     rec, loc, position = raw
-    if not isinstance(rec, dict):
-        raise DataError(
-            f"{where}: record {position}{loc}: is {_kind(rec)}; expected an object with id, question, context, "
-            "answers"
-        )
-    rid = rec.get("id")
-    if isinstance(rid, str) and rid.strip():
-        label = f"{where}: record {position} ({rid!r}){loc}"
-    else:
-        label = f"{where}: record {position}{loc}"
-        if rid is None:
-            raise DataError(f"{label}: id is missing; give every question a unique string id")
-        what = "empty" if isinstance(rid, str) else _kind(rid)
-        raise DataError(f"{label}: id {_show(rid)} is {what}; give every question a unique, non-empty string id")
+    rid, label = _record_id(rec, loc, position, where,
+                            expected="an object with id, question, context, answers")
     question = rec.get("question")
     if question is None:
         raise DataError(f"{label}: question is missing; give the question text")
@@ -380,46 +438,58 @@ def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, st
     return example, label
 
 
-def _validate_answers(rec: dict[str, Any], context: str, label: str) -> list[Answer]:
-    """Check the ``answers`` field in either layout; every answer must match the context at its offset."""
-    if "answers" not in rec:
-        raise DataError(
-            f"{label}: answers is missing; give a list of {{\"text\", \"answer_start\"}} objects, or [] for an "
-            "unanswerable question"
-        )
-    value = rec["answers"]
-    pairs: list[tuple[str, Any, str, Any, str]] = []  # (text field, text, start field, start, item field)
+def _answer_items(rec: dict[str, Any], label: str, *, offsets: bool) -> list[tuple[str, str, str, Any, str]]:
+    """The ``answers`` field in either layout, with every text checked to be a string.
+
+    With ``offsets`` each answer must also give ``answer_start`` (checked by the caller); without, only the texts
+    are required (as the official evaluation script reads them).
+
+    Returns ``(text, text field, start field, start or None, item)`` per answer, the fields named for messages.
+    """
+    value = rec.get("answers")
+    required = ("text", "answer_start") if offsets else ("text",)
+    wanted = " and ".join(f"'{k}'" for k in required)
+    layouts = ("a list of {\"text\", \"answer_start\"} objects, {\"text\": [...], \"answer_start\": [...]}, or [] for "
+               "an unanswerable question")
+    items: list[tuple[Any, str, str, Any, str]] = []
+    if value is None:
+        raise DataError(f"{label}: answers is missing; expected {layouts}")
     if isinstance(value, list):
         for i, item in enumerate(value):
-            if not isinstance(item, dict) or "text" not in item or "answer_start" not in item:
+            if not isinstance(item, dict) or any(k not in item for k in required):
                 raise DataError(
-                    f"{label}: answers[{i}] {_show(item)} is not an object with 'text' and 'answer_start'; "
-                    "write it as {\"text\": ..., \"answer_start\": ...}"
+                    f"{label}: answers[{i}] {_show(item)} is not an object with {wanted}; write it as "
+                    "{\"text\": ..., \"answer_start\": ...}"
                 )
-            pairs.append((f"answers[{i}].text", item["text"], f"answers[{i}].answer_start", item["answer_start"],
+            items.append((item["text"], f"answers[{i}].text", f"answers[{i}].answer_start", item.get("answer_start"),
                           f"answers[{i}]"))
-    elif isinstance(value, dict) and "text" in value and "answer_start" in value:
-        texts, starts = value["text"], value["answer_start"]
-        for field, seq in (("answers.text", texts), ("answers.answer_start", starts)):
+    elif isinstance(value, dict) and all(k in value for k in required):
+        texts, starts = value["text"], value.get("answer_start")
+        for field, seq in (("answers.text", texts), ("answers.answer_start", starts))[:len(required)]:
             if not isinstance(seq, list):
                 raise DataError(f"{label}: {field} {_show(seq)} is {_kind(seq)}; expected a list (one per answer)")
-        if len(texts) != len(starts):
+        if offsets and len(texts) != len(starts):
             raise DataError(
                 f"{label}: answers.text has {len(texts)} entries but answers.answer_start has {len(starts)}; "
                 "give one offset per answer text"
             )
-        for i, (text, start) in enumerate(zip(texts, starts)):
-            pairs.append((f"answers.text[{i}]", text, f"answers.answer_start[{i}]", start, f"answer {i}"))
+        for i, text in enumerate(texts):
+            items.append((text, f"answers.text[{i}]", f"answers.answer_start[{i}]", starts[i] if offsets else None,
+                          f"answer {i}"))
     else:
-        raise DataError(
-            f"{label}: answers {_show(value)} is {_kind(value)}; expected a list of {{\"text\", \"answer_start\"}} "
-            "objects or {\"text\": [...], \"answer_start\": [...]}"
-        )
+        raise DataError(f"{label}: answers {_show(value)} is {_kind(value)}; expected {layouts}")
+    for text, field, *_ in items:
+        if not isinstance(text, str):
+            raise DataError(f"{label}: {field} {_show(text)} is {_kind(text)}; give the answer text as a string")
+    return items
+
+
+def _validate_answers(rec: dict[str, Any], context: str, label: str) -> list[Answer]:
+    """Check the ``answers`` field in either layout; every answer must match the context at its offset."""
     out = []
-    for text_field, text, start_field, start, item in pairs:
-        if not isinstance(text, str) or not text:
-            what = "empty" if isinstance(text, str) else _kind(text)
-            raise DataError(f"{label}: {text_field} {_show(text)} is {what}; give the answer text or drop {item}")
+    for text, text_field, start_field, start, item in _answer_items(rec, label, offsets=True):
+        if not text:
+            raise DataError(f"{label}: {text_field} '' is empty; give the answer text or drop {item}")
         if isinstance(start, bool) or not isinstance(start, int):
             raise DataError(
                 f"{label}: {start_field} {_show(start)} is {_kind(start)}; give the character offset as an integer"
@@ -444,13 +514,14 @@ def _validate_answers(rec: dict[str, Any], context: str, label: str) -> list[Ans
     return out
 
 
-def _check_unique_ids(examples: list[tuple[Example, str]], where: str) -> None:
+def _check_unique_ids(labelled: list[tuple[str, str]], where: str) -> None:
+    """Raise on the first id that repeats; ``labelled`` holds ``(id, label)`` per record in file order."""
     first: dict[str, str] = {}
-    for ex, label in examples:
-        if ex.id in first:
-            other = first[ex.id][len(where) + 2:]
-            raise DataError(f"{label}: id {ex.id!r} repeats {other}; ids must be unique: rename or drop one")
-        first[ex.id] = label
+    for rid, label in labelled:
+        if rid in first:
+            other = first[rid][len(where) + 2:]
+            raise DataError(f"{label}: id {rid!r} repeats {other}; ids must be unique: rename or drop one")
+        first[rid] = label
 
 
 # ---------------------------------------------------------------------------------------------- tokenising

@@ -1,4 +1,4 @@
-"""The on-disk layout of an output directory: names, dimensions, chunking, schema, completion markers, locks.
+"""The attention store's contract: dimensions, chunking, schema, completion; atomic writes of run files.
 
 Store contract (documented in README; other tools rely on it)::
 
@@ -8,18 +8,14 @@ Store contract (documented in README; other tools rely on it)::
         attrs               schema, schema_version, model, max_seq_len, num_layers, num_heads[, complete]
     DIR/features.parquet    feature_id, example_id, span, seq_len, tokens, segment_ids [, offsets, ...]
 
-Everything else in ``DIR`` is derived and rebuilt by the stages. One Dask task owns one whole shard of
-``attention`` (a block of features), so no two tasks ever write the same chunk or shard. Finished work is
-recorded as marker files under ``DIR/_state``; a marker is written only after the data it vouches for.
+Everything else in ``DIR`` is derived and rebuilt by the stages (paths: :mod:`attnclust.layout`). One Dask task
+owns one whole shard of ``attention`` (a block of features), so no two tasks ever write the same chunk or shard.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import shutil
-import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,18 +24,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import JobLocked, StoreError
+from .errors import StoreError
+from .layout import RunLayout
 
 __all__ = [
-    "ATTENTION",
     "DIMS",
-    "FEATURES",
     "SCHEMA_VERSION",
     "AttentionStore",
-    "OutputDir",
     "atomic_write_bytes",
+    "atomic_write_json",
     "atomic_write_parquet",
     "create_attention_store",
+    "mark_store_complete",
     "open_attention_store",
     "read_features",
 ]
@@ -47,9 +43,6 @@ __all__ = [
 DIMS = ("feature", "layer", "head", "query", "key")
 SCHEMA = "attnclust.attention"
 SCHEMA_VERSION = 1
-ATTENTION = "attention.zarr"
-FEATURES = "features.parquet"
-EMBEDDING = "embedding.zarr"
 FEATURE_COLUMNS = ("feature_id", "example_id", "span", "seq_len", "tokens", "segment_ids")
 
 
@@ -86,6 +79,7 @@ def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any, *, sort_keys: bool = True) -> None:
+    """Write ``obj`` as indented JSON through a temporary file and a rename."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n").encode())
 
 
@@ -177,7 +171,7 @@ def _zarr():
 
 def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, num_heads: int,
                            features_per_task: int, attrs: dict, dtype: str = "float16") -> AttentionStore:
-    """Create (overwrite) the attention store with one shard per ``features_per_task`` features.
+    """Create the attention store (``path`` must not exist) with one shard per ``features_per_task`` features.
 
     The query/key width is the longest true length (not ``max_seq_len``); padding beyond each feature's own
     length stays zero (the fill value, never written). ``dtype="uint8"`` stores ``round(255 * weight)``
@@ -192,7 +186,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
 
     path = Path(path)
     if path.exists():
-        shutil.rmtree(path)
+        raise StoreError(f"store {path}: exists already; remove it first (attnclust removes only stores it wrote)")
     n = len(seq_len)
     width = int(seq_len.max())
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
@@ -249,13 +243,14 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
 
 
 def mark_store_complete(path: Path) -> None:
+    """Set the store's ``complete`` attribute (after every shard was written)."""
     group = _zarr().open_group(str(path), mode="r+")
     group.attrs["complete"] = True
 
 
-def read_features(out: Path) -> pd.DataFrame:
-    """Read ``features.parquet`` and check the contract's columns."""
-    path = Path(out) / FEATURES
+def read_features(root: Path) -> pd.DataFrame:
+    """Read the run's ``features.parquet`` and check the contract's columns."""
+    path = RunLayout(root).features
     if not path.exists():
         raise StoreError(f"{path}: not found; run 'attnclust extract' for this output dir first")
     try:
@@ -267,119 +262,3 @@ def read_features(out: Path) -> pd.DataFrame:
         raise StoreError(f"{path}: missing column(s) {', '.join(missing)}; the store contract needs "
                          f"{', '.join(FEATURE_COLUMNS)}")
     return df.sort_values("feature_id").reset_index(drop=True)
-
-
-class OutputDir:
-    """An output directory: stage state, config fingerprints, the run lock.
-
-    Parameters
-    ----------
-    path
-        The directory (created on :meth:`lock`).
-    """
-
-    STAGES = ("extract", "featurize", "cluster", "report")
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._lock_fh = None
-
-    # -- lock -------------------------------------------------------------------------------------
-    def lock(self) -> None:
-        """Take the directory's run lock (released when the process exits, even if killed)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fh = open(self.path / ".lock", "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            fh.close()
-            raise JobLocked(f"output dir {self.path}: in use by another attnclust run ({holder}); wait for it "
-                            f"to finish or choose another --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        fh.flush()
-        self._lock_fh = fh
-
-    def unlock(self) -> None:
-        if self._lock_fh is not None:
-            fcntl.flock(self._lock_fh, fcntl.LOCK_UN)
-            self._lock_fh.close()
-            self._lock_fh = None
-
-    def __enter__(self):
-        self.lock()
-        return self
-
-    def __exit__(self, *exc):
-        self.unlock()
-
-    # -- state ------------------------------------------------------------------------------------
-    @property
-    def state(self) -> Path:
-        return self.path / "_state"
-
-    def part_marker(self, stage: str, part: int) -> Path:
-        return self.state / stage / f"{part:06d}.done"
-
-    def done_parts(self, stage: str, fingerprint: str) -> set[int]:
-        """Parts of ``stage`` recorded as finished under ``fingerprint``."""
-        folder = self.state / stage
-        done = set()
-        if folder.is_dir():
-            for marker in folder.glob("*.done"):
-                try:
-                    if json.loads(marker.read_text()).get("fingerprint") == fingerprint:
-                        done.add(int(marker.stem))
-                except (ValueError, OSError):
-                    continue
-        return done
-
-    def mark_part(self, stage: str, part: int, fingerprint: str, **info) -> None:
-        atomic_write_json(self.part_marker(stage, part), {"fingerprint": fingerprint, **info})
-
-    def stage_record(self, stage: str) -> dict | None:
-        path = self.state / f"{stage}.json"
-        if not path.exists():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            return None
-
-    def started_fingerprint(self, stage: str) -> str | None:
-        path = self.state / f"{stage}.started"
-        return path.read_text().strip() if path.exists() else None
-
-    def begin_stage(self, stage: str, fingerprint: str, *, force: bool) -> bool:
-        """Check the stage's recorded config; return True if it is already complete with this config.
-
-        A stage begun or finished with another configuration is refused unless ``force``, which wipes
-        this stage's and later stages' state (their outputs are overwritten as they re-run).
-        """
-        previous = self.started_fingerprint(stage)
-        if previous is not None and previous != fingerprint:
-            if not force:
-                raise StoreError(
-                    f"output dir {self.path}: stage '{stage}' was run with a different configuration "
-                    f"(fingerprint {previous} vs {fingerprint}); use --force to overwrite it or choose another --out")
-            self.reset_from(stage)
-        elif force:
-            self.reset_from(stage)
-        record = self.stage_record(stage)
-        if record is not None and record.get("fingerprint") == fingerprint:
-            return True
-        atomic_write_bytes(self.state / f"{stage}.started", fingerprint.encode())
-        return False
-
-    def finish_stage(self, stage: str, fingerprint: str, **info) -> None:
-        atomic_write_json(self.state / f"{stage}.json", {"fingerprint": fingerprint, **info})
-
-    def reset_from(self, stage: str) -> None:
-        """Forget ``stage`` and every later stage (markers, records)."""
-        for later in self.STAGES[self.STAGES.index(stage):]:
-            shutil.rmtree(self.state / later, ignore_errors=True)
-            for suffix in (".json", ".started"):
-                (self.state / f"{later}{suffix}").unlink(missing_ok=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["pool_maps"]
+__all__ = ["PooledFeaturizer", "pool_maps"]
 
 
 def pool_maps(maps: np.ndarray, *, grid: int, sqrt: bool = True) -> np.ndarray:
@@ -40,3 +40,31 @@ def pool_maps(maps: np.ndarray, *, grid: int, sqrt: bool = True) -> np.ndarray:
     if sqrt:
         pooled = pooled.sqrt()
     return pooled.reshape(len(maps), grid * grid).numpy()
+
+
+class PooledFeaturizer:
+    """``pooled``: the true-length map average-pooled to ``grid x grid``, row-normalised, square-rooted."""
+
+    name = "pooled"
+    version = 1
+    keys = ("featurize.grid",)
+
+    def dim(self, cfg) -> int:
+        """``grid * grid``."""
+        return cfg.grid * cfg.grid
+
+    def check(self, cfg) -> None:
+        """Nothing to check: no weights."""
+
+    def embed(self, maps: np.ndarray, cfg, device: str = "cpu") -> np.ndarray:
+        """(map, query, key) of one length -> (map, grid * grid) float32."""
+        return pool_maps(maps, grid=cfg.grid)
+
+
+def _register() -> None:
+    from . import register_featurizer
+
+    register_featurizer(PooledFeaturizer())
+
+
+_register()

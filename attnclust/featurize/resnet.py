@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import BackendUnavailable, ConfigError
 
-__all__ = ["check_weights", "embed_maps", "load_resnet"]
+__all__ = ["ResnetFeaturizer", "check_weights", "embed_maps", "load_resnet"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -131,3 +131,33 @@ def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, devic
             with torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
                 out.append(net(x).float().cpu().numpy())
     return np.concatenate(out, axis=0)
+
+
+class ResnetFeaturizer:
+    """``resnet``: a torchvision ResNet's penultimate layer on each map seen as an image (the original design)."""
+
+    name = "resnet"
+    version = 1
+    keys = ("featurize.arch", "featurize.weights", "featurize.image_size", "featurize.batch_size")
+
+    def dim(self, cfg) -> int:
+        """2,048 for resnet50, 512 for resnet18/34."""
+        return 2048 if cfg.arch == "resnet50" else 512
+
+    def check(self, cfg) -> None:
+        """The requested weights can be had (no silent random fallback)."""
+        check_weights(cfg.arch, cfg.weights)
+
+    def embed(self, maps: np.ndarray, cfg, device: str = "cpu") -> np.ndarray:
+        """(map, query, key) of one length -> (map, dim) float32."""
+        net = load_resnet(cfg.arch, cfg.weights, device)
+        return embed_maps(net, maps, image_size=cfg.image_size, batch_size=cfg.batch_size, device=device)
+
+
+def _register() -> None:
+    from . import register_featurizer
+
+    register_featurizer(ResnetFeaturizer())
+
+
+_register()

@@ -14,7 +14,7 @@ from attnclust.cli import main
 from attnclust.config import JobConfig
 from attnclust.data import sample_path
 from attnclust.errors import ConfigError, ModelError
-from attnclust.finetune import finetune_model
+from attnclust.qa import finetune_model
 
 STEPS = 40
 TOKENS = {"max_seq_len": 128, "doc_stride": 32, "max_query_len": 32}
@@ -62,7 +62,7 @@ def test_training_loss_goes_down_and_the_dir_is_a_finished_model(trained):
 
 
 def test_evaluation_scores_are_the_official_metric_of_the_written_predictions(trained):
-    from attnclust.evaluate import evaluate_files
+    from attnclust.qa import evaluate_files
 
     out, record = trained
     ev = json.loads((out / "eval" / "eval_results.json").read_text())
@@ -162,7 +162,7 @@ def test_cli_finetune_bad_inputs_exit_2_with_one_line(encoder_dir, tmp_path, cap
 def test_bf16_on_a_gpu_without_it_is_refused_before_training(monkeypatch, encoder_dir):
     import torch
 
-    from attnclust.finetune import _precision
+    from attnclust.qa.finetune import _precision
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla T4")
@@ -173,7 +173,7 @@ def test_bf16_on_a_gpu_without_it_is_refused_before_training(monkeypatch, encode
 
 
 def test_cli_evaluate_prints_official_json_and_refuses_bad_input(tmp_path, capsys):
-    from attnclust.evaluate import read_gold
+    from attnclust.data import read_gold
 
     gold = read_gold(sample_path())
     preds = {q: (answers[0] if answers else "") for q, answers in gold.items()}

@@ -20,7 +20,7 @@ import pytest
 from distributed import Client
 from distributed.security import Security
 
-from attnclust.security import security_from_dir, write_certificates
+from attnclust.service.security import security_from_dir, write_certificates
 
 pytestmark = pytest.mark.timeout(180)
 

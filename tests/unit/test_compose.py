@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnclust.security import ROLES
+from attnclust.service.security import ROLES
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "docker-compose.yml"

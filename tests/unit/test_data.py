@@ -277,6 +277,36 @@ def test_invalid_flat_records_raise(tmp_path, case):
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("case", ["record-not-object", "id-missing", "id-not-string", "id-empty", "answers-missing",
+                                  "answers-wrong-type", "answer-item-not-object", "answer-text-not-string",
+                                  "duplicate-ids"])
+def test_gold_reading_checks_ids_and_answers_as_read_squad_does(tmp_path, case):
+    from attnclust.data import read_gold
+
+    records, pattern = FLAT_CASES[case]
+    path = write_json(tmp_path / "bad.json", records)
+    with pytest.raises(DataError, match=pattern) as strict:
+        read_squad(path)
+    with pytest.raises(DataError, match=pattern) as lenient:
+        read_gold(path)
+    # one implementation: the same message, but for the file's name and what a record must hold (scoring needs
+    # neither the question, the context nor the answer offsets)
+    expected = (str(strict.value).replace(f"data file {path}", f"gold file {path}")
+                .replace("id, question, context, answers", "id and answers").replace(" and 'answer_start'", ""))
+    assert str(lenient.value) == expected
+
+
+def test_gold_reading_ignores_what_scoring_does_not_use(tmp_path):
+    from attnclust.data import read_gold
+
+    records = [good_record(question=..., context=..., answers=[{"text": "the sea", "answer_start": 999}]),
+               good_record(id="q2", answers={"text": ["x", ""]}, is_impossible="unchecked")]
+    path = write_json(tmp_path / "gold.json", records)
+    with pytest.raises(DataError, match=r"record 0 \('q1'\): question is missing"):
+        read_squad(path)
+    assert read_gold(path) == {"q1": ["the sea"], "q2": ["x", ""]}
+
+
 def test_jsonl_record_errors_name_the_line(tmp_path):
     path = write_jsonl(tmp_path / "bad.jsonl", [good_record(), good_record(id="q2", answers=[], is_impossible=False)])
     with pytest.raises(DataError, match=r"record 1 \('q2'\) on line 2: is_impossible is false"):

@@ -1,4 +1,4 @@
-"""Tests for attnclust.evaluate: SQuAD v2.0 metrics, gold/prediction reading, and their error messages.
+"""Tests for attnclust.qa.evaluate: SQuAD v2.0 metrics, gold/prediction reading, and their error messages.
 
 Expected values are worked out by hand in the comments, following the official evaluate-v2.0.py definitions.
 """
@@ -13,14 +13,15 @@ import string
 import numpy as np
 import pytest
 
+from attnclust.data import read_gold
 from attnclust.errors import ConfigError, DataError
-from attnclust.evaluate import (
+from attnclust.qa.evaluate import (
     evaluate_files,
     evaluate_predictions,
     exact_score,
     f1_score,
     normalize_answer,
-    read_gold,
+    raw_scores,
     read_null_odds,
     read_predictions,
 )
@@ -87,6 +88,15 @@ def test_f1_score_empty_sides():
     assert f1_score("the", "") == 1  # "the" has no tokens after normalisation, as ""
     assert f1_score("dog", "") == 0
     assert f1_score("", "dog") == 0
+
+
+def test_raw_scores_are_per_question_maxima_over_gold_answers():
+    exact, f1 = raw_scores(GOLD, PREDS)
+    assert list(exact) == list(PREDS)                                   # in the order of the predictions
+    assert exact == {"q1": 1, "q2": 0, "q3": 1, "q4": 0, "q5": 0}
+    assert f1 == pytest.approx({"q1": 1.0, "q2": 2 / 3, "q3": 1.0, "q4": 0.0, "q5": 0.0}, abs=1e-12)
+    # a gold answer that normalises to nothing is dropped; with none left, "" is the only gold answer
+    assert raw_scores({"x": ["The", "dog"], "y": ["a"]}, {"x": "", "y": ""}) == ({"x": 0, "y": 1}, {"x": 0, "y": 1})
 
 
 # ----------------------------------------------------------------------------------------------- scoring
@@ -218,10 +228,10 @@ def test_read_gold_errors(tmp_path):
         read_gold(bad)
     rec = {"id": "a", "question": "q", "context": "c", "answers": []}
     dup = write_json(tmp_path / "dup.json", [rec, rec])
-    with pytest.raises(DataError, match=r"record 1 \('a'\): id 'a' repeats record 0; ids must be unique"):
+    with pytest.raises(DataError, match=r"record 1 \('a'\): id 'a' repeats record 0 \('a'\); ids must be unique"):
         read_gold(dup)
     no_answers = write_json(tmp_path / "na.json", [{"id": "a", "question": "q", "context": "c"}])
-    with pytest.raises(DataError, match=r"record 0 \('a'\): answers missing; expected a list"):
+    with pytest.raises(DataError, match=r"record 0 \('a'\): answers is missing; expected a list"):
         read_gold(no_answers)
     number = write_json(tmp_path / "num.json", [{**rec, "answers": [{"text": 5, "answer_start": 0}]}])
     with pytest.raises(DataError, match=r"answers\[0\]\.text 5 is a number; give the answer text as a string"):

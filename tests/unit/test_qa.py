@@ -1,4 +1,4 @@
-"""Post-processing of start/end logits into answers, on constructed logits."""
+"""attnclust.qa.answers: start/end logits into answers, on constructed logits, and through the model runner."""
 
 import numpy as np
 import pandas as pd
@@ -6,8 +6,14 @@ import pytest
 
 from attnclust.config import QAConfig
 from attnclust.errors import DataError
-from attnclust.finetune import training_labels
-from attnclust.qa import feature_candidates, predict_answers, score_answers, score_output
+from attnclust.qa import (
+    feature_candidates,
+    predict_answers,
+    predict_logits,
+    score_answers,
+    score_output,
+    training_labels,
+)
 
 CONTEXT = "Alpha beta gamma delta epsilon zeta"
 #          0     6    11    17    23      31
@@ -163,7 +169,7 @@ def test_training_labels_point_at_cls_when_the_answer_is_not_inside():
 def test_score_output_writes_official_files_and_marks_an_untrained_head(tmp_path):
     import json
 
-    from attnclust.evaluate import evaluate_files
+    from attnclust.qa import evaluate_files
 
     feats = pd.DataFrame([feature(0, "a", WORDS), feature(1, "b", WORDS)])
     feats = feats.assign(span=0, seq_len=11, tokens=[["t"] * 11] * 2, segment_ids=[[0] * 11] * 2)
@@ -192,3 +198,22 @@ def _gold_file(tmp_path):
                                 {"id": "a", "question": "qa", "context": CONTEXT,
                                  "answers": [{"text": "gamma", "answer_start": 11}]}]))
     return path
+
+
+def test_predict_logits_batches_by_length_and_equals_one_forward_per_feature(tiny_bert_dir):
+    from attnclust.config import ModelConfig
+    from attnclust.models import get_model, run_forward
+
+    loaded = get_model(ModelConfig(name=str(tiny_bert_dir)))
+    rng = np.random.default_rng(0)
+    lengths = [12, 5, 9, 5, 20]
+    feats = pd.DataFrame({"feature_id": [40, 10, 30, 20, 50], "seq_len": lengths,
+                          "input_ids": [rng.integers(1000, 2000, size=n).tolist() for n in lengths],
+                          "segment_ids": [[0] * 3 + [1] * (n - 3) for n in lengths]})
+    out = predict_logits(loaded, feats, batch_size=2)
+    assert out["feature_id"].tolist() == [40, 10, 30, 20, 50]              # in the order given
+    for (_, row), (_, got) in zip(feats.iterrows(), out.iterrows()):
+        alone = run_forward(loaded, feats[feats["feature_id"] == row["feature_id"]])
+        assert got["start_logits"].dtype == np.float32 and len(got["start_logits"]) == row["seq_len"]
+        np.testing.assert_allclose(got["start_logits"], alone.start_logits[0], atol=1e-5)
+        np.testing.assert_allclose(got["end_logits"], alone.end_logits[0], atol=1e-5)

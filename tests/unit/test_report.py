@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnclust.analysis.stats import stat_columns
 from attnclust.errors import DataError
 from attnclust.report import (
-    STAT_COLUMNS,
     UMAP_OFF_SENTENCE,
     ReportInputs,
     cluster_palette,
@@ -30,6 +30,7 @@ NOTE = "QA head untrained: predictions are meaningless"
 
 def _synthetic_inputs() -> ReportInputs:
     rng = np.random.default_rng(0)
+    stats = stat_columns()
     n_maps = N_FEATURES * N_LAYERS * N_HEADS  # 200 rows, one per (feature, layer, head)
     feature = np.repeat(np.arange(N_FEATURES, dtype=np.int64), N_LAYERS * N_HEADS)
     layer = np.tile(np.repeat(np.arange(N_LAYERS), N_HEADS), N_FEATURES).astype(np.int16)
@@ -44,7 +45,7 @@ def _synthetic_inputs() -> ReportInputs:
         "layer": layer, "head": head, "cluster": cluster,
         "umap_x": rng.normal(size=n_maps).astype(np.float32), "umap_y": rng.normal(size=n_maps).astype(np.float32),
         "centroid_dist": rng.random(n_maps).astype(np.float32),
-        **{s: rng.random(n_maps).astype(np.float32) for s in STAT_COLUMNS},
+        **{s: rng.random(n_maps).astype(np.float32) for s in stats},
     })
     shares = pd.crosstab([maps["layer"], maps["head"]], maps["cluster"], normalize="index")
     shares = shares.reindex(columns=range(N_CLUSTERS), fill_value=0.0)
@@ -52,7 +53,7 @@ def _synthetic_inputs() -> ReportInputs:
         "layer": shares.index.get_level_values(0), "head": shares.index.get_level_values(1),
         "n_maps": N_FEATURES, "dominant_cluster": shares.to_numpy().argmax(1), "purity": shares.to_numpy().max(1),
         **{f"share_{c}": shares[c].to_numpy() for c in range(N_CLUSTERS)},
-    }).merge(maps.groupby(["layer", "head"], as_index=False)[list(STAT_COLUMNS)].mean(), on=["layer", "head"])
+    }).merge(maps.groupby(["layer", "head"], as_index=False)[list(stats)].mean(), on=["layer", "head"])
     size = maps["cluster"].value_counts().reindex(range(N_CLUSTERS), fill_value=0)
     clusters = pd.DataFrame({
         "cluster": np.arange(N_CLUSTERS), "size": size.to_numpy(), "share": size.to_numpy() / n_maps,
@@ -60,7 +61,7 @@ def _synthetic_inputs() -> ReportInputs:
         "description": [f"pattern {c} <b>&</b> attends to [SEP] ({80 + c}% of mass)" for c in range(N_CLUSTERS)],
         "top_heads": [f"L{c % 2}H{c} 9{c}%" for c in range(N_CLUSTERS)],
         "mean_layer": maps.groupby("cluster")["layer"].mean().to_numpy(),
-    }).join(maps.groupby("cluster")[list(STAT_COLUMNS)].mean(), on="cluster")
+    }).join(maps.groupby("cluster")[list(stats)].mean(), on="cluster")
     mean_maps = rng.random((N_CLUSTERS, G, G))
     mean_maps /= mean_maps.sum(-1, keepdims=True)
     tokens = ["[CLS]", "<script>", "alert(1)", "</script>", "$x$", "a&b", "[SEP]", "who", "?", "[SEP]"]

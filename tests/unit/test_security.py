@@ -10,7 +10,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from attnclust.errors import ConfigError
-from attnclust.security import ROLES, security_from_dir, write_certificates
+from attnclust.service.security import ROLES, security_from_dir, write_certificates
 
 EXPECTED = {"ca.pem", "ca-key.pem"} | {f"{r}.pem" for r in ROLES} | {f"{r}-key.pem" for r in ROLES}
 

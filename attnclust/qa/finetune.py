@@ -5,9 +5,12 @@ Features are built exactly as extraction builds them (``extract.max_seq_len``, `
 else the first token ([CLS]: "no answer here"), as in the SQuAD 2.0 reference recipe. Training runs the
 transformers ``Trainer`` (AdamW, linear schedule, mixed precision on a GPU) with checkpoints under
 ``MODEL_DIR/checkpoints``; re-running the same command resumes from the newest one. Only when training has
-finished is the model written to ``MODEL_DIR`` itself (weights and tokenizer first, ``config.json`` last), so a
-directory a job can load as ``model.name`` always holds a finished model. With ``finetune.eval_data`` the model is
-then scored with the official SQuAD 2.0 metric (``MODEL_DIR/eval``).
+finished is the model written to ``MODEL_DIR`` itself (weights and tokenizer first, ``config.json`` last) and the
+run recorded as finished, so a directory a job can load as ``model.name`` always holds a finished model. With
+``finetune.eval_data`` the model is then loaded from ``MODEL_DIR`` exactly as extraction loads it
+(:func:`attnclust.models.get_model`) and scored with the official SQuAD 2.0 metric (``MODEL_DIR/eval``); an
+evaluation that fails can be re-run alone by repeating the command. Loading, padding and the forward pass are
+those of :mod:`attnclust.models`.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .config import JobConfig
-from .errors import BackendUnavailable, ConfigError, ModelError, StoreError
-from .store import OutputDir, atomic_write_json
+from ..config import JobConfig, ModelConfig
+from ..errors import BackendUnavailable, ConfigError, StoreError
+from ..layout import RunLayout
+from ..store import atomic_write_json
+from .answers import NULL_INDEX, predict_answers, predict_logits, score_answers, write_predictions
 
 __all__ = ["FINETUNE_RECORD", "finetune_model", "training_labels"]
 
@@ -46,8 +51,6 @@ def training_labels(features: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     -------
     (numpy.ndarray, numpy.ndarray) of int64, shape (feature,)
     """
-    from .qa import NULL_INDEX
-
     start = features["answer_start_token"].to_numpy(np.int64)
     end = features["answer_end_token"].to_numpy(np.int64)
     inside = (start >= 0) & (end >= start)
@@ -57,42 +60,30 @@ def training_labels(features: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 class _Features:
     """A torch-style dataset over tokenised features (lists, unpadded)."""
 
-    def __init__(self, features: pd.DataFrame, with_types: bool):
+    def __init__(self, features: pd.DataFrame):
         self.ids = list(features["input_ids"])
         self.types = list(features["segment_ids"])
         self.start, self.end = training_labels(features)
-        self.with_types = with_types
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, i: int) -> dict:
-        item = {"input_ids": list(self.ids[i]), "start_positions": int(self.start[i]),
-                "end_positions": int(self.end[i])}
-        if self.with_types:
-            item["token_type_ids"] = list(self.types[i])
-        return item
+        return {"input_ids": list(self.ids[i]), "segment_ids": list(self.types[i]),
+                "start_positions": int(self.start[i]), "end_positions": int(self.end[i])}
 
 
-def _collate(pad_id: int):
+def _collate(model):
+    """A training batch: the inputs padded by :func:`attnclust.models.batch_inputs`, and the labels."""
     import torch
 
+    from ..models import batch_inputs
+
     def collate(items: list[dict]) -> dict:
-        n = max(len(it["input_ids"]) for it in items)
-        ids = torch.full((len(items), n), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(items), n), dtype=torch.long)
-        types = torch.zeros((len(items), n), dtype=torch.long)
-        for i, it in enumerate(items):
-            m = len(it["input_ids"])
-            ids[i, :m] = torch.tensor(it["input_ids"])
-            mask[i, :m] = 1
-            if "token_type_ids" in it:
-                types[i, :m] = torch.tensor(it["token_type_ids"])
-        batch = {"input_ids": ids, "attention_mask": mask,
-                 "start_positions": torch.tensor([it["start_positions"] for it in items]),
-                 "end_positions": torch.tensor([it["end_positions"] for it in items])}
-        if "token_type_ids" in items[0]:
-            batch["token_type_ids"] = types
+        batch = batch_inputs(model, {"input_ids": [it["input_ids"] for it in items],
+                                     "segment_ids": [it["segment_ids"] for it in items]})
+        batch["start_positions"] = torch.tensor([it["start_positions"] for it in items])
+        batch["end_positions"] = torch.tensor([it["end_positions"] for it in items])
         return batch
 
     return collate
@@ -125,7 +116,7 @@ def _precision(cfg: JobConfig, device: str) -> dict:
 
 
 def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer) -> tuple[list, pd.DataFrame]:
-    from .data import read_squad, sample_path, tokenize_examples
+    from ..data import read_squad, sample_path, tokenize_examples
 
     file = Path(path).expanduser() if path else sample_path()
     examples = read_squad(file, max_examples=max_examples)
@@ -142,7 +133,7 @@ def _check_model_dir(out: Path) -> None:
     if not out.is_dir():
         raise ConfigError(f"--out {out}: is a file; give a directory for the fine-tuned model")
     ours = (out / "_state" / f"{STAGE}.started").exists() or (out / FINETUNE_RECORD).exists()
-    if not ours and any(p for p in out.iterdir() if p.name != ".lock"):
+    if not ours and any(out.iterdir()):
         raise ConfigError(f"--out {out}: exists and holds files not written by 'attnclust finetune'; choose an "
                           "empty or new directory")
 
@@ -207,13 +198,12 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
         What ``out/finetune.json`` records: settings, steps, seconds, the loss history, ``resumed_from`` and,
         with ``finetune.eval_data``, the official SQuAD 2.0 scores.
     """
-    from .models import _quiet_transformers, get_tokenizer, resolve_model_path
+    from ..models import get_tokenizer, load_model
 
     out = Path(out)
     ft = cfg.finetune
     device = _device(cfg)
     precision = _precision(cfg, device)
-    source = resolve_model_path(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
     examples, features = _read(cfg, cfg.data.path, cfg.data.max_examples, tokenizer)
     evaluation = None
@@ -222,11 +212,12 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
     _check_model_dir(out)
     data_path = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "sample"
     fp = _fingerprint(cfg, data_path)
-    _quiet_transformers()
-    model = _load_for_training(cfg, source)  # before anything is written: a model that cannot load leaves nothing
-    outdir = OutputDir(out)
-    with outdir:
-        done = _begin(outdir, fp, force)
+    # before anything is written: a model that cannot load leaves nothing. Transformers' default (fused)
+    # attention for training; a new QA head starts from the same weights on every run of this config.
+    model = load_model(cfg.model, device=device, seed=ft.seed, eager=False).model
+    layout = RunLayout(out)
+    with layout.locked():
+        done = _begin(layout, fp, force)
         checkpoints = out / "checkpoints"
         if done:
             try:
@@ -244,56 +235,45 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
                             progress=progress, callbacks=callbacks, checkpoints=checkpoints)
             record.update({"fingerprint": fp, "data_path": data_path, "examples": len(examples),
                            "base_model": cfg.model.name, "config": cfg.to_dict()})
+            atomic_write_json(out / FINETUNE_RECORD, record, sort_keys=False)
+            # from here on ``out`` loads as model.name
+            atomic_write_json(layout.stage_record(STAGE), {"fingerprint": fp, "steps": record["steps"]})
         if evaluation is not None:
             record["eval"] = _evaluate(cfg, out, evaluation, device=device, progress=progress)
         else:
             record.pop("eval", None)
         atomic_write_json(out / FINETUNE_RECORD, record, sort_keys=False)
-        if not done:
-            outdir.finish_stage(STAGE, fp, steps=record["steps"])
     return record
 
 
-def _begin(outdir: OutputDir, fp: str, force: bool) -> bool:
-    """``OutputDir.begin_stage`` for the fine-tuning stage (not one of the pipeline's stages)."""
-    previous = outdir.started_fingerprint(STAGE)
+def _begin(layout: RunLayout, fp: str, force: bool) -> bool:
+    """Resume, refuse or restart the fine-tuning recorded in ``layout`` (not one of the pipeline's stages)."""
+    started = layout.stage_started(STAGE)
+    previous = started.read_text().strip() if started.exists() else None
     if previous is not None and previous != fp and not force:
-        raise ConfigError(f"--out {outdir.path}: holds a fine-tuning run with another configuration (fingerprint "
+        raise ConfigError(f"--out {layout.root}: holds a fine-tuning run with another configuration (fingerprint "
                           f"{previous} vs {fp}); use --force to start over or choose another --out")
     if force or (previous is not None and previous != fp):
-        for suffix in (".json", ".started"):
-            (outdir.state / f"{STAGE}{suffix}").unlink(missing_ok=True)
-    record = outdir.stage_record(STAGE)
-    if record is not None and record.get("fingerprint") == fp and (outdir.path / FINETUNE_RECORD).exists():
-        return True
-    from .store import atomic_write_bytes
-
-    atomic_write_bytes(outdir.state / f"{STAGE}.started", fp.encode())
-    return False
-
-
-def _load_for_training(cfg: JobConfig, source: str):
-    import torch
-    from transformers import AutoModelForQuestionAnswering
-
-    torch.manual_seed(cfg.finetune.seed)  # a new QA head starts from the same weights on every run of this config
+        layout.stage_record(STAGE).unlink(missing_ok=True)
+        started.unlink(missing_ok=True)
     try:
-        return AutoModelForQuestionAnswering.from_pretrained(source, revision=cfg.model.revision)
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ModelError(f"model.name {cfg.model.name!r}: cannot load it for question answering from {source!r} "
-                         f"({first[:200]}); give a BERT-family encoder") from None
+        record = json.loads(layout.stage_record(STAGE).read_text())
+    except (OSError, ValueError):
+        record = None
+    if record is not None and record.get("fingerprint") == fp and (layout.root / FINETUNE_RECORD).exists():
+        return True
+    from ..store import atomic_write_bytes
+
+    atomic_write_bytes(started, fp.encode())
+    return False
 
 
 def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, *, device: str, precision: dict,
            progress: bool, callbacks: tuple, checkpoints: Path) -> dict:
-    import inspect
-
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     ft = cfg.finetune
-    with_types = "token_type_ids" in inspect.signature(model.forward).parameters
-    dataset = _Features(features, with_types)
+    dataset = _Features(features)
     args = TrainingArguments(
         output_dir=str(checkpoints), num_train_epochs=float(ft.epochs), max_steps=ft.max_steps or -1,
         learning_rate=ft.learning_rate, weight_decay=ft.weight_decay, warmup_steps=float(ft.warmup_ratio),
@@ -302,9 +282,8 @@ def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, 
         save_total_limit=ft.save_total_limit, seed=ft.seed, fp16=precision["fp16"], bf16=precision["bf16"],
         use_cpu=device == "cpu", report_to="none", disable_tqdm=not progress, dataloader_num_workers=0,
         train_sampling_strategy="group_by_length", remove_unused_columns=False)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=_collate(
-        int(getattr(model.config, "pad_token_id", 0) or 0)), processing_class=tokenizer,
-        callbacks=list(callbacks))
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=_collate(model),
+                      processing_class=tokenizer, callbacks=list(callbacks))
     if not progress:
         trainer.remove_callback(PrinterCallback)
     resume = _last_checkpoint(checkpoints)
@@ -330,14 +309,16 @@ def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, 
 
 def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], *, device: str,
               progress: bool) -> dict:
-    """Score the model in ``out`` on the evaluation set: predictions, null odds and the official metric."""
-    from transformers import AutoModelForQuestionAnswering
+    """Score the model in ``out`` on the evaluation set: predictions, null odds and the official metric.
 
-    from .qa import predict_answers, predict_logits, score_answers, write_predictions
+    The model is loaded as extraction loads it (:func:`attnclust.models.get_model`), so that an extraction job
+    on ``out`` answers these questions as this evaluation did.
+    """
+    from ..models import get_model
 
     examples, features = evaluation
-    model = AutoModelForQuestionAnswering.from_pretrained(str(out)).to(device)
-    logits = predict_logits(model, features, batch_size=cfg.finetune.eval_batch_size, device=device,
+    loaded = get_model(ModelConfig(name=str(out)), device=device)
+    logits = predict_logits(loaded, features, batch_size=cfg.finetune.eval_batch_size, device=device,
                             progress=progress, desc="evaluate")
     table = pd.DataFrame({"id": [e.id for e in examples], "question": [e.question for e in examples],
                           "answer_texts": [[a.text for a in e.answers] for e in examples],

@@ -6,26 +6,26 @@ many-to-one; nothing is ever matched by row position.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
-from .featurize.pooled import pool_maps
-from .stats import STAT_COLUMNS, map_statistics, token_masks
-from .store import ATTENTION, FEATURES, atomic_write_parquet, open_attention_store
+from ..featurize.pooled import pool_maps
+from ..layout import RunLayout
+from ..store import atomic_write_parquet, open_attention_store
+from .heads import HeadContext, run_head_analyses
+from .stats import map_statistics, stat_columns, token_masks
 
 __all__ = ["build_atlas", "cluster_mean_maps", "describe_cluster", "head_table", "medoid_maps", "stats_block"]
 
 KEYS = ["feature_id", "layer", "head"]
 
 
-def stats_block(out: str, start: int, stop: int) -> pd.DataFrame:
-    """Dask task: per-map statistics of features ``start:stop`` computed from the store (for stores written by
+def stats_block(root: str, block: int, start: int, stop: int) -> pd.DataFrame:
+    """Task: per-map statistics of features ``start:stop`` computed from the store (for stores written by
     other tools, which carry no ``map_stats.parquet``)."""
-    out_path = Path(out)
-    store = open_attention_store(out_path / ATTENTION)
-    feats = pd.read_parquet(out_path / FEATURES, columns=["feature_id", "tokens", "segment_ids"],  # this block's
+    layout = RunLayout(root)
+    store = open_attention_store(layout.attention)
+    feats = pd.read_parquet(layout.features, columns=["feature_id", "tokens", "segment_ids"],  # this block's
                             filters=[("feature_id", ">=", start), ("feature_id", "<", stop)]).set_index("feature_id")
     maps = store.read_block(start, stop)
     L, H = store.n_layers, store.n_heads
@@ -38,7 +38,7 @@ def stats_block(out: str, start: int, stop: int) -> pd.DataFrame:
         frames.append(pd.DataFrame({"feature_id": np.full(L * H, f, np.int64),
                                     "layer": np.repeat(np.arange(L, dtype=np.int16), H),
                                     "head": np.tile(np.arange(H, dtype=np.int16), L),
-                                    **{c: st[c].ravel() for c in STAT_COLUMNS}}))
+                                    **{c: st[c].ravel() for c in stat_columns()}}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -83,7 +83,7 @@ def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
                           "dominant_cluster": shares.to_numpy().argmax(axis=1).astype(np.int32),
                           "purity": shares.max(axis=1).astype(np.float32)}, index=counts.index)
     heads = heads.join(shares.rename(columns=lambda c: f"share_{c}").astype(np.float32))
-    heads = heads.join(maps.groupby(["layer", "head"])[list(STAT_COLUMNS)].mean().astype(np.float32))
+    heads = heads.join(maps.groupby(["layer", "head"])[list(stat_columns())].mean().astype(np.float32))
     return heads.reset_index()
 
 
@@ -91,7 +91,7 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int) -> pd.DataFra
     """One row per cluster: size, share, medoid map, mean statistics, top heads, description."""
     grouped = maps.groupby("cluster")
     size = grouped.size().reindex(range(k), fill_value=0)
-    means = grouped[list(STAT_COLUMNS) + ["layer"]].mean().reindex(range(k))
+    means = grouped[list(stat_columns()) + ["layer"]].mean().reindex(range(k))
     medoid_rows = maps.loc[grouped["centroid_dist"].idxmin()].set_index("cluster")
     table = pd.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": size.to_numpy(np.int64),
                           "share": (size / max(len(maps), 1)).to_numpy(np.float32)})
@@ -99,7 +99,7 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int) -> pd.DataFra
     table["medoid_layer"] = medoid_rows["layer"].reindex(range(k)).fillna(-1).to_numpy(np.int16)
     table["medoid_head"] = medoid_rows["head"].reindex(range(k)).fillna(-1).to_numpy(np.int16)
     table["mean_layer"] = means["layer"].to_numpy(np.float32)
-    for c in STAT_COLUMNS:
+    for c in stat_columns():
         table[c] = means[c].to_numpy(np.float32)
     tops = []
     for c in range(k):
@@ -112,9 +112,10 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int) -> pd.DataFra
     return table
 
 
-def build_atlas(out: Path, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int
+def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int
                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Join labels, statistics and features by explicit keys; write maps/heads/clusters parquet tables.
+    """Join labels, statistics and features by explicit keys, run the registered head analyses; write the
+    maps/heads/clusters parquet tables.
 
     Returns
     -------
@@ -127,22 +128,22 @@ def build_atlas(out: Path, labels: pd.DataFrame, stats: pd.DataFrame, features: 
     maps = maps.merge(features[["feature_id", "example_id", "span", "seq_len"]], on="feature_id", how="left",
                       validate="many_to_one")
     cols = ["feature_id", "example_id", "span", "seq_len", "layer", "head", "cluster", "umap_x", "umap_y",
-            "centroid_dist", *STAT_COLUMNS]
+            "centroid_dist", *stat_columns()]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
     clusters = cluster_table(maps, heads, k)
-    out = Path(out)
-    atomic_write_parquet(maps, out / "maps.parquet")
-    atomic_write_parquet(heads, out / "heads.parquet")
-    atomic_write_parquet(clusters, out / "clusters.parquet")
+    heads = run_head_analyses(HeadContext(maps=maps, features=features, layout=layout, k=k), heads)
+    atomic_write_parquet(maps, layout.table("maps"))
+    atomic_write_parquet(heads, layout.table("heads"))
+    atomic_write_parquet(clusters, layout.table("clusters"))
     return maps, heads, clusters
 
 
-def cluster_mean_maps(out: Path, maps: pd.DataFrame, k: int, *, grid: int = 32, per_cluster: int = 48,
+def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: int = 32, per_cluster: int = 48,
                       random_state: int = 0) -> np.ndarray:
     """(cluster, grid, grid): the average of up to ``per_cluster`` sampled maps of each cluster, each pooled
     from its true length to ``grid x grid`` and row-normalised."""
-    store = open_attention_store(Path(out) / ATTENTION)
+    store = open_attention_store(layout.attention)
     rng = np.random.default_rng(random_state)
     result = np.zeros((k, grid, grid), dtype=np.float32)
     for c in range(k):
@@ -157,9 +158,9 @@ def cluster_mean_maps(out: Path, maps: pd.DataFrame, k: int, *, grid: int = 32, 
     return result
 
 
-def medoid_maps(out: Path, clusters: pd.DataFrame, features: pd.DataFrame) -> dict[int, tuple]:
+def medoid_maps(layout: RunLayout, clusters: pd.DataFrame, features: pd.DataFrame) -> dict[int, tuple]:
     """Cluster id -> (medoid map (n, n) at its true length, its n tokens)."""
-    store = open_attention_store(Path(out) / ATTENTION)
+    store = open_attention_store(layout.attention)
     tokens = features.set_index("feature_id")["tokens"]
     result = {}
     for row in clusters.itertuples():

@@ -4,9 +4,10 @@ Answers are compared after normalisation (lower case, no punctuation, no article
 ``exact`` is 1 for equal strings, ``f1`` the token-overlap F1; a question scores its best over the gold answers,
 and an unanswerable question has the single gold answer ``""``. With no-answer probabilities (null odds), a
 question above the threshold counts as answered "no answer", and ``best_exact`` / ``best_f1`` report the score at
-the best threshold. Gold data may be in any layout :func:`attnclust.data.read_squad` reads; answer offsets are not
-checked (the official script ignores them). Input problems raise :class:`~attnclust.errors.DataError` with one line
-naming the file, the question id, the value and the fix.
+the best threshold. Gold data is read by :func:`attnclust.data.read_gold` (any layout
+:func:`attnclust.data.read_squad` reads; answer offsets are not checked, as the official script ignores them).
+Input problems raise :class:`~attnclust.errors.DataError` with one line naming the file, the question id, the
+value and the fix.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import pathlib
 import re
 import string
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .data import _kind, _parse_json, _read_text, _records, _show
-from .errors import ConfigError, DataError
+from ..data import _kind, _open_text, _show, _where, read_gold
+from ..errors import ConfigError, DataError
 
 __all__ = [
     "evaluate_files",
@@ -29,7 +30,7 @@ __all__ = [
     "exact_score",
     "f1_score",
     "normalize_answer",
-    "read_gold",
+    "raw_scores",
     "read_null_odds",
     "read_predictions",
 ]
@@ -42,7 +43,18 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 
 
 def normalize_answer(text: str) -> str:
-    """Lower-case ``text``, drop punctuation and the articles a/an/the, and collapse whitespace (as SQuAD does)."""
+    """Normalise an answer as SQuAD does before comparing.
+
+    Parameters
+    ----------
+    text
+        An answer.
+
+    Returns
+    -------
+    str
+        Lower case, without punctuation and the articles a/an/the, whitespace collapsed to single spaces.
+    """
     text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
@@ -52,14 +64,34 @@ def _tokens(text: str) -> list[str]:
 
 
 def exact_score(gold: str, pred: str) -> int:
-    """1 if ``gold`` and ``pred`` are equal after :func:`normalize_answer`, else 0."""
+    """Exact match of one prediction against one gold answer.
+
+    Parameters
+    ----------
+    gold, pred
+        A gold answer and a predicted answer.
+
+    Returns
+    -------
+    int
+        1 if they are equal after :func:`normalize_answer`, else 0.
+    """
     return int(normalize_answer(gold) == normalize_answer(pred))
 
 
 def f1_score(gold: str, pred: str) -> float:
-    """Token-level F1 of ``pred`` against ``gold`` (normalised tokens, shared tokens counted with multiplicity).
+    """Token-level F1 of one prediction against one gold answer.
 
-    When either side has no tokens, the score is 1 if both have none and 0 otherwise.
+    Parameters
+    ----------
+    gold, pred
+        A gold answer and a predicted answer; both are split into :func:`normalize_answer` tokens, shared tokens
+        counted with multiplicity.
+
+    Returns
+    -------
+    float
+        The F1 in [0, 1]; when either side has no tokens, 1 if both have none and 0 otherwise.
     """
     gold_toks, pred_toks = _tokens(gold), _tokens(pred)
     if not gold_toks or not pred_toks:
@@ -71,87 +103,34 @@ def f1_score(gold: str, pred: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-# ------------------------------------------------------------------------------------------------ reading
-
-
-def _where(kind: str, path: Any) -> str:
-    return f"{kind} {os.fspath(path)}" if isinstance(path, (str, os.PathLike)) else kind
-
-
-def _open_text(path: Any, where: str, expected: str | None = None) -> tuple[pathlib.Path, str]:
-    """Read a whole file with data.py's reader; ``expected`` describes a JSON-object file for its messages."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise ConfigError(f"{where}: got {path!r}; allowed: a file path (str or pathlib.Path)")
-    file = pathlib.Path(path)
-    if not file.exists():
-        raise DataError(f"{where}: not found; check the path")
-    if expected is not None and file.is_file() and file.stat().st_size == 0:
-        raise DataError(f"{where}: is empty; it must hold one JSON object {{\"question id\": {expected}, ...}}")
-    return file, _read_text(file, where)
-
-
-def read_gold(path: str | os.PathLike[str]) -> dict[str, list[str]]:
-    """Read the gold answers of a SQuAD-v2-format dataset, leniently.
+def raw_scores(gold: Mapping[str, Sequence[str]],
+               predictions: Mapping[str, str]) -> tuple[dict[str, int], dict[str, float]]:
+    """Per-question exact match and F1 before any no-answer threshold (``get_raw_scores`` of the official script).
 
     Parameters
     ----------
-    path
-        Official nested SQuAD v2.0 JSON, a JSON list of flat records or JSONL (as for
-        :func:`attnclust.data.read_squad`). Only ``id`` and the answer texts are used; ``answer_start`` is not
-        checked, as in the official script.
+    gold
+        Question id -> gold answer texts (``[]`` = unanswerable); must hold every id of ``predictions``.
+    predictions
+        Question id -> predicted answer (``""`` = no answer).
 
     Returns
     -------
-    dict of str to list of str
-        Question id -> gold answer texts in file order; ``[]`` for an unanswerable question.
-
-    Raises
-    ------
-    DataError
-        If the file is missing, unreadable or malformed, holds no question, or a record lacks a non-empty string
-        id or an ``answers`` list of texts, or an id repeats.
+    (dict, dict)
+        Question id -> exact (0 or 1) and question id -> F1 (0..1), in the order of ``predictions``: the best over
+        the gold answers, those that normalise to nothing dropped; a question without any counts ``""`` as its
+        only gold answer.
     """
-    where = _where("gold file", path)
-    file, text = _open_text(path, where)
-    gold: dict[str, list[str]] = {}
-    first: dict[str, str] = {}
-    for rec, loc, position in _records(_parse_json(text, file, where), where):
-        label = f"{where}: record {position}{loc}"
-        if not isinstance(rec, dict):
-            raise DataError(f"{label}: is {_kind(rec)}; expected an object with id and answers")
-        rid = rec.get("id")
-        if not isinstance(rid, str) or not rid.strip():
-            what = "missing" if rid is None else f"{_show(rid)} is {'empty' if isinstance(rid, str) else _kind(rid)}"
-            raise DataError(f"{label}: id {what}; give every question a unique, non-empty string id")
-        label = f"{where}: record {position} ({rid!r}){loc}"
-        if rid in first:
-            raise DataError(f"{label}: id {rid!r} repeats {first[rid]}; ids must be unique: rename or drop one")
-        first[rid] = f"record {position}{loc}"
-        gold[rid] = _answer_texts(rec, label)
-    if not gold:
-        raise DataError(f"{where}: holds no questions; the file must contain at least one question")
-    return gold
+    exact: dict[str, int] = {}
+    f1: dict[str, float] = {}
+    for qid, pred in predictions.items():
+        answers = [a for a in gold[qid] if normalize_answer(a)] or [""]
+        exact[qid] = max(exact_score(a, pred) for a in answers)
+        f1[qid] = max(f1_score(a, pred) for a in answers)
+    return exact, f1
 
 
-def _answer_texts(rec: dict[str, Any], label: str) -> list[str]:
-    value = rec.get("answers")
-    if isinstance(value, list):
-        items = []
-        for i, item in enumerate(value):
-            if not isinstance(item, dict) or "text" not in item:
-                raise DataError(f"{label}: answers[{i}] {_show(item)} is not an object with 'text'; write it as "
-                                "{\"text\": ..., \"answer_start\": ...}")
-            items.append((f"answers[{i}].text", item["text"]))
-    elif isinstance(value, dict) and isinstance(value.get("text"), list):
-        items = [(f"answers.text[{i}]", t) for i, t in enumerate(value["text"])]
-    else:
-        what = "missing" if value is None else f"{_show(value)} is {_kind(value)}"
-        raise DataError(f"{label}: answers {what}; expected a list of {{\"text\", \"answer_start\"}} objects, "
-                        "{\"text\": [...], \"answer_start\": [...]}, or [] for an unanswerable question")
-    for field, text in items:
-        if not isinstance(text, str):
-            raise DataError(f"{label}: {field} {_show(text)} is {_kind(text)}; give the answer text as a string")
-    return [text for _, text in items]
+# ------------------------------------------------------------------------------------------------ reading
 
 
 def _read_mapping(path: str | os.PathLike[str], where: str, expected: str) -> dict[str, Any]:
@@ -202,6 +181,16 @@ def _check_value(where: str, qid: str, value: Any, expected: str) -> None:
 def read_predictions(path: str | os.PathLike[str]) -> dict[str, str]:
     """Read a predictions file: one JSON object mapping question id to the predicted answer (``""`` = no answer).
 
+    Parameters
+    ----------
+    path
+        The file (as written for the official script, e.g. ``predictions.json`` of a run).
+
+    Returns
+    -------
+    dict of str to str
+        Question id -> predicted answer, in file order.
+
     Raises
     ------
     DataError
@@ -213,6 +202,16 @@ def read_predictions(path: str | os.PathLike[str]) -> dict[str, str]:
 
 def read_null_odds(path: str | os.PathLike[str]) -> dict[str, float]:
     """Read a no-answer file: one JSON object mapping question id to a no-answer probability or odds.
+
+    Parameters
+    ----------
+    path
+        The file (e.g. ``null_odds.json`` of a run).
+
+    Returns
+    -------
+    dict of str to float
+        Question id -> null odds, in file order.
 
     Raises
     ------
@@ -262,7 +261,7 @@ def evaluate_predictions(
     Parameters
     ----------
     gold
-        Question id -> gold answer texts (``[]`` = unanswerable), e.g. from :func:`read_gold`.
+        Question id -> gold answer texts (``[]`` = unanswerable), e.g. from :func:`attnclust.data.read_gold`.
     predictions
         Question id -> predicted answer (``""`` = no answer), e.g. from :func:`read_predictions`.
     null_odds
@@ -306,7 +305,8 @@ def evaluate_predictions(
     if missing and not allow_missing:
         first = next(q for q in gold if q not in predictions)
         raise DataError(f"{predictions_name}: {missing} of {len(gold)} gold question(s) have no prediction (first: "
-                        f"{first!r}); predict every question (\"\" for no answer) or set allow_missing=True to score only the predicted ones")
+                        f"{first!r}); predict every question (\"\" for no answer) or set allow_missing=True to score "
+                        "only the predicted ones")
     if not scored:
         raise DataError(f"{predictions_name}: holds no prediction for any question of the {gold_name}; use the "
                         "predictions made on this data file")
@@ -322,12 +322,7 @@ def evaluate_predictions(
                             f"{lacking[0]!r}); give a value for every predicted question")
 
     has_ans = {q: bool(gold[q]) for q in scored}
-    raw_exact: dict[str, float] = {}
-    raw_f1: dict[str, float] = {}
-    for qid in scored:
-        answers = [a for a in gold[qid] if normalize_answer(a)] or [""]
-        raw_exact[qid] = max(exact_score(a, predictions[qid]) for a in answers)
-        raw_f1[qid] = max(f1_score(a, predictions[qid]) for a in answers)
+    raw_exact, raw_f1 = raw_scores(gold, {q: predictions[q] for q in scored})
     odds = null_odds if null_odds is not None else {}
     exact, f1 = dict(raw_exact), dict(raw_f1)
     for qid in scored:
@@ -358,9 +353,26 @@ def evaluate_files(
 ) -> dict[str, float | int]:
     """Score a predictions file (and optionally a null odds file) against a gold file.
 
-    ``gold_path`` is read with :func:`read_gold`, the others with :func:`read_predictions` and
-    :func:`read_null_odds`; the keyword arguments and the result are those of :func:`evaluate_predictions`, and
-    every :class:`~attnclust.errors.DataError` names the file it is about.
+    Parameters
+    ----------
+    gold_path
+        The dataset, read with :func:`attnclust.data.read_gold` (any SQuAD-v2 layout).
+    predictions_path
+        Read with :func:`read_predictions`.
+    null_odds_path
+        Read with :func:`read_null_odds`; ``None`` scores without a no-answer threshold.
+    null_odds_threshold, allow_missing
+        As for :func:`evaluate_predictions`.
+
+    Returns
+    -------
+    dict
+        The scores of :func:`evaluate_predictions`, in the official key order.
+
+    Raises
+    ------
+    DataError
+        As :func:`evaluate_predictions` and the readers raise it, naming the file it is about.
     """
     gold = read_gold(gold_path)
     predictions = read_predictions(predictions_path)

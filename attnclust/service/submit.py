@@ -17,7 +17,8 @@ How a job runs
 Submitting validates the job locally, makes its paths absolute (the cluster is assumed to share the filesystem)
 and submits one *driver* task, key ``{job_id}-driver``, kept alive with ``fire_and_forget``. The driver secedes
 from its worker's thread pool (so a single-threaded worker can still run the job's tasks) and calls
-:func:`attnclust.pipeline.run_job` with the worker's client and the same ``job_id``.
+:func:`attnclust.pipeline.run_job` with the worker's client and the same ``job_id``. The driver claims the output
+directory (ownership marker first) before it writes its log there.
 
 Job state lives in two places that outlive the submitting client: the scheduler's metadata under
 ``("attnclust", job_id)`` and ``OUT/_state/service.json``; the driver's log is ``OUT/job.log`` and its last lines
@@ -28,7 +29,8 @@ OS releases it when that process dies.
 
 A job that raises (bad data, a task that keeps failing) is recorded ``failed`` with the reason at once; only
 connection errors make the driver raise for the scheduler to retry it. ``cancel`` flags the job in the metadata
-and force-cancels its tasks; the driver notices within a poll, records ``cancelled`` and releases the output dir.
+and force-cancels its tasks; the flag is a ``distributed.Event``, which the driver asks before each stage and
+each finalize step and its watcher every poll; it then records ``cancelled`` and releases the output dir.
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .errors import AttnclustError
+from ..errors import AttnclustError
+from ..layout import RunLayout
 
 __all__ = ["main", "run_driver"]
 
 SUBCOMMANDS = ("status", "wait", "logs", "cancel")
 META = "attnclust"                 # scheduler metadata: (META, job_id) -> job record
-CANCEL = "attnclust-cancel"        # scheduler metadata: (CANCEL, job_id) -> True once cancel was requested
+CANCEL = "{job_id}-cancel"         # a distributed.Event, set once cancel was requested
 TERMINAL = ("finished", "failed", "cancelled")
 DRIVER_RETRIES = 3
 LOG_TAIL = 40
@@ -154,9 +157,13 @@ class _Driver:
     """The driver's view of one job: its record (scheduler metadata + service.json) and its log."""
 
     def __init__(self, client, job_id: str, out: Path | None, tail: int):
+        from distributed import Event
+
         self.client = client
         self.job_id = job_id
         self.out = out
+        self.layout = RunLayout(out) if out is not None else None
+        self.cancel_event = Event(CANCEL.format(job_id=job_id), client=client)
         self.lock = threading.RLock()
         self.record: dict = dict(client.get_metadata([META, job_id], default=None) or {})
         self.tail: deque[str] = deque(self.record.get("log_tail") or (), maxlen=tail)
@@ -167,9 +174,9 @@ class _Driver:
         stamp = _now()
         lines = str(message).rstrip("\n").split("\n") or [""]
         with self.lock:
-            if self.out is not None:
-                self.out.mkdir(parents=True, exist_ok=True)
-                with open(self.out / "job.log", "a", encoding="utf-8") as fh:
+            if self.layout is not None and self.layout.is_run():
+                self.layout.record(self.layout.service_log)
+                with open(self.layout.service_log, "a", encoding="utf-8") as fh:
                     fh.writelines(f"{stamp}  {line}\n" for line in lines)
             self.tail.extend(lines)
 
@@ -180,46 +187,47 @@ class _Driver:
             self.record["log_tail"] = list(self.tail)
             record = dict(self.record)
             self.client.set_metadata([META, self.job_id], record)  # under the lock: writes stay in order
-            if self.out is not None:
-                from .store import atomic_write_json
+            if self.layout is not None and self.layout.is_run():
+                from ..store import atomic_write_json
 
                 state = {k: v for k, v in record.items() if k != "log_tail"}
-                atomic_write_json(self.out / "_state" / "service.json", state)
+                atomic_write_json(self.layout.service_state, state)
 
     def cancel_requested(self) -> bool:
         if not self.cancelled:
             try:
-                self.cancelled = bool(self.client.get_metadata([CANCEL, self.job_id], default=False))
+                self.cancelled = self.cancel_event.is_set()
             except Exception:  # noqa: BLE001 -- scheduler briefly unreachable: ask again next time
                 return False
         return self.cancelled
+
+    def stage_event(self, stage: str, event: str, info: dict) -> None:
+        """``run_job``'s ``on_event``: log stage starts and ends, mirror them into the record."""
+        if event == "started":
+            self.log(f"stage {stage} started")
+            changes = {"stage": stage}
+        else:
+            secs = info.get("seconds")
+            self.log(f"stage {stage} " + ("already complete" if event == "skipped" else "finished")
+                     + (f" in {secs:.1f} s" if secs is not None and event == "finished" else ""))
+            done = list(self.record.get("stages_done") or [])
+            changes = {"stage": stage, "stages_done": done + ([stage] if stage not in done else [])}
+        if not self.cancelled:
+            self.update(**changes)
 
     def cancel_tasks(self) -> int:
         return self.client.run_on_scheduler(_CANCEL_TASKS, f"{self.job_id}-", self.client.id,
                                             keep=[f"{self.job_id}-driver"])
 
 
-def _state_files(out: Path) -> dict[tuple[str, str], int]:
-    from .pipeline import STAGES
-
-    snap = {}
-    for stage in STAGES:
-        for suffix in (".started", ".json"):
-            try:
-                snap[(stage, suffix)] = (out / "_state" / f"{stage}{suffix}").stat().st_mtime_ns
-            except OSError:
-                pass
-    return snap
-
-
 class _Watcher(threading.Thread):
-    """Follows the stage state files, mirrors progress into the record and honours a cancel request."""
+    """Honours a cancel request (force-cancels the job's tasks every poll) and mirrors the finished blocks of the
+    running stage into the record."""
 
     def __init__(self, driver: _Driver):
         super().__init__(name=f"{driver.job_id}-watch", daemon=True)
         self.driver = driver
         self.stop = threading.Event()
-        self.seen = _state_files(driver.out) if driver.out is not None else {}
         self.last_parts = None
 
     def run(self) -> None:
@@ -239,35 +247,18 @@ class _Watcher(threading.Thread):
             self.driver.log(f"watcher: {type(exc).__name__}: {exc}")
 
     def scan(self) -> None:
-        driver, out = self.driver, self.driver.out
+        driver = self.driver
         if driver.cancel_requested():
             if driver.record.get("state") != "cancelled":
                 driver.log("cancel requested: cancelling the job's tasks")
                 driver.update(state="cancelled", error="cancelled by user")
             if not self.stop.is_set():
                 driver.cancel_tasks()  # on every poll: the job may submit more tasks before it notices
-        if out is None:
+        if driver.layout is None or not driver.record.get("stage"):
             return
-        now = _state_files(out)
-        changes: dict[str, Any] = {}
-        for (stage, suffix), mtime in now.items():
-            if self.seen.get((stage, suffix)) == mtime:
-                continue
-            changes["stage"] = stage
-            if suffix == ".started":
-                driver.log(f"stage {stage} started")
-                continue
-            try:
-                secs = json.loads((out / "_state" / f"{stage}.json").read_text()).get("seconds")
-            except (OSError, ValueError):
-                secs = None
-            driver.log(f"stage {stage} finished" + (f" in {secs:.1f} s" if secs is not None else ""))
-            done = changes.setdefault("stages_done", list(driver.record.get("stages_done") or []))
-            if stage not in done:
-                done.append(stage)
-        self.seen = now
-        folder = out / "_state" / str(changes.get("stage", driver.record.get("stage")))
+        folder = driver.layout.block_markers(str(driver.record["stage"]))
         parts = sum(1 for _ in folder.glob("*.done")) if folder.is_dir() else None
+        changes: dict[str, Any] = {}
         if parts != self.last_parts:
             changes["parts_done"] = self.last_parts = parts
         if changes and not driver.cancelled:
@@ -289,6 +280,12 @@ def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out_path = Path(out) if out else None
     driver = _Driver(client, job_id, out_path, SCRIPT_LOG_TAIL if kind == "script" else LOG_TAIL)
+    if driver.layout is not None:
+        try:  # before the first log line: attnclust writes only into directories it may own
+            driver.layout.claim()
+        except AttnclustError as exc:
+            driver.update(state="failed", error=_one_line(exc), finished_at=_now())
+            return {"state": "failed", "error": _one_line(exc)}
     attempt = int(driver.record.get("attempt") or 0) + 1
     where = {"worker": worker.address, "host": socket.gethostname(), "pid": os.getpid()}
     if driver.cancel_requested():
@@ -329,11 +326,11 @@ def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
 
 
 def _run_job(driver: _Driver, client, cfg, out: Path) -> dict:
-    from .pipeline import run_job
+    from ..pipeline import run_job
 
     driver.log(f"job {driver.job_id}: {cfg.name} -> {out}")
     result = run_job(cfg, out, client=client, progress=False, job_id=driver.job_id,
-                     should_stop=driver.cancel_requested)  # driver-side steps (QA scoring, the atlas) have no tasks
+                     should_stop=driver.cancel_requested, on_event=driver.stage_event)  # driver-side steps (QA scoring, the atlas) have no tasks
     stages = {k: (v.get("seconds") if isinstance(v, dict) else v) for k, v in result.stages.items()}
     report = result.report if result.report.exists() else None
     return {"seconds": stages, "report": str(report) if report else None}
@@ -458,7 +455,7 @@ def _dashboard(client) -> str | None:
 
 def _absolute(cfg):
     """The job with local paths made absolute: the driver runs in another process, maybe another cwd."""
-    from .config import DataConfig, ModelConfig
+    from ..config import DataConfig, ModelConfig
     from .models import PACKAGED
 
     changes = {}
@@ -475,7 +472,7 @@ def _absolute(cfg):
     if weights not in ("imagenet", "none"):
         p = Path(weights).expanduser()
         if p.exists() and not p.is_absolute():
-            from .config import FeaturizeConfig
+            from ..config import FeaturizeConfig
 
             changes["featurize"] = FeaturizeConfig(**{**cfg.featurize.to_dict(), "weights": str(p.resolve())})
     return cfg.replace(**changes) if changes else cfg
@@ -491,7 +488,7 @@ def _script_name(path: Path) -> str:
 def submit(args) -> int:
     from distributed import fire_and_forget
 
-    from .pipeline import make_job_id
+    from ..pipeline import make_job_id
 
     target = Path(args.job)
     if target.suffix == ".py":
@@ -508,7 +505,7 @@ def submit(args) -> int:
         kind, payload, name = "script", (target.name, source), _script_name(target)
         out = Path(args.out).expanduser().resolve() if args.out else None
     else:
-        from .config import load_job
+        from ..config import load_job
 
         overrides = list(args.overrides)
         if args.data:
@@ -516,6 +513,8 @@ def submit(args) -> int:
         cfg = _absolute(load_job(target, overrides))
         kind, payload, name = "job", cfg, cfg.name
         out = (Path(args.out) if args.out else Path("runs") / cfg.name).expanduser().resolve()
+    if out is not None:
+        RunLayout(out).check_writable()  # the cluster shares this filesystem: refuse a foreign --out at once
     client = connect(args.scheduler, tls_dir=args.tls_dir, timeout=args.timeout)
     try:
         job_id = make_job_id(name)
@@ -653,7 +652,7 @@ def status(client, job_id: str | None) -> int:
 def logs(client, job_id: str) -> int:
     record = _record(client, job_id)
     out = record.get("out")
-    path = Path(out) / "job.log" if out else None
+    path = RunLayout(out).service_log if out else None
     if path is not None and path.exists():
         sys.stdout.write(path.read_text())
     else:
@@ -669,16 +668,18 @@ def cancel(client, job_id: str) -> int:
     if record.get("state") in TERMINAL:
         print(f"job {job_id} already {record['state']}; nothing to cancel")
         return 0
-    client.set_metadata([CANCEL, job_id], True)
+    from distributed import Event
+
+    Event(CANCEL.format(job_id=job_id), client=client).set()
     n = client.run_on_scheduler(_CANCEL_TASKS, f"{job_id}-", client.id)
     record.update(state="cancelled", error="cancelled by user", finished_at=_now(), updated_at=_now())
     client.set_metadata([META, job_id], record)
-    out = record.get("out")
-    if out and (Path(out) / "_state").is_dir():  # the driver writes it too once it stops; this covers a queued one
-        from .store import atomic_write_json
+    layout = RunLayout(record["out"]) if record.get("out") else None
+    if layout is not None and layout.is_run():  # the driver writes it too once it stops; this covers a queued one
+        from ..store import atomic_write_json
 
         with contextlib.suppress(OSError):
-            atomic_write_json(Path(out) / "_state" / "service.json",
+            atomic_write_json(layout.service_state,
                               {k: v for k, v in record.items() if k != "log_tail"})
     print(f"job {job_id} cancelled ({n} task(s) cancelled on the scheduler)")
     return 0

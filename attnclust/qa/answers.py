@@ -1,7 +1,8 @@
-"""Question answering: start/end logits of strided features -> one answer per question.
+"""Question answering: start/end logits of strided features -> one answer per question, and its scores.
 
 Shared by extraction (``predictions.parquet``, scores in ``job.json`` and the report) and by the evaluation at
-the end of ``attnclust finetune``. A long context is cut into overlapping features; each feature proposes its
+the end of ``attnclust finetune`` (which gets its logits from :func:`predict_logits`, the model runner's
+forward pass). A long context is cut into overlapping features; each feature proposes its
 ``n_best`` spans (best start and end logits inside the context, end not before start, at most
 ``max_answer_tokens`` tokens), the question keeps its ``n_best`` spans over all its features, and the null
 answer is scored at the first token ([CLS]) of each feature, the lowest such score over the features counting
@@ -18,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .config import QAConfig
-from .errors import DataError
+from ..config import QAConfig
+from ..errors import DataError, StoreError
+from .evaluate import evaluate_predictions, raw_scores
 
 __all__ = ["NULL_INDEX", "PREDICTION_COLUMNS", "feature_candidates", "gold_answers", "predict_answers",
            "predict_logits", "score_answers", "score_output", "write_predictions"]
@@ -130,53 +132,64 @@ def predict_answers(features: pd.DataFrame, logits: pd.DataFrame, contexts: Mapp
     return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
 
 
-def predict_logits(model, features: pd.DataFrame, *, batch_size: int, device: str = "cpu",
+def predict_logits(loaded, features: pd.DataFrame, *, batch_size: int, device: str = "cpu",
                    progress: bool = False, desc: str = "predict") -> pd.DataFrame:
-    """Start/end logits of every feature (no attention kept), batched by length.
+    """Start/end logits of every feature (no attention kept), batched by length through the model runner.
 
     Parameters
     ----------
-    model
-        A question-answering model.
+    loaded : attnclust.models.LoadedModel
+        The question-answering model, e.g. from :func:`attnclust.models.get_model`, on ``device``.
     features : pandas.DataFrame
         ``feature_id``, ``seq_len``, ``input_ids``, ``segment_ids``.
+    batch_size
+        Features per forward pass (features of similar length are batched together).
+    device
+        ``cpu`` or ``cuda``.
+    progress, desc
+        A progress bar, and its label.
 
     Returns
     -------
     pandas.DataFrame
-        ``feature_id``, ``start_logits``, ``end_logits`` (float32 arrays of ``seq_len``), in ``features`` order.
+        ``feature_id``, ``start_logits``, ``end_logits`` (float32 arrays of shape (token,), ``seq_len`` long),
+        in ``features`` order.
     """
-    import torch
     from tqdm.auto import tqdm
 
-    from .models import batch_inputs
+    from ..models import run_forward
 
     order = features.sort_values("seq_len", kind="stable")
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    was_training = model.training
-    model.eval()
     bar = tqdm(total=len(order), desc=desc, unit="feature", disable=not progress)
     try:
         for b0 in range(0, len(order), batch_size):
             rows = order.iloc[b0:b0 + batch_size]
-            inputs = batch_inputs(model, rows, device=device)
-            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-                result = model(**inputs)
-            start = result.start_logits.float().cpu().numpy()
-            end = result.end_logits.float().cpu().numpy()
+            result = run_forward(loaded, rows, device=device)
             for i, (fid, n) in enumerate(zip(rows["feature_id"], rows["seq_len"])):
-                out[int(fid)] = (start[i, :n].astype(np.float32), end[i, :n].astype(np.float32))
+                out[int(fid)] = (result.start_logits[i, :n].astype(np.float32),
+                                 result.end_logits[i, :n].astype(np.float32))
             bar.update(len(rows))
     finally:
         bar.close()
-        model.train(was_training)
     ids = features["feature_id"].astype(int).tolist()
     return pd.DataFrame({"feature_id": features["feature_id"].to_numpy(),
                          "start_logits": [out[f][0] for f in ids], "end_logits": [out[f][1] for f in ids]})
 
 
 def gold_answers(examples: pd.DataFrame) -> dict[str, list[str]]:
-    """Question id -> gold answer texts (``[]`` when unanswerable) from an ``examples.parquet`` table."""
+    """The gold answers of an examples table, as the scorer takes them.
+
+    Parameters
+    ----------
+    examples : pandas.DataFrame
+        ``id`` and ``answer_texts`` (as in ``examples.parquet``).
+
+    Returns
+    -------
+    dict of str to list of str
+        Question id -> gold answer texts, ``[]`` when unanswerable.
+    """
     return {str(i): [str(t) for t in texts] for i, texts in zip(examples["id"], examples["answer_texts"])}
 
 
@@ -184,28 +197,37 @@ def score_answers(predicted: pd.DataFrame, examples: pd.DataFrame, *, null_thres
                   where: str = "predictions") -> tuple[pd.DataFrame, dict, dict]:
     """Official SQuAD 2.0 scores of :func:`predict_answers`' table against the examples' gold answers.
 
+    Parameters
+    ----------
+    predicted : pandas.DataFrame
+        From :func:`predict_answers` (columns ``PREDICTION_COLUMNS``).
+    examples : pandas.DataFrame
+        ``id``, ``question``, ``answer_texts``, ``is_impossible`` (as in ``examples.parquet``).
+    null_threshold
+        The ``qa.null_threshold`` the predictions were made with.
+    where
+        How messages name the predictions.
+
     Returns
     -------
     (pandas.DataFrame, dict, dict)
         The predictions joined to ``question``, ``gold_answers``, ``is_impossible`` and per-question ``exact`` /
         ``f1`` (0 or 1 / 0..1, before any threshold), in the order of ``examples``; the scores of
-        :func:`attnclust.evaluate.evaluate_predictions` with the null odds and the threshold the predictions were
+        :func:`attnclust.qa.evaluate_predictions` with the null odds and the threshold the predictions were
         made with (so ``exact``/``f1`` are those of the predictions as given, and ``best_*`` what the official
         script reports for them, which can only lower the threshold); and the threshold search over the best
         non-empty spans (``best_span``) with the same null odds: ``best_exact``, ``best_exact_thresh``,
         ``best_f1``, ``best_f1_thresh`` in both directions, the value to set ``qa.null_threshold`` to (a midpoint
         between two questions' null odds rather than the official value on one of them: see :func:`_settable`).
     """
-    from .evaluate import evaluate_predictions, exact_score, f1_score, normalize_answer
-
     gold = gold_answers(examples)
     table = examples[["id", "question", "answer_texts", "is_impossible"]].rename(
         columns={"id": "example_id", "answer_texts": "gold_answers"}).merge(
         predicted, on="example_id", how="inner", validate="one_to_one")  # in the examples' (file) order
     table = table[[*PREDICTION_COLUMNS, "question", "gold_answers", "is_impossible"]]
-    golds = [[g for g in gold[e] if normalize_answer(g)] or [""] for e in table["example_id"]]
-    table["exact"] = [max(exact_score(g, p) for g in gs) for gs, p in zip(golds, table["prediction"])]
-    table["f1"] = [max(f1_score(g, p) for g in gs) for gs, p in zip(golds, table["prediction"])]
+    exact, f1 = raw_scores(gold, dict(zip(table["example_id"], table["prediction"])))
+    table["exact"] = [exact[e] for e in table["example_id"]]
+    table["f1"] = [f1[e] for e in table["example_id"]]
     table["gold_answers"] = table["gold_answers"].map(list)
     scores = evaluate_predictions(
         gold, dict(zip(table["example_id"], table["prediction"])),
@@ -242,10 +264,19 @@ def _settable(search: dict, null_odds: list[float], n_unanswerable: int) -> dict
 
 
 def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
-    """Write ``predictions.parquet`` (the whole table), ``predictions.json`` (question id -> answer, ``""`` for
-    no answer: the official format), ``null_odds.json`` (id -> null odds, for ``attnclust evaluate``) and
-    ``best_spans.json`` (id -> best non-empty span: with the null odds, the threshold search in both directions)."""
-    from .store import atomic_write_bytes, atomic_write_parquet
+    """Write the predictions of :func:`score_answers` in the official formats and as a table.
+
+    Parameters
+    ----------
+    folder
+        Where to write (created if needed): ``predictions.parquet`` (the whole table), ``predictions.json``
+        (question id -> answer, ``""`` for no answer: the official format), ``null_odds.json`` (id -> null odds,
+        for ``attnclust evaluate``) and ``best_spans.json`` (id -> best non-empty span: with the null odds, the
+        threshold search in both directions).
+    table : pandas.DataFrame
+        The first table :func:`score_answers` returns.
+    """
+    from ..store import atomic_write_bytes, atomic_write_parquet
 
     folder = Path(folder)
     atomic_write_parquet(table, folder / "predictions.parquet")
@@ -260,20 +291,35 @@ def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
 def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     """Answers and official scores of an extraction run, from the logits it stored.
 
-    Reads ``features.parquet``, ``examples.parquet`` and ``qa.parquet`` of ``out``; writes
-    the files of :func:`write_predictions` and ``qa_scores.json``, and returns what the latter holds:
-    ``head_trained``, the settings, the official ``scores``, the ``threshold_search`` (see :func:`score_answers`)
-    and ``note`` (one sentence for people).
+    Parameters
+    ----------
+    out
+        The run's output directory: reads its ``features.parquet``, ``examples.parquet`` and ``qa.parquet``,
+        writes the files of :func:`write_predictions` and ``qa_scores.json``.
+    cfg
+        Answer post-processing settings.
+    head_trained
+        :attr:`attnclust.models.LoadedModel.head_trained` of the model that made the logits; when False the
+        note says the answers are meaningless.
+
+    Returns
+    -------
+    dict
+        What ``qa_scores.json`` holds: ``head_trained``, the ``settings``, the official ``scores``, the
+        ``threshold_search`` (see :func:`score_answers`), ``note`` (one sentence for people) and ``files``.
+
+    Raises
+    ------
+    StoreError
+        If ``qa.parquet`` holds no logits (written by an older attnclust).
     """
-    from .store import atomic_write_json, read_features
+    from ..store import atomic_write_json, read_features
 
     out = Path(out)
     features = read_features(out)
     examples = pd.read_parquet(out / "examples.parquet")
     logits = pd.read_parquet(out / "qa.parquet")
     if not {"start_logits", "end_logits"} <= set(logits.columns):
-        from .errors import StoreError
-
         raise StoreError(f"{out / 'qa.parquet'}: holds no start/end logits (written by an older attnclust); re-run "
                          "the extraction with --force")
     predicted = predict_answers(features, logits, dict(zip(examples["id"], examples["context"])), cfg)

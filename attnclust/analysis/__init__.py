@@ -1,0 +1,9 @@
+"""Analyses of attention maps and heads, each declared next to its code in a registry.
+
+- :mod:`.stats`: per-map statistics (one value per (feature, layer, head)), computed during extraction;
+- :mod:`.heads`: per-head analyses (columns of ``heads.parquet``), computed when the atlas is built;
+- :mod:`.atlas`: the joins of cluster labels, statistics and features, and the per-head / per-cluster tables.
+
+A new statistic or head analysis is one module that registers itself; it then appears in the parquet outputs
+and in the report with no other edit.
+"""

@@ -1,0 +1,120 @@
+"""Per-head analyses: each one declares its columns, unit, description and version beside its code.
+
+A head analysis is a function of a :class:`HeadContext` (every map's row with its statistics and cluster, the
+features, the run's layout) returning one row per (layer, head) with its declared columns. Registered with
+:func:`head_analysis`, its columns join ``heads.parquet`` and the report draws each as a layer x head heatmap,
+with no other edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ..errors import DataError
+
+__all__ = ["HEAD_ANALYSES", "HeadAnalysis", "HeadContext", "analysis_versions", "head_analysis",
+           "run_head_analyses"]
+
+
+@dataclass(frozen=True)
+class HeadAnalysis:
+    """A registered per-head analysis.
+
+    Attributes
+    ----------
+    name
+        The analysis' name (a column family of ``heads.parquet``).
+    columns
+        The columns it adds to ``heads.parquet``.
+    unit
+        Unit of its values (``share``, ``nats``, ``q-value`` ...).
+    description
+        One sentence for people (shown in the report).
+    version
+        Bumped when the definition changes: part of the report stage's fingerprint.
+    compute
+        ``compute(ctx: HeadContext) -> pandas.DataFrame`` with ``layer``, ``head`` and ``columns``.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    unit: str
+    description: str
+    version: int
+    compute: Callable
+
+
+@dataclass
+class HeadContext:
+    """What a head analysis may use.
+
+    Attributes
+    ----------
+    maps : pandas.DataFrame
+        One row per (feature, layer, head): keys, ``example_id``, ``seq_len``, ``cluster``, the statistics.
+    features : pandas.DataFrame
+        ``features.parquet`` (tokens, segment ids, offsets ...).
+    layout
+        The run's :class:`~attnclust.layout.RunLayout` (to read maps from the store).
+    k
+        Number of clusters.
+    extra
+        Anything a caller adds (settings, QA predictions).
+    """
+
+    maps: pd.DataFrame
+    features: pd.DataFrame
+    layout: Any
+    k: int
+    extra: dict = field(default_factory=dict)
+
+
+HEAD_ANALYSES: dict[str, HeadAnalysis] = {}
+"""Registered head analyses by name, in registration order."""
+
+
+def head_analysis(name: str, *, columns: tuple[str, ...], unit: str, description: str,
+                  version: int = 1) -> Callable:
+    """Decorator registering ``fn(ctx) -> DataFrame`` as the head analysis ``name``.
+
+    Registering a name again replaces the earlier definition.
+    """
+    def register(fn: Callable) -> Callable:
+        HEAD_ANALYSES[name] = HeadAnalysis(name=name, columns=tuple(columns), unit=unit, description=description,
+                                           version=version, compute=fn)
+        return fn
+
+    return register
+
+
+def analysis_versions() -> dict[str, int]:
+    """Name -> version of every registered head analysis (part of the report stage's fingerprint)."""
+    return {a.name: a.version for a in HEAD_ANALYSES.values()}
+
+
+def run_head_analyses(ctx: HeadContext, heads: pd.DataFrame) -> pd.DataFrame:
+    """``heads`` with the columns of every registered analysis joined on (layer, head).
+
+    Raises
+    ------
+    attnclust.errors.DataError
+        An analysis returned other columns than it declared, or not one row per head.
+    """
+    for analysis in HEAD_ANALYSES.values():
+        table = analysis.compute(ctx)
+        want = {"layer", "head", *analysis.columns}
+        if set(table.columns) != want:
+            raise DataError(f"head analysis {analysis.name!r}: returned columns {sorted(table.columns)}; it "
+                            f"declared layer, head and {', '.join(analysis.columns)}")
+        if table.duplicated(["layer", "head"]).any():
+            raise DataError(f"head analysis {analysis.name!r}: more than one row for a (layer, head)")
+        clash = [c for c in analysis.columns if c in heads.columns]
+        if clash:
+            raise DataError(f"head analysis {analysis.name!r}: column {clash[0]!r} already exists in heads.parquet")
+        table = table.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype})
+        heads = heads.merge(table, on=["layer", "head"], how="left", validate="one_to_one")
+    return heads

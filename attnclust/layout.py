@@ -1,0 +1,327 @@
+"""The layout of a run directory: every path attnclust reads or writes there is spelled here, and nowhere else.
+
+A run directory belongs to attnclust only when it holds the ownership marker :data:`MARKER`, written *first*,
+before anything else, into a directory that was new or empty. attnclust refuses to write into any other existing
+directory, and it only ever removes paths that its marker lists as written by it (:meth:`RunLayout.record`), so a
+user's own files are never deleted or overwritten, whatever they are called.
+
+Layout (relative to the run directory)::
+
+    .attnclust-run.json     ownership marker: schema, schema_version, created, paths written by attnclust
+    attention.zarr          the attention store (see store.py for its contract)
+    features.parquet        one row per feature (store row)
+    examples.parquet        one row per question of the data file
+    map_stats.parquet       per-map statistics (feature, layer, head)
+    qa.parquet              start/end logits per feature
+    predictions.*           answers (parquet, the official JSON), null_odds.json, best_spans.json, qa_scores.json
+    embedding.zarr          one vector per map
+    cluster_labels.parquet  cluster, centroid distance and 2-D position per map; cluster_model.json
+    maps/heads/clusters.parquet, report.html, job.json
+    parts/                  per-block parquet parts of the extraction
+    _state/                 stage records, per-block markers, the run lock, the service's job state and log
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import JobLocked, StoreError
+
+__all__ = ["MARKER", "MARKER_SCHEMA", "RunLayout"]
+
+MARKER = ".attnclust-run.json"
+MARKER_SCHEMA = "attnclust.run"
+MARKER_VERSION = 1
+
+
+class RunLayout:
+    """Every path of one run directory, and its ownership.
+
+    Parameters
+    ----------
+    root
+        The run directory (``--out``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunLayout({str(self.root)!r})"
+
+    # -- data products ----------------------------------------------------------------------------
+    @property
+    def marker(self) -> Path:
+        """The ownership marker (written first, lists every path attnclust wrote)."""
+        return self.root / MARKER
+
+    @property
+    def attention(self) -> Path:
+        """``attention.zarr``: (feature, layer, head, query, key) attention maps."""
+        return self.root / "attention.zarr"
+
+    @property
+    def features(self) -> Path:
+        """``features.parquet``: one row per feature (= store row)."""
+        return self.root / "features.parquet"
+
+    @property
+    def examples(self) -> Path:
+        """``examples.parquet``: one row per question of the data file."""
+        return self.root / "examples.parquet"
+
+    @property
+    def map_stats(self) -> Path:
+        """``map_stats.parquet``: per-map statistics keyed by (feature_id, layer, head)."""
+        return self.root / "map_stats.parquet"
+
+    @property
+    def qa_logits(self) -> Path:
+        """``qa.parquet``: start/end logits of every feature."""
+        return self.root / "qa.parquet"
+
+    @property
+    def embedding(self) -> Path:
+        """``embedding.zarr``: one vector per map with explicit (feature_id, layer, head) arrays."""
+        return self.root / "embedding.zarr"
+
+    @property
+    def cluster_labels(self) -> Path:
+        """``cluster_labels.parquet``: label, centroid distance and UMAP position per map."""
+        return self.root / "cluster_labels.parquet"
+
+    @property
+    def cluster_model(self) -> Path:
+        """``cluster_model.json``: k, per-k scores, centres."""
+        return self.root / "cluster_model.json"
+
+    @property
+    def report(self) -> Path:
+        """``report.html``: the self-contained report."""
+        return self.root / "report.html"
+
+    @property
+    def job(self) -> Path:
+        """``job.json``: the resolved configuration, versions and per-stage records."""
+        return self.root / "job.json"
+
+    @property
+    def qa_scores(self) -> Path:
+        """``qa_scores.json``: official SQuAD 2.0 scores of the run's answers."""
+        return self.root / "qa_scores.json"
+
+    def table(self, name: str) -> Path:
+        """``{name}.parquet`` (``maps``, ``heads``, ``clusters``, ``predictions`` ...)."""
+        return self.root / f"{name}.parquet"
+
+    def file(self, name: str) -> Path:
+        """A file directly in the run directory (``predictions.json``, ``null_odds.json`` ...)."""
+        return self.root / name
+
+    @property
+    def parts(self) -> Path:
+        """``parts/``: per-block parquet parts."""
+        return self.root / "parts"
+
+    def part(self, kind: str, block: int) -> Path:
+        """``parts/{kind}-{block:06d}.parquet``."""
+        return self.parts / f"{kind}-{block:06d}.parquet"
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def state(self) -> Path:
+        """``_state/``: stage records, block markers, the lock, the service's files."""
+        return self.root / "_state"
+
+    @property
+    def lock(self) -> Path:
+        """The run lock file (held while a run writes here)."""
+        return self.state / "run.lock"
+
+    def stage_record(self, stage: str) -> Path:
+        """``_state/{stage}.json``: written when the stage finished."""
+        return self.state / f"{stage}.json"
+
+    def stage_started(self, stage: str) -> Path:
+        """``_state/{stage}.started``: the fingerprint a stage began with."""
+        return self.state / f"{stage}.started"
+
+    def block_markers(self, stage: str) -> Path:
+        """``_state/{stage}/``: one marker per finished block."""
+        return self.state / stage
+
+    def block_marker(self, stage: str, block: int) -> Path:
+        """``_state/{stage}/{block:06d}.done``."""
+        return self.block_markers(stage) / f"{block:06d}.done"
+
+    @property
+    def service_state(self) -> Path:
+        """``_state/service.json``: a dask-submit job's state."""
+        return self.state / "service.json"
+
+    @property
+    def service_log(self) -> Path:
+        """``job.log``: a dask-submit job's log."""
+        return self.root / "job.log"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory's run lock (an OS file lock: released when the process ends, even when killed).
+
+        Raises
+        ------
+        attnclust.errors.JobLocked
+            Another process holds it.
+        """
+        from filelock import FileLock, Timeout
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.lock, timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise JobLocked(f"output dir {self.root}: in use by another attnclust run; wait for it to finish or "
+                            f"choose another --out") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    # -- ownership --------------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        """True when the directory carries a readable attnclust ownership marker."""
+        return self._read_marker() is not None
+
+    def _read_marker(self) -> dict | None:
+        try:
+            data = json.loads(self.marker.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("schema") != MARKER_SCHEMA:
+            return None
+        return data
+
+    def check_writable(self, *, adopt: tuple[str, ...] = ()) -> None:
+        """Refuse, before anything is written, a directory attnclust may not write into.
+
+        Allowed: a path that does not exist yet (its parent must be writable), an empty directory, or a
+        directory marked as an attnclust run. Refused: an existing file, a directory holding anything else,
+        a marker of another schema version, a symbolic link among the run's entries, a read-only location.
+        ``adopt`` names entries an unmarked directory may hold as inputs (a store written by another tool under
+        the store contract): they are read, never recorded as attnclust's, so never removed or overwritten.
+
+        Raises
+        ------
+        attnclust.errors.StoreError
+            One line naming the path, what is wrong and the fix.
+        """
+        root = self.root
+        if root.is_symlink():
+            raise StoreError(f"output dir {root}: is a symbolic link; give the real directory as --out")
+        if root.exists() and not root.is_dir():
+            raise StoreError(f"output dir {root}: exists and is a file, not a directory; choose another --out")
+        if not root.exists():
+            parent = next((p for p in root.absolute().parents if p.exists()), None)
+            if parent is None or not os.access(parent, os.W_OK | os.X_OK):
+                raise StoreError(f"output dir {root}: cannot be created ({parent} is not writable); choose "
+                                 f"a writable location for --out")
+            return
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise StoreError(f"output dir {root}: is read-only; choose a writable location for --out")
+        entries = sorted(p.name for p in root.iterdir())
+        if not entries:
+            return
+        marker = self._read_marker()
+        if marker is None and set(entries) <= set(adopt):
+            return
+        if marker is None:
+            shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+            raise StoreError(f"output dir {root}: holds files attnclust did not write ({shown}) and no "
+                             f"{MARKER} marker; attnclust never writes into such a directory: choose a new or "
+                             f"empty --out")
+        if marker.get("schema_version") != MARKER_VERSION:
+            raise StoreError(f"output dir {root}: marked by another attnclust version (run schema "
+                             f"{marker.get('schema_version')!r}, this one writes {MARKER_VERSION}); choose a new "
+                             f"--out")
+        links = [name for name in entries if (root / name).is_symlink()]
+        if links:
+            raise StoreError(f"output dir {root}: {links[0]} is a symbolic link; attnclust does not follow links "
+                             f"inside a run directory: remove it or choose a new --out")
+
+    def claim(self, *, adopt: tuple[str, ...] = ()) -> None:
+        """Make the directory an attnclust run (after :meth:`check_writable`): create it and write the marker
+        first; a directory already marked keeps its record of written paths."""
+        self.check_writable(adopt=adopt)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not self.is_run():
+                self._write_marker({"schema": MARKER_SCHEMA, "schema_version": MARKER_VERSION,
+                                    "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "written": ["_state"]})
+            self.state.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"output dir {self.root}: cannot write there ({exc.strerror}); choose a writable "
+                             f"location for --out") from None
+
+    def _write_marker(self, data: dict) -> None:
+        from .store import atomic_write_json
+
+        atomic_write_json(self.marker, data)
+
+    def written(self) -> set[str]:
+        """Paths (relative to the run directory) that attnclust recorded as its own."""
+        marker = self._read_marker() or {}
+        return set(marker.get("written", []))
+
+    def record(self, *paths: Path) -> None:
+        """Record ``paths`` as written by attnclust, before they are written.
+
+        A path that already exists and is not attnclust's own is refused (the user put something there).
+
+        Raises
+        ------
+        attnclust.errors.StoreError
+            When an existing path was not written by attnclust.
+        """
+        marker = self._read_marker()
+        if marker is None:
+            raise StoreError(f"output dir {self.root}: has no {MARKER} marker; it is not an attnclust run")
+        known = set(marker.get("written", []))
+        new = []
+        for path in paths:
+            rel = self.relative(path)
+            if rel in known:
+                continue
+            if Path(path).exists() or Path(path).is_symlink():
+                raise StoreError(f"output dir {self.root}: {rel} exists but attnclust did not write it; move it "
+                                 f"away or choose a new --out")
+            new.append(rel)
+        if new:
+            marker["written"] = sorted(known | set(new))
+            self._write_marker(marker)
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to the run directory (refusing paths outside it)."""
+        try:
+            return Path(path).relative_to(self.root).as_posix()
+        except ValueError:
+            raise StoreError(f"path {path}: outside the run directory {self.root}") from None
+
+    def remove(self, *paths: Path) -> None:
+        """Remove paths attnclust wrote (files or whole directories); paths it did not record are left alone."""
+        own = self.written()
+        for path in paths:
+            path = Path(path)
+            rel = Path(self.relative(path))
+            if not ({rel.as_posix(), *(p.as_posix() for p in rel.parents)} & own) or \
+                    not (path.exists() or path.is_symlink()):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()

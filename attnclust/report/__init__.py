@@ -1,0 +1,47 @@
+"""The HTML report of one run: a single self-contained file that opens offline.
+
+A section is one function and one Jinja2 template (:func:`report_section`); the built-in ones are in
+:mod:`.sections`, their templates in ``templates/`` (``page.html.j2`` lays out the page). Every picture is a PNG
+drawn with matplotlib's Agg renderer (:mod:`.figures`) and embedded as a ``data:image/png;base64,`` URI; the style
+sheet is inline and there is no script, external font or link. Templates render with autoescaping on, so all
+text from the inputs (titles, descriptions, tokens, settings) is escaped.
+
+Sections, in order: summary, notes, the layer x head grid, one card per cluster (largest first), the UMAP
+scatter, the per-cluster statistics table, the head analyses, silhouette against k, the model's question
+answering (official SQuAD 2.0 scores, null odds by kind of question, example answers) and the settings. The
+statistics shown are every registered statistic (:data:`attnclust.analysis.stats.STATISTICS`) present in the
+clusters table; each registered head analysis (:data:`attnclust.analysis.heads.HEAD_ANALYSES`) with a column in
+the heads table gets a layer x head heatmap per column.
+"""
+
+from __future__ import annotations
+
+from . import sections as _sections  # noqa: F401  (registers the built-in sections)
+from .figures import MAX_SCATTER_POINTS, HeadGrid, cluster_palette, head_grid, head_matrix
+from .formatting import column_units, fmt
+from .inputs import ReportInputs
+from .registry import REPORT_SECTIONS, ReportSection, environment, report_section, sections_in_order
+from .render import render_report, render_sections, write_report
+from .sections import GRID_TEXT_MAX, QA_EXAMPLES_SHOWN, UMAP_OFF_SENTENCE
+
+__all__ = [
+    "GRID_TEXT_MAX",
+    "MAX_SCATTER_POINTS",
+    "QA_EXAMPLES_SHOWN",
+    "REPORT_SECTIONS",
+    "UMAP_OFF_SENTENCE",
+    "HeadGrid",
+    "ReportInputs",
+    "ReportSection",
+    "cluster_palette",
+    "column_units",
+    "environment",
+    "fmt",
+    "head_grid",
+    "head_matrix",
+    "render_report",
+    "render_sections",
+    "report_section",
+    "sections_in_order",
+    "write_report",
+]

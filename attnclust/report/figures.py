@@ -1,0 +1,382 @@
+"""The report's pictures: matplotlib figures drawn with Agg and embedded as PNG data URIs.
+
+Figures are built as ``matplotlib.figure.Figure`` objects, never through pyplot, so none is registered anywhere
+or left open; :func:`png_data_uri` draws one and clears it. Also here: the cluster colours and the layer x head
+arrangement of the heads table that the grid and the head-analysis heatmaps share.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from .formatting import PERCENT_UNIT, fmt, short
+
+__all__ = [
+    "DPI",
+    "MAX_SCATTER_POINTS",
+    "HeadGrid",
+    "cluster_palette",
+    "head_grid",
+    "head_heatmap_figure",
+    "head_matrix",
+    "mean_map_figure",
+    "medoid_figure",
+    "null_odds_figure",
+    "png_data_uri",
+    "silhouette_figure",
+    "umap_figure",
+    "umap_points",
+]
+
+DPI = 100
+"""Resolution of every PNG."""
+MAX_SCATTER_POINTS = 50_000
+"""At most this many maps are drawn in each UMAP scatter (a seeded random subsample beyond)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadGrid:
+    """The layer x head matrices drawn as the grid.
+
+    Attributes
+    ----------
+    layers, heads : numpy.ndarray, shape (layer,), (head,)
+        The sorted layer and head numbers labelling rows and columns.
+    dominant : numpy.ndarray of int64, shape (layer, head)
+        Dominant cluster per head; -1 where the heads table has no row.
+    purity : numpy.ndarray of float64, shape (layer, head)
+        Share of the dominant cluster; NaN where unknown.
+    """
+
+    layers: np.ndarray
+    heads: np.ndarray
+    dominant: np.ndarray
+    purity: np.ndarray
+
+
+def head_matrix(heads: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One column of the heads table as a layer x head matrix of floats.
+
+    Parameters
+    ----------
+    heads : pandas.DataFrame
+        One row per (layer, head) with ``column``; row order does not matter.
+    column : str
+        A numeric column (values that are not numbers become NaN).
+
+    Returns
+    -------
+    layers : numpy.ndarray, shape (layer,)
+        Sorted layer numbers (rows).
+    head_ids : numpy.ndarray, shape (head,)
+        Sorted head numbers (columns).
+    values : numpy.ndarray of float64, shape (layer, head)
+        NaN where the heads table has no row or no number.
+    """
+    layers = np.sort(heads["layer"].unique())
+    hs = np.sort(heads["head"].unique())
+    li = np.searchsorted(layers, heads["layer"].to_numpy())
+    hi = np.searchsorted(hs, heads["head"].to_numpy())
+    values = np.full((len(layers), len(hs)), np.nan)
+    values[li, hi] = pd.to_numeric(heads[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    return layers, hs, values
+
+
+def head_grid(heads: pd.DataFrame) -> HeadGrid:
+    """Arrange the heads table as layer x head matrices.
+
+    Parameters
+    ----------
+    heads : pandas.DataFrame
+        One row per (layer, head) with ``dominant_cluster`` and ``purity``.
+
+    Returns
+    -------
+    HeadGrid
+    """
+    layers, hs, purity = head_matrix(heads, "purity")
+    li = np.searchsorted(layers, heads["layer"].to_numpy())
+    hi = np.searchsorted(hs, heads["head"].to_numpy())
+    dominant = np.full((len(layers), len(hs)), -1, dtype=np.int64)
+    dominant[li, hi] = heads["dominant_cluster"].to_numpy(dtype=np.int64)
+    return HeadGrid(layers=layers, heads=hs, dominant=dominant, purity=purity)
+
+
+def cluster_palette(k: int) -> np.ndarray:
+    """Qualitative colours for cluster ids ``0 .. k-1``.
+
+    tab20 (dark shades first) up to 20 clusters, tab20 + tab20b + tab20c up to 60, then turbo sampled in
+    golden-ratio steps so neighbouring ids differ.
+
+    Parameters
+    ----------
+    k : int
+        Number of clusters.
+
+    Returns
+    -------
+    numpy.ndarray, shape (k, 4)
+        RGBA in 0..1, row c is cluster c's colour.
+    """
+    if k <= 20:
+        base = np.asarray(colormaps["tab20"].colors)
+        colors = np.concatenate([base[0::2], base[1::2]])
+    elif k <= 60:
+        colors = np.concatenate([np.asarray(colormaps[n].colors) for n in ("tab20", "tab20b", "tab20c")])
+    else:
+        colors = colormaps["turbo"]((np.arange(k) * 0.6180339887) % 1.0)
+    return np.asarray([to_rgba(c) for c in colors[:k]]).reshape(-1, 4)
+
+
+def png_data_uri(fig: Figure) -> str:
+    """Draw ``fig`` with Agg as a PNG and return it as a ``data:image/png;base64,`` URI; the figure is cleared.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+
+    Returns
+    -------
+    str
+    """
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    fig.clear()
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def mean_map_figure(m: np.ndarray, c: int) -> Figure:
+    """A cluster's mean map.
+
+    Parameters
+    ----------
+    m : numpy.ndarray, shape (query, key) = (G, G)
+        The average row-normalised map of the cluster.
+    c : int
+        Cluster id (in the title).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = Figure(figsize=(3.4, 3.0))
+    ax = fig.subplots()
+    im = ax.imshow(m, cmap="viridis", interpolation="nearest", vmin=0.0)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+    ax.set_title(f"cluster {c}: mean map ({m.shape[0]}×{m.shape[1]})", fontsize=9)
+    ax.set_xlabel("key bin", fontsize=8)
+    ax.set_ylabel("query bin", fontsize=8)
+    ax.tick_params(labelsize=7)
+    return fig
+
+
+def medoid_figure(m: np.ndarray, toks: list[str], shown: int, c: int) -> Figure:
+    """A cluster's medoid map with its tokens on the axes, cropped to the first ``shown`` tokens.
+
+    Parameters
+    ----------
+    m : numpy.ndarray, shape (query, key) = (n, n)
+    toks : list of str, length n
+    shown : int
+        Number of leading tokens drawn (``<= n``).
+    c : int
+        Cluster id (in the title).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    side = min(6.0, max(3.2, 1.6 + 0.07 * shown))
+    fig = Figure(figsize=(side + 0.6, side))
+    ax = fig.subplots()
+    im = ax.imshow(m[:shown, :shown], cmap="viridis", interpolation="nearest", vmin=0.0)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+    labels = [short(t, 14).replace("$", r"\$") for t in toks[:shown]]
+    fs = max(4.5, min(8.0, 280.0 / max(shown, 1)))
+    ax.set_xticks(np.arange(shown), labels, rotation=90, fontsize=fs)
+    ax.set_yticks(np.arange(shown), labels, fontsize=fs)
+    ax.set_title(f"cluster {c}: medoid", fontsize=9)
+    ax.set_xlabel("key", fontsize=8)
+    ax.set_ylabel("query", fontsize=8)
+    return fig
+
+
+def umap_points(maps: pd.DataFrame) -> np.ndarray:
+    """Rows of the maps table drawn in the UMAP scatter: those with coordinates, subsampled, in random order.
+
+    Parameters
+    ----------
+    maps : pandas.DataFrame
+        With ``umap_x`` and ``umap_y``.
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (n_drawn,)
+        Row positions; empty when UMAP was off. At most :data:`MAX_SCATTER_POINTS`, chosen with a seeded
+        generator so the same run draws the same picture.
+    """
+    x = maps["umap_x"].to_numpy(dtype=np.float64)
+    y = maps["umap_y"].to_numpy(dtype=np.float64)
+    idx = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    if idx.size == 0:
+        return idx
+    rng = np.random.default_rng(0)
+    return rng.choice(idx, MAX_SCATTER_POINTS, replace=False) if idx.size > MAX_SCATTER_POINTS \
+        else rng.permutation(idx)
+
+
+def umap_figure(maps: pd.DataFrame, idx: np.ndarray, palette: np.ndarray) -> Figure:
+    """Two UMAP scatters of the maps ``idx``: coloured by cluster and by layer.
+
+    Parameters
+    ----------
+    maps : pandas.DataFrame
+        With ``umap_x``, ``umap_y``, ``cluster`` and ``layer``.
+    idx : numpy.ndarray of int64
+        Row positions to draw (from :func:`umap_points`).
+    palette : numpy.ndarray, shape (k, 4)
+        Cluster colours; unknown clusters are grey.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    x = maps["umap_x"].to_numpy(dtype=np.float64)[idx]
+    y = maps["umap_y"].to_numpy(dtype=np.float64)[idx]
+    cl = maps["cluster"].to_numpy()[idx].astype(np.int64)
+    layer = maps["layer"].to_numpy()[idx].astype(np.float64)
+    known = (cl >= 0) & (cl < len(palette))
+    colors = np.where(known[:, None], palette[np.clip(cl, 0, max(len(palette) - 1, 0))], [0.7, 0.7, 0.7, 1.0])
+    size = 2.0 if idx.size > 10_000 else 6.0
+    fig = Figure(figsize=(13, 5.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.scatter(x, y, c=colors, s=size, linewidths=0, alpha=0.7)
+    ax1.set_title("coloured by cluster", fontsize=10)
+    present = np.unique(cl[known])
+    if present.size <= 30:
+        handles = [Line2D([], [], ls="", marker="o", ms=5, color=palette[c], label=str(c)) for c in present]
+        ax1.legend(handles=handles, title="cluster", fontsize=7, title_fontsize=8, loc="upper center",
+                   bbox_to_anchor=(0.5, -0.01), ncol=min(present.size, 10), frameon=False, columnspacing=1.0)
+    sc = ax2.scatter(x, y, c=layer, cmap="viridis", s=size, linewidths=0, alpha=0.7)
+    fig.colorbar(sc, ax=ax2, label="layer")
+    ax2.set_title("coloured by layer", fontsize=10)
+    for ax in (ax1, ax2):
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return fig
+
+
+def silhouette_figure(k_scores: dict[int, float], k: int) -> Figure:
+    """Silhouette against k, the chosen k starred.
+
+    Parameters
+    ----------
+    k_scores : dict of int to float
+        Silhouette per candidate k.
+    k : int
+        The chosen number of clusters.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    ks = np.array(sorted(k_scores), dtype=np.int64)
+    scores = np.array([float(k_scores[int(v)]) for v in ks])
+    fig = Figure(figsize=(5, 3))
+    ax = fig.subplots()
+    ax.plot(ks, scores, "o-", color="#1f77b4", ms=4)
+    if k in k_scores:
+        ax.plot([k], [k_scores[k]], "*", color="#d62728", ms=13, label=f"chosen k = {k}")
+        ax.legend(fontsize=8, frameon=False)
+    ax.set_xlabel("k")
+    ax.set_ylabel("silhouette")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def null_odds_figure(predictions: pd.DataFrame, threshold: float) -> Figure:
+    """Histograms of the null odds of answerable and unanswerable questions, with the threshold.
+
+    Parameters
+    ----------
+    predictions : pandas.DataFrame
+        With ``null_odds`` and ``is_impossible``.
+    threshold : float
+        The null threshold of the run (questions right of it are answered "no answer").
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = Figure(figsize=(6.4, 2.6), dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    odds = predictions["null_odds"].to_numpy(dtype=np.float64)
+    impossible = predictions["is_impossible"].to_numpy(dtype=bool)
+    bins = np.histogram_bin_edges(odds[np.isfinite(odds)], bins=30)
+    for mask, label, color in ((~impossible, "answerable", "#1f77b4"), (impossible, "unanswerable", "#d62728")):
+        if mask.any():
+            ax.hist(odds[mask], bins=bins, alpha=0.6, label=f"{label} ({int(mask.sum())})", color=color)
+    ax.axvline(threshold, color="#222", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+    ax.set_xlabel("null odds = null score - best span score (right of the line: no answer)")
+    ax.set_ylabel("questions")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def head_heatmap_figure(layers: np.ndarray, head_ids: np.ndarray, values: np.ndarray, *, column: str, unit: str,
+                        annotate: bool) -> Figure:
+    """One head-analysis column as a layer x head heatmap.
+
+    Parameters
+    ----------
+    layers, head_ids : numpy.ndarray, shape (layer,), (head,)
+        Row and column labels.
+    values : numpy.ndarray of float64, shape (layer, head)
+        NaN cells are left blank; at least one value must be finite.
+    column : str
+        Column name (the title).
+    unit : str
+        The analysis' unit (the colour bar's label); ``share`` is drawn in percent.
+    annotate : bool
+        Write each cell's value in it (for small grids).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    percent = unit == PERCENT_UNIT
+    shown = values * 100.0 if percent else values
+    n_layers, n_heads = values.shape
+    fig = Figure(figsize=(min(9.0, 1.8 + 0.42 * n_heads), min(7.0, 1.2 + 0.36 * n_layers)))
+    ax = fig.subplots()
+    im = ax.imshow(np.ma.masked_invalid(shown), cmap="viridis", interpolation="nearest", aspect="auto")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="%" if percent else unit).ax.tick_params(labelsize=7)
+    step_h = max(1, n_heads // 16)
+    step_l = max(1, n_layers // 16)
+    ax.set_xticks(np.arange(0, n_heads, step_h), [f"H{h}" for h in head_ids[::step_h]], fontsize=7)
+    ax.set_yticks(np.arange(0, n_layers, step_l), [f"L{v}" for v in layers[::step_l]], fontsize=7)
+    ax.set_title(column.replace("$", r"\$"), fontsize=9)
+    ax.set_xlabel("head", fontsize=8)
+    ax.set_ylabel("layer", fontsize=8)
+    if annotate:
+        finite = shown[np.isfinite(shown)]
+        mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+        for i in range(n_layers):
+            for j in range(n_heads):
+                if np.isfinite(values[i, j]):
+                    ax.text(j, i, fmt(values[i, j], unit), ha="center", va="center", fontsize=6,
+                            color="#000" if shown[i, j] > mid else "#fff")
+    return fig

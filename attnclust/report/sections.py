@@ -1,0 +1,380 @@
+"""The built-in report sections: one function each, laid out by the template of the same name.
+
+Each function takes the :class:`~attnclust.report.inputs.ReportInputs` and returns its template's context (or
+``None`` to leave the section out). Numbers are formatted here or with the ``fmt`` filter; pictures are PNG
+data URIs; text is escaped by the templates. Page order: summary, notes, layer x head grid, cluster cards, UMAP,
+per-cluster statistics, head analyses, choice of k, question answering, settings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..analysis.heads import HEAD_ANALYSES
+from ..analysis.stats import STATISTICS
+from .figures import (
+    MAX_SCATTER_POINTS,
+    cluster_palette,
+    head_grid,
+    head_heatmap_figure,
+    head_matrix,
+    mean_map_figure,
+    medoid_figure,
+    null_odds_figure,
+    png_data_uri,
+    silhouette_figure,
+    umap_figure,
+    umap_points,
+)
+from .formatting import PERCENT_UNIT, column_units, fmt, fmt_id, hex_color, short, unit_label
+from .inputs import ReportInputs
+from .registry import report_section
+
+__all__ = ["GRID_TEXT_MAX", "QA_EXAMPLES_SHOWN", "UMAP_OFF_SENTENCE", "cluster_cards", "cluster_stats",
+           "clusters_by_size", "grid", "head_analysis_heatmaps", "k_choice", "notes", "qa", "settings", "stats_table",
+           "summary", "umap"]
+
+GRID_TEXT_MAX = 16
+"""Cluster id and purity are written in the grid cells when layers and heads are both at most this."""
+UMAP_OFF_SENTENCE = "UMAP was switched off for this run, so there is no scatter plot."
+QA_EXAMPLES_SHOWN = 12
+"""Example answers listed in the question-answering section."""
+_QA_FIELDS = (("All questions", ""), ("Answerable", "HasAns_"), ("Unanswerable", "NoAns_"))
+
+
+def clusters_by_size(inputs: ReportInputs) -> pd.DataFrame:
+    """The clusters table, largest first (ties by id).
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    pandas.DataFrame
+    """
+    return inputs.clusters.sort_values(["size", "cluster"], ascending=[False, True]).reset_index(drop=True)
+
+
+def cluster_stats(clusters: pd.DataFrame) -> list[dict[str, str]]:
+    """The registered statistics present in the clusters table, in registration order, for tables and legends.
+
+    Parameters
+    ----------
+    clusters : pandas.DataFrame
+
+    Returns
+    -------
+    list of dict
+        ``name``, ``unit``, ``unit_label`` and ``description`` of each.
+    """
+    return [{"name": s.name, "unit": s.unit, "unit_label": unit_label(s.unit), "description": s.description}
+            for s in STATISTICS.values() if s.name in clusters.columns]
+
+
+def _color(c: int, palette: np.ndarray) -> str:
+    return hex_color(palette[c] if 0 <= c < len(palette) else None)
+
+
+@report_section("summary", title="Summary", order=100, template="summary.html.j2", nav=False, heading=False)
+def summary(inputs: ReportInputs) -> dict[str, Any]:
+    """What was clustered, into how many clusters, the largest cluster and whether UMAP ran.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict
+        The context of ``summary.html.j2``.
+    """
+    maps, heads, k_scores = inputs.maps, inputs.heads, inputs.k_scores
+    best = max(k_scores, key=k_scores.get) if k_scores else None
+    top = clusters_by_size(inputs).iloc[0] if len(inputs.clusters) else None
+    return {
+        "n_maps": len(maps), "n_features": maps["feature_id"].nunique(), "n_examples": maps["example_id"].nunique(),
+        "n_layers": heads["layer"].nunique(), "n_heads": heads["head"].nunique(), "k": len(inputs.clusters),
+        "auto_k": None if best is None else {"candidates": len(k_scores), "best": best,
+                                             "score": f"{k_scores[best]:.3f}"},
+        "top": None if top is None else {"cluster": int(top["cluster"]), "share": fmt(top["share"], PERCENT_UNIT),
+                                         "description": str(top["description"])},
+        "umap_on": bool(np.isfinite(maps["umap_x"].to_numpy(dtype=np.float64)).any()),
+    }
+
+
+@report_section("notes", title="Notes", order=200, template="notes.html.j2", nav=False, heading=False)
+def notes(inputs: ReportInputs) -> dict[str, Any] | None:
+    """Warnings shown prominently at the top; left out when there are none.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+    """
+    return {"notes": [str(n) for n in inputs.notes]} if inputs.notes else None
+
+
+@report_section("grid", title="Layer × head grid", order=300, template="grid.html.j2", nav="Heads")
+def grid(inputs: ReportInputs) -> dict[str, Any]:
+    """The layer x head table: each head's dominant cluster (colour) and purity (opacity, and text when small).
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict
+        The context of ``grid.html.j2``: ``heads`` (column labels), ``rows`` (``layer``, ``cells``), ``legend``
+        and ``text`` (whether cells show their numbers).
+    """
+    palette = cluster_palette(len(inputs.clusters))
+    g = head_grid(inputs.heads)
+    descr = dict(zip(inputs.clusters["cluster"].astype(int), inputs.clusters["description"].astype(str)))
+    text = len(g.layers) <= GRID_TEXT_MAX and len(g.heads) <= GRID_TEXT_MAX
+    rows = []
+    for i, layer in enumerate(g.layers):
+        cells = []
+        for j, head in enumerate(g.heads):
+            c, p = int(g.dominant[i, j]), float(g.purity[i, j])
+            if c < 0:
+                cells.append({"cluster": None, "title": f"L{layer} H{head}: no data"})
+                continue
+            rgb = palette[c][:3] if c < len(palette) else np.array([0.73, 0.73, 0.73])
+            alpha = 0.25 + 0.75 * (0.0 if math.isnan(p) else min(max(p, 0.0), 1.0))
+            lum = float(np.dot(alpha * rgb + (1 - alpha), [0.299, 0.587, 0.114]))
+            r, gg, b = (int(round(255 * v)) for v in rgb)
+            pct = "–" if math.isnan(p) else f"{100 * p:.0f}%"
+            cells.append({"cluster": c, "pct": pct, "title": f"L{layer} H{head}: cluster {c} ({pct}) {descr.get(c, '')}",
+                          "style": f"background:rgba({r},{gg},{b},{alpha:.2f});color:{'#fff' if lum < 0.45 else '#000'}"})
+        rows.append({"layer": layer, "cells": cells})
+    legend = [{"cluster": c, "color": _color(c, palette), "description": short(descr[c], 70)} for c in sorted(descr)]
+    return {"heads": list(g.heads), "rows": rows, "legend": legend, "text": text}
+
+
+@report_section("clusters", title="Clusters", order=400, template="clusters.html.j2")
+def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
+    """One card per cluster, largest first: description, top heads, mean statistics, mean map and medoid.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict
+        The context of ``clusters.html.j2``: ``cards``.
+    """
+    palette = cluster_palette(len(inputs.clusters))
+    clusters = clusters_by_size(inputs)
+    stats = cluster_stats(clusters)
+    mean_maps = np.asarray(inputs.mean_maps, dtype=np.float64)
+    cards = []
+    for row in clusters.to_dict("records"):
+        c = int(row["cluster"])
+        medoid_at = None
+        if "medoid_feature_id" in row:
+            medoid_at = f"feature {fmt_id(row['medoid_feature_id'])}"
+            if "medoid_layer" in row and "medoid_head" in row:
+                medoid_at += f", L{fmt_id(row['medoid_layer'])} H{fmt_id(row['medoid_head'])}"
+        medoid = None
+        if c in inputs.medoids:
+            m, toks = inputs.medoids[c]
+            toks = [str(t) for t in toks]
+            n, shown = len(toks), min(len(toks), int(inputs.max_tokens_shown))
+            medoid = {"src": png_data_uri(medoid_figure(np.asarray(m, dtype=float), toks, shown, c)),
+                      "n": n, "shown": shown, "tokens": toks, "at": medoid_at}
+        cards.append({
+            "cluster": c, "color": _color(c, palette), "size": fmt(row["size"]),
+            "share": fmt(row["share"], PERCENT_UNIT), "description": str(row["description"]),
+            "top_heads": str(row["top_heads"]),
+            "mean_layer": fmt(row["mean_layer"]) if "mean_layer" in row else None,
+            "stats": [{**s, "value": fmt(row[s["name"]], s["unit"])} for s in stats],
+            "mean_map": png_data_uri(mean_map_figure(mean_maps[c], c)), "medoid": medoid,
+        })
+    return {"cards": cards}
+
+
+@report_section("umap", title="UMAP projection", order=500, template="umap.html.j2", nav="UMAP")
+def umap(inputs: ReportInputs) -> dict[str, Any]:
+    """The UMAP scatter by cluster and by layer, or the sentence saying UMAP was off.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict
+        The context of ``umap.html.j2``: ``src`` (``None`` when UMAP was off), ``off`` and ``notes``.
+    """
+    maps = inputs.maps
+    idx = umap_points(maps)
+    if idx.size == 0:
+        return {"src": None, "off": UMAP_OFF_SENTENCE, "notes": []}
+    src = png_data_uri(umap_figure(maps, idx, cluster_palette(len(inputs.clusters))))
+    notes_ = []
+    if idx.size < len(maps):
+        dropped = len(maps) - int(np.isfinite(maps["umap_x"].to_numpy(dtype=np.float64)).sum())
+        notes_.append(f"Drawn: {idx.size:,} of {len(maps):,} maps"
+                      + (" (random subsample)" if idx.size == MAX_SCATTER_POINTS else "")
+                      + (f"; {dropped:,} maps have no UMAP coordinates" if dropped else "") + ".")
+    return {"src": src, "off": UMAP_OFF_SENTENCE, "notes": notes_}
+
+
+@report_section("stats", title="Per-cluster statistics", order=600, template="stats.html.j2", nav="Statistics")
+def stats_table(inputs: ReportInputs) -> dict[str, Any]:
+    """The per-cluster table of size, share, mean layer and every registered statistic, with their legend.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict
+        The context of ``stats.html.j2``: ``columns``, ``rows`` (``cluster``, ``color``, ``cells``,
+        ``description``) and ``legend`` (the statistics' names, units and descriptions).
+    """
+    palette = cluster_palette(len(inputs.clusters))
+    clusters = clusters_by_size(inputs)
+    stats = cluster_stats(clusters)
+    units = column_units()
+    cols = ["size", "share"] + (["mean_layer"] if "mean_layer" in clusters.columns else []) + [s["name"] for s in stats]
+    rows = [{"cluster": int(r["cluster"]), "color": _color(int(r["cluster"]), palette),
+             "cells": [fmt(r[c], units.get(c)) for c in cols], "description": str(r["description"])}
+            for r in clusters.to_dict("records")]
+    return {"columns": cols, "rows": rows, "legend": stats}
+
+
+@report_section("head_analyses", title="Head analyses", order=650, template="head_analyses.html.j2")
+def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
+    """One layer x head heatmap per column of every registered head analysis found in the heads table.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``head_analyses.html.j2``: ``analyses`` (``name``, ``description``, ``unit``,
+        ``unit_label``, ``figures`` with ``column``, ``src`` (``None`` when the column has no number)); ``None``
+        when no registered analysis has a column in the heads table.
+    """
+    heads = inputs.heads
+    analyses = []
+    for analysis in HEAD_ANALYSES.values():
+        columns = [c for c in analysis.columns if c in heads.columns]
+        if not columns:
+            continue
+        figures = []
+        for column in columns:
+            layers, head_ids, values = head_matrix(heads, column)
+            src = None
+            if np.isfinite(values).any():
+                annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
+                src = png_data_uri(head_heatmap_figure(layers, head_ids, values, column=column, unit=analysis.unit,
+                                                       annotate=annotate))
+            figures.append({"column": column, "src": src})
+        analyses.append({"name": analysis.name, "description": analysis.description, "unit": analysis.unit,
+                         "unit_label": unit_label(analysis.unit), "figures": figures})
+    return {"analyses": analyses} if analyses else None
+
+
+@report_section("k", title="Choice of k", order=700, template="k.html.j2")
+def k_choice(inputs: ReportInputs) -> dict[str, Any] | None:
+    """Silhouette against k when k was chosen automatically; left out otherwise.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``k.html.j2``: ``src``.
+    """
+    if not inputs.k_scores:
+        return None
+    return {"src": png_data_uri(silhouette_figure(inputs.k_scores, len(inputs.clusters)))}
+
+
+@report_section("qa", title="Question answering", order=800, template="qa.html.j2")
+def qa(inputs: ReportInputs) -> dict[str, Any] | None:
+    """The model's official SQuAD 2.0 scores, the null odds by kind of question and example answers.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``qa.html.j2``; ``None`` when the run has no QA scores.
+    """
+    if not inputs.qa:
+        return None
+    sc = inputs.qa["scores"]
+    scores = [{"label": label, "exact": f"{sc[p + 'exact']:.2f}", "f1": f"{sc[p + 'f1']:.2f}",
+               "total": f"{int(sc[p + 'total']):,}"} for label, p in _QA_FIELDS if f"{p}total" in sc]
+    found = inputs.qa.get("threshold_search") or {k: v for k, v in sc.items() if k.startswith("best_")}
+    best = None
+    if "best_f1" in found:
+        best = {"exact": f"{found['best_exact']:.2f}", "exact_thresh": repr(float(found["best_exact_thresh"])),
+                "f1": f"{found['best_f1']:.2f}", "f1_thresh": repr(float(found["best_f1_thresh"]))}
+    predictions, odds_src, examples = inputs.predictions, None, []
+    if predictions is not None and len(predictions):
+        threshold = float(inputs.qa.get("settings", {}).get("null_threshold", 0.0))
+        odds_src = png_data_uri(null_odds_figure(predictions, threshold))
+        examples = [{"question": short(r.question, 90), "prediction": short(r.prediction, 60) if r.prediction else None,
+                     "gold": short(" | ".join(r.gold_answers), 60) if len(r.gold_answers) else None,
+                     "null_odds": f"{r.null_odds:.2f}", "f1": f"{r.f1:.2f}"}
+                    for r in predictions.head(QA_EXAMPLES_SHOWN).itertuples(index=False)]
+    return {"trained": bool(inputs.qa["head_trained"]), "note": str(inputs.qa["note"]), "scores": scores,
+            "best": best, "odds_src": odds_src, "examples": examples,
+            "n_predictions": f"{0 if predictions is None else len(predictions):,}"}
+
+
+@report_section("settings", title="Settings", order=900, template="settings.html.j2")
+def settings(inputs: ReportInputs) -> dict[str, Any]:
+    """The resolved job configuration, timings etc. as YAML.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict
+        The context of ``settings.html.j2``: ``text``.
+    """
+    return {"text": _settings_text(inputs.settings)}
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=str)
+    return str(o)
+
+
+def _settings_text(settings_: dict) -> str:
+    plain = json.loads(json.dumps(settings_, default=_jsonable))
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is a dependency of config.py
+        return json.dumps(plain, indent=2)
+    return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False)

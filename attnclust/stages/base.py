@@ -1,0 +1,295 @@
+"""The Stage abstraction and the one orchestrator that runs stages: resume, ``--force``, progress, cancellation,
+timing, ownership of outputs and invalidation of what depends on a re-run stage are handled here, once.
+
+A stage declares its ``name``, ``version``, upstream ``inputs``, the config keys it ``reads``, the outputs it
+writes, a ``plan`` of blocks, a per-block ``task`` (runs on a Dask worker or in-process) and a ``finalize`` step
+(on the driver). Its fingerprint is made of the values of the keys it reads, its version, its upstream stages'
+fingerprints and any content identity it declares (data file hash, model weights): a key a stage does not read
+never invalidates it, and a refused re-run names the key that changed, with its old and new values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..config import JobConfig
+from ..errors import JobCancelled, StoreError
+from ..layout import RunLayout
+
+__all__ = ["RunContext", "Stage", "check_stages", "describe_change", "fingerprint_of", "run_block", "run_stages"]
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class RunContext:
+    """What stages share during one run.
+
+    Attributes
+    ----------
+    layout
+        The run directory's paths.
+    cfg
+        The validated job.
+    job_id
+        Prefix of every task key of the run.
+    backend
+        ``cpu`` or ``gpu`` (resolved).
+    executor
+        Runs blocks: :class:`~attnclust.stages.executors.DaskExecutor` or ``SerialExecutor``.
+    progress
+        Show progress bars and notes.
+    inputs
+        Driver-side inputs prepared before anything is written (examples, features, model facts).
+    fingerprints, records
+        Per stage name, filled as stages run (or are found complete).
+    should_stop
+        Asked before each stage and before each stage's finalize step.
+    on_event
+        Called as ``on_event(stage, event, info)`` with ``event`` in ``started``, ``finished``, ``skipped``.
+    """
+
+    layout: RunLayout
+    cfg: JobConfig
+    job_id: str
+    backend: str
+    executor: Any
+    progress: bool = True
+    inputs: dict = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    records: dict[str, dict] = field(default_factory=dict)
+    should_stop: Callable[[], bool] | None = None
+    on_event: Callable[[str, str, dict], None] | None = None
+
+    def note(self, message: str) -> None:
+        """Print a one-line note when progress is on."""
+        if self.progress:
+            print(message, flush=True)
+
+    def stop_if_asked(self, before: str) -> None:
+        """Raise :class:`~attnclust.errors.JobCancelled` when the run was asked to stop."""
+        if self.should_stop is not None and self.should_stop():
+            raise JobCancelled(f"job stopped on request before {before}")
+
+
+class Stage:
+    """One stage of the pipeline. Subclasses set the class attributes and override the hooks they need.
+
+    Attributes
+    ----------
+    name
+        Stage name (the CLI command, the ``_state`` records, the task key part).
+    version
+        Bumped when what the stage computes changes: finished results of an older version are not reused.
+    inputs
+        Names of the upstream stages whose outputs it reads (they must have finished).
+    optional_inputs
+        Upstream stages it reads when they ran (e.g. QA scores in the report); part of its fingerprint then.
+    reads
+        Dotted config keys it reads (``cluster.k``); see :meth:`keys` for keys that depend on the config.
+    rerun_on_change
+        A cheap derived stage (QA scoring) is recomputed when its settings change, without ``--force``.
+    """
+
+    name: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    inputs: ClassVar[tuple[str, ...]] = ()
+    optional_inputs: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[tuple[str, ...]] = ()
+    rerun_on_change: ClassVar[bool] = False
+
+    def keys(self, cfg: JobConfig) -> tuple[str, ...]:
+        """Config keys this stage reads under ``cfg`` (default: :attr:`reads`)."""
+        return self.reads
+
+    def identity(self, ctx: RunContext) -> dict:
+        """Content identities beyond config values (data hash, model weights, backend, registry versions)."""
+        return {}
+
+    def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        """Paths this stage writes: recorded as attnclust's before it runs, removed when it is invalidated."""
+        return ()
+
+    def check(self, ctx: RunContext) -> None:
+        """Checks that must pass before anything is written (called for every stage before the first runs)."""
+
+    def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        """Prepare the stage's stores and return ``(blocks, done)``: the task arguments of every block (after
+        ``root`` and ``block``) and the blocks that are already finished (``done``, or fewer when the stores had
+        to be recreated)."""
+        return [], set()
+
+    task: ClassVar[Callable | None] = None
+    """``task(root: str, block: int, *args) -> result``, a module-level function run per block."""
+
+    def finalize(self, ctx: RunContext, results: list) -> dict:
+        """Driver step after every block finished: consolidate, write final outputs; returns the stage record."""
+        return {}
+
+
+def fingerprint_of(stage: Stage, ctx: RunContext) -> dict:
+    """The parts a stage's fingerprint is made of: ``keys`` (values), ``version``, ``inputs``, ``identity``."""
+    keys = {k: ctx.cfg.value(k) for k in stage.keys(ctx.cfg)}
+    inputs = {name: ctx.fingerprints[name] for name in (*stage.inputs, *stage.optional_inputs)
+              if name in ctx.fingerprints}
+    return {"version": stage.version, "keys": keys, "inputs": inputs, "identity": stage.identity(ctx)}
+
+
+def describe_change(old: dict, new: dict) -> str:
+    """What differs between two fingerprints, for people: ``cluster.k: 8 -> 10``, ``data file content``."""
+    changes = []
+    for key in sorted(set(old.get("keys", {})) | set(new.get("keys", {}))):
+        a, b = old.get("keys", {}).get(key, "(unset)"), new.get("keys", {}).get(key, "(unset)")
+        if a != b:
+            changes.append(f"{key}: {a!r} -> {b!r}" if isinstance(a, str) or isinstance(b, str) else
+                           f"{key}: {a} -> {b}")
+    for key in sorted(set(old.get("identity", {})) | set(new.get("identity", {}))):
+        if old.get("identity", {}).get(key) != new.get("identity", {}).get(key):
+            changes.append(f"{key.replace('_', ' ')} changed")
+    if old.get("version") != new.get("version"):
+        changes.append(f"stage version {old.get('version')} -> {new.get('version')}")
+    for name in sorted(set(old.get("inputs", {})) | set(new.get("inputs", {}))):
+        if old.get("inputs", {}).get(name) != new.get("inputs", {}).get(name) and not changes:
+            changes.append(f"its input stage '{name}' changed")
+    return "; ".join(changes) or "settings changed"
+
+
+def run_block(task: Callable, root: str, stage: str, fingerprint: str, block: int, args: tuple) -> Any:
+    """Run one block of a stage and write its completion marker (only after the block's data is written)."""
+    from ..store import atomic_write_json
+
+    result = task(root, block, *args)
+    atomic_write_json(RunLayout(root).block_marker(stage, block), {"fingerprint": fingerprint})
+    return result
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _done_blocks(layout: RunLayout, stage: str, fingerprint: str) -> set[int]:
+    folder = layout.block_markers(stage)
+    done = set()
+    if folder.is_dir():
+        for marker in folder.glob("*.done"):
+            data = _read_json(marker)
+            if data is not None and data.get("fingerprint") == fingerprint:
+                done.add(int(marker.stem))
+    return done
+
+
+def _forget(layout: RunLayout, stage: Stage) -> None:
+    """Remove a stage's record, markers and outputs (only paths attnclust recorded as its own)."""
+    import shutil
+
+    layout.stage_record(stage.name).unlink(missing_ok=True)
+    layout.stage_started(stage.name).unlink(missing_ok=True)
+    shutil.rmtree(layout.block_markers(stage.name), ignore_errors=True)
+    layout.remove(*stage.outputs(layout))
+
+
+def _downstream(stages: tuple[Stage, ...], name: str) -> list[Stage]:
+    """Every stage that depends, directly or not, on ``name`` (in pipeline order)."""
+    hit = {name}
+    out = []
+    for stage in stages:
+        if hit & {*stage.inputs, *stage.optional_inputs}:
+            hit.add(stage.name)
+            out.append(stage)
+    return out
+
+
+def check_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, ...]) -> None:
+    """Every selected stage's :meth:`Stage.check`, before anything is written."""
+    for stage in stages:
+        if stage.name in selected:
+            stage.check(ctx)
+
+
+def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, ...], *,
+               force: bool = False, force_named: bool = False) -> dict[str, dict]:
+    """Run the ``selected`` stages of ``stages`` (the whole pipeline, in order) in ``ctx``.
+
+    A selected stage finished with the same fingerprint is skipped. One begun or finished with another
+    fingerprint is refused, naming what changed, unless ``force`` (or the stage is ``rerun_on_change``); then it
+    is re-run and every stage that depends on it is invalidated first (records and outputs removed), so nothing
+    old is served as current. ``force_named`` re-runs the selected stages even when nothing changed (``attnclust
+    cluster --force``); upstream stages are never re-run by it. Unselected upstream stages must be finished.
+
+    Returns
+    -------
+    dict
+        Stage name -> record (``skipped: True`` for stages found complete).
+    """
+    layout = ctx.layout
+    by_name = {s.name: s for s in stages}
+    results: dict[str, dict] = {}
+    for stage in stages:
+        record = _read_json(layout.stage_record(stage.name))
+        if stage.name not in selected:
+            if record is not None:
+                ctx.fingerprints[stage.name] = record["fingerprint"]
+                ctx.records[stage.name] = record
+            elif any(stage.name in by_name[s].inputs for s in selected):
+                raise StoreError(f"output dir {layout.root}: stage '{stage.name}' has not finished; run "
+                                 f"'attnclust {stage.name}' (or 'attnclust run') for this output dir first")
+            continue
+        ctx.stop_if_asked(f"the {stage.name} stage")
+        parts = fingerprint_of(stage, ctx)
+        fp = ctx.fingerprints[stage.name] = _digest(parts)
+        started = _read_json(layout.stage_started(stage.name))
+        previous = record or started
+        if record is not None and record.get("fingerprint") == fp and not force_named:
+            ctx.records[stage.name] = results[stage.name] = {**record, "skipped": True}
+            if ctx.on_event:
+                ctx.on_event(stage.name, "skipped", record)
+            continue
+        changed = previous is not None and previous.get("fingerprint") != fp
+        if changed and not (force or stage.rerun_on_change):
+            raise StoreError(f"output dir {layout.root}: stage '{stage.name}' was run with other settings "
+                             f"({describe_change(previous.get('parts', {}), parts)}); re-run with --force to "
+                             f"overwrite it, or choose another --out")
+        for later in _downstream(stages, stage.name):
+            _forget(layout, later)
+        if changed or force_named:
+            _forget(layout, stage)
+        else:
+            layout.stage_record(stage.name).unlink(missing_ok=True)
+        results[stage.name] = ctx.records[stage.name] = _run_one(ctx, stage, fp, parts)
+    return results
+
+
+def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
+    from ..store import atomic_write_json
+
+    layout = ctx.layout
+    layout.record(*stage.outputs(layout))
+    atomic_write_json(layout.stage_started(stage.name), {"fingerprint": fp, "parts": parts})
+    if ctx.on_event:
+        ctx.on_event(stage.name, "started", {})
+    t0 = time.perf_counter()
+    blocks, done = stage.plan(ctx, _done_blocks(layout, stage.name, fp))
+    todo = [(b, args) for b, args in enumerate(blocks) if b not in done]
+    results = ctx.executor.map(
+        run_block, [(stage.task, str(layout.root), stage.name, fp, b, args) for b, args in todo],
+        stage=stage.name, total=len(blocks), done=len(done), progress=ctx.progress) if todo else []
+    ctx.stop_if_asked(f"finishing the {stage.name} stage")
+    record = stage.finalize(ctx, results)
+    record = {"fingerprint": fp, "parts": parts, "seconds": round(time.perf_counter() - t0, 3),
+              "blocks": len(blocks), "blocks_resumed": len(done), **record}
+    atomic_write_json(layout.stage_record(stage.name), record)
+    if ctx.on_event:
+        ctx.on_event(stage.name, "finished", record)
+    return record

@@ -1,0 +1,238 @@
+"""Extract: forward passes -> every attention map, cropped to the true length, into the zarr store.
+
+The driver reads and checks the data and the model before anything is written (:func:`prepare_inputs`),
+orders features by length (so a batch pads little) and plans one block per shard of the store; each block, on a
+Dask worker, loads the model once per process, runs its features in length-grouped batches, writes its whole
+shard (no other task touches it), its per-map statistics and QA logits as parquet parts. The driver never holds
+attention maps. The stage's fingerprint holds the data file's content hash and the model's weights identity,
+so an edited file or a re-trained model is never served from an old extraction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
+from ..config import JobConfig
+from ..errors import DataError
+from ..layout import RunLayout
+from ..store import atomic_write_parquet, create_attention_store, mark_store_complete, open_attention_store
+from .base import RunContext, Stage
+
+__all__ = ["ExtractStage", "extract_block", "plan_features", "prepare_inputs", "shard_features"]
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's content (read in 1 MiB pieces)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for piece in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def prepare_inputs(cfg: JobConfig) -> dict:
+    """Read and validate the data, tokenise it, load the model once; nothing is written.
+
+    Returns
+    -------
+    dict
+        ``data_path``, ``data_sha256``, ``examples`` (one row per question), ``features`` (planned: one row per
+        feature in store order) and ``model_info`` (:func:`attnclust.models.describe_model`).
+    """
+    from ..data import read_squad, sample_path, tokenize_examples
+    from ..models import describe_model, get_tokenizer
+
+    path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
+    examples = read_squad(path, max_examples=cfg.data.max_examples)
+    model_info = describe_model(cfg.model)
+    tokenizer = get_tokenizer(cfg.model)
+    features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
+                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len)
+    if features.empty:
+        raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
+    table = pd.DataFrame({
+        "id": [e.id for e in examples], "title": [e.title for e in examples],
+        "question": [e.question for e in examples], "context": [e.context for e in examples],
+        "answer_texts": [[a.text for a in e.answers] for e in examples],
+        "answer_starts": [[a.answer_start for a in e.answers] for e in examples],
+        "is_impossible": [e.is_impossible for e in examples]})
+    return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
+            "features": plan_features(features), "model_info": model_info}
+
+
+def plan_features(features: pd.DataFrame) -> pd.DataFrame:
+    """Order features by true length (ties keep dataset order) and number them: ``feature_id`` = store row.
+
+    Grouping similar lengths into one batch (and one shard) is what keeps padding cheap; the join back to
+    examples always goes through the explicit ``example_id`` and ``span`` columns.
+    """
+    ordered = features.reset_index(drop=True)
+    ordered = ordered.assign(_order=np.arange(len(ordered)))
+    ordered = ordered.sort_values(["seq_len", "_order"], kind="stable").drop(columns="_order")
+    ordered.insert(0, "feature_id", np.arange(len(ordered), dtype=np.int64))
+    return ordered.reset_index(drop=True)
+
+
+def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: int) -> int:
+    """Features per task/shard: the configured number, or about ``target_task_mb`` of float16 maps."""
+    if cfg.extract.features_per_task is not None:
+        return cfg.extract.features_per_task
+    per_feature = num_layers * num_heads * width * width * (1 if cfg.extract.store_dtype == "uint8" else 2)
+    return max(1, int(cfg.extract.target_task_mb * 2**20 // per_feature))
+
+
+def _worker_threads() -> int | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().state.nthreads
+    except (ImportError, ValueError):
+        return None
+
+
+def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu") -> dict:
+    """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
+
+    Returns
+    -------
+    dict
+        ``block``, ``features``, ``tokens`` processed and ``seconds`` spent in forward passes.
+    """
+    import torch
+
+    from ..models import get_model, run_forward
+
+    layout = RunLayout(root)
+    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
+    feats = pd.read_parquet(layout.features, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
+    feats = feats.sort_values("feature_id").reset_index(drop=True)
+    if len(feats) != stop - start:
+        raise RuntimeError(f"extract block {block}: features.parquet holds {len(feats)} of features "
+                           f"{start}..{stop - 1}; the output dir changed under the run")
+    store = open_attention_store(layout.attention, mode="r+", require_complete=False)
+    width = store.width
+    shard = np.zeros((stop - start, loaded.num_layers, loaded.num_heads, width, width),
+                     dtype=store.attention.dtype)
+    stat_rows: list[dict[str, np.ndarray]] = []
+    qa_rows = []
+    forward_s = 0.0
+    bs = cfg.extract.batch_size
+    for b0 in range(0, len(feats), bs):
+        rows = feats.iloc[b0:b0 + bs]
+        t0 = time.perf_counter()
+        result = run_forward(loaded, rows, device=device, attentions=True)
+        attn = result.attentions  # (feature, layer, head, query, key)
+        forward_s += time.perf_counter() - t0
+        start_logits, end_logits = result.start_logits, result.end_logits
+        for i, row in enumerate(rows.itertuples(index=False)):
+            m = int(row.seq_len)
+            maps = attn[i, :, :, :m, :m]
+            shard[row.feature_id - start, :, :, :m, :m] = (maps.to(torch.float16).numpy() if shard.dtype == np.float16
+                                                           else store.encode(maps.numpy()))
+            sep, punct, seg = token_masks(row.tokens, row.segment_ids)
+            stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
+            qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
+                            "end_logits": end_logits[i, :m].astype(np.float32)})
+    # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
+    store.attention.with_config({"write_empty_chunks": True})[start:stop] = shard
+    n_layers, n_heads = loaded.num_layers, loaded.num_heads
+    fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
+    stats = pd.DataFrame({
+        "feature_id": fid.astype(np.int64),
+        "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), len(feats)),
+        "head": np.tile(np.arange(n_heads, dtype=np.int16), n_layers * len(feats)),
+        **{c: np.concatenate([r[c].ravel() for r in stat_rows]) for c in stat_columns()},
+    })
+    atomic_write_parquet(stats, layout.part("stats", block))
+    atomic_write_parquet(pd.DataFrame(qa_rows), layout.part("qa", block))
+    return {"block": block, "features": len(feats), "tokens": int(feats["seq_len"].sum()),
+            "forward_seconds": forward_s}
+
+
+def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, model_info: dict,
+                  done: set[int]) -> tuple[list[tuple[int, int]], set[int]]:
+    """Write features.parquet and create the store, or keep them when resuming (``done`` blocks exist).
+
+    Returns the blocks ``[(start, stop)]`` and the set of blocks already done.
+    """
+    if done and layout.attention.exists():
+        try:
+            store = open_attention_store(layout.attention, require_complete=False)
+            if store.n_features == len(features):
+                return store.blocks(), done
+        except Exception:  # noqa: BLE001 -- unreadable leftovers of our own: start over
+            pass
+    import shutil
+
+    shutil.rmtree(layout.block_markers(ExtractStage.name), ignore_errors=True)
+    layout.remove(layout.parts, layout.attention)
+    atomic_write_parquet(features, layout.features)
+    seq_len = features["seq_len"].to_numpy(np.int32)
+    per_task = shard_features(cfg, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
+                              width=int(seq_len.max()))
+    store = create_attention_store(
+        layout.attention, seq_len=seq_len, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
+        features_per_task=per_task, dtype=cfg.extract.store_dtype,
+        attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
+               model_info["num_layers"], "num_heads": model_info["num_heads"]},
+    )
+    return store.blocks(), set()
+
+
+def finish_store(layout: RunLayout, n_blocks: int) -> None:
+    """Consolidate the parts into ``map_stats.parquet`` / ``qa.parquet`` and mark the store complete."""
+    stats = pd.concat([pd.read_parquet(layout.part("stats", b)) for b in range(n_blocks)], ignore_index=True)
+    qa = pd.concat([pd.read_parquet(layout.part("qa", b)) for b in range(n_blocks)], ignore_index=True)
+    atomic_write_parquet(stats, layout.map_stats)
+    atomic_write_parquet(qa, layout.qa_logits)
+    mark_store_complete(layout.attention)
+
+
+class ExtractStage(Stage):
+    """Attention maps, per-map statistics and QA logits of every feature (see the module docstring)."""
+
+    name = "extract"
+    reads = ("data.path", "data.max_examples", "model.name", "model.revision", "extract.max_seq_len",
+             "extract.doc_stride", "extract.max_query_len", "extract.batch_size", "extract.features_per_task",
+             "extract.target_task_mb", "extract.store_dtype")
+    task = staticmethod(extract_block)
+
+    def identity(self, ctx: RunContext) -> dict:
+        """The data file's content hash, the model's weights identity, the backend, the statistics' versions."""
+        inputs = ctx.inputs
+        return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
+                "backend": ctx.backend, "statistics": statistics_versions()}
+
+    def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
+                layout.qa_logits)
+
+    def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        from .. import backend as bk
+
+        inputs = ctx.inputs
+        atomic_write_parquet(inputs["examples"], ctx.layout.examples)
+        blocks, done = prepare_store(ctx.layout, inputs["features"], cfg=ctx.cfg, model_info=inputs["model_info"],
+                                     done=done)
+        self.t0_ = time.perf_counter()
+        device = bk.torch_device(ctx.backend)
+        return [(s, e, ctx.cfg, device) for s, e in blocks], done
+
+    def finalize(self, ctx: RunContext, results: list) -> dict:
+        inputs = ctx.inputs
+        blocks = open_attention_store(ctx.layout.attention, require_complete=False).blocks()
+        finish_store(ctx.layout, len(blocks))
+        seconds = time.perf_counter() - self.t0_
+        features = inputs["features"]
+        info = inputs["model_info"]
+        return {"features": len(features), "examples": len(inputs["examples"]),
+                "maps": len(features) * info["num_layers"] * info["num_heads"],
+                "features_per_second": round(sum(r["features"] for r in results) / seconds, 3) if results else None,
+                "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
+                "data_path": inputs["data_path"]}

@@ -1,0 +1,142 @@
+"""Featurize: every attention map -> one vector, written as ``embedding.zarr`` with explicit index arrays.
+
+``embedding.zarr`` (zarr v3 group): ``embedding`` float32 (map, dim); ``feature_id`` int64, ``layer`` int16,
+``head`` int16 (map,) naming each row. One block per attention-store shard writes its own row block (one chunk),
+so no two tasks share a chunk. The featurizer is looked up in the registry (:mod:`attnclust.featurize`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..config import FeaturizeConfig, JobConfig
+from ..errors import StoreError
+from ..featurize import get_featurizer
+from ..layout import RunLayout
+from ..store import open_attention_store, read_features
+from .base import RunContext, Stage
+
+__all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding"]
+
+EMBED_SCHEMA = "attnclust.embedding"
+
+
+def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_heads: int, per_task: int,
+                      cfg: FeaturizeConfig, done: set[int]) -> set[int]:
+    """Create ``embedding.zarr`` (or keep it when resuming, ``done`` non-empty); return the blocks already done."""
+    import shutil
+
+    import zarr
+
+    path = layout.embedding
+    if done and path.exists():
+        try:
+            group = zarr.open_group(str(path), mode="r")
+            if group.attrs.get("method") == cfg.method:
+                return done
+        except Exception:  # noqa: BLE001 -- unreadable leftovers of our own: start over
+            pass
+    shutil.rmtree(layout.block_markers(FeaturizeStage.name), ignore_errors=True)
+    layout.remove(path)
+    rows = n_layers * n_heads
+    n_maps = n_features * rows
+    chunk = max(1, per_task * rows)
+    dim = get_featurizer(cfg.method).dim(cfg)
+    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group.attrs.update({"schema": EMBED_SCHEMA, "schema_version": 1, "method": cfg.method,
+                        "settings": cfg.to_dict(), "complete": False, "num_layers": n_layers, "num_heads": n_heads})
+    group.create_array("embedding", shape=(n_maps, dim), dtype="float32", chunks=(chunk, dim),
+                       dimension_names=("map", "dim"))
+    for name, dtype in (("feature_id", "int64"), ("layer", "int16"), ("head", "int16")):
+        group.create_array(name, shape=(n_maps,), dtype=dtype, chunks=(chunk,), dimension_names=("map",))
+    return set()
+
+
+def open_embedding(root: Path, *, require_complete: bool = True):
+    """The run's embedding group; raises ``StoreError`` when missing, foreign or unfinished."""
+    import zarr
+
+    path = RunLayout(root).embedding
+    if not path.exists():
+        raise StoreError(f"{path}: not found; run 'attnclust featurize' for this output dir first")
+    try:
+        group = zarr.open_group(str(path), mode="r")
+    except Exception as exc:  # noqa: BLE001 -- zarr raises many types for unreadable stores
+        raise StoreError(f"{path}: unreadable ({type(exc).__name__}); re-run 'attnclust featurize'") from None
+    if group.attrs.get("schema") != EMBED_SCHEMA:
+        raise StoreError(f"{path}: not an attnclust embedding store; re-run 'attnclust featurize'")
+    if require_complete and not group.attrs.get("complete", False):
+        raise StoreError(f"{path}: featurization did not finish; re-run the same command to resume it")
+    return group
+
+
+def featurize_block(root: str, block: int, start: int, stop: int, cfg: FeaturizeConfig,
+                    device: str = "cpu") -> dict:
+    """Featurize the maps of features ``start:stop`` (one store shard) into rows of ``embedding``."""
+    import zarr
+
+    layout = RunLayout(root)
+    store = open_attention_store(layout.attention, require_complete=True)
+    featurizer = get_featurizer(cfg.method)
+    L, H = store.n_layers, store.n_heads
+    maps = store.read_block(start, stop)  # (feature, layer, head, q, k) cropped to the block's longest
+    lens = store.seq_len[start:stop]
+    vectors = np.empty((stop - start, L * H, featurizer.dim(cfg)), dtype=np.float32)
+    for n in np.unique(lens):  # features of one true length featurize together
+        idx = np.flatnonzero(lens == n)
+        group_maps = maps[idx, :, :, :n, :n].reshape(len(idx) * L * H, n, n)
+        vectors[idx] = featurizer.embed(group_maps, cfg, device).reshape(len(idx), L * H, -1)
+    group = zarr.open_group(str(layout.embedding), mode="r+")
+    r0, r1 = start * L * H, stop * L * H
+    group["embedding"][r0:r1] = vectors.reshape(-1, vectors.shape[-1])
+    group["feature_id"][r0:r1] = np.repeat(np.arange(start, stop, dtype=np.int64), L * H)
+    group["layer"][r0:r1] = np.tile(np.repeat(np.arange(L, dtype=np.int16), H), stop - start)
+    group["head"][r0:r1] = np.tile(np.arange(H, dtype=np.int16), (stop - start) * L)
+    return {"block": block, "maps": r1 - r0}
+
+
+class FeaturizeStage(Stage):
+    """One vector per map from the registered featurizer ``featurize.method``."""
+
+    name = "featurize"
+    inputs = ("extract",)
+    task = staticmethod(featurize_block)
+
+    def keys(self, cfg: JobConfig) -> tuple[str, ...]:
+        """``featurize.method`` and the settings of that featurizer only."""
+        return ("featurize.method", *get_featurizer(cfg.featurize.method).keys)
+
+    def identity(self, ctx: RunContext) -> dict:
+        """The featurizer's version, the backend (fp16 on a GPU), and the store when it was not extracted here."""
+        out = {"featurizer": get_featurizer(ctx.cfg.featurize.method).version, "backend": ctx.backend}
+        if "extract" not in ctx.fingerprints:  # a store written by another tool
+            store = open_attention_store(ctx.layout.attention)
+            out["store"] = [store.seq_len.tolist(), list(store.attention.shape)]
+        return out
+
+    def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        return (layout.embedding,)
+
+    def check(self, ctx: RunContext) -> None:
+        """The featurizer exists and can run (weights)."""
+        get_featurizer(ctx.cfg.featurize.method).check(ctx.cfg.featurize)
+
+    def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        from .. import backend as bk
+
+        store = open_attention_store(ctx.layout.attention)
+        read_features(ctx.layout.root)  # contract check before any work
+        done = prepare_embedding(ctx.layout, n_features=store.n_features, n_layers=store.n_layers,
+                                 n_heads=store.n_heads, per_task=store.features_per_task, cfg=ctx.cfg.featurize,
+                                 done=done)
+        device = bk.torch_device(ctx.backend)
+        self.n_maps_ = store.n_features * store.n_layers * store.n_heads
+        return [(s, e, ctx.cfg.featurize, device) for s, e in store.blocks()], done
+
+    def finalize(self, ctx: RunContext, results: list) -> dict:
+        import zarr
+
+        zarr.open_group(str(ctx.layout.embedding), mode="r+").attrs["complete"] = True
+        return {"maps": self.n_maps_, "method": ctx.cfg.featurize.method}

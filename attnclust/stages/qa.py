@@ -1,0 +1,37 @@
+"""QA: the model's answers from the logits extraction stored, scored with the official SQuAD 2.0 metric.
+
+Cheap and derived: when the ``qa`` settings change (a tuned ``null_threshold``), the stage is recomputed without
+``--force``. Whether the QA head was trained is decided once, when the model is loaded (the checkpoint's
+``qa_outputs`` weights were present), and recorded as ``head_trained`` in ``qa_scores.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..layout import RunLayout
+from .base import RunContext, Stage
+
+__all__ = ["QAStage"]
+
+QA_FILES = ("predictions.json", "null_odds.json", "best_spans.json")
+
+
+class QAStage(Stage):
+    """``predictions.parquet``/``.json``, ``null_odds.json``, ``best_spans.json`` and ``qa_scores.json``."""
+
+    name = "qa"
+    inputs = ("extract",)
+    reads = ("qa.n_best", "qa.max_answer_tokens", "qa.null_threshold")
+    rerun_on_change = True
+
+    def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        return (layout.table("predictions"), *(layout.file(name) for name in QA_FILES), layout.qa_scores)
+
+    def finalize(self, ctx: RunContext, results: list) -> dict:
+        from ..qa import score_output
+
+        head_trained = bool(ctx.records["extract"].get("head_trained"))
+        summary = score_output(ctx.layout.root, ctx.cfg.qa, head_trained=head_trained)
+        ctx.note(summary["note"])
+        return {"head_trained": head_trained, "scores": summary["scores"], "note": summary["note"]}

@@ -1,0 +1,73 @@
+"""Report: the atlas (cluster labels joined to (example, layer, head) by explicit columns, per-head analyses,
+per-cluster tables) and the self-contained HTML report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ..analysis.atlas import stats_block
+from ..analysis.heads import analysis_versions
+from ..layout import RunLayout
+from ..store import atomic_write_parquet, open_attention_store, read_features
+from .base import RunContext, Stage
+
+__all__ = ["ReportStage"]
+
+
+class ReportStage(Stage):
+    """``maps.parquet``, ``heads.parquet``, ``clusters.parquet`` and ``report.html``."""
+
+    name = "report"
+    inputs = ("cluster",)
+    optional_inputs = ("qa",)
+    reads = ("name", "report.title", "report.max_tokens_shown", "cluster.random_state")
+
+    def identity(self, ctx: RunContext) -> dict:
+        """The registered head analyses' versions."""
+        return {"head_analyses": analysis_versions()}
+
+    def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.report)
+
+    def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        if ctx.layout.map_stats.exists():
+            return [], set()
+        # a store written by another tool carries no statistics: compute them from the maps, block by block
+        blocks = open_attention_store(ctx.layout.attention).blocks()
+        return [(s, e) for s, e in blocks], set()
+
+    task = staticmethod(stats_block)
+
+    def finalize(self, ctx: RunContext, results: list) -> dict:
+        from ..analysis.atlas import build_atlas, cluster_mean_maps, medoid_maps
+        from ..report import ReportInputs, write_report
+
+        layout, cfg = ctx.layout, ctx.cfg
+        if results:
+            layout.record(layout.map_stats)
+            atomic_write_parquet(pd.concat(results, ignore_index=True), layout.map_stats)
+        features = read_features(layout.root)
+        labels = pd.read_parquet(layout.cluster_labels)
+        stats = pd.read_parquet(layout.map_stats)
+        cl_record = ctx.records["cluster"]
+        k = int(cl_record["k"])
+        maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k)
+        qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
+        predictions = pd.read_parquet(layout.table("predictions")) if qa else None
+        notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
+        settings = {"job_id": ctx.job_id, "config": cfg.to_dict(), "backend": ctx.backend,
+                    "stages": {name: {k_: v for k_, v in rec.items() if k_ != "parts"}
+                               for name, rec in ctx.records.items()}}
+        inputs = ReportInputs(
+            title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads, clusters=clusters,
+            mean_maps=cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state),
+            medoids=medoid_maps(layout, clusters, features), settings=settings, notes=tuple(notes),
+            k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
+            max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
+        ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
+        path = write_report(layout.report, inputs)
+        return {"report": str(path), "clusters": k}
+
