@@ -27,7 +27,7 @@ import jinja2
 
 from .formatting import fmt, fmt_id, short
 
-__all__ = ["REPORT_SECTIONS", "ReportSection", "environment", "report_section", "sections_in_order"]
+__all__ = ["REPORT_SECTIONS", "ReportSection", "environment", "is_template_file", "report_section", "sections_in_order"]
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _TEMPLATE_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*\.j2")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from markupsafe import Markup
 
+from ..store import atomic_write_bytes
 from .inputs import ReportInputs
 from .registry import ReportSection, environment, sections_in_order
 
@@ -98,10 +99,7 @@ def write_report(path: pathlib.Path, inputs: ReportInputs) -> pathlib.Path:
     pathlib.Path
         ``path``.
     """
-    from ..store import atomic_write_bytes
-
     path = pathlib.Path(path)
     text = render_report(inputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

@@ -154,8 +154,10 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
             lum = float(np.dot(alpha * rgb + (1 - alpha), [0.299, 0.587, 0.114]))
             r, gg, b = (int(round(255 * v)) for v in rgb)
             pct = "–" if math.isnan(p) else f"{100 * p:.0f}%"
-            cells.append({"cluster": c, "pct": pct, "title": f"L{layer} H{head}: cluster {c} ({pct}) {descr.get(c, '')}",
-                          "style": f"background:rgba({r},{gg},{b},{alpha:.2f});color:{'#fff' if lum < 0.45 else '#000'}"})
+            cells.append({"cluster": c, "pct": pct,
+                          "title": f"L{layer} H{head}: cluster {c} ({pct}) {descr.get(c, '')}",
+                          "style": f"background:rgba({r},{gg},{b},{alpha:.2f});"
+                                   f"color:{'#fff' if lum < 0.45 else '#000'}"})
         rows.append({"layer": layer, "cells": cells})
     legend = [{"cluster": c, "color": _color(c, palette), "description": short(descr[c], 70)} for c in sorted(descr)]
     return {"heads": list(g.heads), "rows": rows, "legend": legend, "text": text}

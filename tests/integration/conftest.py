@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import signal
 import subprocess
 import sys
@@ -115,3 +116,74 @@ def dask_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.close()
+
+
+def slow_extract_env(folder: Path, seconds: float) -> dict[str, str]:
+    """Environment for an attnclust process whose embedded Dask workers sleep ``seconds`` in every extract block.
+
+    The delay is a Dask worker preload script written here (Dask's own plugin mechanism, named by the
+    ``distributed.worker.preload`` setting): it wraps ``attnclust.models.get_model``, which every extract block
+    calls once, in the worker processes only. attnclust itself reads no test switch.
+    """
+    script = folder / "slow_extract_preload.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+
+
+        def dask_setup(worker):
+            import attnclust.models as models
+
+            original = models.get_model
+
+            def slow_get_model(*args, **kwargs):
+                time.sleep({float(seconds)!r})
+                return original(*args, **kwargs)
+
+            models.get_model = slow_get_model
+        """))
+    return {"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(script)])}
+
+
+def set_task_delay(client, seconds: float | None) -> None:
+    """Make every extract block on the cluster's workers (current and later ones) sleep ``seconds`` first, through
+    a worker plugin this function builds (``None``: remove it). The plugin class is defined here, inside the
+    function, so that cloudpickle ships it by value to workers that cannot import the test modules."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    name = "attnclust-test-slow-extract"
+    if seconds is None:
+        client.unregister_worker_plugin(name)
+        return
+
+    class SlowExtract(WorkerPlugin):
+        def setup(self, worker):
+            import time
+
+            import attnclust.models as models
+
+            self.original = models.get_model
+
+            def slow_get_model(*args, **kwargs):
+                time.sleep(seconds)
+                return self.original(*args, **kwargs)
+
+            models.get_model = slow_get_model
+
+        def teardown(self, worker):
+            import attnclust.models as models
+
+            models.get_model = self.original
+
+    client.register_plugin(SlowExtract(), name=name)
+
+
+@pytest.fixture
+def task_delay():
+    """:func:`set_task_delay`, for tests that slow a real cluster's extract blocks."""
+    return set_task_delay
+
+
+@pytest.fixture
+def slow_extract():
+    """:func:`slow_extract_env`, for tests that slow the extract blocks of an attnclust subprocess."""
+    return slow_extract_env

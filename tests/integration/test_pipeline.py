@@ -87,16 +87,16 @@ def test_rerun_is_a_no_op_and_other_config_is_refused(reference, tiny_bert_dir):
                        "--set", "cluster.k=4"))
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0
-    assert "stage 'cluster' was run with a different configuration" in r.stderr and "--force" in r.stderr
+    assert "stage 'cluster' was run with other settings (cluster.k: 3 -> 4)" in r.stderr and "--force" in r.stderr
 
 
-def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, tmp_path):
+def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, tmp_path, slow_extract):
     from attnclust.data import sample_path
 
     out = tmp_path / "killed"
     args = [sys.executable, "-m", "attnclust.cli", *tiny_args(tiny_bert_dir, sample_path(), out,
                                                             "--set", "data.max_examples=20")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ATTNCLUST_TEST_TASK_DELAY": "0.7"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **slow_extract(tmp_path, 0.7)}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     markers = out / "_state" / "extract"
@@ -138,13 +138,13 @@ def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tin
                           "extract.features_per_task=2", "data.max_examples=20"])
     asked = []
 
-    def stop_once_the_stage_runs() -> bool:
+    def stop_once_the_atlas_is_built() -> bool:  # asked before the stage, its finalize step, the report file
         asked.append("asked")
-        return len(asked) > 1
+        return len(asked) > 2
 
     with pytest.raises(JobCancelled, match="before writing report.html"):
-        run_job(cfg, out, stages=("report",), progress=False, n_workers=1, should_stop=stop_once_the_stage_runs)
-    assert len(asked) == 2
+        run_job(cfg, out, stages=("report",), progress=False, n_workers=1, should_stop=stop_once_the_atlas_is_built)
+    assert len(asked) == 3
     assert not (out / "report.html").exists() and not (out / "_state" / "report.json").exists()
     run_job(cfg, out, stages=("report",), progress=False, n_workers=1, should_stop=lambda: False)
     assert (out / "report.html").exists() and (out / "_state" / "report.json").exists()
@@ -152,9 +152,9 @@ def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tin
 
 def test_second_run_on_a_locked_dir_is_refused(reference, tiny_bert_dir):
     from attnclust.data import sample_path
-    from attnclust.store import OutputDir
+    from attnclust.layout import RunLayout
 
-    with OutputDir(reference):
+    with RunLayout(reference).locked():
         r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20"))
     assert r.returncode == 2
     assert "in use by another attnclust run" in r.stderr

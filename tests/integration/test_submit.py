@@ -42,27 +42,6 @@ def submitted_id(result: subprocess.CompletedProcess) -> str:
     return match.group(1)
 
 
-def set_task_delay(client, seconds: float | None) -> None:
-    """Make every extract task on the cluster's current workers sleep ``seconds`` first (``None``: not at all).
-
-    The hook is extract.py's ``ATTNCLUST_TEST_TASK_DELAY``. The setter is a nested function so that cloudpickle
-    sends it by value: ``client.run(os.environ.__setitem__, ...)`` would set a pickled copy of this process's
-    ``os.environ`` on the workers, not theirs.
-    """
-    value = None if seconds is None else str(seconds)
-
-    def apply() -> None:
-        import os
-
-        if value is None:
-            os.environ.pop("ATTNCLUST_TEST_TASK_DELAY", None)
-        else:
-            os.environ["ATTNCLUST_TEST_TASK_DELAY"] = value
-
-    client.run(apply)
-    assert set(client.run(os.getenv, "ATTNCLUST_TEST_TASK_DELAY").values()) == {value}
-
-
 def wait_for_first_block(out: Path, poll: float = 0.1) -> Path:
     """Wait until the job's first extract block is done; return the folder of the extract markers."""
     markers = out / "_state" / "extract"
@@ -192,15 +171,16 @@ def test_a_failing_job_is_reported_by_wait(dask_cluster, tiny_bert_dir, tmp_path
     assert "Traceback" in (tmp_path / "failed" / "job.log").read_text()
 
 
-def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
+def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path, task_delay):
     from distributed import Client
 
-    from attnclust.store import OutputDir
+    from attnclust.errors import JobLocked
+    from attnclust.layout import RunLayout
 
     out = tmp_path / "cancelled"
     with Client(dask_cluster.address, set_as_default=False) as client:
         # ~23 extract blocks at >= 2 s each on two workers: the cancel lands while the job is extracting
-        set_task_delay(client, 2.0)
+        task_delay(client, 2.0)
         try:
             job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
             markers = wait_for_first_block(out)
@@ -211,14 +191,14 @@ def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
             deadline = time.monotonic() + 30
             while True:  # the driver notices, records it and lets go of the output dir
                 try:
-                    with OutputDir(out):
+                    with RunLayout(out).locked():
                         break
-                except Exception:
+                except JobLocked:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
         finally:
-            set_task_delay(client, None)
+            task_delay(client, None)
     assert service(out)["state"] == "cancelled"
     assert not (out / "_state" / "extract.json").exists(), "extraction should not have finished"
     assert len(list(markers.glob("*.done"))) < len(pd.read_parquet(out / "features.parquet"))
@@ -227,11 +207,11 @@ def test_cancel_stops_the_job(dask_cluster, tiny_bert_dir, tmp_path):
 
 
 def test_worker_killed_mid_extraction_the_job_still_equals_an_embedded_run(dask_cluster, tiny_bert_dir,
-                                                                          reference, tmp_path):
+                                                                          reference, tmp_path, task_delay):
     from distributed import Client
 
     with Client(dask_cluster.address, set_as_default=False) as client:  # widen the kill window a little
-        set_task_delay(client, 0.1)
+        task_delay(client, 0.1)
     out = tmp_path / "killed"
     job_id = submitted_id(run("dask-submit", dask_cluster.address, *job_args(tiny_bert_dir), "--out", out))
     markers = wait_for_first_block(out, poll=0.02)

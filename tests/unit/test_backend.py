@@ -109,10 +109,10 @@ def test_several_gpu_workers_refit_kmeans_across_all_of_them(tmp_path, monkeypat
     import numpy as np
     import zarr
 
-    from attnclust import pipeline
     from attnclust.cluster import fit_clusters
     from attnclust.config import JobConfig
-    from attnclust.store import OutputDir
+    from attnclust.layout import RunLayout
+    from attnclust.stages.cluster import _distributed_kmeans
 
     x = np.random.default_rng(0).random((300, 16)).astype(np.float32)
     g = zarr.open_group(str(tmp_path / "embedding.zarr"), mode="w", zarr_format=3)
@@ -127,7 +127,7 @@ def test_several_gpu_workers_refit_kmeans_across_all_of_them(tmp_path, monkeypat
         return "combined-model"
 
     monkeypatch.setattr(bk, "fit_kmeans_distributed", fake)
-    model = pipeline._distributed_kmeans(object(), OutputDir(tmp_path), fitted, cfg)
+    model = _distributed_kmeans(object(), RunLayout(tmp_path), fitted, cfg.cluster.random_state)
     assert model == "combined-model" and seen["k"] == 3
     assert seen["shape"] == (300, 4) and seen["chunks"][0] == (100, 100, 100)
     np.testing.assert_allclose(seen["data"], fitted.reduce(x), rtol=1e-5)

@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnclust.errors import JobLocked, StoreError
-from attnclust.store import (DIMS, OutputDir, create_attention_store, mark_store_complete, open_attention_store,
+from attnclust.errors import StoreError
+from attnclust.store import (DIMS, create_attention_store, mark_store_complete, open_attention_store,
                              read_features)
 
 
@@ -59,25 +59,3 @@ def test_features_contract(tmp_path):
     pd.DataFrame({"feature_id": [0], "example_id": ["a"]}).to_parquet(tmp_path / "features.parquet")
     with pytest.raises(StoreError, match="missing column"):
         read_features(tmp_path)
-
-
-def test_second_lock_is_refused_and_released(tmp_path):
-    first = OutputDir(tmp_path / "out")
-    first.lock()
-    with pytest.raises(JobLocked, match=r"in use by another attnclust run \(pid \d+"):
-        OutputDir(tmp_path / "out").lock()
-    first.unlock()
-    with OutputDir(tmp_path / "out"):
-        pass
-
-
-def test_stage_fingerprints_refuse_other_config_unless_forced(tmp_path):
-    out = OutputDir(tmp_path)
-    assert out.begin_stage("extract", "aaa", force=False) is False
-    out.mark_part("extract", 0, "aaa")
-    out.finish_stage("extract", "aaa")
-    assert out.begin_stage("extract", "aaa", force=False) is True
-    with pytest.raises(StoreError, match="different configuration.*--force"):
-        out.begin_stage("extract", "bbb", force=False)
-    assert out.begin_stage("extract", "bbb", force=True) is False
-    assert out.done_parts("extract", "aaa") == set()
