@@ -68,7 +68,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
             scheduler: str | None = None, force: bool = False, force_named: bool = False, progress: bool = True,
             client=None, executor=None, n_workers: int | None = None, job_id: str | None = None, security=None,
             runtime: str = "local", should_stop: Callable[[], bool] | None = None,
-            on_event: Callable[[str, str, dict], None] | None = None) -> JobResult:
+            on_event: Callable[[str, str, dict], None] | None = None, inputs: dict | None = None) -> JobResult:
     """Run some or all stages of a job into ``out``.
 
     Parameters
@@ -97,6 +97,9 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
         True the run raises :class:`~attnclust.errors.JobCancelled` (finished blocks stay recorded).
     on_event
         ``on_event(stage, event, info)`` as stages start, finish or are found complete.
+    inputs
+        Inputs already prepared by :func:`attnclust.stages.extract.prepare_inputs` (benchmarks pass a subset of
+        its features); by default they are prepared here when ``extract`` runs.
     """
     unknown = [s for s in stages if s not in stage_names()]
     if unknown:
@@ -112,7 +115,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
     if "extract" in stages:
         from .stages.extract import prepare_inputs
 
-        ctx.inputs = prepare_inputs(cfg)
+        ctx.inputs = inputs if inputs is not None else prepare_inputs(cfg)
         if progress and not ctx.inputs["model_info"]["head_trained"]:
             print(f"note: model {cfg.model.name!r} has no trained question-answering head; it gets a seeded random "
                   f"one, so QA predictions are marked untrained (attention is unaffected)", flush=True)

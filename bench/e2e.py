@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from attnclust.extract import plan_features
+from attnclust.stages.extract import plan_features
 
 from .inproc import features_near_median, job_config, run_all, select_features
 from .seed import SEED_K, SeedPipeline, seed_resnet50

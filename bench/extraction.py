@@ -109,12 +109,13 @@ def bench_store(ctx) -> None:
     import zarr
     from zarr.codecs import ZstdCodec
 
-    from attnclust.store import ATTENTION, open_attention_store
+    from attnclust.layout import RunLayout
+    from attnclust.store import open_attention_store
 
     out: Path = ctx.state["extract_store"]
-    store = open_attention_store(out / ATTENTION)
+    store = open_attention_store(RunLayout(out).attention)
     n_maps = store.n_features * store.n_layers * store.n_heads
-    on_disk = store_nbytes(out / ATTENTION)
+    on_disk = store_nbytes(RunLayout(out).attention)
     raw = ctx.cfg.extract.max_seq_len ** 2 * 4
     lens = store.seq_len
     ctx.figure("store_bytes_per_map", on_disk / n_maps / raw, "<=", 0.125, {

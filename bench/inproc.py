@@ -1,8 +1,7 @@
-"""The attnclust stages called in-process (no Dask), exactly as the Dask tasks call them.
+"""The attnclust stages run in-process (no Dask), through the same stage runner the pipeline uses.
 
-``pipeline._extract`` / ``_featurize`` / ``_cluster`` submit ``extract_block``, ``featurize_block``,
-``fit_from_store`` and ``assign_block`` as tasks; here the same functions run one after another in this process,
-so a benchmark times the stage work and not the scheduler or worker start-up.
+``run_job(..., executor=SerialExecutor())`` runs each stage's blocks one after another in this process, so a
+benchmark times the stage work and not the scheduler or worker start-up; there is no second orchestrator here.
 """
 
 from __future__ import annotations
@@ -15,9 +14,10 @@ import numpy as np
 import pandas as pd
 
 from attnclust.config import JobConfig
-from attnclust.extract import extract_block, finish_store, plan_features, prepare_store
-from attnclust.featurize import featurize_block, mark_embedding_complete, prepare_embedding
-from attnclust.store import ATTENTION, OutputDir, atomic_write_parquet, open_attention_store
+from attnclust.layout import RunLayout
+from attnclust.pipeline import run_job
+from attnclust.stages import SerialExecutor
+from attnclust.stages.extract import plan_features
 
 __all__ = [
     "features_near_median",
@@ -29,8 +29,6 @@ __all__ = [
     "select_features",
     "store_nbytes",
 ]
-
-FINGERPRINT = "bench"
 
 
 def job_config(data_path: str, **sections) -> JobConfig:
@@ -46,53 +44,41 @@ def select_features(features: pd.DataFrame, example_ids) -> pd.DataFrame:
     return plan_features(keep)
 
 
+def _run(out: Path, cfg: JobConfig, stages: tuple[str, ...], inputs: dict | None = None) -> dict:
+    result = run_job(cfg, out, stages=stages, executor=SerialExecutor(), progress=False, inputs=inputs)
+    return result.stages
+
+
 def run_extract(out: Path, features: pd.DataFrame, cfg: JobConfig, model_info: dict,
                 examples: pd.DataFrame | None = None) -> dict:
-    """prepare_store + every extract_block + finish_store into a fresh ``out``; returns timings."""
+    """The extract stage on ``features`` into a fresh ``out``; returns timings."""
     out = Path(out)
     if out.exists():
-        shutil.rmtree(out)
-    outdir = OutputDir(out)
-    out.mkdir(parents=True)
+        shutil.rmtree(out)  # a benchmark's own scratch directory
+    inputs = {"data_path": str(cfg.data.path), "data_sha256": "bench", "features": features,
+              "model_info": model_info,
+              "examples": examples if examples is not None else pd.DataFrame({"id": features["example_id"].unique()})}
     t0 = time.perf_counter()
-    if examples is not None:
-        atomic_write_parquet(examples, out / "examples.parquet")
-    blocks, _ = prepare_store(outdir, features, cfg=cfg, model_info=model_info, fingerprint=FINGERPRINT,
-                              resume=False)
-    forward = 0.0
-    for b, (s, e) in enumerate(blocks):
-        forward += extract_block(str(out), b, s, e, cfg, FINGERPRINT)["forward_seconds"]
-    finish_store(outdir, blocks)
-    return {"seconds": time.perf_counter() - t0, "forward_seconds": forward, "blocks": len(blocks)}
+    rec = _run(out, cfg, ("extract",), inputs)["extract"]
+    return {"seconds": time.perf_counter() - t0, "forward_seconds": rec["forward_seconds"], "blocks": rec["blocks"]}
 
 
 def run_featurize(out: Path, cfg: JobConfig) -> dict:
-    """prepare_embedding + every featurize_block + mark complete, on the store in ``out``."""
-    out = Path(out)
+    """The featurize stage (re-run) on the store in ``out``."""
     t0 = time.perf_counter()
-    store = open_attention_store(out / ATTENTION)
-    prepare_embedding(OutputDir(out), n_features=store.n_features, n_layers=store.n_layers,
-                      n_heads=store.n_heads, per_task=store.features_per_task, cfg=cfg.featurize,
-                      fingerprint=FINGERPRINT, resume=False)
-    for b, (s, e) in enumerate(store.blocks()):
-        featurize_block(str(out), b, s, e, cfg, FINGERPRINT)
-    mark_embedding_complete(out)
+    run_job(cfg, out, stages=("featurize",), executor=SerialExecutor(), progress=False, force=True,
+            force_named=True)
     return {"seconds": time.perf_counter() - t0}
 
 
 def run_cluster(out: Path, cfg: JobConfig) -> dict:
-    """fit_from_store then assign_block over every embedding block (as ``pipeline._cluster`` does)."""
-    from attnclust.cluster import assign_block, fit_from_store
-    from attnclust.featurize import open_embedding
-
+    """The cluster stage (re-run) on the embedding in ``out``."""
     t0 = time.perf_counter()
-    fitted = fit_from_store(str(out), cfg.cluster, "cpu")
-    emb = open_embedding(Path(out))["embedding"]
-    n, step = emb.shape[0], emb.chunks[0]
-    frames = [assign_block(str(out), b, r0, min(r0 + step, n), fitted) for b, r0 in enumerate(range(0, n, step))]
-    labels = pd.concat(frames, ignore_index=True)
-    return {"seconds": time.perf_counter() - t0, "k": fitted.k_, "labels": labels["cluster"].to_numpy(),
-            "fit_parts": fitted.timings_}
+    rec = run_job(cfg, out, stages=("cluster",), executor=SerialExecutor(), progress=False, force=True,
+                  force_named=True).stages["cluster"]
+    labels = pd.read_parquet(RunLayout(out).cluster_labels)
+    return {"seconds": time.perf_counter() - t0, "k": rec["k"], "labels": labels["cluster"].to_numpy(),
+            "fit_parts": rec["fit_parts"]}
 
 
 def run_all(out: Path, features: pd.DataFrame, cfg: JobConfig, model_info: dict, *,

@@ -100,7 +100,7 @@ def _setup(mode: str, tmp: Path, sizes: dict) -> Ctx:
 
     from attnclust.config import load_job
     from attnclust.models import get_model
-    from attnclust.pipeline import prepare_inputs
+    from attnclust.stages.extract import prepare_inputs
 
     from .inproc import job_config
     from .squadgen import write_squad

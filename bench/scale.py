@@ -45,7 +45,7 @@ def _child(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     from attnclust.config import load_job
     from attnclust.models import get_model
-    from attnclust.pipeline import prepare_inputs
+    from attnclust.stages.extract import prepare_inputs
 
     from .inproc import run_cluster, run_extract, run_featurize
 

@@ -234,5 +234,6 @@ class ExtractStage(Stage):
         return {"features": len(features), "examples": len(inputs["examples"]),
                 "maps": len(features) * info["num_layers"] * info["num_heads"],
                 "features_per_second": round(sum(r["features"] for r in results) / seconds, 3) if results else None,
+                "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
                 "data_path": inputs["data_path"]}

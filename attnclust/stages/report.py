@@ -26,8 +26,10 @@ class ReportStage(Stage):
     reads = ("name", "report.title", "report.max_tokens_shown", "cluster.random_state")
 
     def identity(self, ctx: RunContext) -> dict:
-        """The registered head analyses' versions."""
-        return {"head_analyses": analysis_versions()}
+        """The registered head analyses' versions and report sections (a new one re-renders the report)."""
+        from ..report import REPORT_SECTIONS
+
+        return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS)}
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.report)

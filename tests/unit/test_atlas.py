@@ -2,8 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnclust.atlas import build_atlas, describe_cluster, head_table
-from attnclust.stats import STAT_COLUMNS
+from attnclust.analysis.atlas import build_atlas, describe_cluster, head_table
+from attnclust.analysis.stats import stat_columns
+from attnclust.layout import RunLayout
 
 
 def frames(rng, n_features=5, L=2, H=3):
@@ -12,7 +13,7 @@ def frames(rng, n_features=5, L=2, H=3):
     keys = keys.astype({"feature_id": np.int64, "layer": np.int16, "head": np.int16})
     labels = keys.assign(cluster=(keys["layer"] * H + keys["head"]) % 3, centroid_dist=rng.random(len(keys)),
                          umap_x=rng.random(len(keys)), umap_y=rng.random(len(keys)))
-    stats = keys.assign(**{c: rng.random(len(keys)).astype(np.float32) for c in STAT_COLUMNS})
+    stats = keys.assign(**{c: rng.random(len(keys)).astype(np.float32) for c in stat_columns()})
     features = pd.DataFrame({"feature_id": np.arange(n_features), "example_id": [f"e{i}" for i in range(n_features)],
                              "span": 0, "seq_len": 10})
     return labels, stats, features
@@ -21,9 +22,9 @@ def frames(rng, n_features=5, L=2, H=3):
 def test_join_is_by_explicit_columns_not_row_position(tmp_path):
     rng = np.random.default_rng(0)
     labels, stats, features = frames(rng)
-    maps_a, heads_a, clusters_a = build_atlas(tmp_path, labels, stats, features, k=3)
+    maps_a, heads_a, clusters_a = build_atlas(RunLayout(tmp_path), labels, stats, features, k=3)
     shuffled = stats.sample(frac=1, random_state=1).reset_index(drop=True)
-    maps_b, _, _ = build_atlas(tmp_path, labels.sample(frac=1, random_state=2), shuffled,
+    maps_b, _, _ = build_atlas(RunLayout(tmp_path), labels.sample(frac=1, random_state=2), shuffled,
                                features.iloc[::-1], k=3)
     pd.testing.assert_frame_equal(maps_a, maps_b)
     row = maps_a[(maps_a["feature_id"] == 3) & (maps_a["layer"] == 1) & (maps_a["head"] == 2)].iloc[0]
@@ -35,12 +36,12 @@ def test_join_is_by_explicit_columns_not_row_position(tmp_path):
 def test_missing_statistics_are_an_error_not_a_silent_drop(tmp_path):
     labels, stats, features = frames(np.random.default_rng(0))
     with pytest.raises(RuntimeError, match="have no statistics"):
-        build_atlas(tmp_path, labels, stats.iloc[1:], features, k=3)
+        build_atlas(RunLayout(tmp_path), labels, stats.iloc[1:], features, k=3)
 
 
 def test_head_table_shares_and_purity():
     maps = pd.DataFrame({"layer": [0, 0, 0, 0, 1, 1], "head": [0, 0, 0, 1, 0, 0], "cluster": [1, 1, 0, 2, 2, 2],
-                         **{c: np.ones(6) for c in STAT_COLUMNS}})
+                         **{c: np.ones(6) for c in stat_columns()}})
     heads = head_table(maps, 3).set_index(["layer", "head"])
     assert heads.loc[(0, 0), "dominant_cluster"] == 1
     assert heads.loc[(0, 0), "purity"] == pytest.approx(2 / 3)
@@ -49,7 +50,7 @@ def test_head_table_shares_and_purity():
 
 
 def test_descriptions_in_words():
-    base = dict.fromkeys(STAT_COLUMNS, 0.0) | {"entropy_norm": 0.5, "own_segment": 0.5, "mean_offset": 3.0}
+    base = dict.fromkeys(stat_columns(), 0.0) | {"entropy_norm": 0.5, "own_segment": 0.5, "mean_offset": 3.0}
     assert describe_cluster(pd.Series(base | {"to_sep": 0.81})) == "attends to [SEP] (81% of mass)"
     assert describe_cluster(pd.Series(base | {"to_prev": 0.64})) == "previous token (64%)"
     assert describe_cluster(pd.Series(base | {"entropy_norm": 0.92})) == "broad (entropy 0.92 of maximum)"

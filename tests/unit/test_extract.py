@@ -2,27 +2,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnclust.analysis.stats import stat_columns
 from attnclust.config import JobConfig
-from attnclust.extract import extract_block, finish_store, plan_features, prepare_store
-from attnclust.pipeline import prepare_inputs
-from attnclust.stats import STAT_COLUMNS
-from attnclust.store import OutputDir, open_attention_store
+from attnclust.layout import RunLayout
+from attnclust.pipeline import run_job
+from attnclust.stages import SerialExecutor
+from attnclust.stages.extract import plan_features, prepare_inputs
+from attnclust.store import open_attention_store
 
 
 def run_extract(tmp_path, tiny_bert_dir, small_squad, name="out", **extract):
+    """The extract stage (and QA scoring) in-process, through the stage runner."""
     cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)},
                                "model": {"name": str(tiny_bert_dir)},
                                "extract": {"batch_size": 3, "features_per_task": 3, **extract}})
-    inputs = prepare_inputs(cfg)
-    out = OutputDir(tmp_path / name)
-    out.path.mkdir()
-    blocks, done = prepare_store(out, inputs["features"], cfg=cfg, model_info=inputs["model_info"],
-                                 fingerprint="fp", resume=True)
-    assert done == set()
-    for b, (s, e) in enumerate(blocks):
-        extract_block(str(out.path), b, s, e, cfg, "fp")
-    finish_store(out, blocks)
-    return cfg, out, inputs
+    layout = RunLayout(tmp_path / name)
+    run_job(cfg, layout.root, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
+    return cfg, layout, prepare_inputs(cfg)
 
 
 @pytest.fixture
@@ -35,20 +31,20 @@ def test_uint8_store_is_within_one_step_of_float16(tmp_path, tiny_bert_dir, smal
 
     _, f16, _ = run_extract(tmp_path, tiny_bert_dir, small_squad, "f16")
     _, u8, _ = run_extract(tmp_path, tiny_bert_dir, small_squad, "u8", store_dtype="uint8")
-    a = open_attention_store(f16.path / "attention.zarr")
-    b = open_attention_store(u8.path / "attention.zarr")
+    a = open_attention_store(f16.attention)
+    b = open_attention_store(u8.attention)
     assert b.attention.dtype == np.uint8 and b.attrs["quantization"]["scale"] == pytest.approx(1 / 255)
     diff = np.abs(a.read_block(0, a.n_features) - b.read_block(0, b.n_features))
     assert diff.max() <= 1 / 510 + 1e-3          # rounding to 1/255 plus float16's own error
     np.testing.assert_allclose(b.read_map(2, 1, 3), a.read_map(2, 1, 3), atol=1 / 510 + 1e-3)
-    xr = attnclust.open_output(u8.path).attention
+    xr = attnclust.open_output(u8.root).attention
     np.testing.assert_allclose(xr.isel(feature=2, layer=1, head=3).values[:4, :4],
                                b.read_map(2, 1, 3)[:4, :4], rtol=1e-6)
 
 
 def test_maps_are_cropped_zero_padded_and_row_stochastic(extracted):
     cfg, out, inputs = extracted
-    store = open_attention_store(out.path / "attention.zarr")
+    store = open_attention_store(out.root / "attention.zarr")
     feats = inputs["features"]
     assert store.n_features == len(feats) == 8
     assert store.attention.shape[1:3] == (2, 4)
@@ -57,7 +53,7 @@ def test_maps_are_cropped_zero_padded_and_row_stochastic(extracted):
     for f, n in enumerate(store.seq_len):
         np.testing.assert_allclose(a[f, :, :, :n, :n].sum(-1), 1.0, atol=3e-3)
         assert not a[f, :, :, n:, :].any() and not a[f, :, :, :, n:].any()
-    assert out.done_parts("extract", "fp") == set(range(len(store.blocks())))
+    assert len(list(out.block_markers("extract").glob("*.done"))) == len(store.blocks())
 
 
 def test_maps_equal_an_unbatched_forward(extracted, tiny_bert_dir):
@@ -66,7 +62,7 @@ def test_maps_equal_an_unbatched_forward(extracted, tiny_bert_dir):
 
     cfg, out, inputs = extracted
     model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
-    store = open_attention_store(out.path / "attention.zarr")
+    store = open_attention_store(out.root / "attention.zarr")
     row = inputs["features"].iloc[-1]           # the longest feature, padded least
     first = inputs["features"].iloc[0]          # the shortest, padded most in its batch
     for feat in (row, first):
@@ -82,12 +78,12 @@ def test_maps_equal_an_unbatched_forward(extracted, tiny_bert_dir):
 
 def test_statistics_and_predictions_have_one_row_per_map_and_feature(extracted):
     cfg, out, inputs = extracted
-    stats = pd.read_parquet(out.path / "map_stats.parquet")
+    stats = pd.read_parquet(out.root / "map_stats.parquet")
     assert len(stats) == 8 * 2 * 4
     assert not stats.duplicated(["feature_id", "layer", "head"]).any()
-    assert set(STAT_COLUMNS) <= set(stats.columns)
+    assert set(stat_columns()) <= set(stats.columns)
     assert stats["to_cls"].between(0, 1).all() and stats["entropy_norm"].between(0, 1.0001).all()
-    qa = pd.read_parquet(out.path / "qa.parquet")
+    qa = pd.read_parquet(out.root / "qa.parquet")
     feats = inputs["features"].set_index("feature_id")
     assert sorted(qa["feature_id"]) == list(range(8))
     for r in qa.itertuples():
@@ -101,7 +97,7 @@ def test_stored_logits_equal_an_unbatched_forward(extracted, tiny_bert_dir):
 
     cfg, out, inputs = extracted
     model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
-    qa = pd.read_parquet(out.path / "qa.parquet").set_index("feature_id")
+    qa = pd.read_parquet(out.root / "qa.parquet").set_index("feature_id")
     for _, feat in inputs["features"].iloc[[0, -1]].iterrows():
         with torch.inference_mode():
             res = model(input_ids=torch.tensor([list(feat["input_ids"])]),

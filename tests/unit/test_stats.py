@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from attnclust.stats import STAT_COLUMNS, map_statistics, token_masks
+from attnclust.analysis.stats import map_statistics, stat_columns, token_masks
 
 
 def test_statistics_match_hand_computed_values():
@@ -16,7 +16,7 @@ def test_statistics_match_hand_computed_values():
         a[i, i - 1] += 0.5             # rows 1..6: the other half on the previous token
     sep, punct, segments = token_masks(tokens, seg)
     st = map_statistics(a[None, None], sep=sep, punct=punct, segment_ids=segments)
-    assert set(st) == set(STAT_COLUMNS)
+    assert set(st) == set(stat_columns())
     get = {k: float(v[0, 0]) for k, v in st.items()}
     # every row has two weights of 0.5 except row 1, where previous token = [CLS] (weight 1.0)
     assert get["entropy"] == pytest.approx(6 * np.log(2) / 7, rel=1e-5)
