@@ -21,7 +21,7 @@ import ipaddress
 import os
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["ROLES", "security_from_dir", "write_certificates"]
 
