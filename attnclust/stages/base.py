@@ -118,6 +118,11 @@ class Stage:
         """Paths this stage writes: recorded as attnclust's before it runs, removed when it is invalidated."""
         return ()
 
+    def provided(self, layout: RunLayout) -> bool:
+        """True when the stage's outputs are there although it did not run here (a store another tool wrote
+        under the store contract): stages after it may then run. Default: never."""
+        return False
+
     def check(self, ctx: RunContext) -> None:
         """Checks that must pass before anything is written (called for every stage before the first runs)."""
 
@@ -242,7 +247,7 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
             if record is not None:
                 ctx.fingerprints[stage.name] = record["fingerprint"]
                 ctx.records[stage.name] = record
-            elif any(stage.name in by_name[s].inputs for s in selected):
+            elif any(stage.name in by_name[s].inputs for s in selected) and not stage.provided(layout):
                 raise StoreError(f"output dir {layout.root}: stage '{stage.name}' has not finished; run "
                                  f"'attnclust {stage.name}' (or 'attnclust run') for this output dir first")
             continue

@@ -209,6 +209,10 @@ class ExtractStage(Stage):
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions()}
 
+    def provided(self, layout: RunLayout) -> bool:
+        """A store written by another tool (attention.zarr + features.parquet, the store contract)."""
+        return layout.attention.exists() and layout.features.exists()
+
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
                 layout.qa_logits)

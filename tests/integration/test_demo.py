@@ -37,6 +37,6 @@ def test_demo_job_on_packaged_minilm(tmp_path):
     assert heads["entropy_norm"].max() > 0.7
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "http://" not in html.replace("http://www.w3.org", "")
-    assert job["stages"]["extract"]["qa_head_in_checkpoint"] is False
-    assert job["stages"]["extract"]["qa"]["head_trained"] is False
+    assert job["stages"]["extract"]["head_trained"] is False
+    assert job["stages"]["qa"]["head_trained"] is False
     assert html.index("QA head untrained") < html.index('id="grid"')          # said at the top of the report

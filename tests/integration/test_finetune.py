@@ -81,10 +81,10 @@ def test_the_output_dir_loads_in_an_extract_job_that_scores_its_answers(trained,
     cfg = JobConfig.from_dict({"name": "useft", "backend": "cpu", "model": {"name": str(out)}, "extract": TOKENS,
                                "data": {"max_examples": 12}})
     result = run_job(cfg, tmp_path / "run", stages=("extract",), progress=False, n_workers=1)
-    qa = result.stages["extract"]["qa"]
+    qa = result.stages["qa"]
     assert qa["head_trained"] is True and qa["scores"]["total"] == 12
     job_json = json.loads((tmp_path / "run" / "job.json").read_text())
-    assert job_json["stages"]["extract"]["qa"]["scores"] == qa["scores"]
+    assert job_json["stages"]["qa"]["scores"] == qa["scores"]
     preds = json.loads((tmp_path / "run" / "predictions.json").read_text())
     table = pd.read_parquet(tmp_path / "run" / "predictions.parquet")
     assert len(preds) == 12 and preds == dict(zip(table["example_id"], table["prediction"]))

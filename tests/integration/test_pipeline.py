@@ -68,7 +68,7 @@ def test_run_writes_every_output(reference):
     assert maps.groupby(["layer", "head"]).size().eq(len(feats)).all()
     assert set(maps["example_id"]) == set(feats["example_id"])
     assert len(set(feats["example_id"])) == 20              # no example dropped
-    qa = job["stages"]["extract"]["qa"]                        # answers scored with the official metric
+    qa = job["stages"]["qa"]                        # answers scored with the official metric
     assert qa["scores"]["total"] == 20 and qa["head_trained"] is True
     assert json.loads((out / "qa_scores.json").read_text())["scores"] == qa["scores"]
     assert len(json.loads((out / "predictions.json").read_text())) == 20
@@ -238,3 +238,71 @@ def test_python_api_opens_outputs_as_xarray(reference):
     assert {"cluster", "umap_x", "entropy"} <= set(atlas.maps.columns)
     assert len(atlas.heads) == 8
     assert atlas.qa["scores"]["total"] == len(atlas.predictions) == 20
+
+
+LAYOUT_NAMES = ("parts", "attention.zarr", "embedding.zarr", "_state", "job.json", "report.html", "features.parquet",
+                "examples.parquet", "maps.parquet", "heads.parquet", "clusters.parquet", "qa_scores.json",
+                "predictions.json", "cluster_labels.parquet")
+
+
+def plant_user_files(folder: Path) -> dict[Path, str]:
+    """A user's own file (or a folder holding one) at every name attnclust writes; returns path -> content."""
+    planted = {}
+    for name in LAYOUT_NAMES:
+        path = folder / name
+        if "." not in name or name.endswith(".zarr"):
+            path.mkdir(parents=True)
+            path = path / "mine.txt"
+        path.write_text(f"the user's {name}")
+        planted[path] = f"the user's {name}"
+    return planted
+
+
+@pytest.mark.parametrize("where", ["dir", "dot"])
+def test_a_directory_attnclust_did_not_write_is_refused_and_every_user_file_survives(tmp_path, tiny_bert_dir,
+                                                                                    small_squad, where):
+    folder = tmp_path / "users_folder"
+    planted = plant_user_files(folder)
+    listing = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    if where == "dot":  # `--out .` inside the user's folder
+        r = subprocess.run([sys.executable, "-m", "attnclust.cli", *map(str, tiny_args(tiny_bert_dir, small_squad,
+                                                                                       "."))],
+                           capture_output=True, text=True, cwd=folder, timeout=300,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    else:
+        r = cli(*tiny_args(tiny_bert_dir, small_squad, folder))
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "attnclust did not write" in lines[0] and "no .attnclust-run.json marker" in lines[0]
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == listing
+    assert all(path.read_text() == text for path, text in planted.items())
+
+
+def test_force_in_an_attnclust_run_removes_only_what_attnclust_wrote(reference, tiny_bert_dir, tmp_path):
+    import shutil
+
+    from attnclust.data import sample_path
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    (out / "my_notes.txt").write_text("keep me")
+    r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20", "--set", "cluster.k=4",
+                       "--force"))
+    assert r.returncode == 0, r.stderr
+    assert (out / "my_notes.txt").read_text() == "keep me"
+    assert "extract" in r.stdout and "(already complete)" in r.stdout  # upstream of cluster was not re-run
+    assert json.loads((out / "cluster_model.json").read_text())["k"] == 4
+
+
+def test_an_edited_data_file_is_not_served_from_the_old_extraction(tmp_path, tiny_bert_dir, small_squad):
+    out = tmp_path / "run"
+    data = tmp_path / "data.json"
+    data.write_text(small_squad.read_text())
+    assert cli(*tiny_args(tiny_bert_dir, data, out)).returncode == 0
+    data.write_text(small_squad.read_text().replace("When was the stone bridge built?", "When was it built?"))
+    r = cli(*tiny_args(tiny_bert_dir, data, out))
+    assert r.returncode == 2
+    assert "stage 'extract' was run with other settings (data file content changed)" in r.stderr
+    r = cli(*tiny_args(tiny_bert_dir, data, out, "--force"))
+    assert r.returncode == 0, r.stderr
+    assert "When was it built?" in set(pd.read_parquet(out / "examples.parquet")["question"])
