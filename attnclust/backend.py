@@ -87,6 +87,7 @@ def make_local_cuda_cluster(*, n_workers: int | None = None):
 
 
 def torch_device(backend: Resolved) -> str:
+    """torch device for a resolved backend: ``cuda`` for gpu, ``cpu`` otherwise."""
     return "cuda" if backend == "gpu" else "cpu"
 
 
@@ -142,6 +143,7 @@ def fit_kmeans_distributed(client, x, *, n_clusters: int, random_state: int):
 
 
 def make_pca(backend: Resolved, *, n_components: int, random_state: int):
+    """A PCA estimator for the backend (cuML on gpu, scikit-learn on cpu)."""
     if backend == "gpu":
         _require_gpu()
         from cuml.decomposition import PCA
@@ -180,6 +182,7 @@ def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_st
 
 
 def silhouette(backend: Resolved, x: np.ndarray, labels: np.ndarray, *, random_state: int) -> float:
+    """Silhouette score of ``labels`` on ``x`` (map, dim) with the backend's implementation."""
     if backend == "gpu":
         _require_gpu()
         from cuml.metrics.cluster import silhouette_score

@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``attnclust`` command; returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate(args) -> int:
     import json
 
-    from .evaluate import evaluate_files
+    from .qa import evaluate_files
 
     scores = evaluate_files(args.data, args.predictions, args.null_odds, null_odds_threshold=args.null_odds_threshold,
                             allow_missing=args.allow_missing)
@@ -116,7 +117,7 @@ def _evaluate(args) -> int:
 
 def _finetune(args) -> int:
     from .config import load_job
-    from .finetune import finetune_model
+    from .qa import finetune_model
 
     overrides = list(args.overrides)
     if args.data:

@@ -49,6 +49,7 @@ class FittedClusters:
     timings_: dict[str, float] = field(default_factory=dict)
 
     def reduce(self, x: np.ndarray) -> np.ndarray:
+        """(map, dim) vectors -> (map, pca_components) float32 through the fitted PCA (unchanged without one)."""
         x = np.asarray(x, dtype=np.float32)
         return bk.to_numpy(self.pca_.transform(x)).astype(np.float32) if self.pca_ is not None else x
 

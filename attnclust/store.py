@@ -104,18 +104,22 @@ class AttentionStore:
 
     @property
     def n_features(self) -> int:
+        """Number of features (store rows)."""
         return int(self.attention.shape[0])
 
     @property
     def n_layers(self) -> int:
+        """Number of layers."""
         return int(self.attention.shape[1])
 
     @property
     def n_heads(self) -> int:
+        """Number of heads per layer."""
         return int(self.attention.shape[2])
 
     @property
     def width(self) -> int:
+        """Query/key width of the arrays (the longest true length)."""
         return int(self.attention.shape[3])
 
     @property

@@ -329,8 +329,9 @@ def _run_job(driver: _Driver, client, cfg, out: Path) -> dict:
     from ..pipeline import run_job
 
     driver.log(f"job {driver.job_id}: {cfg.name} -> {out}")
+    # driver-side steps (QA scoring, the atlas) have no tasks to cancel: run_job asks should_stop around them
     result = run_job(cfg, out, client=client, progress=False, job_id=driver.job_id,
-                     should_stop=driver.cancel_requested, on_event=driver.stage_event)  # driver-side steps (QA scoring, the atlas) have no tasks
+                     should_stop=driver.cancel_requested, on_event=driver.stage_event)
     stages = {k: (v.get("seconds") if isinstance(v, dict) else v) for k, v in result.stages.items()}
     report = result.report if result.report.exists() else None
     return {"seconds": stages, "report": str(report) if report else None}
@@ -456,7 +457,7 @@ def _dashboard(client) -> str | None:
 def _absolute(cfg):
     """The job with local paths made absolute: the driver runs in another process, maybe another cwd."""
     from ..config import DataConfig, ModelConfig
-    from .models import PACKAGED
+    from ..models import PACKAGED
 
     changes = {}
     if cfg.data.path:
@@ -486,6 +487,7 @@ def _script_name(path: Path) -> str:
 
 
 def submit(args) -> int:
+    """``dask-submit SCHEDULER JOB.yaml|script.py``: validate locally, submit the driver task; exit code."""
     from distributed import fire_and_forget
 
     from ..pipeline import make_job_id
@@ -616,6 +618,7 @@ def _fmt_stage(record: dict) -> str:
 
 
 def status(client, job_id: str | None) -> int:
+    """``dask-submit status [JOB_ID]``: one job's record, or a table of every job; exit code."""
     if job_id:
         record = _record(client, job_id)
         progress = client.run_on_scheduler(_JOB_PROGRESS, job_id)
@@ -650,6 +653,7 @@ def status(client, job_id: str | None) -> int:
 
 
 def logs(client, job_id: str) -> int:
+    """``dask-submit logs JOB_ID``: the job's log (``job.log``, or the tail kept on the scheduler)."""
     record = _record(client, job_id)
     out = record.get("out")
     path = RunLayout(out).service_log if out else None
@@ -664,6 +668,7 @@ def logs(client, job_id: str) -> int:
 
 
 def cancel(client, job_id: str) -> int:
+    """``dask-submit cancel JOB_ID``: set the job's cancel event and force-cancel its tasks."""
     record = _record(client, job_id)
     if record.get("state") in TERMINAL:
         print(f"job {job_id} already {record['state']}; nothing to cancel")
@@ -722,6 +727,7 @@ def _sub_parser(command: str) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``dask-submit`` command; returns the exit code (2 for bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "submit"
     args = (_sub_parser(command).parse_args(argv[1:]) if command != "submit"

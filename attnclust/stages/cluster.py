@@ -69,6 +69,7 @@ class ClusterStage(Stage):
                               f"more data")
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        """Fit on a sample (one task), share the fitted models, plan one labelling block per embedding chunk."""
         from ..cluster import fit_from_store
         from .featurize import open_embedding
 
@@ -88,6 +89,7 @@ class ClusterStage(Stage):
         return [(r0, min(r0 + step, n_maps), shared) for r0 in range(0, n_maps, step)], set()
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
+        """Write ``cluster_labels.parquet`` and ``cluster_model.json``; record k and the per-k scores."""
         fitted = self.fitted_
         labels = pd.concat(results, ignore_index=True)
         atomic_write_parquet(labels, ctx.layout.cluster_labels)

@@ -218,6 +218,7 @@ class ExtractStage(Stage):
                 layout.qa_logits)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        """Write ``examples.parquet``, create (or keep, when resuming) the store; one block per shard."""
         from .. import backend as bk
 
         inputs = ctx.inputs
@@ -229,6 +230,7 @@ class ExtractStage(Stage):
         return [(s, e, ctx.cfg, device) for s, e in blocks], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
+        """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained``."""
         inputs = ctx.inputs
         blocks = open_attention_store(ctx.layout.attention, require_complete=False).blocks()
         finish_store(ctx.layout, len(blocks))

@@ -124,6 +124,7 @@ class FeaturizeStage(Stage):
         get_featurizer(ctx.cfg.featurize.method).check(ctx.cfg.featurize)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        """Create (or keep, when resuming) ``embedding.zarr``; one block per attention-store shard."""
         from .. import backend as bk
 
         store = open_attention_store(ctx.layout.attention)
@@ -136,6 +137,7 @@ class FeaturizeStage(Stage):
         return [(s, e, ctx.cfg.featurize, device) for s, e in store.blocks()], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
+        """Mark the embedding complete; record the number of maps and the method."""
         import zarr
 
         zarr.open_group(str(ctx.layout.embedding), mode="r+").attrs["complete"] = True

@@ -29,6 +29,7 @@ class QAStage(Stage):
         return (layout.table("predictions"), *(layout.file(name) for name in QA_FILES), layout.qa_scores)
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
+        """Score the stored logits (:func:`attnclust.qa.score_output`); record the scores and the note."""
         from ..qa import score_output
 
         head_trained = bool(ctx.records["extract"].get("head_trained"))

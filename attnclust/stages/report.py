@@ -35,6 +35,7 @@ class ReportStage(Stage):
         return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.report)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
+        """Blocks only for a store without ``map_stats.parquet`` (written by another tool): its statistics."""
         if ctx.layout.map_stats.exists():
             return [], set()
         # a store written by another tool carries no statistics: compute them from the maps, block by block
@@ -44,6 +45,7 @@ class ReportStage(Stage):
     task = staticmethod(stats_block)
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
+        """Build the atlas tables, run the head analyses, write ``report.html``."""
         from ..analysis.atlas import build_atlas, cluster_mean_maps, medoid_maps
         from ..report import ReportInputs, write_report
 

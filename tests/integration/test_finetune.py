@@ -76,11 +76,12 @@ def test_evaluation_scores_are_the_official_metric_of_the_written_predictions(tr
 
 def test_the_output_dir_loads_in_an_extract_job_that_scores_its_answers(trained, tmp_path):
     from attnclust.pipeline import run_job
+    from attnclust.stages import COMMANDS
 
     out, _ = trained
     cfg = JobConfig.from_dict({"name": "useft", "backend": "cpu", "model": {"name": str(out)}, "extract": TOKENS,
                                "data": {"max_examples": 12}})
-    result = run_job(cfg, tmp_path / "run", stages=("extract",), progress=False, n_workers=1)
+    result = run_job(cfg, tmp_path / "run", stages=COMMANDS["extract"], progress=False, n_workers=1)
     qa = result.stages["qa"]
     assert qa["head_trained"] is True and qa["scores"]["total"] == 12
     job_json = json.loads((tmp_path / "run" / "job.json").read_text())

@@ -47,7 +47,7 @@ def test_resnet_featurizer_on_cuda_matches_cpu():
 
 def test_finetune_on_cuda_uses_mixed_precision_and_learns(tmp_path, tiny_bert_dir):
     from attnclust.config import JobConfig
-    from attnclust.finetune import finetune_model
+    from attnclust.qa import finetune_model
 
     cfg = JobConfig.from_dict({"backend": "gpu", "model": {"name": str(tiny_bert_dir)},
                                "extract": {"max_seq_len": 128, "doc_stride": 32, "max_query_len": 32},
