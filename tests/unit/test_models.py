@@ -21,27 +21,23 @@ from attnclust.models import (
 )
 
 
+TINY = {"vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 32}
+
+
 def tiny_config(**changes):
     from transformers import BertConfig
 
-    return BertConfig(**{"vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-                         "intermediate_size": 32, **changes})
+    return BertConfig(**{**TINY, **changes})
 
 
-def save_qa_model(path, *, drop_head: bool):
+def save_qa_model(tiny_model, path, *, drop_head: bool):
     """A tiny BertForQuestionAnswering saved as safetensors, optionally without its qa_outputs weights."""
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import BertForQuestionAnswering
+    from safetensors.torch import load_file
 
-    torch.manual_seed(1)
-    BertForQuestionAnswering(tiny_config()).save_pretrained(path)
-    weights = path / "model.safetensors"
-    state = load_file(weights)
-    assert {"qa_outputs.weight", "qa_outputs.bias"} <= set(state)
-    if drop_head:
-        save_file({k: v for k, v in state.items() if not k.startswith("qa_outputs.")}, weights,
-                  metadata={"format": "pt"})
+    tiny_model(path, drop_head=drop_head, seed=1, tokenizer=False, **TINY)
+    assert {"qa_outputs.weight", "qa_outputs.bias"} & set(load_file(path / "model.safetensors")) == (
+        set() if drop_head else {"qa_outputs.weight", "qa_outputs.bias"})
     return ModelConfig(name=str(path))
 
 
@@ -93,12 +89,12 @@ def test_checkpoint_without_qa_head_is_flagged_and_seeded(tmp_path):
     assert torch.equal(again.model.qa_outputs.weight, loaded.model.qa_outputs.weight)
 
 
-def test_head_trained_comes_from_the_weights_not_the_config(tmp_path):
+def test_head_trained_comes_from_the_weights_not_the_config(tmp_path, tiny_model):
     # both configs say BertForQuestionAnswering; only one checkpoint holds the qa_outputs weights
     import json
 
-    headless = save_qa_model(tmp_path / "headless", drop_head=True)
-    complete = save_qa_model(tmp_path / "complete", drop_head=False)
+    headless = save_qa_model(tiny_model, tmp_path / "headless", drop_head=True)
+    complete = save_qa_model(tiny_model, tmp_path / "complete", drop_head=False)
     for cfg in (headless, complete):
         assert json.loads((tmp_path / cfg.name / "config.json").read_text())["architectures"] == [
             "BertForQuestionAnswering"]
@@ -161,10 +157,10 @@ def test_batch_inputs_pads_right_with_the_pad_id(tmp_path):
     assert batch["token_type_ids"].tolist() == [[0, 1, 1], [0, 0, 0]]
 
 
-def test_run_forward_equals_one_feature_at_a_time(tmp_path):
+def test_run_forward_equals_one_feature_at_a_time(tmp_path, tiny_model):
     import torch
 
-    loaded = get_model(save_qa_model(tmp_path / "qa", drop_head=False))
+    loaded = get_model(save_qa_model(tiny_model, tmp_path / "qa", drop_head=False))
     rows = feature_rows([9, 4, 6], np.random.default_rng(0))
     out = run_forward(loaded, rows, attentions=True)
     assert isinstance(out, ForwardOutput)
