@@ -116,6 +116,30 @@ class RunLayout:
         """``qa_scores.json``: official SQuAD 2.0 scores of the run's answers."""
         return self.root / "qa_scores.json"
 
+    @property
+    def predictions(self) -> Path:
+        """``predictions.parquet``: one row per question (answer, null odds, EM/F1)."""
+        return self.root / "predictions.parquet"
+
+    @property
+    def predictions_json(self) -> Path:
+        """``predictions.json``: question id -> answer (the official evaluation's format)."""
+        return self.root / "predictions.json"
+
+    @property
+    def null_odds(self) -> Path:
+        """``null_odds.json``: question id -> null odds."""
+        return self.root / "null_odds.json"
+
+    @property
+    def best_spans(self) -> Path:
+        """``best_spans.json``: question id -> best non-empty span."""
+        return self.root / "best_spans.json"
+
+    def qa_files(self) -> tuple[Path, ...]:
+        """Every file the QA scoring writes (here, or in a fine-tuned model's ``eval/`` folder)."""
+        return (self.predictions, self.predictions_json, self.null_odds, self.best_spans, self.qa_scores)
+
     def table(self, name: str) -> Path:
         """``{name}.parquet`` (``maps``, ``heads``, ``clusters``, ``predictions`` ...)."""
         return self.root / f"{name}.parquet"

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..config import QAConfig
 from ..errors import DataError, StoreError
+from ..layout import RunLayout
 from .evaluate import evaluate_predictions, raw_scores
 
 __all__ = ["NULL_INDEX", "PREDICTION_COLUMNS", "feature_candidates", "gold_answers", "predict_answers",
@@ -279,13 +280,14 @@ def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
     from ..store import atomic_write_bytes, atomic_write_parquet
 
     folder = Path(folder)
-    atomic_write_parquet(table, folder / "predictions.parquet")
+    layout = RunLayout(folder)
+    atomic_write_parquet(table, layout.predictions)
     answers = dict(zip(table["example_id"].astype(str), table["prediction"].astype(str)))
-    atomic_write_bytes(folder / "predictions.json", json.dumps(answers, indent=1, ensure_ascii=False).encode())
+    atomic_write_bytes(layout.predictions_json, json.dumps(answers, indent=1, ensure_ascii=False).encode())
     odds = {e: float(v) for e, v in zip(table["example_id"].astype(str), table["null_odds"])}
-    atomic_write_bytes(folder / "null_odds.json", json.dumps(odds, indent=1).encode())
+    atomic_write_bytes(layout.null_odds, json.dumps(odds, indent=1).encode())
     spans = dict(zip(table["example_id"].astype(str), table["best_span"].astype(str)))
-    atomic_write_bytes(folder / "best_spans.json", json.dumps(spans, indent=1, ensure_ascii=False).encode())
+    atomic_write_bytes(layout.best_spans, json.dumps(spans, indent=1, ensure_ascii=False).encode())
 
 
 def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
@@ -317,8 +319,9 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
 
     out = Path(out)
     features = read_features(out)
-    examples = pd.read_parquet(out / "examples.parquet")
-    logits = pd.read_parquet(out / "qa.parquet")
+    layout = RunLayout(out)
+    examples = pd.read_parquet(layout.examples)
+    logits = pd.read_parquet(layout.qa_logits)
     if not {"start_logits", "end_logits"} <= set(logits.columns):
         raise StoreError(f"{out / 'qa.parquet'}: holds no start/end logits (written by an older attnclust); re-run "
                          "the extraction with --force")
@@ -336,6 +339,6 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
                 f"with 'attnclust finetune' or use a SQuAD 2.0 checkpoint to study a model that answers.")
     summary = {"head_trained": bool(head_trained), "settings": cfg.to_dict(), "scores": scores,
                "threshold_search": search, "note": note,
-               "files": ["predictions.json", "null_odds.json", "best_spans.json", "predictions.parquet"]}
-    atomic_write_json(out / "qa_scores.json", summary, sort_keys=False)
+               "files": [p.name for p in layout.qa_files() if p != layout.qa_scores]}
+    atomic_write_json(layout.qa_scores, summary, sort_keys=False)
     return summary

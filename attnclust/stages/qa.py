@@ -14,8 +14,6 @@ from .base import RunContext, Stage
 
 __all__ = ["QAStage"]
 
-QA_FILES = ("predictions.json", "null_odds.json", "best_spans.json")
-
 
 class QAStage(Stage):
     """``predictions.parquet``/``.json``, ``null_odds.json``, ``best_spans.json`` and ``qa_scores.json``."""
@@ -26,7 +24,7 @@ class QAStage(Stage):
     rerun_on_change = True
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
-        return (layout.table("predictions"), *(layout.file(name) for name in QA_FILES), layout.qa_scores)
+        return layout.qa_files()
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Score the stored logits (:func:`attnclust.qa.score_output`); record the scores and the note."""

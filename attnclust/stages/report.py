@@ -60,7 +60,7 @@ class ReportStage(Stage):
         k = int(cl_record["k"])
         maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k)
         qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
-        predictions = pd.read_parquet(layout.table("predictions")) if qa else None
+        predictions = pd.read_parquet(layout.predictions) if qa else None
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
         settings = {"job_id": ctx.job_id, "config": cfg.to_dict(), "backend": ctx.backend,
                     "stages": {name: {k_: v for k_, v in rec.items() if k_ != "parts"}
