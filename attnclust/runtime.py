@@ -66,29 +66,3 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
     finally:
         client.close()
 
-
-def run_tasks(client, fn, items: list[tuple], *, job_id: str, stage: str, desc: str | None = None,
-              progress: bool = True, retries: int = 2) -> list:
-    """Submit ``fn(*item)`` for every item as tasks keyed ``{job_id}-{stage}-{i:06d}``; return results in order.
-
-    A progress bar follows completion on the terminal; the dashboard groups the tasks by the key prefix.
-    A task that raises cancels the rest and re-raises its exception here.
-    """
-    from distributed import as_completed
-    from tqdm.auto import tqdm
-
-    if not items:
-        return []
-    futures = [client.submit(fn, *item, key=f"{job_id}-{stage}-{i:06d}", retries=retries, pure=False)
-               for i, item in enumerate(items)]
-    index = {f.key: i for i, f in enumerate(futures)}
-    results: list = [None] * len(futures)
-    bar = tqdm(total=len(futures), desc=desc or stage, unit="task", disable=not progress, leave=True)
-    try:
-        for future in as_completed(futures):
-            results[index[future.key]] = future.result()
-            bar.update(1)
-    finally:
-        bar.close()
-        client.cancel([f for f in futures if not f.done()])
-    return results
