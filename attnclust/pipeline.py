@@ -31,7 +31,6 @@ __all__ = ["JobResult", "make_job_id", "result_summary", "run_job"]
 
 PACKAGES = ("attnclust", "torch", "torchvision", "transformers", "dask", "distributed", "zarr", "numpy",
             "pandas", "scikit-learn", "umap-learn")
-CONTRACT = ("attention.zarr", "features.parquet")  # a store another tool wrote: read, never owned
 
 
 @dataclass
@@ -105,7 +104,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
     if unknown:
         raise AttnclustError(f"stage {unknown[0]!r}: unknown; stages are {', '.join(stage_names())}")
     layout = RunLayout(out)
-    adopt = () if "extract" in stages else CONTRACT
+    adopt = () if "extract" in stages else layout.contract()
     layout.check_writable(adopt=adopt)
     if "extract" not in stages:
         open_attention_store(layout.attention)  # fail fast on a missing or foreign store

@@ -79,4 +79,4 @@ def get_featurizer(name: str) -> Featurizer:
 
 
 # the built-in featurizers register themselves on import
-from . import pooled, resnet  # noqa: E402,F401
+from . import pooled, resnet  # noqa: F401

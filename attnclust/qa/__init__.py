@@ -32,10 +32,9 @@ from .evaluate import (
     read_null_odds,
     read_predictions,
 )
-from .finetune import FINETUNE_RECORD, finetune_model, training_labels
+from .finetune import finetune_model, training_labels
 
 __all__ = [
-    "FINETUNE_RECORD",
     "NULL_INDEX",
     "PREDICTION_COLUMNS",
     "evaluate_files",

@@ -27,15 +27,13 @@ import pandas as pd
 
 from ..config import JobConfig, ModelConfig
 from ..errors import BackendUnavailable, ConfigError, StoreError
-from ..layout import RunLayout
+from ..layout import ModelDirLayout
 from ..store import atomic_write_json
 from .answers import NULL_INDEX, predict_answers, predict_logits, score_answers, write_predictions
 
-__all__ = ["FINETUNE_RECORD", "finetune_model", "training_labels"]
+__all__ = ["finetune_model", "training_labels"]
 
-FINETUNE_RECORD = "finetune.json"
-STAGE = "finetune"
-_FINAL_FILES_LAST = ("config.json",)
+STAGE = ModelDirLayout.stage
 
 
 def training_labels(features: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -126,14 +124,14 @@ def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer)
     return examples, features
 
 
-def _check_model_dir(out: Path) -> None:
+def _check_model_dir(layout: ModelDirLayout) -> None:
     """Refuse a directory that holds something other than our fine-tuning output."""
+    out = layout.root
     if not out.exists():
         return
     if not out.is_dir():
         raise ConfigError(f"--out {out}: is a file; give a directory for the fine-tuned model")
-    ours = (out / "_state" / f"{STAGE}.started").exists() or (out / FINETUNE_RECORD).exists()
-    if not ours and any(out.iterdir()):
+    if not layout.is_finetune_dir() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: exists and holds files not written by 'attnclust finetune'; choose an "
                           "empty or new directory")
 
@@ -155,22 +153,22 @@ def _fingerprint(cfg: JobConfig, data_path: str) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _last_checkpoint(folder: Path) -> Path | None:
-    found = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()
-             and (p / "trainer_state.json").exists()]
-    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+def _last_checkpoint(layout: ModelDirLayout) -> Path | None:
+    steps = layout.checkpoint_steps()
+    return steps[max(steps)] if steps else None
 
 
-def _publish(model, tokenizer, out: Path) -> None:
-    """Write the final model into ``out``; config.json goes last (the marker loaders look for)."""
-    tmp = out / ".final.tmp"
+def _publish(model, tokenizer, layout: ModelDirLayout) -> None:
+    """Write the final model into the model directory; config.json goes last (the file loaders look for)."""
+    tmp = layout.staging
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (out / "config.json").unlink(missing_ok=True)
+    layout.config.unlink(missing_ok=True)
+    last = layout.config.name
     names = sorted(p.name for p in tmp.iterdir())
-    for name in [n for n in names if n not in _FINAL_FILES_LAST] + [n for n in names if n in _FINAL_FILES_LAST]:
-        os.replace(tmp / name, out / name)
+    for name in [n for n in names if n != last] + [n for n in names if n == last]:
+        os.replace(tmp / name, layout.root / name)
     tmp.rmdir()
 
 
@@ -209,44 +207,43 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
     evaluation = None
     if ft.eval_data:
         evaluation = _read(cfg, ft.eval_data, ft.eval_max_examples, tokenizer)
-    _check_model_dir(out)
+    layout = ModelDirLayout(out)
+    _check_model_dir(layout)
     data_path = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "sample"
     fp = _fingerprint(cfg, data_path)
     # before anything is written: a model that cannot load leaves nothing. Transformers' default (fused)
     # attention for training; a new QA head starts from the same weights on every run of this config.
     model = load_model(cfg.model, device=device, seed=ft.seed, eager=False).model
-    layout = RunLayout(out)
     with layout.locked():
         done = _begin(layout, fp, force)
-        checkpoints = out / "checkpoints"
         if done:
             try:
-                record = json.loads((out / FINETUNE_RECORD).read_text())
+                record = json.loads(layout.record.read_text())
             except (OSError, ValueError) as exc:
-                raise StoreError(f"{out / FINETUNE_RECORD}: unreadable ({exc}); run again with --force to "
+                raise StoreError(f"{layout.record}: unreadable ({exc}); run again with --force to "
                                  "fine-tune afresh") from None
             if progress:
                 print(f"finetune: {out} already holds this fine-tuning (fingerprint {fp}); evaluating only",
                       flush=True)
         else:
             if force:
-                shutil.rmtree(checkpoints, ignore_errors=True)
-            record = _train(cfg, out, model, tokenizer, features, device=device, precision=precision,
-                            progress=progress, callbacks=callbacks, checkpoints=checkpoints)
+                shutil.rmtree(layout.checkpoints, ignore_errors=True)
+            record = _train(cfg, layout, model, tokenizer, features, device=device, precision=precision,
+                            progress=progress, callbacks=callbacks)
             record.update({"fingerprint": fp, "data_path": data_path, "examples": len(examples),
                            "base_model": cfg.model.name, "config": cfg.to_dict()})
-            atomic_write_json(out / FINETUNE_RECORD, record, sort_keys=False)
+            atomic_write_json(layout.record, record, sort_keys=False)
             # from here on ``out`` loads as model.name
             atomic_write_json(layout.stage_record(STAGE), {"fingerprint": fp, "steps": record["steps"]})
         if evaluation is not None:
-            record["eval"] = _evaluate(cfg, out, evaluation, device=device, progress=progress)
+            record["eval"] = _evaluate(cfg, layout, evaluation, device=device, progress=progress)
         else:
             record.pop("eval", None)
-        atomic_write_json(out / FINETUNE_RECORD, record, sort_keys=False)
+        atomic_write_json(layout.record, record, sort_keys=False)
     return record
 
 
-def _begin(layout: RunLayout, fp: str, force: bool) -> bool:
+def _begin(layout: ModelDirLayout, fp: str, force: bool) -> bool:
     """Resume, refuse or restart the fine-tuning recorded in ``layout`` (not one of the pipeline's stages)."""
     started = layout.stage_started(STAGE)
     previous = started.read_text().strip() if started.exists() else None
@@ -260,7 +257,7 @@ def _begin(layout: RunLayout, fp: str, force: bool) -> bool:
         record = json.loads(layout.stage_record(STAGE).read_text())
     except (OSError, ValueError):
         record = None
-    if record is not None and record.get("fingerprint") == fp and (layout.root / FINETUNE_RECORD).exists():
+    if record is not None and record.get("fingerprint") == fp and layout.record.exists():
         return True
     from ..store import atomic_write_bytes
 
@@ -268,14 +265,14 @@ def _begin(layout: RunLayout, fp: str, force: bool) -> bool:
     return False
 
 
-def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, *, device: str, precision: dict,
-           progress: bool, callbacks: tuple, checkpoints: Path) -> dict:
+def _train(cfg: JobConfig, layout: ModelDirLayout, model, tokenizer, features: pd.DataFrame, *, device: str,
+           precision: dict, progress: bool, callbacks: tuple) -> dict:
     from transformers import PrinterCallback, Trainer, TrainingArguments
 
     ft = cfg.finetune
     dataset = _Features(features)
     args = TrainingArguments(
-        output_dir=str(checkpoints), num_train_epochs=float(ft.epochs), max_steps=ft.max_steps or -1,
+        output_dir=str(layout.checkpoints), num_train_epochs=float(ft.epochs), max_steps=ft.max_steps or -1,
         learning_rate=ft.learning_rate, weight_decay=ft.weight_decay, warmup_steps=float(ft.warmup_ratio),
         per_device_train_batch_size=ft.batch_size, gradient_accumulation_steps=ft.gradient_accumulation_steps,
         logging_steps=ft.logging_steps, logging_first_step=True, save_strategy="steps", save_steps=ft.save_steps,
@@ -286,7 +283,7 @@ def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, 
                       processing_class=tokenizer, callbacks=list(callbacks))
     if not progress:
         trainer.remove_callback(PrinterCallback)
-    resume = _last_checkpoint(checkpoints)
+    resume = _last_checkpoint(layout)
     if progress:
         per_epoch = max(1, math.ceil(len(dataset) / ft.batch_size) // ft.gradient_accumulation_steps)
         steps = ft.max_steps or math.ceil(per_epoch * ft.epochs)
@@ -299,7 +296,7 @@ def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, 
     ran = int(trainer.state.global_step) - start_step
     history = [{"step": h["step"], "epoch": h.get("epoch"), "loss": h["loss"],
                 "learning_rate": h.get("learning_rate")} for h in trainer.state.log_history if "loss" in h]
-    _publish(trainer.model, tokenizer, out)
+    _publish(trainer.model, tokenizer, layout)
     return {"steps": int(trainer.state.global_step), "epochs": round(float(trainer.state.epoch or 0), 4),
             "features": len(dataset), "device": device, "precision": precision["precision"],
             "seconds": round(seconds, 2),
@@ -307,15 +304,16 @@ def _train(cfg: JobConfig, out: Path, model, tokenizer, features: pd.DataFrame, 
             "loss_history": history, "resumed_from": resume.name if resume else None}
 
 
-def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], *, device: str,
+def _evaluate(cfg: JobConfig, layout: ModelDirLayout, evaluation: tuple[list, pd.DataFrame], *, device: str,
               progress: bool) -> dict:
-    """Score the model in ``out`` on the evaluation set: predictions, null odds and the official metric.
+    """Score the fine-tuned model on the evaluation set: predictions, null odds and the official metric.
 
     The model is loaded as extraction loads it (:func:`attnclust.models.get_model`), so that an extraction job
-    on ``out`` answers these questions as this evaluation did.
+    on the model directory answers these questions as this evaluation did.
     """
     from ..models import get_model
 
+    out = layout.root
     examples, features = evaluation
     loaded = get_model(ModelConfig(name=str(out)), device=device)
     logits = predict_logits(loaded, features, batch_size=cfg.finetune.eval_batch_size, device=device,
@@ -326,9 +324,8 @@ def _evaluate(cfg: JobConfig, out: Path, evaluation: tuple[list, pd.DataFrame], 
     predicted = predict_answers(features, logits, {e.id: e.context for e in examples}, cfg.qa)
     scored, scores, search = score_answers(predicted, table, null_threshold=cfg.qa.null_threshold,
                                            where=f"predictions of {out}")
-    folder = out / "eval"
-    write_predictions(folder, scored)
-    atomic_write_json(folder / "eval_results.json", scores, sort_keys=False)  # the official key order
+    write_predictions(layout.eval.root, scored)
+    atomic_write_json(layout.eval_results, scores, sort_keys=False)  # the official key order
     if progress:
         print(f"evaluate: EM {scores['exact']:.2f} / F1 {scores['f1']:.2f} on {scores['total']} questions of "
               f"{cfg.finetune.eval_data}; best F1 {search['best_f1']:.2f} at qa.null_threshold "

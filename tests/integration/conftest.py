@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -159,7 +159,7 @@ def set_task_delay(client, seconds: float | None) -> None:
         def setup(self, worker):
             import time
 
-            import attnclust.models as models
+            from attnclust import models
 
             self.original = models.get_model
 
@@ -170,7 +170,7 @@ def set_task_delay(client, seconds: float | None) -> None:
             models.get_model = slow_get_model
 
         def teardown(self, worker):
-            import attnclust.models as models
+            from attnclust import models
 
             models.get_model = self.original
 

@@ -266,7 +266,7 @@ def test_sections_keep_their_names_and_frozen_pickle_round_trip():
 
 
 def test_featurizer_names_come_from_the_registry_at_validation_time(monkeypatch):
-    import attnclust.featurize as featurize
+    from attnclust import featurize
 
     monkeypatch.setattr(featurize, "featurizer_names", lambda: ("resnet", "pooled", "fourier"), raising=False)
     assert JobConfig.from_dict({"featurize": {"method": "fourier"}}).featurize.method == "fourier"

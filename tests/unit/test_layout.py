@@ -9,7 +9,7 @@ import os
 import pytest
 
 from attnclust.errors import JobLocked, StoreError
-from attnclust.layout import MARKER, RunLayout
+from attnclust.layout import MARKER, ModelDirLayout, RunLayout
 
 
 def test_new_and_empty_directories_are_claimed_marker_first(tmp_path):
@@ -91,9 +91,25 @@ def test_a_store_written_by_another_tool_is_adopted_as_input_never_owned(tmp_pat
 
 def test_second_lock_is_refused_and_released(tmp_path):
     layout = RunLayout(tmp_path / "out")
-    with layout.locked():
-        with pytest.raises(JobLocked, match="in use by another attnclust run"):
-            with RunLayout(tmp_path / "out").locked():
-                pass
+    with layout.locked(), pytest.raises(JobLocked, match="in use by another attnclust run"):
+        with RunLayout(tmp_path / "out").locked():
+            pass
     with layout.locked():
         pass
+
+
+def test_model_dir_layout_tells_a_finished_fine_tuning_from_an_unfinished_one(tmp_path):
+    folder = ModelDirLayout(tmp_path / "model")
+    assert not folder.is_finetune_dir() and not folder.unfinished()
+    folder.state.mkdir(parents=True)
+    folder.stage_started("finetune").write_text("abc")
+    assert folder.is_finetune_dir() and folder.unfinished()
+    folder.stage_record("finetune").write_text("{}")
+    assert not folder.unfinished()
+    for step, complete in ((5, True), (40, True), (100, False)):  # checkpoint-100 has no trainer state yet
+        (folder.checkpoints / f"checkpoint-{step}").mkdir(parents=True)
+        if complete:
+            (folder.checkpoints / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (folder.checkpoints / "checkpoint-x").mkdir()
+    assert sorted(folder.checkpoint_steps()) == [5, 40]
+    assert folder.eval.qa_scores.parent == folder.root / "eval"

@@ -20,7 +20,6 @@ from attnclust.models import (
     run_forward,
 )
 
-
 TINY = {"vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
         "intermediate_size": 32}
 

@@ -88,7 +88,7 @@ def _img_sources(text: str) -> list[str]:
 
 
 def test_no_external_resources(report: str) -> None:
-    assert not re.search(r"\b(?:src|href)\s*=\s*[\"']?\s*(?:https?:)?//", report, flags=re.I)
+    assert not re.search(r"\b(?:src|href)\s*=\s*[\"']?\s*(?:https?:)?//", report, flags=re.IGNORECASE)
     assert "<link" not in report.lower()
     assert "url(" not in report.lower()
 

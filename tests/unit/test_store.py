@@ -3,8 +3,7 @@ import pandas as pd
 import pytest
 
 from attnclust.errors import StoreError
-from attnclust.store import (DIMS, create_attention_store, mark_store_complete, open_attention_store,
-                             read_features)
+from attnclust.store import DIMS, create_attention_store, mark_store_complete, open_attention_store, read_features
 
 
 def make_store(path, seq_len=(3, 5, 4), per_task=2):
