@@ -49,6 +49,7 @@ class ClusterStage(Stage):
         return {"backend": ctx.backend}
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        """Labels, positions and the cluster model."""
         return (layout.cluster_labels, layout.cluster_model)
 
     def check(self, ctx: RunContext) -> None:

@@ -214,6 +214,7 @@ class ExtractStage(Stage):
         return layout.attention.exists() and layout.features.exists()
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        """The store, its tables and parts."""
         return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
                 layout.qa_logits)
 

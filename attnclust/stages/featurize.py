@@ -117,6 +117,7 @@ class FeaturizeStage(Stage):
         return out
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        """The embedding store."""
         return (layout.embedding,)
 
     def check(self, ctx: RunContext) -> None:

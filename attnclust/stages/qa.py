@@ -24,6 +24,7 @@ class QAStage(Stage):
     rerun_on_change = True
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        """Predictions, null odds and the official scores."""
         return layout.qa_files()
 
     def finalize(self, ctx: RunContext, results: list) -> dict:

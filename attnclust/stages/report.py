@@ -32,6 +32,7 @@ class ReportStage(Stage):
         return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS)}
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
+        """The joined tables and the HTML report."""
         return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.report)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
