@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     """The ``attnclust`` command; returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    out = getattr(args, "out", None)
     try:
         if args.command == "certs":
             from .service.security import write_certificates
@@ -92,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
                          progress=not args.quiet, n_workers=args.workers, runtime=args.runtime)
     except AttnclustError as exc:
         print(f"attnclust: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, read-only, permissions: the storage, not attnclust
+        from .errors import os_error_line
+
+        print(f"attnclust: error: {os_error_line(exc, where=str(out) if out else None)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnclust: interrupted; re-run the same command to resume", file=sys.stderr)

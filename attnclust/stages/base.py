@@ -126,6 +126,10 @@ class Stage:
     def check(self, ctx: RunContext) -> None:
         """Checks that must pass before anything is written (called for every stage before the first runs)."""
 
+    def verify(self, ctx: RunContext) -> None:
+        """Check that the outputs of a finished (or provided) stage are still intact before later stages read
+        them; called when the stage is skipped. Raise :class:`~attnclust.errors.StoreError` naming the damage."""
+
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Prepare the stage's stores and return ``(blocks, done)``: the task arguments of every block (after
         ``root`` and ``block``) and the blocks that are already finished (``done``, or fewer when the stores had
@@ -247,6 +251,9 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
             if record is not None:
                 ctx.fingerprints[stage.name] = record["fingerprint"]
                 ctx.records[stage.name] = record
+                stage.verify(ctx)
+            elif stage.provided(layout):
+                stage.verify(ctx)
             elif any(stage.name in by_name[s].inputs for s in selected) and not stage.provided(layout):
                 raise StoreError(f"output dir {layout.root}: stage '{stage.name}' has not finished; run "
                                  f"'attnclust {stage.name}' (or 'attnclust run') for this output dir first")
@@ -257,6 +264,7 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
         started = _read_json(layout.stage_started(stage.name))
         previous = record or started
         if record is not None and record.get("fingerprint") == fp and not force_named:
+            stage.verify(ctx)
             ctx.records[stage.name] = results[stage.name] = {**record, "skipped": True}
             if ctx.on_event:
                 ctx.on_event(stage.name, "skipped", record)

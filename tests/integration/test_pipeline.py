@@ -14,32 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cli(*args, env=None, **kwargs) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "attnclust.cli", *map(str, args)], capture_output=True,
-                          text=True, env=full_env, cwd=ROOT, timeout=300, **kwargs)
-
-
-def tiny_args(model_dir, data, out, *extra):
-    return ["run", "--data", data, "--out", out, "--workers", "1", "--quiet",
-            "--set", f"model.name={model_dir}", "--set", "cluster.k=3", "--set", "cluster.umap=false",
-            "--set", "extract.features_per_task=2", *extra]
-
-
-def attention(out: Path) -> np.ndarray:
-    import zarr
-
-    return np.asarray(zarr.open_group(str(out / "attention.zarr"), mode="r")["attention"][:])
-
-
-def assert_same_outputs(a: Path, b: Path):
-    np.testing.assert_array_equal(attention(a), attention(b))
-    for table in ("maps", "heads", "clusters", "features"):
-        pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
+from runs import ROOT, assert_same_outputs, cli, one_error_line, tiny_args
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +156,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, tiny_bert_
     out = tmp_path / "out"
     r = cli(*tiny_args(tiny_bert_dir, data, out), *args)
     assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("attnclust: error:"), r.stderr
-    assert re.search(match, lines[0]), lines[0]
+    assert re.search(match, one_error_line(r))
     assert not out.exists()
 
 

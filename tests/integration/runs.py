@@ -1,0 +1,48 @@
+"""Helpers shared by the end-to-end tests: the CLI in a subprocess, the tiny-model job, output comparison."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli(*args, env=None, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m attnclust.cli ARGS`` offline, from the project root; output captured as text."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "attnclust.cli", *map(str, args)], capture_output=True,
+                          text=True, env=full_env, cwd=ROOT, timeout=300, **kwargs)
+
+
+def tiny_args(model_dir, data, out, *extra) -> list[str]:
+    """``run`` of the tiny random BERT with two features per block, k=3, no UMAP, one worker, quiet."""
+    return ["run", "--data", data, "--out", out, "--workers", "1", "--quiet",
+            "--set", f"model.name={model_dir}", "--set", "cluster.k=3", "--set", "cluster.umap=false",
+            "--set", "extract.features_per_task=2", *extra]
+
+
+def attention(out: Path) -> np.ndarray:
+    """The whole attention array of a run."""
+    import zarr
+
+    return np.asarray(zarr.open_group(str(out / "attention.zarr"), mode="r")["attention"][:])
+
+
+def assert_same_outputs(a: Path, b: Path) -> None:
+    """Two runs wrote the same attention and the same maps/heads/clusters/features tables."""
+    np.testing.assert_array_equal(attention(a), attention(b))
+    for table in ("maps", "heads", "clusters", "features"):
+        pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    """The single ``attnclust: error:`` line of a failed command (asserting there is exactly one line)."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("attnclust: error:"), r.stderr[-3000:]
+    return lines[0]

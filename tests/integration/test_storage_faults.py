@@ -1,0 +1,182 @@
+"""Storage and OS faults through the CLI: each ends with exit 2, one stderr line naming the path and the fix, and
+nothing half-written that a later run would take as complete; a run stopped by a full disk resumes to the outputs
+of an undisturbed run once space is freed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from runs import ROOT, assert_same_outputs, cli, one_error_line, tiny_args
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, options: str):
+    """A tmpfs mounted at ``path`` for the test (skips where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True,
+                       check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}); needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """16 examples of the bundled sample, as a file of their own."""
+    from attnclust.data import sample_path
+
+    raw = json.loads(sample_path().read_text())
+    kept, n = [], 0
+    for article in raw["data"]:
+        if n >= 16:
+            break
+        kept.append(article)
+        n += sum(len(p["qas"]) for p in article["paragraphs"])
+    path = tmp_path_factory.mktemp("data") / "squad.json"
+    path.write_text(json.dumps({"version": raw.get("version", "v2.0"), "data": kept}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_bert_dir, data) -> Path:
+    """An undisturbed run of the tiny model."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    r = cli(*tiny_args(tiny_bert_dir, data, out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def command_args(command: str, model_dir: Path, data: Path, out: Path) -> list[str]:
+    """The arguments of ``run`` for another command on the same job (``--data`` only where it exists)."""
+    args = tiny_args(model_dir, data, out)
+    if command not in ("run", "extract"):
+        i = args.index("--data")
+        del args[i:i + 2]
+    return [command, *args[1:]]
+
+
+def stage_done(out: Path, stage: str) -> bool:
+    return (out / "_state" / f"{stage}.json").exists()
+
+
+def corrupt_shard(out: Path, shard: int) -> None:
+    """Flip bytes inside one shard of the attention store (its data and its checksummed index)."""
+    path = out / "attention.zarr" / "attention" / "c" / str(shard) / "0" / "0" / "0" / "0"
+    raw = bytearray(path.read_bytes())
+    for i in (len(raw) - 5, len(raw) - 6):  # inside the shard index, which carries a crc32c checksum
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def drop_feature_rows(out: Path, n: int) -> None:
+    features = pd.read_parquet(out / "features.parquet")
+    features.iloc[:-n].to_parquet(out / "features.parquet", index=False)
+
+
+CASES = {
+    # name: (setup(tmp_path, finished) -> out, command, expected pattern, check_after(out))
+    "out is a file": ("file", "run", r"exists and is a file"),
+    "read-only location": ("readonly", "run", r"ro/out: cannot be created \(.*ro is not writable\)"),
+    "corrupted chunk, featurize": ("corrupt", "featurize", r"store .*attention\.zarr: features 2\.\.3 \(shard 1\) "
+                                   r"unreadable \(ValueError: Stored and computed checksum do not match.*"
+                                   r"extract --force"),
+    "corrupted chunk, report": ("corrupt", "report", r"features 2\.\.3 \(shard 1\) unreadable.*extract --force"),
+    "features.parquet short": ("short", "featurize", r"features\.parquet: \d+ rows but the store .* holds \d+ "
+                               r"features.*extract --force"),
+    "features.parquet short, report": ("short", "report", r"features\.parquet: \d+ rows but the store"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete(case, tmp_path, finished,
+                                                                                tiny_bert_dir, data):
+    setup, command, pattern = CASES[case]
+    out = tmp_path / "out"
+    before = None
+    with contextlib.ExitStack() as stack:
+        if setup == "file":
+            out.write_text("my notes")
+        elif setup == "readonly":
+            stack.enter_context(tmpfs(tmp_path / "ro", "ro,size=1m"))
+            out = tmp_path / "ro" / "out"
+        else:
+            shutil.copytree(finished, out, symlinks=True)
+            if setup == "corrupt":
+                corrupt_shard(out, 1)
+            else:
+                drop_feature_rows(out, 2)
+            before = {p: p.stat().st_mtime_ns for p in (out / "_state").glob("*.json")}
+        r = cli(*command_args(command, tiny_bert_dir, data, out), "--force")
+        assert r.returncode == 2, r.stderr[-3000:]
+        assert re.search(pattern, one_error_line(r)), r.stderr
+        if setup == "file":
+            assert out.read_text() == "my notes"
+        elif setup == "readonly":
+            assert not out.exists()
+        elif setup == "corrupt":
+            # the stage that met the damage and every later one are unfinished, their outputs gone
+            later = {"featurize": ("featurize", "cluster", "report"), "report": ("report",)}[command]
+            assert not any(stage_done(out, s) for s in later)
+            assert not (out / "report.html").exists()
+            assert stage_done(out, "extract")
+        else:  # detected before any work: nothing was touched
+            assert before == {p: p.stat().st_mtime_ns for p in (out / "_state").glob("*.json")}
+            assert (out / "report.html").exists()
+
+
+def fill(folder: Path) -> Path:
+    """Write a ballast file into ``folder`` until its file system is full."""
+    ballast = folder / "ballast"
+    with ballast.open("wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    return ballast
+
+
+def test_a_disk_that_fills_up_ends_in_one_line_and_the_run_resumes_to_equal_outputs(tmp_path, finished,
+                                                                                    tiny_bert_dir, data,
+                                                                                    slow_extract):
+    """Another process fills the disk during extraction (after the pre-flight check passed)."""
+    mount = tmp_path / "small"
+    with tmpfs(mount, f"size={du(finished) * 4 + (16 << 20)}"):
+        out = mount / "out"
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **slow_extract(tmp_path, 0.5)}
+        proc = subprocess.Popen([sys.executable, "-m", "attnclust.cli", *map(str, tiny_args(tiny_bert_dir, data, out))],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        markers = out / "_state" / "extract"
+        deadline = time.monotonic() + 120
+        while not list(markers.glob("*.done")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        ballast = fill(mount)
+        _, stderr = proc.communicate(timeout=300)
+        r = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
+        assert r.returncode == 2, stderr[-3000:]
+        line = one_error_line(r)
+        assert re.search(r"no space left on the device; free space .* re-run the same command", line), line
+        assert str(mount) in line
+        assert not stage_done(out, "extract") and not (out / "report.html").exists()
+        assert not list(out.rglob(".*.tmp")), "a half-written file was left behind"
+        ballast.unlink()
+        r = cli(*tiny_args(tiny_bert_dir, data, out))
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads((out / "_state" / "extract.json").read_text())["blocks_resumed"] >= 1
+        assert_same_outputs(out, finished)
