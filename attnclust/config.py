@@ -187,7 +187,7 @@ class _Model(BaseModel):
 
 def _from_yaml(annotation: Any, value: Any) -> Any:
     """YAML's spelling of a value as its setting's type: text like ``3e-5`` for a float, a list for a tuple."""
-    if annotation is float and isinstance(value, str):
+    if float in (annotation, *get_args(annotation)) and isinstance(value, str):
         with contextlib.suppress(ValueError):
             return float(value)
     if isinstance(value, list) and tuple in {get_origin(a) for a in (annotation, *get_args(annotation))}:
@@ -204,11 +204,15 @@ class DataConfig(_Model):
         A SQuAD v2.0 file (nested JSON, flat JSON list, or JSONL); ``None`` uses the bundled sample.
     max_examples
         Keep only the first N validated examples; ``None`` keeps all.
+    max_features_per_example
+        Keep only the first N strided features of an example whose context is longer (SQuAD contexts make 1-3
+        at 384 tokens; a context of megabytes thousands); ``None`` keeps all. Extraction notes what it dropped.
     """
 
     SECTION = "data"
     path: str | None = _setting(None, "a file path, or null for the bundled sample", pattern=_TEXT_PATTERN)
     max_examples: int | None = _int(None, 1)
+    max_features_per_example: int | None = _setting(16, "an integer >= 1, or null to keep every feature", ge=1)
 
 
 class ModelConfig(_Model):
@@ -247,6 +251,9 @@ class ExtractConfig(_Model):
     store_dtype
         ``float16`` (the contract's default) or ``uint8``: weights quantised to 1/255 (max error 1/510), several
         times smaller on disk; readers multiply by the group attribute ``quantization.scale``.
+    max_store_gb
+        Refuse to start when the store's uncompressed size (features x layers x heads x width x width) would
+        exceed this many GB (10^9 bytes); ``None``: only the check against the free space of the output disk.
     """
 
     SECTION = "extract"
@@ -257,6 +264,8 @@ class ExtractConfig(_Model):
     features_per_task: int | None = _int(None, 1)
     target_task_mb: int = _int(192, 1)
     store_dtype: StoreDtype = _choice("float16", StoreDtype)
+    max_store_gb: float | None = _num(None, 0, lo_open=True, allowed="a number > 0 (GB), or null for only the "
+                                      "free-space check")
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> ExtractConfig:

@@ -588,6 +588,7 @@ def tokenize_examples(
     max_seq_len: int,
     doc_stride: int,
     max_query_len: int,
+    max_features_per_example: int | None = None,
 ) -> pd.DataFrame:
     """Cut each example into the overlapping features an extractive QA model is fed.
 
@@ -610,6 +611,9 @@ def tokenize_examples(
     max_query_len
         Most question tokens kept. The question string is cut at the end of its ``max_query_len``-th token and
         re-tokenised, so the kept tokens are the first ``max_query_len`` tokens of the full question.
+    max_features_per_example
+        Keep at most the first N features (spans) of each example and drop the rest (a context of megabytes
+        would otherwise yield thousands); ``None`` keeps every feature.
 
     Returns
     -------
@@ -623,6 +627,8 @@ def tokenize_examples(
         ``context_end`` (int32, first / last token index of the context in this feature), and
         ``answer_start_token`` / ``answer_end_token`` (int32, token indices of the first gold answer when it lies
         wholly inside this feature, else -1). The list columns have length ``seq_len``.
+        ``frame.attrs["dropped_features"]`` maps the id of each example cut by ``max_features_per_example``
+        to the number of its features dropped (empty when none was cut).
 
     Raises
     ------
@@ -636,6 +642,8 @@ def tokenize_examples(
     _check_int("max_seq_len", max_seq_len, 16, 4096)
     _check_int("max_query_len", max_query_len, 1)
     _check_int("doc_stride", doc_stride, 0)
+    if max_features_per_example is not None:
+        _check_int("max_features_per_example", max_features_per_example, 1)
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             f"tokenizer {type(tokenizer).__name__}: is not a fast (Rust) tokenizer, which is needed for character "
@@ -664,6 +672,7 @@ def tokenize_examples(
         seen[ex.id] = i
 
     rows: dict[str, list[Any]] = {name: [] for name in FEATURE_COLUMNS}
+    dropped: dict[str, int] = {}
     for lo in range(0, len(examples), _TOKENIZE_BATCH):
         batch = examples[lo:lo + _TOKENIZE_BATCH]
         questions = _truncate_questions([ex.question for ex in batch], tokenizer, max_query_len)
@@ -683,6 +692,9 @@ def tokenize_examples(
         spans = [0] * len(batch)
         for f, k in enumerate(enc["overflow_to_sample_mapping"]):
             ex = batch[k]
+            if max_features_per_example is not None and spans[k] >= max_features_per_example:
+                dropped[ex.id] = dropped.get(ex.id, 0) + 1  # spans come in context order: the first N are kept
+                continue
             seq = enc.sequence_ids(f)
             ctx = [t for t, s in enumerate(seq) if s == 1]
             if not ctx:
@@ -714,4 +726,5 @@ def tokenize_examples(
     frame = pd.DataFrame(rows, columns=list(FEATURE_COLUMNS))
     for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
         frame[name] = frame[name].astype(np.int32)
+    frame.attrs["dropped_features"] = dropped
     return frame

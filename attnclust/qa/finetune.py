@@ -1,8 +1,9 @@
 """Fine-tuning a BERT-family model for extractive QA on SQuAD-v2-format data (``attnclust finetune``).
 
 Features are built exactly as extraction builds them (``extract.max_seq_len``, ``doc_stride``,
-``max_query_len``); the labels are the answer's first and last token when the feature holds the whole answer,
-else the first token ([CLS]: "no answer here"), as in the SQuAD 2.0 reference recipe. Training runs the
+``max_query_len``, ``data.max_features_per_example``); the labels are the answer's first and last token when the
+feature holds the whole answer, else the first token ([CLS]: "no answer here"), as in the SQuAD 2.0 reference
+recipe. Training runs the
 transformers ``Trainer`` (AdamW, linear schedule, mixed precision on a GPU) with checkpoints under
 ``MODEL_DIR/checkpoints``; re-running the same command resumes from the newest one. Only when training has
 finished is the model written to ``MODEL_DIR`` itself (weights and tokenizer first, ``config.json`` last) and the
@@ -119,7 +120,8 @@ def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer)
     file = Path(path).expanduser() if path else sample_path()
     examples = read_squad(file, max_examples=max_examples)
     features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
-                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len)
+                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
+                                 max_features_per_example=cfg.data.max_features_per_example)
     features.insert(0, "feature_id", np.arange(len(features), dtype=np.int64))
     return examples, features
 

@@ -1,7 +1,8 @@
 """Extract: forward passes -> every attention map, cropped to the true length, into the zarr store.
 
 The driver reads and checks the data and the model before anything is written (:func:`prepare_inputs`),
-orders features by length (so a batch pads little) and plans one block per shard of the store; each block, on a
+prints the store's projected size and refuses one that would not fit (:meth:`ExtractStage.check`), orders
+features by length (so a batch pads little) and plans one block per shard of the store; each block, on a
 Dask worker, loads the model once per process, runs its features in length-grouped batches, writes its whole
 shard (no other task touches it), its per-map statistics and QA logits as parquet parts. The driver never holds
 attention maps. The stage's fingerprint holds the data file's content hash and the model's weights identity,
@@ -11,6 +12,7 @@ so an edited file or a re-trained model is never served from an old extraction.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from pathlib import Path
 
@@ -19,12 +21,13 @@ import pandas as pd
 
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
-from ..errors import DataError
+from ..errors import ConfigError, DataError, StoreError
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, create_attention_store, mark_store_complete, open_attention_store
 from .base import RunContext, Stage
 
-__all__ = ["ExtractStage", "extract_block", "plan_features", "prepare_inputs", "shard_features"]
+__all__ = ["ExtractStage", "check_store_room", "extract_block", "plan_features", "prepare_inputs", "shard_features",
+           "store_bytes"]
 
 
 def file_sha256(path: Path) -> str:
@@ -43,7 +46,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
     -------
     dict
         ``data_path``, ``data_sha256``, ``examples`` (one row per question), ``features`` (planned: one row per
-        feature in store order) and ``model_info`` (:func:`attnclust.models.describe_model`).
+        feature in store order), ``dropped_features`` (example id -> features dropped by
+        ``data.max_features_per_example``) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
     from ..data import read_squad, sample_path, tokenize_examples
     from ..models import describe_model, get_tokenizer
@@ -53,7 +57,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
     model_info = describe_model(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
     features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
-                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len)
+                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
+                                 max_features_per_example=cfg.data.max_features_per_example)
     if features.empty:
         raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
     table = pd.DataFrame({
@@ -63,7 +68,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         "answer_starts": [[a.answer_start for a in e.answers] for e in examples],
         "is_impossible": [e.is_impossible for e in examples]})
     return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
-            "features": plan_features(features), "model_info": model_info}
+            "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
+            "model_info": model_info}
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -85,6 +91,105 @@ def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: in
         return cfg.extract.features_per_task
     per_feature = num_layers * num_heads * width * width * (1 if cfg.extract.store_dtype == "uint8" else 2)
     return max(1, int(cfg.extract.target_task_mb * 2**20 // per_feature))
+
+
+def store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int, dtype: str) -> int:
+    """What the attention store takes on disk, at most: every map at its true length, before compression.
+
+    The store is (feature, layer, head, query, key) padded to the longest length, but the padding is zeros that
+    zstd shrinks to almost nothing, while dense attention weights hardly compress; so the true-length maps are
+    the figure to plan disk space with.
+
+    Parameters
+    ----------
+    seq_len
+        True length of every feature, (feature,).
+    num_layers, num_heads
+        The model's layers and heads per layer.
+    dtype
+        ``extract.store_dtype``: ``float16`` (2 bytes a weight) or ``uint8`` (1).
+
+    Returns
+    -------
+    int
+        ``num_layers * num_heads * itemsize * sum(seq_len ** 2)`` bytes.
+    """
+    lengths = np.asarray(seq_len, dtype=np.int64)
+    return num_layers * num_heads * np.dtype(dtype).itemsize * int((lengths * lengths).sum())
+
+
+def _size(n: float) -> str:
+    """Bytes for people, in powers of 1000 (``3.2 GB``)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def _held_bytes(path: Path) -> int | None:
+    """Bytes an unfinished store at ``path`` holds (0 when there is none); ``None`` for a finished store.
+
+    What an unfinished store holds is either kept (a resume) or removed before the store is written anew, so
+    it counts as room. A finished store is reused as is when the stage is complete, so it is not checked.
+    """
+    from ..store import open_attention_store
+
+    if not path.exists():
+        return 0
+    try:
+        if open_attention_store(path, require_complete=False).attrs.get("complete", True) is not False:
+            return None
+    except StoreError:  # unreadable leftovers of our own: removed before the store is created again
+        pass
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def check_store_room(layout: RunLayout, projected: int, cfg: JobConfig) -> None:
+    """Refuse a store above ``extract.max_store_gb`` or above the free space of the output directory's disk.
+
+    Parameters
+    ----------
+    layout
+        The run directory (it may not exist yet: the disk is that of its nearest existing ancestor).
+    projected
+        The store's projected size in bytes (:func:`store_bytes`).
+    cfg
+        The job: ``extract.max_store_gb`` and ``extract.store_dtype`` (named in the fixes).
+
+    Raises
+    ------
+    ConfigError
+        When ``projected`` exceeds ``extract.max_store_gb``.
+    StoreError
+        When what is still to be written exceeds the free space (a store already there counts as room).
+    """
+    limit = cfg.extract.max_store_gb
+    fixes = "lower data.max_features_per_example or data.max_examples" + (
+        ", or set extract.store_dtype=uint8 (half the bytes)" if cfg.extract.store_dtype == "float16" else "")
+    if limit is not None and projected > limit * 1e9:
+        raise ConfigError(f"extract: the store would take up to {_size(projected)} (true-length maps before compression), more than "
+                          f"extract.max_store_gb = {limit:g} ({_size(limit * 1e9)}); raise extract.max_store_gb, "
+                          f"{fixes}")
+    held = _held_bytes(layout.attention)
+    if held is None:
+        return
+    needed = max(0, projected - held)
+    root = layout.root.absolute()
+    disk = next(p for p in (root, *root.parents) if p.exists())
+    free = shutil.disk_usage(disk).free
+    if needed > free:
+        what = f"{_size(needed)} more (true-length maps before compression; {_size(held)} already written)" if held else \
+            f"{_size(needed)} (true-length maps before compression)"
+        raise StoreError(f"extract: the store would take up to {what}, more than the {_size(free)} free on the "
+                         f"disk of {disk}; free space or choose another --out, {fixes}")
+
+
+def _capped_note(dropped: dict[str, int], cap: int | None) -> str:
+    n, total = len(dropped), sum(dropped.values())
+    kept = f"its first {cap}" if n == 1 else f"the first {cap} of each"
+    return (f"note: {n:,} example{'s' if n != 1 else ''} had more than {cap} features: kept {kept}, dropped "
+            f"{total:,} feature{'s' if total != 1 else ''}; raise data.max_features_per_example (null keeps all) "
+            f"to keep them")
 
 
 def _worker_threads() -> int | None:
@@ -168,8 +273,6 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
                 return store.blocks(), done
         except Exception:  # noqa: BLE001 -- unreadable leftovers of our own: start over
             pass
-    import shutil
-
     shutil.rmtree(layout.block_markers(ExtractStage.name), ignore_errors=True)
     layout.remove(layout.parts, layout.attention)
     atomic_write_parquet(features, layout.features)
@@ -204,10 +307,36 @@ class ExtractStage(Stage):
     task = staticmethod(extract_block)
 
     def identity(self, ctx: RunContext) -> dict:
-        """The data file's content hash, the model's weights identity, the backend, the statistics' versions."""
+        """The data file's content hash, the model's weights identity, the backend, the statistics' versions,
+        and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
+        features, so the fingerprint, as they were)."""
         inputs = ctx.inputs
+        capped = {"features_capped_at": ctx.cfg.data.max_features_per_example} if inputs.get("dropped_features") \
+            else {}
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
-                "backend": ctx.backend, "statistics": statistics_versions()}
+                "backend": ctx.backend, "statistics": statistics_versions(), **capped}
+
+    def check(self, ctx: RunContext) -> None:
+        """Before anything is written: note the features the cap dropped, print the store's projected size and
+        refuse one above ``extract.max_store_gb`` or the free disk space (:func:`check_store_room`)."""
+        inputs, cfg = ctx.inputs, ctx.cfg
+        if inputs.get("dropped_features"):
+            ctx.note(_capped_note(inputs["dropped_features"], cfg.data.max_features_per_example))
+        info = inputs["model_info"]
+        seq_len = inputs["features"]["seq_len"].to_numpy()
+        projected = store_bytes(seq_len, num_layers=info["num_layers"], num_heads=info["num_heads"],
+                                dtype=cfg.extract.store_dtype)
+        ctx.note(f"extract: {len(seq_len):,} features, {info['num_layers']} layers x {info['num_heads']} heads, "
+                 f"width {int(seq_len.max())}, store up to {_size(projected)} ({cfg.extract.store_dtype}, "
+                 f"true-length maps before compression)")
+        check_store_room(ctx.layout, projected, cfg)
+
+    def verify(self, ctx: RunContext) -> None:
+        """``features.parquet`` still describes the store row for row (before any later stage reads them)."""
+        from ..store import check_store_tables
+
+        if ctx.layout.attention.exists() and ctx.layout.features.exists():
+            check_store_tables(ctx.layout.root)
 
     def provided(self, layout: RunLayout) -> bool:
         """A store written by another tool (attention.zarr + features.parquet, the store contract)."""

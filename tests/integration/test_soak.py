@@ -1,0 +1,86 @@
+"""Faults under load: the demo job on the embedded cluster while its worker processes are killed (SIGKILL) at
+three random points, one in each of extract, featurize and cluster; the outputs equal an undisturbed run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from runs import ROOT, assert_same_outputs
+
+DEMO = ["run", "jobs/demo.yaml", "--workers", "2", "--set", "data.max_examples=24",
+        "--set", "extract.features_per_task=2", "--set", "cluster.k_min=4", "--set", "cluster.k_max=6"]
+
+
+def demo(out: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "attnclust.cli", *DEMO, "--out", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def workers(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The embedded cluster's worker processes (spawned by the nannies inside the attnclust process)."""
+    found = []
+    for child in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, f"the run ended before {what}: {proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def done_blocks(out: Path, stage: str) -> int:
+    return len(list((out / "_state" / stage).glob("*.done")))
+
+
+def test_workers_killed_at_three_random_points_leave_the_outputs_of_an_undisturbed_run(tmp_path):
+    reference = tmp_path / "reference"
+    r = demo(reference)
+    _, err = r.communicate(timeout=600)
+    assert r.returncode == 0, err[-3000:]
+    import json
+
+    blocks = {s: json.loads((reference / "_state" / f"{s}.json").read_text())["blocks"] for s in ("extract",
+                                                                                                 "featurize")}
+    assert blocks["extract"] >= 4, blocks
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    points = [("extract", rng.randrange(1, blocks["extract"] - 1)),
+              ("featurize", rng.randrange(0, blocks["featurize"] - 1)),
+              ("cluster", rng.uniform(0.0, 2.0))]
+    out = tmp_path / "killed"
+    proc = demo(out)
+    killed = []
+    try:
+        for stage, at in points:
+            if stage == "cluster":  # seconds after the cluster stage began
+                wait_for(lambda: (out / "_state" / "cluster.started").exists(), proc, "the cluster stage")
+                time.sleep(at)
+            else:
+                wait_for(lambda s=stage, n=at: done_blocks(out, s) >= n, proc, f"{at} {stage} blocks")
+            wait_for(lambda: len(workers(proc)) >= 1, proc, "a live worker")
+            victim = rng.choice(workers(proc))
+            victim.send_signal(signal.SIGKILL)
+            killed.append((stage, at, victim.pid))
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, f"seed {seed}, kills {killed}: {err[-3000:]}"
+    assert len(killed) == 3
+    assert_same_outputs(out, reference)
