@@ -6,6 +6,8 @@ many-to-one; nothing is ever matched by row position.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
@@ -140,13 +142,36 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
 
 
 def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: int = 32, per_cluster: int = 48,
-                      random_state: int = 0) -> np.ndarray:
-    """(cluster, grid, grid): the average of up to ``per_cluster`` sampled maps of each cluster, each pooled
-    from its true length to ``grid x grid`` and row-normalised."""
+                      random_state: int = 0, on_step: Callable[[str, int, int, str], None] | None = None
+                      ) -> np.ndarray:
+    """The average of up to ``per_cluster`` sampled maps of each cluster, each pooled from its true length to
+    ``grid x grid`` and row-normalised.
+
+    Parameters
+    ----------
+    layout
+        The run directory (its attention store is read).
+    maps
+        The maps table (``feature_id``, ``layer``, ``head``, ``cluster``).
+    k
+        Number of clusters.
+    grid, per_cluster, random_state
+        Size of the pooled maps; maps averaged per cluster; seed of the sample.
+    on_step
+        Told ``on_step("mean maps", done, k, "clusters")`` before the first cluster and after each one
+        (:data:`attnclust.cluster.OnStep`).
+
+    Returns
+    -------
+    numpy.ndarray
+        (cluster, grid, grid) float32; zeros for an empty cluster.
+    """
     store = open_attention_store(layout.attention)
     rng = np.random.default_rng(random_state)
     result = np.zeros((k, grid, grid), dtype=np.float32)
     for c in range(k):
+        if on_step is not None:
+            on_step("mean maps", c, k, "clusters")
         rows = maps.loc[maps["cluster"] == c, KEYS].to_numpy()
         if not len(rows):
             continue
@@ -155,6 +180,8 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
         for f, layer, head in pick:
             acc += pool_maps(store.read_map(f, layer, head)[None], grid=grid, sqrt=False).reshape(grid, grid)
         result[c] = acc / len(pick)
+    if on_step is not None:
+        on_step("mean maps", k, k, "clusters")
     return result
 
 

@@ -1,17 +1,16 @@
 """Fine-tuning a BERT-family model for extractive QA on SQuAD-v2-format data (``attnclust finetune``).
 
-Features are built exactly as extraction builds them (``extract.max_seq_len``, ``doc_stride``,
-``max_query_len``, ``data.max_features_per_example``); the labels are the answer's first and last token when the
-feature holds the whole answer, else the first token ([CLS]: "no answer here"), as in the SQuAD 2.0 reference
-recipe. Training runs the
-transformers ``Trainer`` (AdamW, linear schedule, mixed precision on a GPU) with checkpoints under
-``MODEL_DIR/checkpoints``; re-running the same command resumes from the newest one. Only when training has
-finished is the model written to ``MODEL_DIR`` itself (weights and tokenizer first, ``config.json`` last) and the
-run recorded as finished, so a directory a job can load as ``model.name`` always holds a finished model. With
+Features are built exactly as extraction builds them (``extract.max_seq_len``, ``doc_stride``, ``max_query_len``,
+``data.max_features_per_example``); the labels are the answer's first and last token when the feature holds the
+whole answer, else the first token ([CLS]: "no answer here"), as in the SQuAD 2.0 reference recipe. Training runs
+the transformers ``Trainer`` (AdamW, linear schedule, mixed precision on a GPU) with checkpoints under
+``MODEL_DIR/checkpoints``; re-running the same command resumes from the newest one. Only when training has finished
+is the model written to ``MODEL_DIR`` itself (weights and tokenizer first, ``config.json`` last) and the run
+recorded as finished, so a directory a job can load as ``model.name`` always holds a finished model. With
 ``finetune.eval_data`` the model is then loaded from ``MODEL_DIR`` exactly as extraction loads it
 (:func:`attnclust.models.get_model`) and scored with the official SQuAD 2.0 metric (``MODEL_DIR/eval``); an
-evaluation that fails can be re-run alone by repeating the command. Loading, padding and the forward pass are
-those of :mod:`attnclust.models`.
+evaluation that fails can be re-run alone by repeating the command. Loading, padding and the forward pass are those
+of :mod:`attnclust.models`.
 """
 
 from __future__ import annotations

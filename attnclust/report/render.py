@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pathlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from markupsafe import Markup
@@ -34,7 +35,8 @@ class RenderedSection:
     html: Markup
 
 
-def render_sections(inputs: ReportInputs, sections: list[ReportSection] | None = None) -> list[RenderedSection]:
+def render_sections(inputs: ReportInputs, sections: list[ReportSection] | None = None, *,
+                    on_step: Callable[[str, int, int, str], None] | None = None) -> list[RenderedSection]:
     """Build and render each section; those whose function returns ``None`` are left out.
 
     Parameters
@@ -42,6 +44,9 @@ def render_sections(inputs: ReportInputs, sections: list[ReportSection] | None =
     inputs : ReportInputs
     sections : list of ReportSection, optional
         Default: every registered section, in page order.
+    on_step : callable, optional
+        Told ``on_step("writing HTML", done, n_sections, "sections")`` before the first section and after each
+        one (:data:`attnclust.cluster.OnStep`).
 
     Returns
     -------
@@ -52,8 +57,11 @@ def render_sections(inputs: ReportInputs, sections: list[ReportSection] | None =
     TypeError
         A section's function returned something other than a dict or ``None``.
     """
+    sections = sections_in_order() if sections is None else list(sections)
     out = []
-    for section in sections_in_order() if sections is None else sections:
+    for i, section in enumerate(sections):
+        if on_step is not None:
+            on_step("writing HTML", i, len(sections), "sections")
         context = section.build(inputs)
         if context is None:
             continue
@@ -63,15 +71,19 @@ def render_sections(inputs: ReportInputs, sections: list[ReportSection] | None =
         html = section.load_template().render({"section": section, "inputs": inputs, **context})
         out.append(RenderedSection(name=section.name, title=section.title, nav=section.nav, heading=section.heading,
                                    html=Markup(html.strip("\n"))))
+    if on_step is not None:
+        on_step("writing HTML", len(sections), len(sections), "sections")
     return out
 
 
-def render_report(inputs: ReportInputs) -> str:
+def render_report(inputs: ReportInputs, *, on_step: Callable[[str, int, int, str], None] | None = None) -> str:
     """Render the self-contained HTML report.
 
     Parameters
     ----------
     inputs : ReportInputs
+    on_step : callable, optional
+        Told the progress over the sections (:func:`render_sections`).
 
     Returns
     -------
@@ -81,11 +93,12 @@ def render_report(inputs: ReportInputs) -> str:
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing", category=UserWarning)
-        sections = render_sections(inputs)
+        sections = render_sections(inputs, on_step=on_step)
     return environment().get_template("page.html.j2").render(title=inputs.title, sections=sections)
 
 
-def write_report(path: pathlib.Path, inputs: ReportInputs) -> pathlib.Path:
+def write_report(path: pathlib.Path, inputs: ReportInputs, *,
+                 on_step: Callable[[str, int, int, str], None] | None = None) -> pathlib.Path:
     """Render the report and write it atomically (temporary file in the same folder, then ``os.replace``).
 
     Parameters
@@ -93,6 +106,8 @@ def write_report(path: pathlib.Path, inputs: ReportInputs) -> pathlib.Path:
     path : pathlib.Path
         Destination ``.html`` file; its folder is created if needed.
     inputs : ReportInputs
+    on_step : callable, optional
+        Told the progress over the sections (:func:`render_sections`).
 
     Returns
     -------
@@ -100,6 +115,6 @@ def write_report(path: pathlib.Path, inputs: ReportInputs) -> pathlib.Path:
         ``path``.
     """
     path = pathlib.Path(path)
-    text = render_report(inputs)
+    text = render_report(inputs, on_step=on_step)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

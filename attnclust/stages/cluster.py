@@ -4,10 +4,17 @@ The fit runs as one task on a sample (:func:`attnclust.cluster.fit_from_store`);
 KMeans is refitted on every map across them. The fitted models are shared with every worker once and each
 embedding block is labelled by its own task (:func:`attnclust.cluster.assign_block`), as dask-ml's
 ``ParallelPostFit`` does.
+
+The fit's steps are shown on the driver as progress bars (:class:`StepBars`: ``cluster: choosing k 3/11
+candidates``); when the fit runs on a Dask worker, its steps come back to the driver as Dask events.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +26,108 @@ from ..layout import RunLayout
 from ..store import atomic_write_json, atomic_write_parquet, open_attention_store
 from .base import RunContext, Stage
 
-__all__ = ["ClusterStage"]
+__all__ = ["ClusterStage", "StepBars"]
+
+
+class StepBars:
+    """Progress bars on stderr for the steps of a stage that are not blocks (a fit, a search over k, rendering),
+    one bar per step, labelled ``{stage}: {step}``: ``cluster: choosing k 3/11 candidates |███  | [00:01<00:02]``
+    or, for a single piece of work, ``cluster: UMAP on 14040 maps [00:12]``.
+
+    Called as ``bars(step, done, total, unit)`` (:data:`attnclust.cluster.OnStep`, the callback the fit and the
+    report builders take): a bar closes when its step is done or a new ``step`` begins. Nothing is printed when
+    ``progress`` is false. Safe to call from another thread (Dask delivers a worker's steps on the client's event loop).
+
+    Parameters
+    ----------
+    stage
+        The stage's name, the start of every label.
+    progress
+        Show the bars (``False`` under ``--quiet``).
+    """
+
+    def __init__(self, stage: str, *, progress: bool = True):
+        self.stage = stage
+        self.progress = progress
+        self._bar = None
+        self._step: str | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, step: str, done: int, total: int = 1, unit: str = "") -> None:
+        """Show that ``done`` of ``total`` ``unit`` of ``step`` are finished."""
+        if not self.progress:
+            return
+        with self._lock:
+            if step != self._step:
+                self._close()
+                self._bar, self._step = self._open(step, total, unit), step
+            elif self._bar is None:
+                return  # told again that a finished step is finished
+            self._bar.update(done - self._bar.n)
+            if done >= total:
+                self._close(keep_step=True)  # its time stops now, not when the next step begins
+
+    def _open(self, step: str, total: int, unit: str):
+        from tqdm.auto import tqdm
+
+        counted = "{desc} {n_fmt}/{total_fmt} {unit} |{bar}| [{elapsed}<{remaining}]"
+        return tqdm(total=total, desc=f"{self.stage}: {step}", unit=unit, leave=True,
+                    bar_format=counted if total > 1 or unit else "{desc} [{elapsed}]")
+
+    @contextmanager
+    def step(self, step: str) -> Iterator[None]:
+        """A single piece of work: its bar opens on entry and shows it finished when the body returns."""
+        self(step, 0)
+        yield
+        self(step, 1)
+
+    def close(self) -> None:
+        """Close the open bar (a step that failed stays as far as it got)."""
+        with self._lock:
+            self._close()
+
+    def _close(self, keep_step: bool = False) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar = None
+        if not keep_step:
+            self._step = None
+
+    def __enter__(self) -> StepBars:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _send_step(topic: str, step: str, done: int, total: int, unit: str) -> None:
+    """In the fit task on a Dask worker: send one step to the driver as a ``topic`` event.
+
+    Sent through the worker's client and waited for: ``Worker.log_event`` only queues the event for the
+    worker's event loop, which the GIL-holding numba code of UMAP starves until the step is over.
+    """
+    from distributed import get_client
+
+    get_client().log_event(topic, [step, done, total, unit])
+
+
+@contextmanager
+def _fit_steps(ctx: RunContext, bars: StepBars) -> Iterator:
+    """The ``on_step`` to hand the fit task: ``bars`` itself when the task runs in this process, a relay of Dask
+    events when it runs on a worker (whose stderr is not this terminal), ``None`` when progress is off."""
+    client = ctx.executor.client
+    if not ctx.progress:
+        yield None
+    elif client is None:
+        yield bars
+    else:
+        topic = f"{ctx.job_id}-cluster-fit-steps"
+        # each event reaches the scheduler before the task goes on, so before its result: none is lost at the end
+        client.subscribe_topic(topic, lambda event: bars(*event[1]))
+        try:
+            yield functools.partial(_send_step, topic)
+        finally:
+            client.unsubscribe_topic(topic)
 
 
 def _distributed_kmeans(client, layout: RunLayout, fitted, random_state: int):
@@ -79,12 +187,18 @@ class ClusterStage(Stage):
         n_maps = emb.shape[0]
         ctx.note(f"cluster: fitting on a sample of {min(n_maps, cfg.fit_sample)} maps (k={cfg.k}, UMAP "
                  f"{'on' if cfg.umap else 'off'}) ...")
-        fitted = ctx.executor.call(fit_from_store, str(ctx.layout.root), cfg, ctx.backend, key="cluster-fit")
         client = ctx.executor.client
-        if ctx.backend == "gpu" and client is not None and ctx.executor.n_workers > 1 and n_maps > cfg.fit_sample:
-            fitted.kmeans_ = _distributed_kmeans(client, ctx.layout, fitted, cfg.random_state)  # every GPU
+        with StepBars("cluster", progress=ctx.progress) as bars:
+            with _fit_steps(ctx, bars) as on_step:
+                fitted = ctx.executor.call(fit_from_store, str(ctx.layout.root), cfg, ctx.backend, on_step,
+                                           key="cluster-fit")
+            if (ctx.backend == "gpu" and client is not None and ctx.executor.n_workers > 1
+                    and n_maps > cfg.fit_sample):
+                with bars.step(f"fitting KMeans k={fitted.k_} on all {n_maps} maps across GPU workers"):
+                    fitted.kmeans_ = _distributed_kmeans(client, ctx.layout, fitted, cfg.random_state)
+            with bars.step("sending the model to the workers") if client is not None else nullcontext():
+                shared = ctx.executor.share(fitted)
         self.fitted_ = fitted
-        shared = ctx.executor.share(fitted)
         step = emb.chunks[0]
         # labels come back to the driver: every block runs again on a resume (the fit is not resumable anyway)
         return [(r0, min(r0 + step, n_maps), shared) for r0 in range(0, n_maps, step)], set()

@@ -1,5 +1,8 @@
 """Report: the atlas (cluster labels joined to (example, layer, head) by explicit columns, per-head analyses,
-per-cluster tables) and the self-contained HTML report."""
+per-cluster tables) and the self-contained HTML report.
+
+Its driver-side steps show progress bars (:class:`~attnclust.stages.cluster.StepBars`): ``report: atlas
+tables``, ``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from ..analysis.heads import analysis_versions
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
+from .cluster import StepBars
 
 __all__ = ["ReportStage"]
 
@@ -59,20 +63,23 @@ class ReportStage(Stage):
         stats = pd.read_parquet(layout.map_stats)
         cl_record = ctx.records["cluster"]
         k = int(cl_record["k"])
-        maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k)
         qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
         predictions = pd.read_parquet(layout.predictions) if qa else None
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
         settings = {"job_id": ctx.job_id, "config": cfg.to_dict(), "backend": ctx.backend,
                     "stages": {name: {k_: v for k_, v in rec.items() if k_ != "parts"}
                                for name, rec in ctx.records.items()}}
-        inputs = ReportInputs(
-            title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads, clusters=clusters,
-            mean_maps=cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state),
-            medoids=medoid_maps(layout, clusters, features), settings=settings, notes=tuple(notes),
-            k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
-            max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
-        ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
-        path = write_report(layout.report, inputs)
+        with StepBars("report", progress=ctx.progress) as bars:
+            with bars.step("atlas tables"):
+                maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k)
+            mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars)
+            inputs = ReportInputs(
+                title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
+                clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
+                settings=settings, notes=tuple(notes),
+                k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
+                max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
+            ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
+            path = write_report(layout.report, inputs, on_step=bars)
         return {"report": str(path), "clusters": k}
 
