@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Self
 
 import pandas as pd
 
@@ -36,7 +37,8 @@ class StepBars:
 
     Called as ``bars(step, done, total, unit)`` (:data:`attnclust.cluster.OnStep`, the callback the fit and the
     report builders take): a bar closes when its step is done or a new ``step`` begins. Nothing is printed when
-    ``progress`` is false. Safe to call from another thread (Dask delivers a worker's steps on the client's event loop).
+    ``progress`` is false. Safe to call from another thread (Dask delivers a worker's steps on the client's
+    event loop).
 
     Parameters
     ----------
@@ -93,7 +95,7 @@ class StepBars:
         if not keep_step:
             self._step = None
 
-    def __enter__(self) -> StepBars:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -114,7 +116,8 @@ def _send_step(topic: str, step: str, done: int, total: int, unit: str) -> None:
 @contextmanager
 def _fit_steps(ctx: RunContext, bars: StepBars) -> Iterator:
     """The ``on_step`` to hand the fit task: ``bars`` itself when the task runs in this process, a relay of Dask
-    events when it runs on a worker (whose stderr is not this terminal), ``None`` when progress is off."""
+    events when it runs on a worker (a worker's stderr is its log, not this terminal, on a remote cluster),
+    ``None`` when progress is off."""
     client = ctx.executor.client
     if not ctx.progress:
         yield None
