@@ -49,7 +49,7 @@ StoreDtype = Literal["float16", "uint8"]
 _NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,47}$"
 _TEXT_PATTERN = r"\S"  # not blank
 _NULLS = frozenset({"", "~", "null", "Null", "NULL"})  # YAML's spellings of null, for --set values
-_BUILTIN_FEATURIZERS = ("pooled", "resnet")
+_BUILTIN_FEATURIZERS = ("pooled", "resnet", "profile")
 
 
 # --- declaring settings: the type's constraint and the "allowed" text in one place ---------------------------
@@ -293,7 +293,9 @@ class FeaturizeConfig(_Model):
     Parameters
     ----------
     method
-        A registered featurizer (``attnclust.featurize.featurizer_names()``). ``pooled``: the true-length map
+        A registered featurizer (``attnclust.featurize.featurizer_names()``). ``profile`` (default): 17
+        length-invariant behaviour fractions per map (mass at offsets -3..+3, on [CLS]/[SEP]/punctuation/the last
+        token, segment focus, normalised entropy, confidence, far mass). ``pooled``: the true-length map
         average-pooled to ``grid x grid``, flattened. ``resnet``: a torchvision ResNet's penultimate layer on the
         map as a normalised 3-channel image.
     grid
@@ -306,7 +308,7 @@ class FeaturizeConfig(_Model):
     """
 
     SECTION = "featurize"
-    method: str = _setting("pooled", "a registered featurizer")
+    method: str = _setting("profile", "a registered featurizer")
     grid: int = _int(32, 2, 256)
     arch: ResnetArch = _choice("resnet18", ResnetArch)
     weights: str = _setting("imagenet", "imagenet | none | a path to a .pth state dict", pattern=_TEXT_PATTERN)
@@ -323,15 +325,36 @@ class FeaturizeConfig(_Model):
 
 
 class ClusterConfig(_Model):
-    """KMeans and UMAP over all map vectors.
+    """KMeans and UMAP over all map vectors, and how stable the clusters are.
 
     Parameters
     ----------
     k
-        Number of clusters (at least 2), or ``auto``: best silhouette over ``k_min..k_max`` on
-        ``silhouette_sample`` maps.
-    k_min, k_max, silhouette_sample
-        The range of k tried by ``auto``, and how many maps each candidate's silhouette is measured on.
+        Number of clusters (at least 2), or ``auto``: the largest k in ``k_min..k_max`` whose split-half
+        stability is within ``stability_tolerance`` of the best (:mod:`attnclust.cluster`).
+    k_min, k_max
+        The range of k tried by ``auto``.
+    n_init
+        KMeans restarts (k-means++) of every fit, the best kept; the same seed then gives the same partition.
+    stability_splits
+        Random splits of the examples into two halves per candidate k; a candidate's stability is the median
+        ARI of the two halves' labelings over the splits. Candidates within twice ``stability_tolerance`` of the
+        best get as many splits again.
+    stability_sample
+        Maps (of the fit sample) that split-half stability and the per-cluster resamples are measured on.
+    stability_tolerance
+        Candidates whose stability is this close to the best count as tied; the largest k of them is chosen.
+    stability_resamples
+        Bootstrap resamples of the examples for each cluster's stability (mean best Jaccard with a refit,
+        Hennig 2007); ``None`` skips it.
+    min_stability
+        Clusters whose bootstrap stability is below this are reported unstable (Hennig: below 0.6 unstable,
+        0.75 and above stable).
+    stability_seed
+        Seed of the example splits and resamples: a fixed design, so every ``random_state`` (which seeds the
+        KMeans fits) judges the candidates on the same splits; change it to see how much k depends on them.
+    silhouette_sample
+        Maps the silhouette of each candidate k is computed on; recorded for reference, it does not choose k.
     pca_components
         Reduce vectors with PCA (fitted on a sample) first; ``None`` keeps them.
     umap
@@ -348,6 +371,13 @@ class ClusterConfig(_Model):
     k: int | Literal["auto"] = _setting("auto", "an integer >= 2 or 'auto'", "for example k: 12 or k: auto")
     k_min: int = _int(4, 2)
     k_max: int = _int(16, 2)
+    n_init: int = _int(20, 1)
+    stability_splits: int = _int(6, 2)
+    stability_sample: int = _int(6000, 20)
+    stability_tolerance: float = _num(0.02, 0, hi=1, allowed="a number in [0, 1]")
+    stability_resamples: int | None = _int(20, 2, fix="or null to skip the per-cluster stability")
+    min_stability: float = _num(0.6, 0, hi=1, allowed="a number in [0, 1]")
+    stability_seed: int = _int(0, 0)
     silhouette_sample: int = _int(4000, 10)
     pca_components: int | None = _int(50, 2)
     fit_sample: int = _int(200_000, 100)

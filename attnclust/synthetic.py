@@ -1,15 +1,26 @@
-"""Synthetic attention maps with planted patterns, for tests and benchmarks.
+"""Synthetic attention maps with planted patterns, and whole planted stores with known answers.
 
 Pattern types follow the map types seen in BERT (Clark et al. 2019; Kovaleva et al. 2019): attention to the
 previous or next token (diagonal), to [CLS] or to [SEP] (vertical), uniform (broad), and block (within the
 query's own segment). Each map is row-stochastic at its own true length.
+
+- :func:`planted_map` / :func:`planted_maps`: the six :data:`PATTERNS` on bare lengths (tests, benchmarks).
+- :func:`planted_tokens`, :func:`planted_head_map`, :func:`planted_head_maps`: the eight :data:`HEAD_TYPES` on a
+  BERT QA token sequence ``[CLS] question [SEP] context [SEP]`` with segment ids and punctuation, which the
+  [SEP], punctuation and segment types need.
+- :func:`write_planted_store`: an attention store following the store contract (``attention.zarr`` +
+  ``features.parquet``) in which every (layer, head) has one planted type: the answer a clustering should find.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 
-__all__ = ["PATTERNS", "planted_map", "planted_maps"]
+__all__ = ["HEAD_TYPES", "PATTERNS", "PlantedStore", "PlantedTokens", "planted_head_map", "planted_head_maps",
+           "planted_map", "planted_maps", "planted_tokens", "write_planted_store"]
 
 PATTERNS = ("previous", "next", "cls", "sep", "uniform", "block")
 
@@ -50,3 +61,251 @@ def planted_maps(n_per_type: int, *, lengths: tuple[int, int] = (24, 96), rng: n
             maps.append(planted_map(kind, n, rng=rng, noise=noise))
             labels.append(label)
     return maps, np.asarray(labels)
+
+
+HEAD_TYPES = ("previous", "next", "self", "cls", "sep", "punct", "block", "broad")
+"""The eight head types of :func:`planted_head_map` (Clark et al. 2019; Kovaleva et al. 2019)."""
+
+_WORDS = ("the", "of", "river", "city", "was", "in", "king", "built", "north", "year", "which", "an", "by",
+          "church", "war", "first", "people", "known", "school", "after", "water", "its", "state", "between",
+          "used", "many", "new", "large", "during", "court", "music", "army", "island", "century", "trade")
+
+
+@dataclass(frozen=True)
+class PlantedTokens:
+    """A planted token sequence ``[CLS] question [SEP] context [SEP]``.
+
+    Attributes
+    ----------
+    tokens
+        The ``n`` tokens; the question ends with ``?``, the context holds '.' and ','.
+    segment_ids
+        (key,) int64: 0 for ``[CLS] question [SEP]``, 1 for ``context [SEP]``.
+    """
+
+    tokens: tuple[str, ...]
+    segment_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def positions(self, *names: str) -> np.ndarray:
+        """Positions of the tokens equal to one of ``names``."""
+        return np.flatnonzero(np.isin(np.asarray(self.tokens, dtype=object), names))
+
+
+def planted_tokens(n: int, *, rng: np.random.Generator, question_len: int | None = None) -> PlantedTokens:
+    """A BERT QA token sequence of length ``n`` (at least 5).
+
+    Parameters
+    ----------
+    n
+        Number of tokens.
+    rng
+        Random generator (words, question length, punctuation).
+    question_len
+        Question tokens between [CLS] and the first [SEP]; by default drawn in ``3 .. min(24, (n - 3) // 3)``.
+
+    Returns
+    -------
+    PlantedTokens
+        The context holds a '.' at the end of each sentence (6 to 20 tokens) and a ',' now and then, at least one
+        of them.
+    """
+    if n < 5:
+        raise ValueError(f"planted_tokens: n={n}; a [CLS] q [SEP] c [SEP] sequence needs at least 5 tokens")
+    if question_len is None:
+        question_len = int(rng.integers(3, max(3, min(24, (n - 3) // 3)) + 1))
+    q = max(1, min(int(question_len), n - 4))
+    c = n - 3 - q
+    question = [_WORDS[i] for i in rng.integers(0, len(_WORDS), q - 1)] + ["?"]
+    context, until_period = [], int(rng.integers(6, 21))
+    for i in range(c):
+        until_period -= 1
+        prev_punct = bool(context) and context[-1] in (".", ",")
+        if until_period <= 0 and not prev_punct:
+            context.append(".")
+            until_period = int(rng.integers(6, 21))
+        elif not prev_punct and i > 0 and rng.random() < 0.06:
+            context.append(",")
+        else:
+            context.append(_WORDS[int(rng.integers(0, len(_WORDS)))])
+    if "." not in context and "," not in context:
+        context[-1] = "."
+    tokens = ("[CLS]", *question, "[SEP]", *context, "[SEP]")
+    segment_ids = np.r_[np.zeros(q + 2, np.int64), np.ones(c + 1, np.int64)]
+    return PlantedTokens(tokens=tokens, segment_ids=segment_ids)
+
+
+def planted_head_map(kind: str, tokens: PlantedTokens, *, rng: np.random.Generator,
+                     noise: float = 0.2) -> np.ndarray:
+    """One (n, n) row-stochastic map of head type ``kind`` over ``tokens``, mixed with ``noise`` of random rows.
+
+    Parameters
+    ----------
+    kind
+        One of :data:`HEAD_TYPES`: ``previous`` / ``next`` (key = query -/+ 1; the first / last row attends to
+        itself), ``self`` (the diagonal), ``cls`` (the first token), ``sep`` (the [SEP] tokens, equally),
+        ``punct`` ('.' and ',' equally), ``block`` (uniform inside the query's own segment), ``broad`` (each row
+        a Dirichlet(4) draw over all keys: uniform-ish).
+    tokens
+        The sequence (its length is the map's).
+    rng
+        Random generator.
+    noise
+        Share of each row drawn from a Dirichlet(0.5) over all keys (heterogeneous noise).
+
+    Returns
+    -------
+    numpy.ndarray
+        (query, key) float32, each row summing to 1.
+    """
+    n = len(tokens)
+    idx = np.arange(n)
+    p = np.zeros((n, n), dtype=np.float64)
+    if kind == "previous":
+        p[idx, np.maximum(idx - 1, 0)] = 1
+    elif kind == "next":
+        p[idx, np.minimum(idx + 1, n - 1)] = 1
+    elif kind == "self":
+        p[idx, idx] = 1
+    elif kind == "cls":
+        p[:, 0] = 1
+    elif kind in ("sep", "punct"):
+        keys = tokens.positions("[SEP]") if kind == "sep" else tokens.positions(".", ",")
+        p[:, keys] = 1.0 / len(keys)
+    elif kind == "block":
+        same = tokens.segment_ids[:, None] == tokens.segment_ids[None, :]
+        p = same / same.sum(1, keepdims=True)
+    elif kind == "broad":
+        p = rng.dirichlet(np.full(n, 4.0), size=n)
+    else:
+        raise ValueError(f"planted_head_map: unknown kind {kind!r}; allowed: {', '.join(HEAD_TYPES)}")
+    r = rng.dirichlet(np.full(n, 0.5), size=n)
+    return ((1 - noise) * p + noise * r).astype(np.float32)
+
+
+def planted_head_maps(n_per_type: int, *, lengths: tuple[int, int] = (16, 384), rng: np.random.Generator,
+                      noise: float = 0.2, kinds: tuple[str, ...] = HEAD_TYPES
+                      ) -> tuple[list[np.ndarray], np.ndarray, list[PlantedTokens]]:
+    """``n_per_type`` maps of each head type, each on its own token sequence of a random length in ``lengths``.
+
+    Returns
+    -------
+    maps : list of numpy.ndarray
+        (query, key) float32 maps, each at its own length.
+    labels : numpy.ndarray
+        (map,) int: the index of each map's type in ``kinds``.
+    tokens : list of PlantedTokens
+        The sequence of each map.
+    """
+    maps, labels, seqs = [], [], []
+    for label, kind in enumerate(kinds):
+        for _ in range(n_per_type):
+            seq = planted_tokens(int(rng.integers(lengths[0], lengths[1] + 1)), rng=rng)
+            maps.append(planted_head_map(kind, seq, rng=rng, noise=noise))
+            labels.append(label)
+            seqs.append(seq)
+    return maps, np.asarray(labels), seqs
+
+
+@dataclass(frozen=True)
+class PlantedStore:
+    """A planted contract store and its answer.
+
+    Attributes
+    ----------
+    root
+        The directory holding ``attention.zarr`` and ``features.parquet`` (an output dir for the stages).
+    head_types
+        (layer, head) array of type names: the planted type of every map of that head.
+    seq_len
+        (feature,) int32 true lengths.
+    tokens
+        The token sequence of each feature.
+    """
+
+    root: Path
+    head_types: np.ndarray
+    seq_len: np.ndarray
+    tokens: tuple[PlantedTokens, ...]
+
+    def kinds(self, layer, head) -> np.ndarray:
+        """The planted type of maps given by their ``layer`` and ``head`` arrays (e.g. ``embedding.zarr``'s)."""
+        return self.head_types[np.asarray(layer, np.int64), np.asarray(head, np.int64)]
+
+
+def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_features: int = 16, n_layers: int = 2,
+                        n_heads: int = 4, lengths: tuple[int, int] = (16, 384), noise: float = 0.2,
+                        kinds: tuple[str, ...] = HEAD_TYPES, features_per_task: int = 4,
+                        shuffle_heads: bool = True) -> PlantedStore:
+    """Write a contract store whose heads have known types: ``attention.zarr`` + ``features.parquet`` in ``root``.
+
+    Parameters
+    ----------
+    root
+        Output directory (created; must not hold an ``attention.zarr`` yet).
+    rng
+        Random generator (lengths, tokens, head assignment, noise).
+    n_features, n_layers, n_heads
+        Store dimensions.
+    lengths
+        True lengths are drawn in this range; the first feature gets the shortest, the last the longest.
+    noise
+        Noise share of every map (:func:`planted_head_map`).
+    kinds
+        Head types, assigned to the ``n_layers * n_heads`` heads in turn (each at least once when there are
+        enough heads), in a random order when ``shuffle_heads``.
+    features_per_task
+        Features per store shard (a block of the per-feature stages).
+
+    Returns
+    -------
+    PlantedStore
+        The answer; it is also in the store's attributes as ``planted_heads`` (one list of type names per
+        layer).
+    """
+    import pandas as pd
+
+    from .layout import RunLayout
+    from .store import atomic_write_parquet, create_attention_store, mark_store_complete
+
+    lo, hi = int(lengths[0]), int(lengths[1])
+    if lo < 5 or hi < lo:
+        raise ValueError(f"write_planted_store: lengths {lengths}: need 5 <= low <= high")
+    seq_len = rng.integers(lo, hi + 1, size=n_features).astype(np.int32)
+    if n_features >= 2:
+        seq_len[0], seq_len[-1] = lo, hi
+    order = np.resize(np.arange(len(kinds)), n_layers * n_heads)
+    if shuffle_heads:
+        order = rng.permutation(order)
+    head_types = np.asarray(kinds, dtype=object)[order].reshape(n_layers, n_heads).astype(str)
+    seqs = tuple(planted_tokens(int(n), rng=rng) for n in seq_len)
+
+    layout = RunLayout(root)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    attrs = {"model": "planted (attnclust.synthetic)", "max_seq_len": hi, "num_layers": n_layers,
+             "num_heads": n_heads, "planted_heads": head_types.tolist()}
+    store = create_attention_store(layout.attention, seq_len=seq_len, num_layers=n_layers, num_heads=n_heads,
+                                   features_per_task=features_per_task, attrs=attrs)
+    width = store.width
+    for start, stop in store.blocks():
+        shard = np.zeros((stop - start, n_layers, n_heads, width, width), np.float16)
+        for f in range(start, stop):
+            n = int(seq_len[f])
+            for layer in range(n_layers):
+                for head in range(n_heads):
+                    shard[f - start, layer, head, :n, :n] = planted_head_map(head_types[layer, head], seqs[f],
+                                                                             rng=rng, noise=noise)
+        store.attention[start:stop] = shard
+    mark_store_complete(layout.attention)
+    features = pd.DataFrame({
+        "feature_id": np.arange(n_features, dtype=np.int64),
+        "example_id": [f"planted-{i}" for i in range(n_features)],
+        "span": np.zeros(n_features, np.int64),
+        "seq_len": seq_len.astype(np.int64),
+        "tokens": [list(s.tokens) for s in seqs],
+        "segment_ids": [s.segment_ids.tolist() for s in seqs],
+    })
+    atomic_write_parquet(features, layout.features)
+    return PlantedStore(root=layout.root, head_types=head_types, seq_len=seq_len, tokens=seqs)

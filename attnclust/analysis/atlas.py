@@ -2,22 +2,35 @@
 
 Every join here is a ``merge`` on named keys (``feature_id``, ``layer``, ``head``), validated one-to-one or
 many-to-one; nothing is ever matched by row position.
+
+Each cluster is named from its mean statistics: a type in Kovaleva et al.'s (2019) vocabulary (:func:`pattern_type`:
+vertical, diagonal, vertical + diagonal, block, heterogeneous; thresholds are this module's constants) and a
+description of what it attends to in Clark et al.'s (2019) terms with the share of the mass behind it
+(:func:`describe_cluster`), distinct across the run (:func:`name_clusters`). Two views say how far to trust a
+cluster: the lengths of its maps (:func:`length_view`, a warning when one length bucket dominates it but not the
+run) and, when the clustering measured it, its stability (:func:`read_stability`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
+from ..errors import DataError
 from ..featurize.pooled import pool_maps
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
 from .stats import map_statistics, stat_columns, token_masks
 
-__all__ = ["build_atlas", "cluster_mean_maps", "describe_cluster", "head_table", "medoid_maps", "stats_block"]
+__all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "PATTERN_TYPES",
+           "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table", "describe_cluster", "head_table",
+           "length_buckets", "length_view", "medoid_maps", "name_clusters", "pattern_type", "read_stability",
+           "segment_chance", "segment_lift", "stats_block"]
 
 KEYS = ["feature_id", "layer", "head"]
 
@@ -48,32 +61,370 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def describe_cluster(means: pd.Series) -> str:
-    """A description in words derived from a cluster's mean statistics.
+# -- naming: Kovaleva et al.'s five types, Clark et al.'s targets ------------------------------------------------
+PATTERN_TYPES = ("vertical", "diagonal", "vertical + diagonal", "block", "heterogeneous")
+"""The values of ``pattern_type`` (Kovaleva et al. 2019), plus ``empty`` for a cluster without maps."""
+VERTICAL_TARGETS = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuation"))
+"""Fixed key positions: the statistics whose sum is a cluster's vertical mass, and their names in descriptions."""
+DIAGONAL_TARGETS = (("to_prev", "previous token"), ("to_self", "itself"), ("to_next", "next token"))
+"""Offsets -1, 0, +1: the statistics whose sum is a cluster's diagonal mass, and their names."""
+VERTICAL_MIN = 0.4
+"""``vertical``: at least this much of the mass on [CLS], [SEP] and punctuation (random rows of 100 tokens with
+2 [SEP] and 5 punctuation marks put about 8% there)."""
+DIAGONAL_MIN = 0.4
+"""``diagonal``: at least this much of the mass on offsets -1, 0 and +1 (random rows: 3 / seq_len)."""
+BOTH_MIN = 0.25
+"""``vertical + diagonal``: vertical and diagonal mass both at least this, with one target of each kind holding
+at least :data:`NAMED_MIN` (a visible column and a visible diagonal, not chance mass over many positions); checked
+first."""
+BLOCK_MIN_LIFT = 0.5
+"""``block``: the mass inside the query's own segment exceeds what a uniform row puts there (``segment_chance``)
+by at least this fraction of the possible excess: ``(own_segment - chance) / (1 - chance)``."""
+BLOCK_MIN_OWN_SEGMENT = 0.9
+"""``block`` when the segments' sizes are unknown (no ``segment_chance``): at least this mass in the own segment."""
+BLOCK_MIN_ENTROPY = 0.4
+"""``block`` needs the mass spread within the segment: normalised entropy at least this."""
+NAMED_MIN = 0.15
+"""A target after the strongest one is named in a description when it holds at least this share of the mass."""
+SECOND_MIN = 0.05
+"""A next strongest trait used to tell two alike clusters apart must hold at least this share."""
+BROAD_MIN_ENTROPY = 0.75
+"""A heterogeneous cluster whose normalised entropy is at least this is described as broad."""
+FOCUSED_MAX_ENTROPY = 0.35
+"""Normalised entropy below this reads as focused when the spread tells two alike clusters apart."""
 
-    Examples: ``attends to [SEP] (81% of mass)``, ``previous token (64%)``, ``broad (entropy 0.92 of maximum)``.
+
+def _finite(x) -> bool:
+    return x is not None and bool(np.isfinite(x))
+
+
+def segment_lift(means: pd.Series) -> float:
+    """How far the mass inside the own segment exceeds chance: ``(own_segment - chance) / (1 - chance)``.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        A cluster's mean statistics, with ``own_segment`` and optionally ``segment_chance`` (the own-segment mass
+        of uniform rows, :func:`segment_chance`).
+
+    Returns
+    -------
+    float
+        1.0 for attention that never leaves the own segment, 0.0 for uniform attention, NaN when the chance
+        level is unknown; 0.0 when every token is in one segment (there is no block to see).
     """
-    targets = [("to_sep", "attends to [SEP] ({} of mass)", 0.4),
-               ("to_cls", "attends to [CLS] ({} of mass)", 0.4),
-               ("to_prev", "previous token ({})", 0.3),
-               ("to_next", "next token ({})", 0.3),
-               ("to_self", "the token itself ({})", 0.3),
-               ("to_punct", "'.' and ',' ({} of mass)", 0.25)]
-    parts = [tmpl.format(_pct(means[c])) for c, tmpl, cut in targets if means[c] >= cut]
-    if not parts:
-        minor = sorted((t for t in targets if means[t[0]] >= 0.1), key=lambda t: -means[t[0]])[:2]
-        if means["own_segment"] >= 0.85:
-            parts.append(f"within its own segment, question or context ({_pct(means['own_segment'])})")
-        if minor:
-            parts.append("partly " + " and ".join(tmpl.format(_pct(means[c])) for c, tmpl, _ in minor))
-    ent = means["entropy_norm"]
-    if ent >= 0.75:
-        parts.append(f"broad (entropy {ent:.2f} of maximum)")
-    elif ent <= 0.25:
-        parts.append(f"focused (entropy {ent:.2f} of maximum)")
-    elif not parts:
-        parts.append(f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} tokens)")
-    return "; ".join(parts)
+    chance = means.get("segment_chance", np.nan)
+    if not _finite(chance):
+        return float("nan")
+    return 0.0 if chance >= 1.0 else float((means["own_segment"] - chance) / (1.0 - chance))
+
+
+def pattern_type(means: pd.Series) -> str:
+    """Kovaleva et al.'s type of a cluster from its mean statistics (thresholds: the constants of this module).
+
+    The first that holds: ``vertical + diagonal`` (vertical and diagonal mass both >= :data:`BOTH_MIN`, the
+    strongest target of each >= :data:`NAMED_MIN`),
+    ``vertical`` (mass on [CLS], [SEP] and punctuation >= :data:`VERTICAL_MIN`), ``diagonal`` (mass on the previous
+    token, the token itself and the next token >= :data:`DIAGONAL_MIN`), ``block`` (own-segment mass above chance,
+    :func:`segment_lift` >= :data:`BLOCK_MIN_LIFT`, and spread: ``entropy_norm`` >= :data:`BLOCK_MIN_ENTROPY`),
+    else ``heterogeneous``.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        The cluster's mean statistics (``to_cls`` ... ``to_next``, ``own_segment``, ``entropy_norm``, optionally
+        ``segment_chance``).
+
+    Returns
+    -------
+    str
+        One of :data:`PATTERN_TYPES`.
+    """
+    v = sum(float(means[c]) for c, _ in VERTICAL_TARGETS)
+    d = sum(float(means[c]) for c, _ in DIAGONAL_TARGETS)
+    top_v = max(float(means[c]) for c, _ in VERTICAL_TARGETS)
+    top_d = max(float(means[c]) for c, _ in DIAGONAL_TARGETS)
+    if v >= BOTH_MIN and d >= BOTH_MIN and min(top_v, top_d) >= NAMED_MIN:
+        return "vertical + diagonal"
+    if v >= VERTICAL_MIN:
+        return "vertical"
+    if d >= DIAGONAL_MIN:
+        return "diagonal"
+    lift = segment_lift(means)
+    inside = lift >= BLOCK_MIN_LIFT if _finite(lift) else means["own_segment"] >= BLOCK_MIN_OWN_SEGMENT
+    if inside and means["entropy_norm"] >= BLOCK_MIN_ENTROPY:
+        return "block"
+    return "heterogeneous"
+
+
+def _named(means: pd.Series, targets) -> list[tuple[str, str, float]]:
+    """The strongest of ``targets`` and every other holding >= NAMED_MIN, strongest first (at most 3)."""
+    ranked = sorted(((c, label, float(means[c])) for c, label in targets), key=lambda t: -t[2])
+    return [t for i, t in enumerate(ranked) if i == 0 or t[2] >= NAMED_MIN][:3]
+
+
+def _listing(items: list[tuple[str, str, float]], prefix: str = "") -> str:
+    words = [f"{label} ({_pct(share)}{' of mass' if i == 0 else ''})" for i, (_, label, share) in enumerate(items)]
+    text = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+    return prefix + text
+
+
+def _base(means: pd.Series) -> tuple[str, str, set[str], float]:
+    """(type, description, statistics named in it, strength) of one non-empty cluster."""
+    kind = pattern_type(means)
+    ent = float(means["entropy_norm"])
+    if kind in ("vertical", "diagonal", "vertical + diagonal"):
+        items = ((_named(means, VERTICAL_TARGETS) if kind != "diagonal" else [])
+                 + (_named(means, DIAGONAL_TARGETS) if kind != "vertical" else []))
+        if kind == "vertical + diagonal":  # both kinds named, the strongest first
+            items = sorted(items, key=lambda t: -t[2])
+        return kind, _listing(items), {c for c, _, _ in items}, sum(t[2] for t in items)
+    if kind == "block":
+        chance = means.get("segment_chance", np.nan)
+        extra = f"; {_pct(chance)} by chance" if _finite(chance) else ""
+        return (kind, f"own segment, a block ({_pct(means['own_segment'])} of mass{extra})", set(),
+                float(means["own_segment"]))
+    if ent >= BROAD_MIN_ENTROPY:
+        return kind, f"broad (entropy {ent:.2f} of maximum)", set(), ent
+    minor = [t for t in _named(means, VERTICAL_TARGETS + DIAGONAL_TARGETS) if t[2] >= 0.1][:2]
+    if minor:
+        return kind, _listing(minor, "mixed: partly "), {c for c, _, _ in minor}, 1.0 - ent
+    return (kind, f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} tokens)", set(),
+            1.0 - ent)
+
+
+def describe_cluster(means: pd.Series) -> str:
+    """What a cluster attends to, in Clark et al.'s terms, with the share of the mass that justifies it.
+
+    Targets are named ``[CLS]``, ``[SEP]``, ``punctuation``, ``previous token``, ``itself``, ``next token``; a
+    block cluster reads ``own segment, a block``, a spread-out one ``broad``. This is one cluster's description on
+    its own; :func:`name_clusters` makes a run's descriptions distinct.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        The cluster's mean statistics (see :func:`pattern_type`).
+
+    Returns
+    -------
+    str
+        For example ``[SEP] (81% of mass)``, ``previous token (64% of mass)``, ``[CLS] (41% of mass) and next
+        token (17%)``, ``own segment, a block (97% of mass; 68% by chance)``, ``broad (entropy 0.92 of maximum)``.
+    """
+    return _base(means)[1]
+
+
+def _key(text: str) -> str:
+    """A description without its measurements (shares, decimals) and without "mixed: partly": two clusters with
+    the same key read alike."""
+    return re.sub(r"\d+(\.\d+)?%|\d+\.\d+", "#", text).removeprefix("mixed: partly ")
+
+
+def _ordinal(i: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(i, f"{i}th")
+
+
+def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None = None
+                  ) -> tuple[list[str], list[str]]:
+    """Type and description of every cluster, no two descriptions alike.
+
+    Clusters whose descriptions read alike (equal once shares, decimals and a leading "mixed: partly" are left
+    out: ``[CLS] (45% of mass)`` and ``mixed: partly [CLS] (31% of mass)`` read alike) get, in turn and only
+    while that tells some of them apart: their next strongest target (``also itself (12%)``), the layers most of
+    their maps come from (``layers 0–2``), their spread (``focused (entropy 0.21 of maximum)``) and last their
+    rank by the strength of the shared trait (``the stronger of two alike``).
+
+    Parameters
+    ----------
+    means : pandas.DataFrame
+        One row per cluster, indexed by cluster id: the mean statistics; a row of NaN (or a missing statistic)
+        for an empty cluster.
+    layers : dict of int to (int, int), optional
+        Cluster id -> (lowest, highest) layer of the bulk of its maps.
+
+    Returns
+    -------
+    types, descriptions : list of str
+        In the order of ``means``' rows; an empty cluster's type is ``empty``.
+    """
+    layers = layers or {}
+    ids = [int(c) for c in means.index]
+    empty = {c for c in ids if not np.isfinite(means.loc[c, "entropy_norm"])}
+    base = {c: _base(means.loc[c]) for c in ids if c not in empty}
+    parts = {c: [base[c][1]] for c in base}
+
+    def secondary(c: int) -> str:
+        named = base[c][2]
+        rest = [(float(means.loc[c, s]), label) for s, label in VERTICAL_TARGETS + DIAGONAL_TARGETS
+                if s not in named and float(means.loc[c, s]) >= SECOND_MIN]
+        if not rest:
+            return ""
+        share, label = max(rest)
+        return f"also {label} ({_pct(share)})"
+
+    def layer_span(c: int) -> str:
+        if c not in layers:
+            return ""
+        lo, hi = layers[c]
+        return f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
+
+    def spread(c: int) -> str:
+        ent = float(means.loc[c, "entropy_norm"])
+        word = "focused" if ent < FOCUSED_MAX_ENTROPY else "broad" if ent >= BROAD_MIN_ENTROPY else "spread"
+        return f"{word} (entropy {ent:.2f} of maximum)"
+
+    def alike() -> list[list[int]]:
+        groups: dict[str, list[int]] = {}
+        for c, words in parts.items():
+            groups.setdefault(_key("; ".join(words)), []).append(c)
+        return [g for g in groups.values() if len(g) > 1]
+
+    for qualifier in (secondary, layer_span, spread):
+        for group in alike():
+            extra = {c: qualifier(c) for c in group}
+            if len({_key(e) for e in extra.values()}) > 1:
+                for c in group:
+                    if extra[c]:
+                        parts[c].append(extra[c])
+    for group in alike():
+        order = sorted(group, key=lambda c: (-base[c][3], c))
+        for i, c in enumerate(order, 1):
+            if len(order) == 2:
+                parts[c].append("the stronger of two alike" if i == 1 else "the weaker of two alike")
+            else:
+                parts[c].append("the strongest of " if i == 1 else f"the {_ordinal(i)} strongest of ")
+                parts[c][-1] += f"{len(order)} alike"
+    types = ["empty" if c in empty else base[c][0] for c in ids]
+    descriptions = [f"empty (cluster {c})" if c in empty else "; ".join(parts[c]) for c in ids]
+    return types, descriptions
+
+
+# -- trust: the lengths of a cluster's maps, its stability ---------------------------------------------------------
+LENGTH_BUCKETS = (("len_lt64", "<64", 0, 64), ("len_64_127", "64–127", 64, 128), ("len_128_255", "128–255", 128, 256),
+                  ("len_ge256", "256+", 256, None))
+"""(column, label, lowest length, length it stops before) of the sequence-length buckets of ``clusters.parquet``."""
+LENGTH_WARN_SHARE = 0.8
+"""A cluster with at least this share of its maps in one length bucket, in a run with less than this share in
+every bucket, gets ``length_warning``: a sign that it clusters length, not behaviour."""
+DEFAULT_MIN_STABILITY = 0.6
+"""Stability (bootstrap Jaccard) below which a cluster is not a finding, when the config does not say."""
+
+
+def length_buckets(seq_len) -> pd.DataFrame:
+    """One-hot bucket membership of each sequence length (columns of :data:`LENGTH_BUCKETS`).
+
+    Parameters
+    ----------
+    seq_len : array-like of int, shape (map,)
+
+    Returns
+    -------
+    pandas.DataFrame
+        (map, bucket) of float32 0/1.
+    """
+    n = np.asarray(seq_len, dtype=np.int64)
+    return pd.DataFrame({col: ((n >= lo) & (n < (hi if hi is not None else np.iinfo(np.int64).max)))
+                         .astype(np.float32) for col, _, lo, hi in LENGTH_BUCKETS})
+
+
+def length_view(maps: pd.DataFrame, k: int) -> pd.DataFrame:
+    """Per cluster: the share of its maps in each length bucket, their median length and the length warning.
+
+    Parameters
+    ----------
+    maps : pandas.DataFrame
+        ``cluster`` and ``seq_len`` per map.
+    k : int
+        Number of clusters.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by cluster ``0..k-1``: the :data:`LENGTH_BUCKETS` columns (shares, 0 for an empty cluster),
+        ``seq_len_median`` and ``length_warning`` (at least :data:`LENGTH_WARN_SHARE` of the cluster's maps in one
+        bucket while the whole run has less than that in every bucket).
+    """
+    onehot = length_buckets(maps["seq_len"].to_numpy())
+    cols = [c for c, *_ in LENGTH_BUCKETS]
+    shares = onehot.groupby(maps["cluster"].to_numpy()).mean().reindex(range(k)).fillna(0.0).astype(np.float32)
+    run_mixed = bool(onehot.mean().max() < LENGTH_WARN_SHARE) if len(onehot) else False
+    view = shares[cols].copy()
+    view["seq_len_median"] = (maps.groupby("cluster")["seq_len"].median().reindex(range(k))
+                              .to_numpy(np.float32))
+    view["length_warning"] = (shares[cols].max(axis=1) >= LENGTH_WARN_SHARE) & run_mixed
+    return view
+
+
+def read_stability(layout: RunLayout, k: int, *, min_stability: float = DEFAULT_MIN_STABILITY
+                   ) -> pd.DataFrame | None:
+    """Per-cluster stability from ``cluster_model.json`` (key ``cluster_stability``), when the clustering wrote it.
+
+    Parameters
+    ----------
+    layout : RunLayout
+        The run (its ``cluster_model.json`` is read).
+    k : int
+        Number of clusters.
+    min_stability : float
+        Clusters below it are not findings.
+
+    Returns
+    -------
+    pandas.DataFrame or None
+        Indexed by cluster ``0..k-1``: ``stability`` (float32, NaN where unknown) and ``stable`` (bool; an
+        unknown stability is not stable); ``None`` when the file or its key is missing.
+
+    Raises
+    ------
+    attnclust.errors.DataError
+        ``cluster_stability`` is not a list of ``k`` numbers.
+    """
+    path = layout.cluster_model
+    if not path.exists():
+        return None
+    try:
+        model = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: cannot be read as JSON ({exc}); re-run the cluster stage with --force") from exc
+    values = model.get("cluster_stability") if isinstance(model, dict) else None
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) != k:
+        got = f"{len(values)} values" if isinstance(values, list) else type(values).__name__
+        raise DataError(f"{path}: cluster_stability holds {got} but the run has k = {k} clusters; expected one "
+                        "number per cluster id; the output dir mixes runs, re-run the cluster stage with --force")
+    try:
+        stability = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{path}: cluster_stability must hold numbers (or null), got {values[:5]!r}") from exc
+    return pd.DataFrame({"stability": stability, "stable": np.nan_to_num(stability, nan=-1.0) >= min_stability},
+                        index=pd.RangeIndex(k, name="cluster"))
+
+
+def segment_chance(features: pd.DataFrame) -> pd.Series | None:
+    """Per feature, the mass a uniform row puts inside the query's own segment: ``sum over segments (m_s / n)^2``.
+
+    The baseline of ``own_segment`` (a block pattern has to beat it).
+
+    Parameters
+    ----------
+    features : pandas.DataFrame
+        ``feature_id`` and ``segment_ids`` (one list per feature, at its true length).
+
+    Returns
+    -------
+    pandas.Series or None
+        float64 indexed by ``feature_id``; ``None`` when ``features`` has no ``segment_ids``.
+    """
+    if "segment_ids" not in features.columns:
+        return None
+
+    def chance(seg) -> float:
+        _, counts = np.unique(np.asarray(seg), return_counts=True)
+        return float(((counts / counts.sum()) ** 2).sum()) if counts.size else np.nan
+
+    return pd.Series([chance(s) for s in features["segment_ids"]], index=features["feature_id"].to_numpy(),
+                     dtype=np.float64)
 
 
 def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
@@ -89,11 +440,44 @@ def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
     return heads.reset_index()
 
 
-def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int) -> pd.DataFrame:
-    """One row per cluster: size, share, medoid map, mean statistics, top heads, description."""
+def _layer_spans(maps: pd.DataFrame) -> dict[int, tuple[int, int]]:
+    """Cluster id -> (10th, 90th percentile) of its maps' layers: where the bulk of the cluster lives."""
+    spans = {}
+    for c, layer in maps.groupby("cluster")["layer"]:
+        values = layer.to_numpy(np.int64)
+        spans[int(c)] = (int(np.quantile(values, 0.1, method="lower")), int(np.quantile(values, 0.9, method="higher")))
+    return spans
+
+
+def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd.Series | None = None
+                  ) -> pd.DataFrame:
+    """One row per cluster: size, share, medoid map, mean statistics, top heads, type, description, lengths.
+
+    Parameters
+    ----------
+    maps : pandas.DataFrame
+        One row per (feature, layer, head): ``feature_id``, ``layer``, ``head``, ``cluster``, ``centroid_dist``,
+        the statistics and (for the length view) ``seq_len``.
+    heads : pandas.DataFrame
+        :func:`head_table` (its ``share_{c}`` columns give the top heads).
+    k : int
+        Number of clusters.
+    chance : pandas.Series, optional
+        :func:`segment_chance` by ``feature_id``: the baseline that tells a block from broad attention.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``cluster``, ``size``, ``share``, ``medoid_feature_id``, ``medoid_layer``, ``medoid_head``, ``mean_layer``,
+        the mean of every statistic, ``top_heads``, ``description`` (distinct across clusters,
+        :func:`name_clusters`), ``pattern_type`` (:func:`pattern_type`), ``vertical_mass``, ``diagonal_mass``,
+        ``segment_chance``, ``segment_lift`` and, when ``maps`` has ``seq_len``, the :func:`length_view` columns.
+    """
     grouped = maps.groupby("cluster")
     size = grouped.size().reindex(range(k), fill_value=0)
     means = grouped[list(stat_columns()) + ["layer"]].mean().reindex(range(k))
+    if chance is not None:
+        means["segment_chance"] = maps["feature_id"].map(chance).groupby(maps["cluster"]).mean().reindex(range(k))
     medoid_rows = maps.loc[grouped["centroid_dist"].idxmin()].set_index("cluster")
     table = pd.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": size.to_numpy(np.int64),
                           "share": (size / max(len(maps), 1)).to_numpy(np.float32)})
@@ -110,14 +494,38 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int) -> pd.DataFra
         tops.append(", ".join(f"L{r.layer}H{r.head} {_pct(getattr(r, col))}" for r in best.itertuples()
                               if getattr(r, col) > 0))
     table["top_heads"] = tops
-    table["description"] = [describe_cluster(means.loc[c]) if size[c] else "empty" for c in range(k)]
+    types, descriptions = name_clusters(means, _layer_spans(maps))
+    table["description"] = descriptions
+    table["pattern_type"] = types
+    table["vertical_mass"] = means[[c for c, _ in VERTICAL_TARGETS]].sum(axis=1, min_count=1).to_numpy(np.float32)
+    table["diagonal_mass"] = means[[c for c, _ in DIAGONAL_TARGETS]].sum(axis=1, min_count=1).to_numpy(np.float32)
+    table["segment_chance"] = (means["segment_chance"].to_numpy(np.float32) if "segment_chance" in means
+                               else np.full(k, np.nan, np.float32))
+    table["segment_lift"] = np.array([segment_lift(means.loc[c]) if size[c] else np.nan for c in range(k)],
+                                     dtype=np.float32)
+    if "seq_len" in maps.columns:
+        view = length_view(maps, k)
+        for col in view.columns:
+            table[col] = view[col].to_numpy()
     return table
 
 
-def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int
-                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int,
+                min_stability: float = DEFAULT_MIN_STABILITY) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Join labels, statistics and features by explicit keys, run the registered head analyses; write the
     maps/heads/clusters parquet tables.
+
+    Parameters
+    ----------
+    layout : RunLayout
+        The run; its ``cluster_model.json`` gives the clusters' stability when the clustering measured it.
+    labels, stats, features : pandas.DataFrame
+        ``cluster_labels.parquet``, ``map_stats.parquet``, ``features.parquet``.
+    k : int
+        Number of clusters.
+    min_stability : float, optional
+        Clusters whose stability is below it get ``stable = False`` (only when ``cluster_model.json`` has
+        ``cluster_stability``; otherwise the clusters table has no ``stability`` / ``stable`` columns).
 
     Returns
     -------
@@ -133,7 +541,10 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
             "centroid_dist", *stat_columns()]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
-    clusters = cluster_table(maps, heads, k)
+    clusters = cluster_table(maps, heads, k, chance=segment_chance(features))
+    stability = read_stability(layout, k, min_stability=min_stability)
+    if stability is not None:
+        clusters = clusters.join(stability, on="cluster")
     heads = run_head_analyses(HeadContext(maps=maps, features=features, layout=layout, k=k), heads)
     atomic_write_parquet(maps, layout.table("maps"))
     atomic_write_parquet(heads, layout.table("heads"))

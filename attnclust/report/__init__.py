@@ -6,7 +6,8 @@ drawn with matplotlib's Agg renderer (:mod:`.figures`) and embedded as a ``data:
 sheet is inline and there is no script, external font or link. Templates render with autoescaping on, so all
 text from the inputs (titles, descriptions, tokens, settings) is escaped.
 
-Sections, in order: summary, notes, the layer x head grid, one card per cluster (largest first), the UMAP
+Sections, in order: summary, notes, the layer x head grid, one card per cluster (largest first, each with its
+type, description and the lengths of its maps; clusters below ``cluster.min_stability`` last, flagged), the UMAP
 scatter, the per-cluster statistics table, the head analyses, silhouette against k, the model's question
 answering (official SQuAD 2.0 scores, null odds by kind of question, example answers) and the settings. The
 statistics shown are every registered statistic (:data:`attnclust.analysis.stats.STATISTICS`) present in the

@@ -33,7 +33,7 @@ __all__ = [
     "medoid_figure",
     "null_odds_figure",
     "png_data_uri",
-    "silhouette_figure",
+    "k_score_figure",
     "umap_figure",
     "umap_points",
 ]
@@ -277,15 +277,17 @@ def umap_figure(maps: pd.DataFrame, idx: np.ndarray, palette: np.ndarray) -> Fig
     return fig
 
 
-def silhouette_figure(k_scores: dict[int, float], k: int) -> Figure:
-    """Silhouette against k, the chosen k starred.
+def k_score_figure(k_scores: dict[int, float], k: int, name: str = "silhouette") -> Figure:
+    """The score that chose k against k, the chosen k starred.
 
     Parameters
     ----------
     k_scores : dict of int to float
-        Silhouette per candidate k.
+        Score per candidate k.
     k : int
         The chosen number of clusters.
+    name : str
+        What the score is (the y-axis label).
 
     Returns
     -------
@@ -300,7 +302,7 @@ def silhouette_figure(k_scores: dict[int, float], k: int) -> Figure:
         ax.plot([k], [k_scores[k]], "*", color="#d62728", ms=13, label=f"chosen k = {k}")
         ax.legend(fontsize=8, frameon=False)
     ax.set_xlabel("k")
-    ax.set_ylabel("silhouette")
+    ax.set_ylabel(name)
     ax.grid(alpha=0.3)
     return fig
 

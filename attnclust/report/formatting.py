@@ -20,7 +20,12 @@ __all__ = ["BASE_UNITS", "PERCENT_UNIT", "column_units", "fmt", "fmt_id", "hex_c
 
 PERCENT_UNIT = "share"
 """Values in this unit are fractions 0..1 and are written as percentages."""
-BASE_UNITS: dict[str, str] = {"size": "maps", "share": PERCENT_UNIT, "purity": PERCENT_UNIT, "mean_layer": "layer"}
+BASE_UNITS: dict[str, str] = {
+    "size": "maps", "share": PERCENT_UNIT, "purity": PERCENT_UNIT, "mean_layer": "layer",
+    "vertical_mass": PERCENT_UNIT, "diagonal_mass": PERCENT_UNIT, "segment_chance": PERCENT_UNIT,
+    "segment_lift": "ratio", "stability": "Jaccard", "seq_len_median": "tokens",
+    "len_lt64": PERCENT_UNIT, "len_64_127": PERCENT_UNIT, "len_128_255": PERCENT_UNIT, "len_ge256": PERCENT_UNIT,
+}
 """Units of the columns that the atlas writes itself (not from a registry)."""
 
 

@@ -39,8 +39,10 @@ class ReportInputs:
         means and the columns of the registered head analyses (:data:`attnclust.analysis.heads.HEAD_ANALYSES`).
     clusters : pandas.DataFrame
         One row per cluster: ``cluster`` (the ids ``0 .. n_clusters-1``), ``size``, ``share``, ``description``,
-        ``top_heads``; optionally ``medoid_feature_id``, ``medoid_layer``, ``medoid_head``, ``mean_layer`` and the
-        registered statistics (means over the cluster).
+        ``top_heads``; optionally ``medoid_feature_id``, ``medoid_layer``, ``medoid_head``, ``mean_layer``, the
+        registered statistics (means over the cluster), ``pattern_type`` (shown on the cards), the length view
+        (``len_lt64`` ... ``len_ge256``, ``seq_len_median``, ``length_warning``) and ``stability`` / ``stable``
+        (clusters with ``stable`` false are flagged "unstable: not a finding" and listed last).
     mean_maps : numpy.ndarray, shape (cluster, query, key) = (n_clusters, G, G)
         Each cluster's average row-normalised map, indexed by cluster id.
     medoids : dict of int to (numpy.ndarray, list of str)
@@ -50,7 +52,9 @@ class ReportInputs:
     notes : tuple of str, optional
         Warnings shown prominently at the top.
     k_scores : dict of int to float, optional
-        Silhouette per k when k was chosen automatically.
+        The score of each candidate k when k was chosen automatically.
+    k_score_name : str, optional
+        What ``k_scores`` measure (``split-half stability (median ARI)``, or ``silhouette`` in older runs).
     max_tokens_shown : int, optional
         Medoid maps are cropped to their first this many tokens.
     qa : dict, optional
@@ -76,6 +80,7 @@ class ReportInputs:
     settings: dict
     notes: tuple[str, ...] = ()
     k_scores: dict[int, float] | None = None
+    k_score_name: str = "silhouette"
     max_tokens_shown: int = 64
     qa: dict | None = None
     predictions: pd.DataFrame | None = None

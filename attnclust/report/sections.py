@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.atlas import DEFAULT_MIN_STABILITY, LENGTH_BUCKETS
 from ..analysis.heads import HEAD_ANALYSES
 from ..analysis.stats import STATISTICS
 from .figures import (
@@ -27,7 +28,7 @@ from .figures import (
     medoid_figure,
     null_odds_figure,
     png_data_uri,
-    silhouette_figure,
+    k_score_figure,
     umap_figure,
     umap_points,
 )
@@ -35,8 +36,9 @@ from .formatting import PERCENT_UNIT, column_units, fmt, fmt_id, hex_color, shor
 from .inputs import ReportInputs
 from .registry import report_section
 
-__all__ = ["GRID_TEXT_MAX", "QA_EXAMPLES_SHOWN", "UMAP_OFF_SENTENCE", "cluster_cards", "cluster_stats",
-           "clusters_by_size", "grid", "head_analysis_heatmaps", "k_choice", "notes", "qa", "settings", "stats_table",
+__all__ = ["GRID_TEXT_MAX", "QA_EXAMPLES_SHOWN", "UMAP_OFF_SENTENCE", "UNSTABLE_LABEL", "cluster_cards", "cluster_stats",
+           "clusters_by_size", "clusters_in_report_order", "grid", "head_analysis_heatmaps", "is_unstable", "k_choice",
+           "length_rows", "length_warning_text", "notes", "qa", "run_length_shares", "settings", "stats_table",
            "summary", "umap"]
 
 GRID_TEXT_MAX = 16
@@ -44,6 +46,10 @@ GRID_TEXT_MAX = 16
 UMAP_OFF_SENTENCE = "UMAP was switched off for this run, so there is no scatter plot."
 QA_EXAMPLES_SHOWN = 12
 """Example answers listed in the question-answering section."""
+LENGTH_BAR_PX = 60
+"""Width of a length bucket's bar at 100% of a cluster's maps."""
+UNSTABLE_LABEL = "unstable: not a finding"
+"""How the report flags a cluster whose stability is below ``cluster.min_stability``."""
 _QA_FIELDS = (("All questions", ""), ("Answerable", "HasAns_"), ("Unanswerable", "NoAns_"))
 
 
@@ -77,13 +83,130 @@ def cluster_stats(clusters: pd.DataFrame) -> list[dict[str, str]]:
             for s in STATISTICS.values() if s.name in clusters.columns]
 
 
+def is_unstable(row: dict) -> bool:
+    """Whether a clusters-table row is flagged unstable: it has ``stable`` and that is false.
+
+    Parameters
+    ----------
+    row : dict
+        One row of the clusters table (``DataFrame.to_dict("records")``).
+
+    Returns
+    -------
+    bool
+        ``False`` when the run has no stability (the column is missing or NaN).
+    """
+    value = row.get("stable")
+    return value is not None and not pd.isna(value) and not bool(value)
+
+
+def clusters_in_report_order(inputs: ReportInputs) -> pd.DataFrame:
+    """The clusters table as the report lists it: the findings largest first, then the unstable clusters.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    pandas.DataFrame
+        :func:`clusters_by_size` with the rows :func:`is_unstable` flags moved to the end (same order within).
+    """
+    clusters = clusters_by_size(inputs)
+    unstable = np.array([is_unstable(r) for r in clusters.to_dict("records")], dtype=bool)
+    return pd.concat([clusters[~unstable], clusters[unstable]], ignore_index=True)
+
+
+def _min_stability(inputs: ReportInputs) -> float:
+    cluster_cfg = (inputs.settings.get("config") or {}).get("cluster") or {}
+    value = cluster_cfg.get("min_stability") if isinstance(cluster_cfg, dict) else None
+    return float(value) if isinstance(value, (int, float)) else DEFAULT_MIN_STABILITY
+
+
+def run_length_shares(clusters: pd.DataFrame) -> dict[str, float] | None:
+    """Share of all the run's maps in each length bucket, from the clusters' shares and sizes.
+
+    Parameters
+    ----------
+    clusters : pandas.DataFrame
+        With ``size`` and the length-bucket columns (:data:`attnclust.analysis.atlas.LENGTH_BUCKETS`).
+
+    Returns
+    -------
+    dict or None
+        Bucket column -> share; ``None`` when the table has no length view or no maps.
+    """
+    cols = [c for c, *_ in LENGTH_BUCKETS]
+    if not set(cols) <= set(clusters.columns):
+        return None
+    size = clusters["size"].to_numpy(np.float64)
+    if size.sum() <= 0:
+        return None
+    return {c: float((clusters[c].to_numpy(np.float64) * size).sum() / size.sum()) for c in cols}
+
+
+def length_rows(row: dict, run: dict[str, float] | None) -> list[dict[str, str]] | None:
+    """The length view of one cluster: per bucket, its share of the cluster's maps and of the run's.
+
+    Parameters
+    ----------
+    row : dict
+        One row of the clusters table.
+    run : dict or None
+        :func:`run_length_shares`.
+
+    Returns
+    -------
+    list of dict or None
+        ``label``, ``share``, ``run`` (percent text) and ``width`` (the bar's CSS width, :data:`LENGTH_BAR_PX`
+        at 100%); ``None`` without a length view.
+    """
+    if run is None or any(c not in row for c, *_ in LENGTH_BUCKETS):
+        return None
+    return [{"label": label, "share": fmt(row[c], PERCENT_UNIT), "run": fmt(run[c], PERCENT_UNIT),
+             "width": f"{LENGTH_BAR_PX * min(max(float(row[c]), 0.0), 1.0):.0f}px"} for c, label, *_ in LENGTH_BUCKETS]
+
+
+def length_warning_text(row: dict, run: dict[str, float] | None) -> str | None:
+    """The warning for a cluster whose maps are mostly one length while the run's are not, else ``None``.
+
+    Parameters
+    ----------
+    row : dict
+        One row of the clusters table (``length_warning`` and the bucket shares).
+    run : dict or None
+        :func:`run_length_shares`.
+
+    Returns
+    -------
+    str or None
+    """
+    if run is None or not bool(row.get("length_warning", False)):
+        return None
+    col, label = max(((c, lab) for c, lab, *_ in LENGTH_BUCKETS), key=lambda t: row[t[0]])
+    return (f"{fmt(row[col], PERCENT_UNIT)} of its maps are {label} tokens long, against "
+            f"{fmt(run[col], PERCENT_UNIT)} of the run's: a sign it clusters length, not behaviour.")
+
+
+def _stability_text(row: dict) -> str:
+    stability = row.get("stability")
+    return "unknown" if stability is None or pd.isna(stability) else f"{float(stability):.2f}"
+
+
+def _unstable_note(row: dict, threshold: float) -> str:
+    return (f"{UNSTABLE_LABEL}. Stability (bootstrap Jaccard) {_stability_text(row)}, below cluster.min_stability = "
+            f"{threshold:g}: resampling the maps does not reproduce it, so its description is shown for reference "
+            "only.")
+
+
 def _color(c: int, palette: np.ndarray) -> str:
     return hex_color(palette[c] if 0 <= c < len(palette) else None)
 
 
 @report_section("summary", title="Summary", order=100, template="summary.html.j2", nav=False, heading=False)
 def summary(inputs: ReportInputs) -> dict[str, Any]:
-    """What was clustered, into how many clusters, the largest cluster and whether UMAP ran.
+    """What was clustered, into how many clusters, the largest cluster that is a finding, whether UMAP ran, the
+    clusters' types, how many are unstable and which are mostly one length.
 
     Parameters
     ----------
@@ -92,19 +215,32 @@ def summary(inputs: ReportInputs) -> dict[str, Any]:
     Returns
     -------
     dict
-        The context of ``summary.html.j2``.
+        The context of ``summary.html.j2``: ``top`` is the largest cluster not flagged unstable; ``types`` (text
+        or ``None``), ``stability`` (``None`` when the run has none) and ``length_flags`` (cluster ids).
     """
     maps, heads, k_scores = inputs.maps, inputs.heads, inputs.k_scores
     best = max(k_scores, key=k_scores.get) if k_scores else None
-    top = clusters_by_size(inputs).iloc[0] if len(inputs.clusters) else None
+    rows = clusters_in_report_order(inputs).to_dict("records")
+    findings = [r for r in rows if not is_unstable(r)]
+    top = findings[0] if findings else None
+    types = None
+    if "pattern_type" in inputs.clusters.columns:
+        counts = inputs.clusters["pattern_type"].astype(str).value_counts()
+        types = ", ".join(f"{n} {t}" for t, n in counts.items())
+    stability = None
+    if "stable" in inputs.clusters.columns:
+        stability = {"unstable": len(rows) - len(findings), "threshold": f"{_min_stability(inputs):g}"}
+    run = run_length_shares(inputs.clusters)
+    length_flags = [int(r["cluster"]) for r in rows if length_warning_text(r, run)]
     return {
         "n_maps": len(maps), "n_features": maps["feature_id"].nunique(), "n_examples": maps["example_id"].nunique(),
         "n_layers": heads["layer"].nunique(), "n_heads": heads["head"].nunique(), "k": len(inputs.clusters),
         "auto_k": None if best is None else {"candidates": len(k_scores), "best": best,
-                                             "score": f"{k_scores[best]:.3f}"},
+                                             "score": f"{k_scores[best]:.3f}", "name": inputs.k_score_name},
         "top": None if top is None else {"cluster": int(top["cluster"]), "share": fmt(top["share"], PERCENT_UNIT),
                                          "description": str(top["description"])},
         "umap_on": bool(np.isfinite(maps["umap_x"].to_numpy(dtype=np.float64)).any()),
+        "types": types, "stability": stability, "length_flags": length_flags,
     }
 
 
@@ -139,7 +275,12 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
     """
     palette = cluster_palette(len(inputs.clusters))
     g = head_grid(inputs.heads)
-    descr = dict(zip(inputs.clusters["cluster"].astype(int), inputs.clusters["description"].astype(str)))
+    descr = {}
+    for r in inputs.clusters.to_dict("records"):
+        text = str(r["description"])
+        if "pattern_type" in r:
+            text = f"{r['pattern_type']}: {text}"
+        descr[int(r["cluster"])] = f"{text} ({UNSTABLE_LABEL})" if is_unstable(r) else text
     text = len(g.layers) <= GRID_TEXT_MAX and len(g.heads) <= GRID_TEXT_MAX
     rows = []
     for i, layer in enumerate(g.layers):
@@ -159,13 +300,14 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
                           "style": f"background:rgba({r},{gg},{b},{alpha:.2f});"
                                    f"color:{'#fff' if lum < 0.45 else '#000'}"})
         rows.append({"layer": layer, "cells": cells})
-    legend = [{"cluster": c, "color": _color(c, palette), "description": short(descr[c], 70)} for c in sorted(descr)]
+    legend = [{"cluster": c, "color": _color(c, palette), "description": short(descr[c], 110)} for c in sorted(descr)]
     return {"heads": list(g.heads), "rows": rows, "legend": legend, "text": text}
 
 
 @report_section("clusters", title="Clusters", order=400, template="clusters.html.j2")
 def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
-    """One card per cluster, largest first: description, top heads, mean statistics, mean map and medoid.
+    """One card per cluster, largest first, unstable clusters last: type, description, top heads, mean
+    statistics, the lengths of its maps, mean map and medoid.
 
     Parameters
     ----------
@@ -174,12 +316,15 @@ def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
     Returns
     -------
     dict
-        The context of ``clusters.html.j2``: ``cards``.
+        The context of ``clusters.html.j2``: ``cards`` (the findings) and ``unstable_cards`` (clusters whose
+        stability is below ``cluster.min_stability``; empty when the run has no stability), ``run_lengths``.
     """
     palette = cluster_palette(len(inputs.clusters))
-    clusters = clusters_by_size(inputs)
+    clusters = clusters_in_report_order(inputs)
     stats = cluster_stats(clusters)
     mean_maps = np.asarray(inputs.mean_maps, dtype=np.float64)
+    run = run_length_shares(clusters)
+    threshold = _min_stability(inputs)
     cards = []
     for row in clusters.to_dict("records"):
         c = int(row["cluster"])
@@ -202,8 +347,14 @@ def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
             "mean_layer": fmt(row["mean_layer"]) if "mean_layer" in row else None,
             "stats": [{**s, "value": fmt(row[s["name"]], s["unit"])} for s in stats],
             "mean_map": png_data_uri(mean_map_figure(mean_maps[c], c)), "medoid": medoid,
+            "pattern_type": str(row["pattern_type"]) if "pattern_type" in row else None,
+            "stability": _stability_text(row) if "stability" in row else None,
+            "unstable": _unstable_note(row, threshold) if is_unstable(row) else None,
+            "lengths": length_rows(row, run), "length_warning": length_warning_text(row, run),
+            "seq_len_median": fmt(row["seq_len_median"]) if "seq_len_median" in row else None,
         })
-    return {"cards": cards}
+    return {"cards": [c for c in cards if c["unstable"] is None],
+            "unstable_cards": [c for c in cards if c["unstable"] is not None], "unstable_label": UNSTABLE_LABEL}
 
 
 @report_section("umap", title="UMAP projection", order=500, template="umap.html.j2", nav="UMAP")
@@ -245,17 +396,20 @@ def stats_table(inputs: ReportInputs) -> dict[str, Any]:
     -------
     dict
         The context of ``stats.html.j2``: ``columns``, ``rows`` (``cluster``, ``color``, ``cells``,
-        ``description``) and ``legend`` (the statistics' names, units and descriptions).
+        ``description``, ``unstable``; unstable clusters last) and ``legend`` (the statistics' names, units and
+        descriptions).
     """
     palette = cluster_palette(len(inputs.clusters))
-    clusters = clusters_by_size(inputs)
+    clusters = clusters_in_report_order(inputs)
     stats = cluster_stats(clusters)
     units = column_units()
-    cols = ["size", "share"] + (["mean_layer"] if "mean_layer" in clusters.columns else []) + [s["name"] for s in stats]
+    extra = [c for c in ("pattern_type", "stability", "mean_layer", "seq_len_median") if c in clusters.columns]
+    cols = ["size", "share"] + extra + [s["name"] for s in stats]
     rows = [{"cluster": int(r["cluster"]), "color": _color(int(r["cluster"]), palette),
-             "cells": [fmt(r[c], units.get(c)) for c in cols], "description": str(r["description"])}
+             "cells": [fmt(r[c], units.get(c)) for c in cols], "description": str(r["description"]),
+             "unstable": is_unstable(r)}
             for r in clusters.to_dict("records")]
-    return {"columns": cols, "rows": rows, "legend": stats}
+    return {"columns": cols, "rows": rows, "legend": stats, "unstable_label": UNSTABLE_LABEL}
 
 
 @report_section("head_analyses", title="Head analyses", order=650, template="head_analyses.html.j2")
@@ -295,7 +449,8 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
 
 @report_section("k", title="Choice of k", order=700, template="k.html.j2")
 def k_choice(inputs: ReportInputs) -> dict[str, Any] | None:
-    """Silhouette against k when k was chosen automatically; left out otherwise.
+    """The score that chose k (split-half stability) against k when k was chosen automatically; left out
+    otherwise.
 
     Parameters
     ----------
@@ -308,7 +463,8 @@ def k_choice(inputs: ReportInputs) -> dict[str, Any] | None:
     """
     if not inputs.k_scores:
         return None
-    return {"src": png_data_uri(silhouette_figure(inputs.k_scores, len(inputs.clusters)))}
+    return {"src": png_data_uri(k_score_figure(inputs.k_scores, len(inputs.clusters), inputs.k_score_name)),
+            "name": inputs.k_score_name}
 
 
 @report_section("qa", title="Question answering", order=800, template="qa.html.j2")

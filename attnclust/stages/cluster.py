@@ -1,12 +1,15 @@
-"""Cluster: KMeans (k given or chosen) and a 2-D UMAP over every map vector, then labels for every map.
+"""Cluster: KMeans (k given or chosen by split-half stability) and a 2-D UMAP over every map vector, then labels
+for every map, and how stable each cluster is.
 
 The fit runs as one task on a sample (:func:`attnclust.cluster.fit_from_store`); on several GPU workers the final
-KMeans is refitted on every map across them. The fitted models are shared with every worker once and each
-embedding block is labelled by its own task (:func:`attnclust.cluster.assign_block`), as dask-ml's
-``ParallelPostFit`` does.
+KMeans is refitted on every map across them (each refitted cluster keeps the bootstrap stability of the sample
+cluster its centre is matched to). The fitted models are shared with every worker once and each embedding block
+is labelled by its own task (:func:`attnclust.cluster.assign_block`), as dask-ml's ``ParallelPostFit`` does.
+``cluster_model.json`` (:func:`model_record`) holds the chosen k, every candidate's stability and each cluster's.
 
 The fit's steps are shown on the driver as progress bars (:class:`StepBars`: ``cluster: choosing k 3/11
-candidates``); when the fit runs on a Dask worker, its steps come back to the driver as Dask events.
+candidates``, ``cluster: per-cluster stability 5/20 resamples``); when the fit runs on a Dask worker, its steps
+come back to the driver as Dask events.
 """
 
 from __future__ import annotations
@@ -18,16 +21,18 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Self
 
+import numpy as np
 import pandas as pd
 
 from .. import backend as bk
-from ..cluster import assign_block
+from ..cluster import FittedClusters, assign_block
+from ..config import ClusterConfig
 from ..errors import ConfigError
 from ..layout import RunLayout
 from ..store import atomic_write_json, atomic_write_parquet, open_attention_store
 from .base import RunContext, Stage
 
-__all__ = ["ClusterStage", "StepBars"]
+__all__ = ["ClusterStage", "StepBars", "model_record"]
 
 
 class StepBars:
@@ -151,9 +156,11 @@ class ClusterStage(Stage):
     name = "cluster"
     inputs = ("featurize",)
     task = staticmethod(assign_block)
-    reads = ("cluster.k", "cluster.k_min", "cluster.k_max", "cluster.silhouette_sample", "cluster.pca_components",
-             "cluster.fit_sample", "cluster.umap", "cluster.umap_sample", "cluster.umap_neighbors",
-             "cluster.umap_min_dist", "cluster.random_state")
+    reads = ("cluster.k", "cluster.k_min", "cluster.k_max", "cluster.n_init", "cluster.stability_splits",
+             "cluster.stability_sample", "cluster.stability_tolerance", "cluster.stability_resamples",
+             "cluster.min_stability", "cluster.stability_seed", "cluster.silhouette_sample",
+             "cluster.pca_components", "cluster.fit_sample", "cluster.umap", "cluster.umap_sample",
+             "cluster.umap_neighbors", "cluster.umap_min_dist", "cluster.random_state")
 
     def identity(self, ctx: RunContext) -> dict:
         """The backend (cuML and scikit-learn give other labels)."""
@@ -198,7 +205,7 @@ class ClusterStage(Stage):
             if (ctx.backend == "gpu" and client is not None and ctx.executor.n_workers > 1
                     and n_maps > cfg.fit_sample):
                 with bars.step(f"fitting KMeans k={fitted.k_} on all {n_maps} maps across GPU workers"):
-                    fitted.kmeans_ = _distributed_kmeans(client, ctx.layout, fitted, cfg.random_state)
+                    fitted.replace_kmeans(_distributed_kmeans(client, ctx.layout, fitted, cfg.random_state))
             with bars.step("sending the model to the workers") if client is not None else nullcontext():
                 shared = ctx.executor.share(fitted)
         self.fitted_ = fitted
@@ -207,14 +214,68 @@ class ClusterStage(Stage):
         return [(r0, min(r0 + step, n_maps), shared) for r0 in range(0, n_maps, step)], set()
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
-        """Write ``cluster_labels.parquet`` and ``cluster_model.json``; record k and the per-k scores."""
+        """Write ``cluster_labels.parquet`` and ``cluster_model.json`` (:func:`model_record`); record k, the
+        per-k scores and the unstable clusters."""
         fitted = self.fitted_
         labels = pd.concat(results, ignore_index=True)
         atomic_write_parquet(labels, ctx.layout.cluster_labels)
-        model = {"k": fitted.k_, "k_scores": {str(k): v for k, v in fitted.k_scores_.items()},
-                 "centers": bk.to_numpy(fitted.kmeans_.cluster_centers_).tolist(),
-                 "pca_components": None if fitted.pca_ is None else int(fitted.pca_.n_components),
-                 "umap_fitted_on": None if fitted.umap_rows_ is None else len(fitted.umap_rows_)}
+        model = model_record(fitted, ctx.cfg.cluster)
         atomic_write_json(ctx.layout.cluster_model, model)
-        return {"maps": len(labels), "k": fitted.k_, "k_scores": model["k_scores"], "fit_parts": fitted.timings_,
+        return {"maps": len(labels), "k": fitted.k_, "k_selection": model["k_selection"],
+                "k_scores": model["k_scores"],
+                "k_stability": {k: v["median"] for k, v in model["k_stability"].items()},
+                "unstable_clusters": model["unstable_clusters"], "fit_parts": fitted.timings_,
                 "backend": ctx.backend}
+
+
+def _number(value: float) -> float | None:
+    """A float for JSON, rounded to 6 decimals; None for NaN."""
+    return None if not np.isfinite(value) else round(float(value), 6)
+
+
+def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
+    """The contents of ``cluster_model.json``.
+
+    Parameters
+    ----------
+    fitted
+        The fit (:func:`attnclust.cluster.fit_clusters`).
+    cfg
+        The cluster settings it was fitted with.
+
+    Returns
+    -------
+    dict
+        ``k``; ``k_selection`` (``stability`` or ``given``); ``k_stability`` (candidate k as text -> ``median``,
+        ``mean``, ``std``, ``min``, ``max`` and ``splits``, the ARI of every split; empty when k was given);
+        ``k_scores`` (candidate k -> silhouette, for reference); ``stability`` (how it was measured: ``maps``,
+        ``examples``, ``splits``, ``tolerance``, ``seed``, ``resamples``, ``n_init``); ``cluster_stability`` and
+        ``cluster_dissolved`` (lists indexed by cluster id: the mean best bootstrap Jaccard, and the share of
+        resamples in which the cluster dissolved; ``null`` for a cluster not measured; the lists are ``null`` when
+        ``stability_resamples`` is null); ``min_stability`` and ``unstable_clusters`` (ids below it); ``centers``,
+        ``pca_components``, ``umap_fitted_on``.
+    """
+    per_cluster = fitted.cluster_stability_
+    dissolved = fitted.cluster_dissolved_
+    unstable = [] if per_cluster is None else [
+        int(c) for c in np.flatnonzero(~(np.nan_to_num(per_cluster, nan=-1.0) >= cfg.min_stability))]
+    return {
+        "k": fitted.k_,
+        "k_selection": "stability" if fitted.k_stability_ else "given",
+        "k_stability": {str(k): {"median": _number(np.median(v)), "mean": _number(v.mean()), "std": _number(v.std()),
+                                 "min": _number(v.min()), "max": _number(v.max()),
+                                 "splits": [_number(a) for a in v]}
+                        for k, v in fitted.k_stability_.items()},
+        "k_scores": {str(k): v for k, v in fitted.k_scores_.items()},
+        "stability": {"maps": fitted.stability_maps_, "examples": fitted.stability_examples_,
+                      "splits": cfg.stability_splits, "tolerance": cfg.stability_tolerance,
+                      "seed": cfg.stability_seed, "resamples": cfg.stability_resamples, "n_init": cfg.n_init,
+                      "statistic": "median split-half ARI; per cluster: mean best bootstrap Jaccard"},
+        "cluster_stability": None if per_cluster is None else [_number(v) for v in per_cluster],
+        "cluster_dissolved": None if dissolved is None else [_number(v) for v in dissolved],
+        "min_stability": cfg.min_stability,
+        "unstable_clusters": unstable,
+        "centers": bk.to_numpy(fitted.kmeans_.cluster_centers_).tolist(),
+        "pca_components": None if fitted.pca_ is None else int(fitted.pca_.n_components),
+        "umap_fitted_on": None if fitted.umap_rows_ is None else len(fitted.umap_rows_),
+    }

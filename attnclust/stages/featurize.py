@@ -2,7 +2,8 @@
 
 ``embedding.zarr`` (zarr v3 group): ``embedding`` float32 (map, dim); ``feature_id`` int64, ``layer`` int16,
 ``head`` int16 (map,) naming each row. One block per attention-store shard writes its own row block (one chunk),
-so no two tasks share a chunk. The featurizer is looked up in the registry (:mod:`attnclust.featurize`).
+so no two tasks share a chunk. The featurizer is looked up in the registry (:mod:`attnclust.featurize`); one
+that declares ``uses_context`` also gets the token masks of its maps, read from ``features.parquet``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import numpy as np
 
 from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
-from ..featurize import get_featurizer
+from ..featurize import TokenContext, embed_with_context, get_featurizer
 from ..layout import RunLayout
 from ..store import open_attention_store, read_features
 from .base import RunContext, Stage
 
-__all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding"]
+__all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding",
+           "read_block_tokens"]
 
 EMBED_SCHEMA = "attnclust.embedding"
 
@@ -72,9 +74,41 @@ def open_embedding(root: Path, *, require_complete: bool = True):
     return group
 
 
+def read_block_tokens(layout: RunLayout, start: int, stop: int, seq_len: np.ndarray) -> tuple[list, list]:
+    """``tokens`` and ``segment_ids`` of features ``start:stop`` from ``features.parquet``, checked against
+    ``seq_len`` (feature,) of the same features.
+
+    Raises
+    ------
+    attnclust.errors.StoreError
+        A feature is missing or its token lists do not have the store's true length.
+    """
+    import pandas as pd
+
+    fix = "re-run 'attnclust extract --force' for this output dir to rewrite both"
+    try:
+        df = pd.read_parquet(layout.features, columns=["feature_id", "tokens", "segment_ids"],
+                             filters=[("feature_id", ">=", int(start)), ("feature_id", "<", int(stop))])
+    except Exception as exc:  # noqa: BLE001 -- pyarrow raises many types for unreadable files
+        raise StoreError(f"{layout.features}: unreadable ({type(exc).__name__}); {fix}") from None
+    df = df.sort_values("feature_id")
+    if not np.array_equal(df["feature_id"].to_numpy(np.int64), np.arange(start, stop)):
+        raise StoreError(f"{layout.features}: features {start}..{stop - 1} are not each there once; {fix}")
+    tokens, segments = list(df["tokens"]), list(df["segment_ids"])
+    for i, (toks, seg) in enumerate(zip(tokens, segments)):
+        if len(toks) != seq_len[i] or len(seg) != seq_len[i]:
+            raise StoreError(f"{layout.features}: feature {start + i} has {len(toks)} tokens and {len(seg)} "
+                             f"segment ids, the store's seq_len is {int(seq_len[i])}; {fix}")
+    return tokens, segments
+
+
 def featurize_block(root: str, block: int, start: int, stop: int, cfg: FeaturizeConfig,
                     device: str = "cpu") -> dict:
-    """Featurize the maps of features ``start:stop`` (one store shard) into rows of ``embedding``."""
+    """Featurize the maps of features ``start:stop`` (one store shard) into rows of ``embedding``.
+
+    A featurizer that declares ``uses_context`` also gets the token masks of each map's feature
+    (:class:`~attnclust.featurize.TokenContext`, from ``features.parquet``).
+    """
     import zarr
 
     layout = RunLayout(root)
@@ -83,11 +117,15 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
     L, H = store.n_layers, store.n_heads
     maps = store.read_block(start, stop)  # (feature, layer, head, q, k) cropped to the block's longest
     lens = store.seq_len[start:stop]
+    tokens = read_block_tokens(layout, start, stop, lens) if getattr(featurizer, "uses_context", False) else None
     vectors = np.empty((stop - start, L * H, featurizer.dim(cfg)), dtype=np.float32)
     for n in np.unique(lens):  # features of one true length featurize together
         idx = np.flatnonzero(lens == n)
         group_maps = maps[idx, :, :, :n, :n].reshape(len(idx) * L * H, n, n)
-        vectors[idx] = featurizer.embed(group_maps, cfg, device).reshape(len(idx), L * H, -1)
+        context = None if tokens is None else TokenContext.from_tokens(
+            [tokens[0][i] for i in idx], [tokens[1][i] for i in idx], maps_per_row=L * H)
+        group_vectors = embed_with_context(featurizer, group_maps, cfg, device, context)
+        vectors[idx] = group_vectors.reshape(len(idx), L * H, -1)
     group = zarr.open_group(str(layout.embedding), mode="r+")
     r0, r1 = start * L * H, stop * L * H
     group["embedding"][r0:r1] = vectors.reshape(-1, vectors.shape[-1])

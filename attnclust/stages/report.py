@@ -1,5 +1,6 @@
 """Report: the atlas (cluster labels joined to (example, layer, head) by explicit columns, per-head analyses,
-per-cluster tables) and the self-contained HTML report.
+per-cluster tables with each cluster's type, description, length view and, when ``cluster_model.json`` has
+``cluster_stability``, its stability against ``cluster.min_stability``) and the self-contained HTML report.
 
 Its driver-side steps show progress bars (:class:`~attnclust.stages.cluster.StepBars`): ``report: atlas
 tables``, ``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
@@ -25,9 +26,14 @@ class ReportStage(Stage):
     """``maps.parquet``, ``heads.parquet``, ``clusters.parquet`` and ``report.html``."""
 
     name = "report"
+    version = 2  # 2: Kovaleva types, distinct descriptions, length view, stability flags
     inputs = ("cluster",)
     optional_inputs = ("qa",)
     reads = ("name", "report.title", "report.max_tokens_shown", "cluster.random_state")
+
+    def keys(self, cfg) -> tuple[str, ...]:
+        """:attr:`reads`, plus ``cluster.min_stability`` where the configuration has that setting."""
+        return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ())
 
     def identity(self, ctx: RunContext) -> dict:
         """The registered head analyses' versions and report sections (a new one re-renders the report)."""
@@ -71,15 +77,32 @@ class ReportStage(Stage):
                                for name, rec in ctx.records.items()}}
         with StepBars("report", progress=ctx.progress) as bars:
             with bars.step("atlas tables"):
-                maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k)
+                maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k,
+                                                    min_stability=_min_stability(cfg))
             mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
                 clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
                 settings=settings, notes=tuple(notes),
-                k_scores={int(a): b for a, b in cl_record.get("k_scores", {}).items()} or None,
+                k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)
         return {"report": str(path), "clusters": k}
 
+
+def _min_stability(cfg) -> float:
+    """``cluster.min_stability``, or the atlas' default where the configuration does not have that setting."""
+    from ..analysis.atlas import DEFAULT_MIN_STABILITY
+
+    return float(getattr(cfg.cluster, "min_stability", DEFAULT_MIN_STABILITY))
+
+
+def _k_scores(record: dict) -> dict[int, float] | None:
+    """The score that chose k: split-half stability per candidate (silhouette in runs made before it)."""
+    scores = record.get("k_stability") or record.get("k_scores") or {}
+    return {int(k): float(v) for k, v in scores.items() if v is not None} or None
+
+
+def _k_score_name(record: dict) -> str:
+    return "split-half stability (median ARI)" if record.get("k_stability") else "silhouette"

@@ -51,10 +51,12 @@ def test_head_table_shares_and_purity():
 
 def test_descriptions_in_words():
     base = dict.fromkeys(stat_columns(), 0.0) | {"entropy_norm": 0.5, "own_segment": 0.5, "mean_offset": 3.0}
-    assert describe_cluster(pd.Series(base | {"to_sep": 0.81})) == "attends to [SEP] (81% of mass)"
-    assert describe_cluster(pd.Series(base | {"to_prev": 0.64})) == "previous token (64%)"
+    assert describe_cluster(pd.Series(base | {"to_sep": 0.81})) == "[SEP] (81% of mass)"
+    assert describe_cluster(pd.Series(base | {"to_prev": 0.64})) == "previous token (64% of mass)"
+    assert describe_cluster(pd.Series(base | {"to_next": 0.5})) == "next token (50% of mass)"
+    assert describe_cluster(pd.Series(base | {"to_punct": 0.45})) == "punctuation (45% of mass)"
     assert describe_cluster(pd.Series(base | {"entropy_norm": 0.92})) == "broad (entropy 0.92 of maximum)"
     assert "own segment" in describe_cluster(pd.Series(base | {"own_segment": 0.95}))
     assert describe_cluster(pd.Series(base)).startswith("mixed")
     two = describe_cluster(pd.Series(base | {"to_cls": 0.31, "to_prev": 0.19}))
-    assert two == "partly attends to [CLS] (31% of mass) and previous token (19%)"
+    assert two == "mixed: partly [CLS] (31% of mass) and previous token (19%)"

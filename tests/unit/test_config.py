@@ -6,7 +6,7 @@ from attnclust.errors import ConfigError
 
 def test_demo_job_loads_and_round_trips():
     cfg = load_job(default_job_path())
-    assert cfg.name == "demo" and cfg.model.name == "minilm" and cfg.featurize.method == "pooled"
+    assert cfg.name == "demo" and cfg.model.name == "minilm" and cfg.featurize.method == "profile"
     again = JobConfig.from_dict(cfg.to_dict())
     assert again == cfg
     assert again.fingerprint() == cfg.fingerprint()
@@ -23,7 +23,7 @@ def test_overrides_change_values_and_fingerprint():
 @pytest.mark.parametrize("override, match", [
     ("cluster.k=0", r"cluster\.k: got 0; allowed: an integer >= 2 or 'auto'"),
     ("cluster.k=-3", r"cluster\.k: got -3"),
-    ("featurize.method=fourier", r"featurize\.method: got 'fourier'; allowed: pooled \| resnet"),
+    ("featurize.method=fourier", r"featurize\.method: got 'fourier'; allowed: pooled \| resnet \| profile"),
     ("featurize.arch=vgg16", r"featurize\.arch"),
     ("extract.doc_stride=400", r"extract\.doc_stride"),
     ("extract.batch_size=0", r"extract\.batch_size: got 0"),
@@ -189,7 +189,7 @@ def test_k_of_one_is_refused():
     ({"extract": {"batch_size": True}}, r"^config extract\.batch_size: got True; allowed: an integer >= 1$"),
     ({"data": {"max_examples": "12"}}, r"^config data\.max_examples: got '12'; allowed: an integer >= 1$"),
     ({"featurize": {"grid": 3.5}}, r"^config featurize\.grid: got 3\.5; allowed: an integer >= 2 and <= 256$"),
-    ({"featurize": {"method": ["pooled"]}}, r"^config featurize\.method: got \['pooled'\]; allowed: pooled \| resnet"),
+    ({"featurize": {"method": ["pooled"]}}, r"^config featurize\.method: got \['pooled'\]; allowed: pooled \| resnet \| profile"),
     ({"finetune": {"epochs": 0}}, r"^config finetune\.epochs: got 0; allowed: a number > 0$"),
     ({"finetune": {"learning_rate": float("nan")}}, r"^config finetune\.learning_rate: got nan; allowed: a number"),
     ({"finetune": {"precision": "fp8"}}, r"^config finetune\.precision: got 'fp8'; allowed: auto \| fp32 \| fp16"),
@@ -277,5 +277,5 @@ def test_featurizer_names_come_from_the_registry_at_validation_time(monkeypatch)
 def test_featurizer_names_fall_back_when_the_registry_cannot_be_imported(monkeypatch):
     monkeypatch.setitem(sys.modules, "attnclust.featurize", None)  # any import of it raises ImportError
     assert JobConfig.from_dict({"featurize": {"method": "resnet"}}).featurize.method == "resnet"
-    with pytest.raises(ConfigError, match=r"featurize\.method: got 'fourier'; allowed: pooled \| resnet$"):
+    with pytest.raises(ConfigError, match=r"featurize\.method: got 'fourier'; allowed: pooled \| resnet \| profile$"):
         JobConfig.from_dict({"featurize": {"method": "fourier"}})

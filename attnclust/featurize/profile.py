@@ -1,0 +1,346 @@
+"""The ``profile`` featurizer: each map as a short vector of behaviour fractions that do not depend on its length.
+
+Every component is a share of the attention mass (or a ratio in [0, 1]) averaged over the map's query rows, so
+the same head behaviour at 16 and at 384 tokens gives (nearly) the same vector, and previous-token and
+next-token heads, which a pooled grid blurs together, are as far apart as any two types. The components follow
+Clark et al. 2019 (mass on [CLS], [SEP], '.'/',' and at the previous/next token, row entropy), Voita et al.
+2019 (confidence: the mean largest weight) and Kovaleva et al. 2019 (diagonal, vertical and block maps):
+
+``offset-3`` .. ``offset+3``
+    mean weight at key = query + d, over the rows that have that key (``offset-1``: previous token,
+    ``offset+0``: the token itself, ``offset+1``: next token).
+``cls``, ``sep``, ``punct``, ``last``
+    mass on [CLS] (the first position, or a [CLS] token), on separators, on '.'/',', and on the last position.
+``segment_focus``
+    how much more a row attends inside the query's own segment than across, per unit of key share:
+    ``(r_own - r_cross) / (r_own + r_cross)`` with ``r = mass / share of keys``: 1 for a block head, 0 for a
+    segment-blind row, -1 for a row that attends only across; averaged over the rows of each segment, then
+    over segments (so a [SEP] or [CLS] head, inside for one segment and across for the other, scores about 0;
+    0 with one segment).
+``entropy_norm``
+    row entropy ``-sum A log A`` divided by ``log n`` (1 = uniform).
+``confidence``
+    the row's largest weight (Voita et al. 2019).
+``far>1/8``, ``far>1/4``, ``far>1/2``
+    mass at distance ``|query - key| > f n``: how far a head reaches, relative to the map's length.
+
+The last five (``entropy_norm``, ``confidence``, ``far>*``) describe how a row spreads rather than where it
+looks, and that also depends on how many targets a row has (one '.' in a 16-token feature, thirty in a
+384-token one): the featurizer scales them by :data:`SPREAD_WEIGHT` (0.5) so that they count, but less than
+where the mass goes (``profile_maps(..., weighted=False)`` gives the plain values).
+
+Rows are renormalised to sum to 1 (stored maps are float16 or uint8). Without a
+:class:`~attnclust.featurize.TokenContext` the first position counts as [CLS], the last as the only [SEP],
+there is no punctuation and one segment.
+
+Cost: four or five reads of each map and one ``log2`` per weight (see :func:`_row_sums`); the maps are never
+copied or written, and each row's sum is divided out of its row-level sums afterwards instead of renormalising
+the weights. On one CPU thread (a Dask worker's) that takes under twice the time of ``pooled`` (n = 128 to 384;
+``python -m bench.profile_speed``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+
+from . import TokenContext
+
+__all__ = ["FAR_FRACTIONS", "OFFSETS", "PROFILE_COMPONENTS", "SPREAD_WEIGHT", "ProfileFeaturizer",
+           "component_weights", "profile_maps"]
+
+OFFSETS = 3
+"""Relative offsets ``-OFFSETS .. +OFFSETS`` get one component each."""
+
+FAR_FRACTIONS = (1 / 8, 1 / 4, 1 / 2)
+"""Distances, as fractions of the map's length, beyond which the mass is measured."""
+
+PROFILE_COMPONENTS = (
+    *(f"offset{d:+d}" for d in range(-OFFSETS, OFFSETS + 1)),
+    "cls", "sep", "punct", "last", "segment_focus", "entropy_norm", "confidence",
+    "far>1/8", "far>1/4", "far>1/2",
+)
+"""Names of the profile's components, in vector order."""
+
+SPREAD_WEIGHT = 0.5
+"""Scale of the spread components (``entropy_norm``, ``confidence``, ``far>*``) in the featurizer's vectors."""
+
+_BATCH_FLOATS = 1 << 22  # weights per batch of maps on the CPU: a 16 MB float32 (map, query, key) scratch at most
+_BATCH_FLOATS_GPU = 1 << 24  # and on a GPU (64 MB)
+_BATCH_MAPS_ONE_THREAD = 24  # maps per batch on one CPU thread (measured: 12-24 fastest at n = 128 and 384)
+_MIN_RUN = 8  # consecutive maps of one mask row that get one product per query for masks and far mass (at least)
+
+
+def _length_constants(n: int, offsets: int, far: tuple[float, ...], device):
+    """What depends on the length only.
+
+    Returns
+    -------
+    index : torch.Tensor
+        (entry,) int64 flat ``query * n + key`` indices of the diagonals ``-offsets .. offsets``, one after the
+        other, each in query order.
+    sizes : list of int
+        The number of entries of each diagonal.
+    beyond : torch.Tensor
+        (query, key, far) float32 indicator of ``|query - key| > f n``.
+    """
+    import torch
+
+    qs = [np.arange(max(0, -d), max(max(0, -d), n - max(0, d))) for d in range(-offsets, offsets + 1)]
+    index = np.concatenate([q * n + q + d for q, d in zip(qs, range(-offsets, offsets + 1))]).astype(np.int64)
+    idx = torch.arange(n, device=device)
+    dist = (idx[:, None] - idx[None, :]).abs()
+    beyond = torch.stack([dist > f * n for f in far], dim=-1).float()
+    return torch.from_numpy(index).to(device), [len(q) for q in qs], beyond
+
+
+def _as_float32(maps: np.ndarray, device):
+    """(map, query, key) maps as a float32 torch tensor on ``device``, sharing float32 input's memory (the
+    profile only reads it); float16, float64 and uint8 are converted by torch (faster than NumPy for float16)."""
+    import torch
+
+    maps = np.ascontiguousarray(maps)
+    if maps.dtype not in (np.float32, np.float16, np.float64, np.uint8) or not maps.dtype.isnative:
+        maps = maps.astype(np.float32)
+    with warnings.catch_warnings():  # read-only input (a memory map, a zarr read) is fine: nothing writes to it
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        t = torch.from_numpy(maps)
+    return t.to(device=device, dtype=torch.float32)
+
+
+def _key_masks(context: TokenContext) -> np.ndarray:
+    """(row, key, 5 + segment) float32: all ones (a product with it gives the row sums), [CLS], [SEP],
+    punctuation, last position, then one column per segment value (one-hot)."""
+    cls, sep, punct = (np.asarray(x, bool) for x in (context.cls, context.sep, context.punct))
+    seg = np.asarray(context.segment_ids)
+    last = np.zeros_like(cls)
+    last[:, -1] = True
+    onehot = seg[..., None] == np.unique(seg)
+    return np.concatenate([np.stack([np.ones_like(cls), cls, sep, punct, last], axis=-1), onehot],
+                          axis=-1).astype(np.float32)
+
+
+def _batches(row: np.ndarray, step: int, min_run: int | None) -> list[tuple[int, int, int | None]]:
+    """Split maps into batches of at most ``step``: ``(start, stop, row)`` where all maps share one mask row (a
+    run of at least ``min_run`` maps, such as the layer x head maps of one feature), ``(start, stop, None)`` for
+    the others, gathered together (all of them when ``min_run`` is ``None``)."""
+    cuts = np.r_[0, np.flatnonzero(np.diff(row)) + 1, len(row)] if min_run is not None else np.r_[0, len(row)]
+    batches, loose = [], None
+    for s, e in itertools.pairwise(cuts):
+        if min_run is None or e - s < min_run:
+            loose = s if loose is None else loose
+            continue
+        if loose is not None:
+            batches.extend((b0, min(s, b0 + step), None) for b0 in range(loose, s, step))
+            loose = None
+        batches.extend((b0, min(e, b0 + step), int(row[s])) for b0 in range(s, e, step))
+    if loose is not None:
+        batches.extend((b0, min(len(row), b0 + step), None) for b0 in range(loose, len(row), step))
+    return [(int(b0), int(b1), r) for b0, b1, r in batches]
+
+
+def _row_sums(a, masks, index, beyond, scratch, keyed=None) -> tuple[np.ndarray, ...]:
+    """The passes over one batch of maps: per-row sums of the raw (not renormalised) weights.
+
+    Four or five passes read the maps and none writes them: the key masks (row sums, [CLS], [SEP], punctuation,
+    last, segment masses) and the far indicators in one product per query (``keyed``: maps that share one
+    mask row) or in one product per map and one per query, the row maxima, and ``log2`` then ``A log2 A`` in
+    ``scratch``; the offsets gather ``(2 offsets + 1) n`` weights.
+
+    Parameters
+    ----------
+    a
+        (map, query, key) float32 tensor, read only.
+    masks
+        (map, key, mask) float32 from :func:`_key_masks`, one per map (unused when ``keyed`` is given).
+    index, beyond
+        From :func:`_length_constants`.
+    scratch
+        A float32 tensor of ``a``'s shape that the function overwrites.
+    keyed
+        (query, key, mask + far) float32: the maps' one mask row next to each query's far indicators, or
+        ``None``.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        float32 ``mass`` (map, query, mask) the row sums under each key mask, ``far`` (map, query, far) under
+        each far indicator, ``diagonal`` (map, entry) the weights on the offset diagonals, ``peak`` (map, query)
+        the row maxima and ``alog2a`` (map, query) ``sum A log2 A`` (``0 log 0 = 0``).
+    """
+    import torch
+
+    b, n, _ = a.shape
+    by_query = a.transpose(0, 1)  # (query, map, key): one product per query, over the batch
+    if keyed is not None:
+        both = torch.bmm(by_query, keyed).transpose(0, 1)  # (map, query, mask + far)
+        mass, far = both.split([keyed.shape[-1] - beyond.shape[-1], beyond.shape[-1]], dim=-1)
+    else:
+        mass, far = torch.bmm(a, masks), torch.bmm(by_query, beyond).transpose(0, 1)
+    diagonal = a.reshape(b, n * n).index_select(1, index)
+    peak = a.amax(-1)
+    # log2 is several times faster than log on CPU; a zero weight gives 0 * -inf = nan, and nansum drops it
+    alog2a = torch.log2(a, out=scratch).mul_(a).nansum(-1)
+    return tuple(t.cpu().numpy() for t in (mass, far, diagonal, peak, alog2a))
+
+
+def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes) -> np.ndarray:
+    """Profiles from :func:`_row_sums`'s results for some maps, in NumPy (no torch threads to synchronise).
+
+    ``segment`` (map, key) is each token's segment (an index into ``count``), ``count`` (map, segment) the
+    tokens in each segment, ``sizes`` the lengths of the offset diagonals. Each row's sum ``s`` is divided out
+    here, which equals renormalising the rows first (``sum A/s log(A/s) = (sum A log A) / s - log s``).
+
+    Returns
+    -------
+    numpy.ndarray
+        (map, dim) float32.
+    """
+    n = mass.shape[1]
+    total = mass[..., 0].astype(np.float64)
+    scale = 1 / np.maximum(total, 1e-12)  # (map, query): what renormalising multiplies a row by
+    weight = (scale / n).astype(np.float32)[:, None, :]  # the mean over queries of the renormalised rows
+    offsets, e0 = np.zeros((len(total), len(sizes))), 0
+    for j, size in enumerate(sizes):  # diagonal d = j - offsets holds the weights at key = query + d
+        q0 = max(0, len(sizes) // 2 - j)
+        if size:
+            offsets[:, j] = np.einsum("mq,mq->m", diagonal[:, e0:e0 + size], scale[:, q0:q0 + size]) / size
+        e0 += size
+    where = (weight @ mass[..., 1:5])[:, 0]  # [CLS], [SEP], punctuation, last
+    far_cols = (weight @ far)[:, 0]
+
+    own_share = np.take_along_axis(count / n, segment, -1)  # (map, query): keys in the query's own segment
+    own = np.clip(np.take_along_axis(mass[..., 5:], segment[..., None], -1)[..., 0] * scale, 0, 1)
+    cross_share = 1 - own_share
+    r_own = own / own_share
+    r_cross = np.where(cross_share > 0, (1 - own) / np.maximum(cross_share, 1e-12), 0)
+    both = r_own + r_cross
+    focus = np.where((cross_share > 0) & (both > 0), (r_own - r_cross) / np.maximum(both, 1e-12), 0)
+    per_segment = np.stack([np.where(segment == j, focus, 0).sum(1) for j in range(count.shape[1])], axis=1)
+    present = count > 0
+    focus_col = (per_segment / np.maximum(count, 1) * present).sum(-1) / present.sum(-1)
+
+    plogp = (alog2a * math.log(2) + total * np.log(scale)) * scale  # of the renormalised row; 0 if all zero
+    entropy = -plogp.mean(-1) / math.log(n) if n > 1 else np.zeros(len(total))
+    confidence = (peak * scale).mean(-1)
+    return np.column_stack([offsets, where, focus_col, entropy, confidence, far_cols]).astype(np.float32)
+
+
+def component_weights(offsets: int = OFFSETS, far: tuple[float, ...] = FAR_FRACTIONS) -> np.ndarray:
+    """(dim,) float32 scale of each component in the featurizer's vectors: 1, and :data:`SPREAD_WEIGHT` for
+    ``entropy_norm``, ``confidence`` and the ``far>*`` components."""
+    n_where = 2 * offsets + 1 + 5
+    return np.r_[np.ones(n_where), np.full(2 + len(far), SPREAD_WEIGHT)].astype(np.float32)
+
+
+def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offsets: int = OFFSETS,
+                 far: tuple[float, ...] = FAR_FRACTIONS, weighted: bool = True, device: str = "cpu") -> np.ndarray:
+    """Profile vectors of maps of one true length.
+
+    Parameters
+    ----------
+    maps
+        (map, query, key) float32 attention (float16, float64 and uint8 are read as float32), all of the same
+        true length ``n``. Only read: float32 maps are not copied.
+    context
+        Token masks of the maps (:class:`~attnclust.featurize.TokenContext`, ``n`` keys); ``None``: the first
+        position is [CLS], the last the only [SEP], no punctuation, one segment.
+    offsets
+        Relative offsets ``-offsets .. +offsets`` each get a component.
+    far
+        Fractions ``f`` of the length: the mass at ``|query - key| > f n`` is a component.
+    weighted
+        Scale the components by :func:`component_weights` (the featurizer's vectors); ``False``: the plain
+        fractions.
+    device
+        torch device the arithmetic runs on.
+
+    Returns
+    -------
+    numpy.ndarray
+        (map, 2 * offsets + 1 + 7 + len(far)) float32, in the order of :data:`PROFILE_COMPONENTS` (for the
+        default ``offsets`` and ``far``).
+
+    Raises
+    ------
+    ValueError
+        Maps that are not square, or a context for other maps or another length.
+    """
+    import torch
+
+    maps = np.asarray(maps)
+    if maps.ndim != 3 or maps.shape[1] != maps.shape[2]:
+        raise ValueError(f"profile_maps: maps must be (map, query, key) with query == key, got {maps.shape}")
+    m, n = maps.shape[0], maps.shape[-1]
+    dim = 2 * offsets + 1 + 7 + len(far)
+    if m == 0:
+        return np.zeros((0, dim), np.float32)
+    ctx = context if context is not None else TokenContext.positional(n, m)
+    if ctx.n_keys != n or len(ctx.row) != m:
+        raise ValueError(f"profile_maps: context for {len(ctx.row)} maps of {ctx.n_keys} keys, but {m} maps of "
+                         f"{n} keys were given")
+    key_masks = _key_masks(ctx)
+    segment = key_masks[..., 5:].argmax(-1)  # (row, key): index of the token's segment
+    count = key_masks[..., 5:].sum(1, dtype=np.float64)  # (row, segment)
+    row = np.asarray(ctx.row, np.int64)
+    masks, rows = torch.from_numpy(key_masks).to(device), torch.from_numpy(row).to(device)
+    index, sizes, beyond = _length_constants(n, offsets, far, device)
+    # On the CPU, a run of maps that share a mask row (the layer x head maps of one feature) gets one product per
+    # query for the masks and the far mass together, the fastest way; other maps, and all on a GPU, a product per
+    # map for the masks and one per query for the far mass. One CPU thread (a Dask worker's): batches of a dozen
+    # or two maps. Several: 16 MB batches, and runs only when they fill half of one; every torch operation
+    # synchronises the threads, and on a loaded machine each one can wait for a scheduler slice.
+    on_cpu = torch.device(device).type == "cpu"
+    step = max(1, (_BATCH_FLOATS if on_cpu else _BATCH_FLOATS_GPU) // (n * n))
+    if on_cpu and torch.get_num_threads() == 1:
+        step, min_run = min(step, _BATCH_MAPS_ONE_THREAD), _MIN_RUN
+    else:
+        min_run = max(_MIN_RUN, step // 2) if on_cpu else None
+    scratch = torch.empty((min(step, m), n, n), dtype=torch.float32, device=device)
+    keyed = torch.cat([masks.new_zeros(n, n, masks.shape[-1]), beyond], dim=-1) if on_cpu else None
+    out, keyed_row = [], None
+    with torch.inference_mode():
+        for b0, b1, shared in _batches(row, step, min_run):
+            a = _as_float32(maps[b0:b1], device)
+            if shared is None:
+                sums = _row_sums(a, masks[rows[b0:b1]], index, beyond, scratch[:b1 - b0])
+            else:
+                if shared != keyed_row:  # (query, key, mask + far): this mask row for every query, its far keys
+                    keyed_row = shared
+                    keyed[..., :masks.shape[-1]] = masks[shared]
+                sums = _row_sums(a, None, index, beyond, scratch[:b1 - b0], keyed)
+            out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes))
+    vectors = np.concatenate(out)
+    return vectors * component_weights(offsets, far) if weighted else vectors
+
+
+class ProfileFeaturizer:
+    """``profile``: length-invariant, offset-aware behaviour fractions per map (:data:`PROFILE_COMPONENTS`)."""
+
+    name = "profile"
+    version = 1
+    keys = ()
+    uses_context = True
+
+    def dim(self, cfg) -> int:
+        """``len(PROFILE_COMPONENTS)`` (17)."""
+        return len(PROFILE_COMPONENTS)
+
+    def check(self, cfg) -> None:
+        """Nothing to check: no weights."""
+
+    def embed(self, maps: np.ndarray, cfg, device: str = "cpu", context: TokenContext | None = None) -> np.ndarray:
+        """(map, query, key) of one length (and their token masks) -> (map, 17) float32."""
+        return profile_maps(maps, context, device=device)
+
+
+def _register() -> None:
+    from . import register_featurizer
+
+    register_featurizer(ProfileFeaturizer())
+
+
+_register()

@@ -1,0 +1,285 @@
+"""Cluster stability with known answers: k chosen by split-half stability finds planted blobs for every seed, the
+labels of different seeds agree, and bootstrap Jaccard tells a well-separated blob from a noise cloud that k
+forces into pieces (Ben-Hur et al. 2002; Lange et al. 2004; Hennig 2007)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+import attnclust.cluster as cluster_mod
+from attnclust.cluster import (
+    best_jaccard,
+    bootstrap_stability,
+    choose_k,
+    fit_clusters,
+    fit_from_store,
+    split_half_stability,
+)
+from attnclust.config import ClusterConfig, JobConfig, apply_overrides
+from attnclust.errors import ConfigError, StoreError
+from attnclust.stages.cluster import StepBars, model_record
+
+SIZES = (40, 60, 80, 100, 120, 160)  # six blobs of unequal size
+AUTO = ClusterConfig(k="auto", k_min=2, k_max=10, pca_components=None, umap=False, stability_resamples=None)
+
+
+def planted_blobs(seed: int = 0, dim: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(map, dim) vectors of six unit-variance Gaussian blobs 15 * sqrt(2) apart, their blob, and an example id
+    per map (80 examples, each with maps in several blobs, as an example has maps of many heads)."""
+    rng = np.random.default_rng(seed)
+    blob = np.repeat(np.arange(len(SIZES)), SIZES)
+    centres = 15.0 * np.eye(dim)[: len(SIZES)]
+    x = centres[blob] + rng.normal(size=(len(blob), dim))
+    return x.astype(np.float32), blob, rng.integers(0, 80, size=len(blob))
+
+
+def blobs_and_cloud(seed: int = 0, dim: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four tight blobs and one wide isotropic Gaussian cloud (no structure inside), the part of each map
+    (0-3 the blobs, 4 the cloud) and an example id per map."""
+    rng = np.random.default_rng(seed)
+    part = np.repeat(np.arange(5), (80, 80, 80, 80, 400))
+    centres = 30.0 * np.eye(dim)[:5]
+    centres[4] = -centres[0]
+    scale = np.where(part == 4, 3.0, 1.0)[:, None]
+    x = centres[part] + scale * rng.normal(size=(len(part), dim))
+    return x.astype(np.float32), part, rng.permutation(np.repeat(np.arange(len(part) // 4), 4))
+
+
+@pytest.fixture(scope="module")
+def auto_fits():
+    x, blob, examples = planted_blobs()
+    return x, blob, {seed: fit_clusters(x, AUTO.replace(random_state=seed), groups=examples) for seed in (0, 1, 2)}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_k_finds_the_six_planted_blobs_for_every_seed(auto_fits, seed):
+    x, blob, fits = auto_fits
+    fitted = fits[seed]
+    assert fitted.k_ == len(SIZES)
+    assert adjusted_rand_score(blob, fitted.kmeans_.predict(fitted.reduce(x))) > 0.99
+
+
+def test_stability_is_recorded_for_every_candidate(auto_fits):
+    _, _, fits = auto_fits
+    fitted = fits[0]
+    assert set(fitted.k_stability_) == set(range(2, 11))
+    assert all(len(v) in (AUTO.stability_splits, 2 * AUTO.stability_splits) for v in fitted.k_stability_.values())
+    assert len(fitted.k_stability_[6]) == 2 * AUTO.stability_splits      # a contender: splits again
+    assert len(fitted.k_stability_[10]) == AUTO.stability_splits         # far below the best: no more
+    median = {k: float(np.median(v)) for k, v in fitted.k_stability_.items()}
+    assert median[6] > 0.99                                     # the planted partition: the same on both halves
+    assert max(median[k] for k in (7, 8, 9, 10)) < median[6] - AUTO.stability_tolerance  # a blob cut anyhow
+    record = model_record(fitted, AUTO)
+    assert record["k_selection"] == "stability"
+    assert set(record["k_stability"]) == {str(k) for k in range(2, 11)}
+    six = record["k_stability"]["6"]
+    assert six["median"] == pytest.approx(median[6], abs=1e-6) and len(six["splits"]) == 2 * AUTO.stability_splits
+    assert six["min"] <= six["mean"] <= six["max"] and six["std"] >= 0
+    assert set(record["k_scores"]) == set(record["k_stability"])  # the silhouette, kept for reference
+
+
+def test_labels_of_seeds_0_1_2_agree(auto_fits):
+    x, _, fits = auto_fits
+    labels = [f.kmeans_.predict(f.reduce(x)) for f in fits.values()]
+    for a, b in itertools.combinations(labels, 2):
+        assert adjusted_rand_score(a, b) >= 0.95
+
+
+def test_a_noise_cloud_cut_by_k_is_flagged_unstable_and_the_blobs_are_not(capsys):
+    x, part, examples = blobs_and_cloud()
+    cfg = ClusterConfig(k=7, pca_components=None, umap=False, stability_resamples=20, min_stability=0.6)
+    with StepBars("cluster") as bars:
+        fitted = fit_clusters(x, cfg, groups=examples, on_step=bars)
+    assert "cluster: per-cluster stability 20/20 resamples" in capsys.readouterr().err
+    labels = fitted.kmeans_.predict(fitted.reduce(x))
+    cloud = sorted(set(labels[part == 4]))
+    blobs = sorted(set(labels[part < 4]))
+    assert len(cloud) == 3 and not set(cloud) & set(blobs)      # k = 7 cuts the cloud into three pieces
+    assert (fitted.cluster_stability_[blobs] > 0.95).all()
+    assert (fitted.cluster_stability_[cloud] < 0.6).all()
+    assert (fitted.cluster_dissolved_[cloud] > 0.2).all() and (fitted.cluster_dissolved_[blobs] == 0).all()
+    record = model_record(fitted, cfg)
+    assert record["unstable_clusters"] == cloud
+    assert len(record["cluster_stability"]) == 7 and record["min_stability"] == 0.6
+
+
+def test_best_jaccard_equals_explicit_set_loops():
+    rng = np.random.default_rng(0)
+    ref, other = rng.integers(0, 5, size=300), rng.integers(0, 4, size=300)
+    ref[ref == 3] = 4                                           # cluster 3 of ref has no map: NaN
+    want = []
+    for a in range(5):
+        members = {i for i in range(300) if ref[i] == a}
+        scores = [len(members & {i for i in range(300) if other[i] == b})
+                  / len(members | {i for i in range(300) if other[i] == b}) for b in range(4)]
+        want.append(max(scores) if members else np.nan)
+    np.testing.assert_allclose(best_jaccard(ref, other, 5, 4), want, rtol=1e-12)
+
+
+def test_identical_labelings_are_perfectly_stable_whatever_the_ids():
+    labels = np.repeat(np.arange(3), 5)
+    np.testing.assert_array_equal(best_jaccard(labels, (labels + 1) % 3, 3, 3), 1.0)
+
+
+def test_the_maps_of_one_example_stay_in_one_half(monkeypatch):
+    rng = np.random.default_rng(0)
+    examples = rng.integers(0, 30, size=200)
+    x = np.column_stack([examples, rng.normal(size=(200, 3))]).astype(np.float32)  # column 0 names the example
+    halves = []
+    real = cluster_mod._kmeans_labels
+
+    def spy(backend, z_fit, z_all, k, seed, n_init, weight=None):
+        halves.append(set(z_fit[:, 0].astype(int)))
+        return real(backend, z_fit, z_all, k, seed, n_init, weight)
+
+    monkeypatch.setattr(cluster_mod, "_kmeans_labels", spy)
+    split_half_stability(x, examples, [2], n_splits=4, n_init=2, split_seed=0, random_state=0)
+    assert len(halves) == 8
+    for a, b in zip(halves[::2], halves[1::2], strict=True):
+        assert not a & b and a | b == set(examples)
+        assert abs(len(a) - len(b)) <= 1
+
+
+def test_the_splits_are_drawn_from_stability_seed_not_random_state(monkeypatch):
+    rng = np.random.default_rng(0)
+    examples = rng.integers(0, 30, size=200)
+    x = np.column_stack([examples, rng.normal(size=(200, 3))]).astype(np.float32)
+    halves = []
+    real = cluster_mod._kmeans_labels
+
+    def spy(backend, z_fit, z_all, k, seed, n_init, weight=None):
+        halves.append(frozenset(z_fit[:, 0].astype(int)))
+        return real(backend, z_fit, z_all, k, seed, n_init, weight)
+
+    monkeypatch.setattr(cluster_mod, "_kmeans_labels", spy)
+    for split_seed, random_state in ((0, 0), (0, 1), (1, 0)):
+        split_half_stability(x, examples, [2], n_splits=3, n_init=1, split_seed=split_seed, random_state=random_state)
+    first, other_fits, other_splits = halves[:6], halves[6:12], halves[12:]
+    assert first == other_fits and first != other_splits
+
+
+def test_another_split_design_finds_the_same_blobs():
+    x, _, examples = planted_blobs()
+    assert fit_clusters(x, AUTO.replace(stability_seed=7), groups=examples).k_ == len(SIZES)
+
+
+def test_bootstrap_draws_examples_not_maps(monkeypatch):
+    rng = np.random.default_rng(0)
+    examples = np.repeat(np.arange(20), 5)
+    x = rng.normal(size=(100, 3)).astype(np.float32)
+    weights = []
+    real = cluster_mod._kmeans_labels
+
+    def spy(backend, z_fit, z_all, k, seed, n_init, weight=None):
+        weights.append(weight)
+        return real(backend, z_fit, z_all, k, seed, n_init, weight)
+
+    monkeypatch.setattr(cluster_mod, "_kmeans_labels", spy)
+    bootstrap_stability(x, examples, np.arange(100) % 2, 2, n_boot=3, n_init=1, resample_seed=0, random_state=0)
+    assert len(weights) == 3
+    for w in weights:
+        assert w.sum() == 100                               # 20 examples drawn, 5 maps each
+        assert (w.reshape(-1, 5) == w.reshape(-1, 5)[:, :1]).all()  # an example's maps weigh alike
+
+
+def test_choose_k_takes_the_largest_k_within_the_tolerance_of_the_best():
+    stability = {2: np.array([1.0, 1.0, 1.0]), 3: np.array([0.99, 0.5, 0.995]), 4: np.array([0.6, 0.7, 0.65])}
+    assert choose_k(stability, 0.02) == 3                  # median 0.99: tied with k = 2, the larger wins
+    assert choose_k(stability, 0.0) == 2
+    assert choose_k({5: np.array([0.2]), 6: np.array([0.3])}, 0.0) == 6
+
+
+def test_every_candidate_collapsing_is_refused():
+    with pytest.raises(ConfigError, match=r"cluster\.k auto: every candidate k collapsed"):
+        choose_k({}, 0.02)
+
+
+def test_one_example_cannot_be_split():
+    x = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    with pytest.raises(ConfigError, match=r"split-half stability needs at least 2 examples, the sample has 1"):
+        fit_clusters(x, AUTO, groups=np.zeros(50, dtype=int))
+
+
+def test_halves_too_small_for_k_min_are_refused():
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    with pytest.raises(ConfigError, match=r"cluster\.k_min: 25 clusters need more than the 20 maps of the smaller"):
+        fit_clusters(x, AUTO.replace(k_min=25, k_max=30), groups=np.repeat(np.arange(4), 10))
+
+
+def test_fixed_k_measures_only_the_clusters():
+    x, _, examples = planted_blobs()
+    cfg = ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=5)
+    fitted = fit_clusters(x, cfg, groups=examples)
+    record = model_record(fitted, cfg)
+    assert record["k_selection"] == "given" and record["k_stability"] == {} and record["k_scores"] == {}
+    assert all(v > 0.95 for v in record["cluster_stability"]) and record["unstable_clusters"] == []
+
+
+def test_bootstrap_off_records_no_per_cluster_stability():
+    x, _, examples = planted_blobs()
+    cfg = ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=None)
+    record = model_record(fit_clusters(x, cfg, groups=examples), cfg)
+    assert record["cluster_stability"] is None and record["cluster_dissolved"] is None
+    assert record["unstable_clusters"] == []
+
+
+def test_a_refit_keeps_the_stability_of_the_cluster_it_matches():
+    from types import SimpleNamespace
+
+    x, _, examples = planted_blobs()
+    fitted = fit_clusters(x, ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=3), groups=examples)
+    fitted.cluster_stability_ = np.arange(6, dtype=float)
+    fitted.cluster_dissolved_ = np.arange(6, dtype=float) / 10
+    order = np.array([3, 5, 0, 1, 4, 2])
+    moved = fitted.kmeans_.cluster_centers_[order] + 0.01       # the same clusters, other ids, centres nudged
+    fitted.replace_kmeans(SimpleNamespace(cluster_centers_=moved))
+    np.testing.assert_array_equal(fitted.cluster_stability_, order)
+    np.testing.assert_allclose(fitted.cluster_dissolved_, order / 10)
+
+
+def test_fit_from_store_splits_by_example(tmp_path):
+    import zarr
+
+    x, _, _ = planted_blobs()
+    n = len(x)  # 560 maps = 140 features of 4 maps; 2 features per example
+    group = zarr.open_group(str(tmp_path / "embedding.zarr"), mode="w", zarr_format=3)
+    group.attrs.update({"schema": "attnclust.embedding", "complete": True})
+    group.create_array("embedding", data=x, chunks=(100, x.shape[1]))
+    group.create_array("feature_id", data=np.repeat(np.arange(n // 4), 4).astype(np.int64), chunks=(100,))
+    group.create_array("layer", data=np.zeros(n, np.int16), chunks=(100,))
+    group.create_array("head", data=np.zeros(n, np.int16), chunks=(100,))
+    pd.DataFrame({"feature_id": np.arange(n // 4), "example_id": [f"q{i // 2}" for i in range(n // 4)]}
+                 ).to_parquet(tmp_path / "features.parquet")
+    fitted = fit_from_store(str(tmp_path), ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=2))
+    assert fitted.stability_maps_ == n and fitted.stability_examples_ == n // 8
+    pd.DataFrame({"feature_id": np.arange(10), "example_id": ["q"] * 10}).to_parquet(tmp_path / "features.parquet")
+    with pytest.raises(StoreError, match=r"features\.parquet: no row for feature 10 of embedding\.zarr"):
+        fit_from_store(str(tmp_path), ClusterConfig(k=6, pca_components=None, umap=False))
+
+
+@pytest.mark.parametrize("item, message", [
+    ("cluster.min_stability=1.5", r"cluster\.min_stability: got 1\.5; allowed: a number in \[0, 1\]"),
+    ("cluster.n_init=0", r"cluster\.n_init: got 0; allowed: an integer >= 1"),
+    ("cluster.stability_splits=1", r"cluster\.stability_splits: got 1; allowed: an integer >= 2"),
+    ("cluster.stability_resamples=1", r"cluster\.stability_resamples: got 1; allowed: an integer >= 2.*null to skip"),
+])
+def test_stability_settings_are_validated(item, message):
+    with pytest.raises(ConfigError, match=message):
+        JobConfig.from_dict(apply_overrides({}, [item]))
+
+
+def test_stability_settings_round_trip_and_reach_the_fingerprint():
+    cfg = JobConfig.from_dict(apply_overrides({}, ["cluster.stability_resamples=null", "cluster.n_init=30"]))
+    assert cfg.cluster.stability_resamples is None and cfg.cluster.n_init == 30
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+    from attnclust.stages.cluster import ClusterStage
+
+    for key in ("cluster.n_init", "cluster.stability_splits", "cluster.stability_sample",
+                "cluster.stability_tolerance", "cluster.stability_resamples", "cluster.min_stability",
+                "cluster.stability_seed"):
+        assert key in ClusterStage.reads
