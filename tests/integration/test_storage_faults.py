@@ -144,11 +144,9 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
 def fill(folder: Path) -> Path:
     """Write a ballast file into ``folder`` until its file system is full."""
     ballast = folder / "ballast"
-    with ballast.open("wb") as f:
-        with contextlib.suppress(OSError):
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+    with contextlib.suppress(OSError), ballast.open("wb", buffering=0) as f:  # unbuffered: closing cannot fail
+        while True:
+            f.write(b"\0" * 65536)
     return ballast
 
 
