@@ -153,7 +153,7 @@ class AttentionStore:
         names the store and the features it holds."""
         try:
             yield
-        except StoreError:
+        except (StoreError, MemoryError):
             raise
         except Exception as exc:  # zarr and its codecs raise ValueError, RuntimeError, OSError ...
             said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
