@@ -40,7 +40,7 @@ below ``min_stability`` are reported unstable.
 
 The fit tells its steps (reading the sample, PCA, each candidate k, the final KMeans, the resamples, UMAP) to an
 optional ``on_step(step, done, total, unit)`` callback (:data:`OnStep`), which draws progress bars on the driver
-(:class:`attnclust.stages.cluster.StepBars`) or relays them from a worker; it never changes what is computed.
+(:class:`attnclust.stages.executors.StepBars`) or relays them from a worker; it never changes what is computed.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cluster its centre is matched to). The fitted models are shared with every worke
 is labelled by its own task (:func:`attnclust.cluster.assign_block`), as dask-ml's ``ParallelPostFit`` does.
 ``cluster_model.json`` (:func:`model_record`) holds the chosen k, every candidate's stability and each cluster's.
 
-The fit's steps are shown on the driver as progress bars (:class:`StepBars`: ``cluster: choosing k 3/11
+The fit's steps are shown on the driver as progress bars (:class:`~attnclust.stages.executors.StepBars`: ``cluster: choosing k 3/11
 candidates``, ``cluster: per-cluster stability 5/20 resamples``); when the fit runs on a Dask worker, its steps
 come back to the driver as Dask events.
 """
@@ -15,11 +15,9 @@ come back to the driver as Dask events.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Self
 
 import numpy as np
 import pandas as pd
@@ -31,80 +29,9 @@ from ..errors import ConfigError
 from ..layout import RunLayout
 from ..store import atomic_write_json, atomic_write_parquet, open_attention_store
 from .base import RunContext, Stage
+from .executors import StepBars
 
-__all__ = ["ClusterStage", "StepBars", "model_record"]
-
-
-class StepBars:
-    """Progress bars on stderr for the steps of a stage that are not blocks (a fit, a search over k, rendering),
-    one bar per step, labelled ``{stage}: {step}``: ``cluster: choosing k 3/11 candidates |███  | [00:01<00:02]``
-    or, for a single piece of work, ``cluster: UMAP on 14040 maps [00:12]``.
-
-    Called as ``bars(step, done, total, unit)`` (:data:`attnclust.cluster.OnStep`, the callback the fit and the
-    report builders take): a bar closes when its step is done or a new ``step`` begins. Nothing is printed when
-    ``progress`` is false. Safe to call from another thread (Dask delivers a worker's steps on the client's
-    event loop).
-
-    Parameters
-    ----------
-    stage
-        The stage's name, the start of every label.
-    progress
-        Show the bars (``False`` under ``--quiet``).
-    """
-
-    def __init__(self, stage: str, *, progress: bool = True):
-        self.stage = stage
-        self.progress = progress
-        self._bar = None
-        self._step: str | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, step: str, done: int, total: int = 1, unit: str = "") -> None:
-        """Show that ``done`` of ``total`` ``unit`` of ``step`` are finished."""
-        if not self.progress:
-            return
-        with self._lock:
-            if step != self._step:
-                self._close()
-                self._bar, self._step = self._open(step, total, unit), step
-            elif self._bar is None:
-                return  # told again that a finished step is finished
-            self._bar.update(done - self._bar.n)
-            if done >= total:
-                self._close(keep_step=True)  # its time stops now, not when the next step begins
-
-    def _open(self, step: str, total: int, unit: str):
-        from tqdm.auto import tqdm
-
-        counted = "{desc} {n_fmt}/{total_fmt} {unit} |{bar}| [{elapsed}<{remaining}]"
-        return tqdm(total=total, desc=f"{self.stage}: {step}", unit=unit, leave=True,
-                    bar_format=counted if total > 1 or unit else "{desc} [{elapsed}]")
-
-    @contextmanager
-    def step(self, step: str) -> Iterator[None]:
-        """A single piece of work: its bar opens on entry and shows it finished when the body returns."""
-        self(step, 0)
-        yield
-        self(step, 1)
-
-    def close(self) -> None:
-        """Close the open bar (a step that failed stays as far as it got)."""
-        with self._lock:
-            self._close()
-
-    def _close(self, keep_step: bool = False) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        self._bar = None
-        if not keep_step:
-            self._step = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+__all__ = ["ClusterStage", "model_record"]
 
 
 def _send_step(topic: str, step: str, done: int, total: int, unit: str) -> None:

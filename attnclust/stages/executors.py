@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Self
 
-__all__ = ["DaskExecutor", "SerialExecutor"]
+__all__ = ["DaskExecutor", "SerialExecutor", "StepBars"]
 
 
 def _bar(stage: str, total: int, done: int, progress: bool):
@@ -113,3 +115,75 @@ class DaskExecutor:
         """Scatter ``obj`` to every worker once; tasks receive it by reference."""
         [future] = self.client.scatter([obj], broadcast=True)
         return future
+
+
+class StepBars:
+    """Progress bars on stderr for the steps of a stage that are not blocks (a fit, a search over k, rendering),
+    one bar per step, labelled ``{stage}: {step}``: ``cluster: choosing k 3/11 candidates |███  | [00:01<00:02]``
+    or, for a single piece of work, ``cluster: UMAP on 14040 maps [00:12]``.
+
+    Called as ``bars(step, done, total, unit)`` (:data:`attnclust.cluster.OnStep`, the callback the fit and the
+    report builders take): a bar closes when its step is done or a new ``step`` begins. Nothing is printed when
+    ``progress`` is false. Safe to call from another thread (Dask delivers a worker's steps on the client's
+    event loop).
+
+    Parameters
+    ----------
+    stage
+        The stage's name, the start of every label.
+    progress
+        Show the bars (``False`` under ``--quiet``).
+    """
+
+    def __init__(self, stage: str, *, progress: bool = True):
+        self.stage = stage
+        self.progress = progress
+        self._bar = None
+        self._step: str | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, step: str, done: int, total: int = 1, unit: str = "") -> None:
+        """Show that ``done`` of ``total`` ``unit`` of ``step`` are finished."""
+        if not self.progress:
+            return
+        with self._lock:
+            if step != self._step:
+                self._close()
+                self._bar, self._step = self._open(step, total, unit), step
+            elif self._bar is None:
+                return  # told again that a finished step is finished
+            self._bar.update(done - self._bar.n)
+            if done >= total:
+                self._close(keep_step=True)  # its time stops now, not when the next step begins
+
+    def _open(self, step: str, total: int, unit: str):
+        from tqdm.auto import tqdm
+
+        counted = "{desc} {n_fmt}/{total_fmt} {unit} |{bar}| [{elapsed}<{remaining}]"
+        return tqdm(total=total, desc=f"{self.stage}: {step}", unit=unit, leave=True,
+                    bar_format=counted if total > 1 or unit else "{desc} [{elapsed}]")
+
+    @contextmanager
+    def step(self, step: str) -> Iterator[None]:
+        """A single piece of work: its bar opens on entry and shows it finished when the body returns."""
+        self(step, 0)
+        yield
+        self(step, 1)
+
+    def close(self) -> None:
+        """Close the open bar (a step that failed stays as far as it got)."""
+        with self._lock:
+            self._close()
+
+    def _close(self, keep_step: bool = False) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar = None
+        if not keep_step:
+            self._step = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -2,7 +2,7 @@
 per-cluster tables with each cluster's type, description, length view and, when ``cluster_model.json`` has
 ``cluster_stability``, its stability against ``cluster.min_stability``) and the self-contained HTML report.
 
-Its driver-side steps show progress bars (:class:`~attnclust.stages.cluster.StepBars`): ``report: atlas
+Its driver-side steps show progress bars (:class:`~attnclust.stages.executors.StepBars`): ``report: atlas
 tables``, ``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..analysis.heads import analysis_versions
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
-from .cluster import StepBars
+from .executors import StepBars
 
 __all__ = ["ReportStage"]
 

@@ -14,8 +14,8 @@ from attnclust.cluster import fit_clusters, fit_from_store
 from attnclust.config import ClusterConfig
 from attnclust.layout import RunLayout
 from attnclust.report import ReportSection, render_sections
-from attnclust.stages.cluster import StepBars, _fit_steps
-from attnclust.stages.executors import DaskExecutor
+from attnclust.stages.cluster import _fit_steps
+from attnclust.stages.executors import DaskExecutor, StepBars
 from attnclust.store import create_attention_store, mark_store_complete
 
 # k_min..k_max: 8 candidates
