@@ -11,6 +11,13 @@ Clark et al. 2019 (mass on [CLS], [SEP], '.'/',' and at the previous/next token,
     ``offset+0``: the token itself, ``offset+1``: next token).
 ``cls``, ``sep``, ``punct``, ``last``
     mass on [CLS] (the first position, or a [CLS] token), on separators, on '.'/',', and on the last position.
+
+These eleven "where" components are *excess over uniform*: a uniform row puts ``u`` on the target (``1/n`` on
+one offset, ``#[SEP]/n`` on the separators ...), and the component is ``max(0, (x - u) / (1 - u))``: 0 for a
+row that attends no more than uniformly, 1 for one that attends only there. A plain share is not length
+invariant: the noise of a 16-token map puts ``16/n``-times more on each offset, [CLS] or [SEP] than that of a
+384-token one (planted types at 16 and at 384 tokens were 0.15-0.46 apart in plain shares, which k selection
+read as two stable clusters).
 ``segment_focus``
     how much more a row attends inside the query's own segment than across, per unit of key share:
     ``(r_own - r_cross) / (r_own + r_cross)`` with ``r = mass / share of keys``: 1 for a block head, 0 for a
@@ -237,7 +244,8 @@ def component_weights(offsets: int = OFFSETS, far: tuple[float, ...] = FAR_FRACT
 
 
 def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offsets: int = OFFSETS,
-                 far: tuple[float, ...] = FAR_FRACTIONS, weighted: bool = True, device: str = "cpu") -> np.ndarray:
+                 far: tuple[float, ...] = FAR_FRACTIONS, weighted: bool = True, excess: bool = True,
+                 device: str = "cpu") -> np.ndarray:
     """Profile vectors of maps of one true length.
 
     Parameters
@@ -253,8 +261,10 @@ def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offse
     far
         Fractions ``f`` of the length: the mass at ``|query - key| > f n`` is a component.
     weighted
-        Scale the components by :func:`component_weights` (the featurizer's vectors); ``False``: the plain
-        fractions.
+        Scale the components by :func:`component_weights` (the featurizer's vectors); ``False``: unscaled.
+    excess
+        The offset, [CLS], [SEP], punctuation and last components as excess over a uniform row (the
+        featurizer's vectors); ``False``: the plain shares.
     device
         torch device the arithmetic runs on.
 
@@ -314,14 +324,34 @@ def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offse
                 sums = _row_sums(a, None, index, beyond, scratch[:b1 - b0], keyed)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes))
     vectors = np.concatenate(out)
+    if excess:
+        vectors = _excess_over_uniform(vectors, key_masks[row], offsets)
     return vectors * component_weights(offsets, far) if weighted else vectors
+
+
+def _excess_over_uniform(vectors: np.ndarray, masks: np.ndarray, offsets: int) -> np.ndarray:
+    """``max(0, (x - u) / (1 - u))`` for the offset, [CLS], [SEP], punctuation and last components, with ``u``
+    what a uniform row gives there: ``1/n`` on an offset, the share of keys under the mask for the others (0 where
+    every key is under it: nothing can be in excess).
+
+    ``masks`` is (map, key, mask) from :func:`_key_masks`; ``vectors`` (map, dim) plain profiles, changed in place.
+    """
+    n = masks.shape[1]
+    n_where = 2 * offsets + 1 + 4
+    uniform = np.empty((len(vectors), n_where), np.float64)
+    uniform[:, :2 * offsets + 1] = 1 / n
+    uniform[:, 2 * offsets + 1:] = masks[..., 1:5].mean(1)
+    room = 1 - uniform
+    x = vectors[:, :n_where]
+    vectors[:, :n_where] = np.where(room > 0, np.clip((x - uniform) / np.where(room > 0, room, 1), 0, 1), 0)
+    return vectors
 
 
 class ProfileFeaturizer:
     """``profile``: length-invariant, offset-aware behaviour fractions per map (:data:`PROFILE_COMPONENTS`)."""
 
     name = "profile"
-    version = 1
+    version = 2  # 2: offset, [CLS], [SEP], punctuation and last shares as excess over a uniform row
     keys = ()
     uses_context = True
 

@@ -42,8 +42,6 @@ def test_eight_planted_types_are_recovered_and_named(tmp_path):
         assert word in clusters.loc[majority, "description"], (kind, clusters.loc[majority, "description"])
 
 
-@pytest.mark.xfail(strict=True, reason="open in issue 12: with 16 examples every k in 4..9 has split-half stability "
-                   "1.0 and 10..12 stay within cluster.stability_tolerance (0.02), so the largest-k tie rule picks 12")
 def test_k_auto_finds_about_eight_types(tmp_path):
     maps, _, _, _ = atlas(tmp_path, "cluster.k=auto", "cluster.k_min=4", "cluster.k_max=12")
     assert 7 <= maps["cluster"].nunique() <= 9

@@ -113,11 +113,11 @@ def test_vectorised_profile_equals_loops_over_rows(n, monkeypatch):
     maps[0] *= 1.3  # rows are renormalised
     maps[2, :, 0] = 0  # zeros: 0 log 0 = 0
     monkeypatch.setattr(profile, "_BATCH_FLOATS", 2 * n * n)  # several batches
-    got = profile_maps(maps, ctx, weighted=False)
+    got = profile_maps(maps, ctx, weighted=False, excess=False)
     want = np.stack([brute_force_profile(maps[i], ctx.cls[ctx.row[i]], ctx.sep[ctx.row[i]], ctx.punct[ctx.row[i]],
                                          ctx.segment_ids[ctx.row[i]]) for i in range(len(maps))])
     np.testing.assert_allclose(got, want, atol=2e-5)
-    np.testing.assert_allclose(profile_maps(maps, ctx), got * component_weights(), rtol=1e-6)
+    np.testing.assert_allclose(profile_maps(maps, ctx, excess=False), got * component_weights(), rtol=1e-6)
     assert component_weights()[PROFILE_COMPONENTS.index("entropy_norm")] == SPREAD_WEIGHT
 
 
@@ -144,11 +144,35 @@ def test_batches_of_shared_and_mixed_mask_rows_equal_loops_over_rows(n, threads,
     monkeypatch.setattr(profile, "_BATCH_MAPS_ONE_THREAD", 5)  # runs split over batches
     monkeypatch.setattr(profile, "_BATCH_FLOATS", 7 * n * n)
     before = maps.copy()
-    got = profile_maps(maps, ctx, weighted=False)
+    got = profile_maps(maps, ctx, weighted=False, excess=False)
     np.testing.assert_array_equal(maps, before)  # float32 maps are read in place, never written
     want = np.stack([brute_force_profile(maps[i], ctx.cls[row[i]], ctx.sep[row[i]], ctx.punct[row[i]],
                                          ctx.segment_ids[row[i]]) for i in range(len(maps))])
     np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_where_components_are_the_excess_over_a_uniform_row():
+    rng = np.random.default_rng(3)
+    n, col = 30, {name: i for i, name in enumerate(PROFILE_COMPONENTS)}
+    where = [c for c in PROFILE_COMPONENTS if c.startswith("offset")] + ["cls", "sep", "punct", "last"]
+    idx = [col[c] for c in where]
+    seq = planted_tokens(n, rng=rng)
+    ctx = TokenContext.from_tokens([seq.tokens], [seq.segment_ids], maps_per_row=3)
+    uniform = np.full((1, n, n), 1 / n, np.float32)
+    plain_uniform = profile_maps(uniform, TokenContext.from_tokens([seq.tokens], [seq.segment_ids]), weighted=False,
+                                 excess=False)[0, idx]  # u: what a uniform row gives, measured, not assumed
+    maps = np.stack([planted_head_map(kind, seq, rng=rng, noise=0.3) for kind in ("previous", "sep", "broad")])
+    plain = profile_maps(maps, ctx, weighted=False, excess=False)
+    got = profile_maps(maps, ctx, weighted=False)
+    for m in range(len(maps)):
+        for j, c in enumerate(idx):
+            share, u = plain[m, c], plain_uniform[j]
+            assert got[m, c] == pytest.approx(max(0.0, (share - u) / (1 - u)), abs=1e-6), (m, where[j])
+    others = [i for i in range(len(PROFILE_COMPONENTS)) if i not in idx]
+    np.testing.assert_array_equal(got[:, others], plain[:, others])
+    assert got[0, col["offset-1"]] > 0.6 and got[1, col["sep"]] > 0.6  # the targets keep their excess
+    np.testing.assert_allclose(got[2, idx], 0, atol=0.05)  # a broad head attends nowhere more than uniformly
+    np.testing.assert_allclose(profile_maps(uniform, weighted=False)[0, idx], 0, atol=1e-6)
 
 
 def test_stored_dtypes_and_read_only_maps_give_the_float32_profile():
@@ -175,7 +199,7 @@ def test_offset_components_tell_previous_next_and_self_apart_exactly():
     maps[0, idx, np.maximum(idx - 1, 0)] = 1
     maps[1, idx, np.minimum(idx + 1, n - 1)] = 1
     maps[2, idx, idx] = 1
-    got = profile_maps(maps, weighted=False)
+    got = profile_maps(maps, weighted=False, excess=False)
     col = {name: i for i, name in enumerate(PROFILE_COMPONENTS)}
     want = np.eye(3)[[0, 2, 1]]
     want[:2, 1] = 1 / n  # the first (last) row of a previous (next) map attends to itself
@@ -187,7 +211,7 @@ def test_offset_components_tell_previous_next_and_self_apart_exactly():
 def test_profile_without_context_and_bad_inputs():
     rng = np.random.default_rng(0)
     maps = rng.dirichlet(np.ones(10), size=(4, 10)).astype(np.float32)
-    got = profile_maps(maps, weighted=False)  # [CLS] first, [SEP] last, no punctuation, one segment
+    got = profile_maps(maps, weighted=False, excess=False)  # [CLS] first, [SEP] last, no punctuation, one segment
     col = {name: i for i, name in enumerate(PROFILE_COMPONENTS)}
     np.testing.assert_allclose(got[:, col["cls"]], maps[:, :, 0].mean(1), rtol=1e-5)
     np.testing.assert_allclose(got[:, col["sep"]], got[:, col["last"]])
