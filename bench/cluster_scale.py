@@ -1,11 +1,15 @@
-"""``cluster_100k`` / ``cluster_1m``: KMeans + UMAP over many pooled-map vectors, streamed in blocks.
+"""``cluster_100k`` / ``cluster_1m``: k selection (split-half stability), KMeans, per-cluster stability and UMAP over
+many map vectors, streamed in blocks.
 
-Vectors: the pooled (32 x 32 = 1,024-d) vectors of planted maps (``attnclust.synthetic``) as prototypes, each
-generated row one prototype plus Gaussian noise, produced block by block from a per-block seed, so any block can
-be made again and no more than one block (plus the fit sample) is ever held. The fit follows the package: a
-``fit_sample`` of rows (the demo job's cluster settings) goes to ``attnclust.cluster.fit_clusters`` (PCA, k by
-silhouette, KMeans, UMAP on ``umap_sample`` of them); then every block is reduced, labelled and UMAP-transformed
-as ``assign_block`` does.
+Vectors: the default featurizer's vectors (``jobs/demo.yaml``: ``profile``, 17-d; ``pooled`` 32 x 32 = 1,024-d
+when the job says so) of the eight planted head types (``attnclust.synthetic.planted_head_maps``, lengths
+16..384) as prototypes, each generated row one prototype plus Gaussian noise, produced block by block from a
+per-block seed, so any block can be made again and no more than one block (plus the fit sample) is ever held.
+The fit follows the package: a ``fit_sample`` of rows (the demo job's cluster settings, ``k: auto``) goes to
+``attnclust.cluster.fit_clusters`` (PCA, k by split-half stability on ``stability_sample`` maps, KMeans,
+per-cluster bootstrap stability, UMAP on ``umap_sample`` of them); then every block is reduced, labelled and
+UMAP-transformed as ``assign_block`` does. ``fit_parts`` in the settings holds the seconds of each part of the
+fit (``choose_k``, ``kmeans``, ``bootstrap``, ``umap`` ...).
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ BLOCK = 20_000
 NOISE = 0.01
 
 
-def _prototypes(grid: int, per_type: int = 40):
-    from attnclust.featurize.pooled import pool_maps
-    from attnclust.synthetic import planted_maps
+def _prototypes(fcfg, per_type: int = 40):
+    from attnclust.featurize import TokenContext, embed_with_context, get_featurizer
+    from attnclust.synthetic import planted_head_maps
 
-    maps, labels = planted_maps(per_type, lengths=(60, 380), rng=np.random.default_rng(1))
-    protos = np.concatenate([pool_maps(m[None], grid=grid) for m in maps]).astype(np.float32)
+    maps, labels, seqs = planted_head_maps(per_type, lengths=(16, 384), rng=np.random.default_rng(1))
+    featurizer = get_featurizer(fcfg.method)
+    protos = np.concatenate([embed_with_context(featurizer, m[None], fcfg, context=TokenContext.from_tokens(
+        [q.tokens], [q.segment_ids])) for m, q in zip(maps, seqs)]).astype(np.float32)
     return protos, labels
 
 
@@ -45,7 +51,7 @@ def bench_cluster(ctx, n_rows: int, name: str) -> None:
     from attnclust.cluster import fit_clusters, sample_rows
 
     ccfg = ctx.demo_cfg.cluster
-    protos, proto_labels = _prototypes(ctx.demo_cfg.featurize.grid)
+    protos, proto_labels = _prototypes(ctx.demo_cfg.featurize)
     blocks = [(b, r0, min(r0 + BLOCK, n_rows)) for b, r0 in enumerate(range(0, n_rows, BLOCK))]
     t = {}
     with PeakRSS() as mem:
@@ -83,9 +89,11 @@ def bench_cluster(ctx, n_rows: int, name: str) -> None:
         t["assign_umap_transform"] = umap_s
         total = time.perf_counter() - t0
     ari = float(adjusted_rand_score(truth[::max(1, n_rows // 50_000)], labels[::max(1, n_rows // 50_000)]))
-    settings = {"rows": n_rows, "dim": int(protos.shape[1]), "block_rows": BLOCK, "noise_sd": NOISE,
+    settings = {"rows": n_rows, "featurizer": ctx.demo_cfg.featurize.method, "dim": int(protos.shape[1]),
+                "block_rows": BLOCK, "noise_sd": NOISE,
                 "prototypes": len(protos), "fit_sample": len(rows), "umap_sample": ccfg.umap_sample,
-                "k": int(fitted.k_), "pca_components": ccfg.pca_components,
+                "k": int(fitted.k_),
+                "k_selection": "split-half stability" if ccfg.k == "auto" else "fixed", "pca_components": ccfg.pca_components,
                 "seconds_parts": {k: round(v, 2) for k, v in t.items()}, "fit_parts": fitted.timings_,
                 "peak_rss_bytes": mem.peak, "rss_before_bytes": mem.baseline, "peak_growth_bytes": mem.growth,
                 "ari_vs_planted_types_on_subsample": round(ari, 3),

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if "quality" in groups:
             from .featurizer import bench_cluster_quality
 
-            bench_cluster_quality(ctx, s["quality_per_type"], (60, 380))
+            bench_cluster_quality(ctx, s["quality_per_type"], (16, 384))
         if "scale" in groups:
             from .scale import bench_scale
 
