@@ -1,4 +1,5 @@
-"""Command line: ``attnclust run|extract|featurize|cluster|report|finetune [JOB.yaml] ...``, ``attnclust evaluate``.
+"""Command line: ``attnclust run|extract|featurize|cluster|report|finetune [JOB.yaml] ...``, ``attnclust evaluate``,
+``attnclust compare A B --out C``.
 
 Thin by design: parse arguments, load the job, call the library, map errors to exit codes (2 for bad input).
 """
@@ -58,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
                          "as the official script)")
     ev.add_argument("--allow-missing", action="store_true",
                     help="score only the questions that have a prediction (default: missing ones are an error)")
+    cmp_ = sub.add_parser("compare", help="what changed between two runs over the same examples, head by head")
+    cmp_.add_argument("a", help="run directory A (e.g. the pre-trained model's)")
+    cmp_.add_argument("b", help="run directory B (e.g. the fine-tuned model's), same examples and tokenisation")
+    cmp_.add_argument("--out", required=True, help="output directory: compare.parquet, compare_layers.parquet, "
+                      "compare.html (new, empty, or written by attnclust before)")
+    cmp_.add_argument("--max-features", type=int, help="compare a seeded sample of this many features "
+                      "(default: all)")
+    cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
     certs = sub.add_parser("certs", help="generate a CA and scheduler/worker/client TLS certificates")
     certs.add_argument("dir")
     return parser
@@ -77,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "evaluate":
             return _evaluate(args)
+        if args.command == "compare":
+            return _compare(args)
         if args.command == "finetune":
             return _finetune(args)
         from .config import load_job
@@ -118,6 +129,19 @@ def _evaluate(args) -> int:
     scores = evaluate_files(args.data, args.predictions, args.null_odds, null_odds_threshold=args.null_odds_threshold,
                             allow_missing=args.allow_missing)
     print(json.dumps(scores, indent=2))
+    return 0
+
+
+def _compare(args) -> int:
+    from .compare import run_compare
+
+    result = run_compare(args.a, args.b, args.out, max_features=args.max_features, progress=not args.quiet)
+    top = result.heads.sort_values("rank").head(3)
+    print(f"compared {int(result.heads['n_features'].iloc[0])} features in {result.seconds:.1f} s; most changed: "
+          + ", ".join(f"L{r.layer} H{r.head} ({r.change:.3f})" for r in top.itertuples()))
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"report: {result.files['compare_report'].resolve()}")
     return 0
 
 

@@ -17,6 +17,8 @@ Layout (relative to the run directory)::
     embedding.zarr          one vector per map
     cluster_labels.parquet  cluster, centroid distance and 2-D position per map; cluster_model.json
     maps/heads/clusters.parquet, report.html, job.json
+    head_layout.parquet     2-D map of the heads by their Jensen-Shannon distances (analysis/distances.py)
+    importance.parquet      per-head importance; pruning.parquet: F1 as heads are removed
     parts/                  per-block parquet parts of the extraction
     _state/                 stage records, per-block markers, the run lock, the service's job state and log
 """
@@ -33,7 +35,8 @@ from pathlib import Path
 
 from .errors import JobLocked, StoreError
 
-__all__ = ["MARKER", "MARKER_SCHEMA", "WEIGHT_FILES", "ModelDirLayout", "RunLayout", "StateDirectory"]
+__all__ = ["MARKER", "MARKER_SCHEMA", "WEIGHT_FILES", "CompareLayout", "ModelDirLayout", "RunLayout",
+           "StateDirectory"]
 
 MARKER = ".attnclust-run.json"
 MARKER_SCHEMA = "attnclust.run"
@@ -170,6 +173,21 @@ class RunLayout(StateDirectory):
     def job(self) -> Path:
         """``job.json``: the resolved configuration, versions and per-stage records."""
         return self.root / "job.json"
+
+    @property
+    def head_layout(self) -> Path:
+        """``head_layout.parquet``: per (layer, head) MDS position by Jensen-Shannon head distance."""
+        return self.root / "head_layout.parquet"
+
+    @property
+    def importance(self) -> Path:
+        """``importance.parquet``: per (layer, head) importance (Michel et al. 2019), raw and normalised."""
+        return self.root / "importance.parquet"
+
+    @property
+    def pruning(self) -> Path:
+        """``pruning.parquet``: QA scores as heads are removed by importance and at random."""
+        return self.root / "pruning.parquet"
 
     @property
     def qa_scores(self) -> Path:
@@ -439,3 +457,41 @@ class ModelDirLayout(StateDirectory):
     def unfinished(self) -> bool:
         """True when a fine-tuning began here and has not finished (the model is not there yet)."""
         return self.stage_started(self.stage).exists() and not self.stage_record(self.stage).exists()
+
+
+class CompareLayout(RunLayout):
+    """The output directory of ``attnclust compare A B --out C``, with the ownership rules of a run directory
+    (marker first, only recorded paths are ever replaced or removed).
+
+    Layout (relative to the directory)::
+
+        .attnclust-run.json     ownership marker (as in a run directory)
+        compare.parquet         one row per (layer, head): change, cosine, rank, roles gained / lost
+        compare_layers.parquet  one row per layer: the same measures averaged over the layer's heads
+        compare.html            the self-contained comparison report
+        _state/                 the lock
+
+    Parameters
+    ----------
+    root
+        The directory (``--out``).
+    """
+
+    @property
+    def compare(self) -> Path:
+        """``compare.parquet``: per (layer, head) change between the two runs."""
+        return self.root / "compare.parquet"
+
+    @property
+    def compare_layers(self) -> Path:
+        """``compare_layers.parquet``: per layer change between the two runs."""
+        return self.root / "compare_layers.parquet"
+
+    @property
+    def compare_report(self) -> Path:
+        """``compare.html``: the comparison report."""
+        return self.root / "compare.html"
+
+    def compare_files(self) -> tuple[Path, ...]:
+        """Every file a comparison writes."""
+        return (self.compare, self.compare_layers, self.compare_report)

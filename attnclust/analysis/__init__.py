@@ -7,3 +7,6 @@
 A new statistic or head analysis is one module that registers itself; it then appears in the parquet outputs
 and in the report with no other edit.
 """
+
+from . import answer  # noqa: F401, I001  (registers the "answer_attention" and "unanswerable_attention" analyses)
+from . import roles  # noqa: F401  (registers the "roles" head analysis)

@@ -511,7 +511,8 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
 
 
 def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int,
-                min_stability: float = DEFAULT_MIN_STABILITY) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                min_stability: float = DEFAULT_MIN_STABILITY, extra: dict | None = None,
+                importance: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Join labels, statistics and features by explicit keys, run the registered head analyses; write the
     maps/heads/clusters parquet tables.
 
@@ -526,6 +527,11 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     min_stability : float, optional
         Clusters whose stability is below it get ``stable = False`` (only when ``cluster_model.json`` has
         ``cluster_stability``; otherwise the clusters table has no ``stability`` / ``stable`` columns).
+    extra : dict, optional
+        Handed to the head analyses as :attr:`HeadContext.extra` (e.g. ``predictions``: ``predictions.parquet``).
+    importance : pandas.DataFrame, optional
+        ``importance.parquet`` (``layer``, ``head``, ``importance``, ...): its columns join the heads table, beside
+        the mean ``confidence`` (Voita et al.) that every head has.
 
     Returns
     -------
@@ -545,8 +551,12 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     stability = read_stability(layout, k, min_stability=min_stability)
     if stability is not None:
         clusters = clusters.join(stability, on="cluster")
-    heads = run_head_analyses(HeadContext(maps=maps, features=features, layout=layout, k=k), heads)
+    heads = run_head_analyses(HeadContext(maps=maps, features=features, layout=layout, k=k, extra=dict(extra or {})),
+                              heads)
     atomic_write_parquet(maps, layout.table("maps"))
+    if importance is not None:
+        heads = heads.merge(importance.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
+                            on=["layer", "head"], how="left", validate="one_to_one")
     atomic_write_parquet(heads, layout.table("heads"))
     atomic_write_parquet(clusters, layout.table("clusters"))
     return maps, heads, clusters

@@ -28,11 +28,14 @@ __all__ = [
     "cluster_palette",
     "head_grid",
     "head_heatmap_figure",
+    "head_layout_figure",
     "head_matrix",
+    "layer_bars_figure",
     "mean_map_figure",
     "medoid_figure",
     "null_odds_figure",
     "png_data_uri",
+    "pruning_figure",
     "k_score_figure",
     "umap_figure",
     "umap_points",
@@ -381,4 +384,119 @@ def head_heatmap_figure(layers: np.ndarray, head_ids: np.ndarray, values: np.nda
                 if np.isfinite(values[i, j]):
                     ax.text(j, i, fmt(values[i, j], unit), ha="center", va="center", fontsize=6,
                             color="#000" if shown[i, j] > mid else "#fff")
+    return fig
+
+
+def head_layout_figure(layout: pd.DataFrame, categories: np.ndarray, *, category_title: str,
+                       palette: np.ndarray | None = None) -> Figure:
+    """The heads placed by metric MDS of their Jensen-Shannon distances: coloured by layer and by a category.
+
+    Parameters
+    ----------
+    layout : pandas.DataFrame
+        ``head_layout.parquet``: ``layer``, ``head``, ``x``, ``y``; one row per (layer, head).
+    categories : numpy.ndarray of str, shape (head,)
+        A label per row of ``layout`` (the head's role, or its dominant cluster), drawn in qualitative colours.
+    category_title : str
+        What the categories are (the right panel's title and legend title).
+    palette : numpy.ndarray, shape (n_categories, 4), optional
+        Colours of the sorted distinct categories (default: :func:`cluster_palette`).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        Two panels; each point is labelled ``L{layer}H{head}`` when there are at most 144 heads.
+    """
+    x = layout["x"].to_numpy(np.float64)
+    y = layout["y"].to_numpy(np.float64)
+    layer = layout["layer"].to_numpy(np.float64)
+    categories = np.asarray(categories, dtype=str)
+    names = sorted(set(categories.tolist()))
+    palette = cluster_palette(len(names)) if palette is None else palette
+    colors = palette[np.searchsorted(np.asarray(names), categories)] if len(names) else np.zeros((0, 4))
+    fig = Figure(figsize=(12, 5.4))
+    ax1, ax2 = fig.subplots(1, 2)
+    sc = ax1.scatter(x, y, c=layer, cmap="viridis", s=36, linewidths=0.4, edgecolors="#333")
+    levels = np.unique(layout["layer"].to_numpy())
+    fig.colorbar(sc, ax=ax1, label="layer", ticks=levels[::max(1, len(levels) // 12)])
+    ax1.set_title("coloured by layer", fontsize=10)
+    ax2.scatter(x, y, c=colors, s=36, linewidths=0.4, edgecolors="#333")
+    ax2.set_title(f"coloured by {category_title}", fontsize=10)
+    if len(names) <= 30:
+        handles = [Line2D([], [], ls="", marker="o", ms=6, color=palette[i], label=short(n, 24).replace("$", r"\$"))
+                   for i, n in enumerate(names)]
+        ax2.legend(handles=handles, title=category_title, fontsize=7, title_fontsize=8, loc="upper left",
+                   bbox_to_anchor=(1.01, 1.0), frameon=False)
+    if len(layout) <= 144:
+        for ax in (ax1, ax2):
+            for xi, yi, lv, hv in zip(x, y, layout["layer"], layout["head"]):
+                ax.annotate(f"L{lv}H{hv}", (xi, yi), fontsize=5, xytext=(2, 2), textcoords="offset points",
+                            color="#444")
+    for ax in (ax1, ax2):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_aspect("equal", adjustable="datalim")
+    return fig
+
+
+def layer_bars_figure(layers: np.ndarray, values: np.ndarray, *, label: str, errors: np.ndarray | None = None
+                      ) -> Figure:
+    """One bar per layer (e.g. how much a layer's attention changed between two runs).
+
+    Parameters
+    ----------
+    layers : numpy.ndarray, shape (layer,)
+        Layer numbers (bar labels).
+    values : numpy.ndarray of float64, shape (layer,)
+        Bar heights.
+    label : str
+        The y-axis label.
+    errors : numpy.ndarray of float64, shape (layer,), optional
+        Error bars (e.g. the spread over the layer's heads).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = Figure(figsize=(min(9.0, 2.0 + 0.5 * len(layers)), 3.0))
+    ax = fig.subplots()
+    ax.bar(np.arange(len(layers)), values, yerr=errors, color="#1f77b4", capsize=3 if errors is not None else 0)
+    ax.set_xticks(np.arange(len(layers)), [f"L{v}" for v in layers], fontsize=8)
+    ax.set_xlabel("layer", fontsize=8)
+    ax.set_ylabel(label, fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def pruning_figure(curve: pd.DataFrame) -> Figure:
+    """QA F1 as heads are removed: least important first against at random (each seed thin, their mean thick).
+
+    Parameters
+    ----------
+    curve : pandas.DataFrame
+        ``pruning.parquet``: ``fraction``, ``order`` (``importance`` | ``random``), ``seed``, ``f1``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = Figure(figsize=(6.4, 3.2), dpi=DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    random = curve[curve["order"] == "random"]
+    for _, seed in random.groupby("seed"):
+        seed = seed.sort_values("fraction")
+        ax.plot(100 * seed["fraction"], seed["f1"], color="#999", linewidth=0.8, alpha=0.6)
+    mean = random.groupby("fraction")["f1"].mean()
+    n_seeds = random["seed"].nunique()
+    ax.plot(100 * mean.index, mean.to_numpy(), "o-", color="#7f7f7f", ms=3,
+            label=f"at random (mean of {n_seeds} seed{'s' if n_seeds != 1 else ''})")
+    imp = curve[curve["order"] == "importance"].sort_values("fraction")
+    ax.plot(100 * imp["fraction"], imp["f1"], "o-", color="#d62728", ms=4, label="least important first")
+    ax.set_xlabel("heads removed (%)")
+    ax.set_ylabel("F1 (official SQuAD 2.0)")
+    ax.set_xlim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
     return fig

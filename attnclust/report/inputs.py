@@ -9,7 +9,8 @@ import pandas as pd
 
 from ..errors import DataError
 
-__all__ = ["CLUSTER_COLUMNS", "HEAD_COLUMNS", "MAP_COLUMNS", "PREDICTION_COLUMNS", "ReportInputs"]
+__all__ = ["CLUSTER_COLUMNS", "HEAD_COLUMNS", "HEAD_LAYOUT_REQUIRED", "MAP_COLUMNS", "PREDICTION_COLUMNS",
+           "PRUNING_COLUMNS", "ReportInputs"]
 
 MAP_COLUMNS = ("feature_id", "example_id", "layer", "head", "cluster", "umap_x", "umap_y")
 """Columns the maps table must have."""
@@ -20,6 +21,10 @@ CLUSTER_COLUMNS = ("cluster", "size", "share", "description", "top_heads")
 PREDICTION_COLUMNS = ("example_id", "question", "prediction", "gold_answers", "is_impossible", "null_odds",
                       "exact", "f1")
 """Columns the predictions table must have."""
+PRUNING_COLUMNS = ("fraction", "n_removed", "order", "seed", "f1", "exact")
+"""Columns the pruning curve must have."""
+HEAD_LAYOUT_REQUIRED = ("layer", "head", "x", "y")
+"""Columns the head layout table must have."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +68,12 @@ class ReportInputs:
     predictions : pandas.DataFrame, optional
         ``predictions.parquet``: ``example_id``, ``question``, ``prediction``, ``gold_answers``,
         ``is_impossible``, ``null_odds``, ``exact``, ``f1``.
+    pruning : pandas.DataFrame, optional
+        ``pruning.parquet``: ``fraction``, ``n_removed``, ``order`` (``importance`` | ``random``), ``seed``, ``f1``,
+        ``exact`` (official SQuAD 2.0 scores as heads are removed; the heads table then has ``importance``).
+    head_layout : pandas.DataFrame, optional
+        ``head_layout.parquet`` (:func:`attnclust.analysis.distances.head_layout_table`): ``layer``, ``head``,
+        ``x``, ``y`` (MDS of the Jensen-Shannon head distances) and more; the report's head map.
 
     Raises
     ------
@@ -84,6 +95,8 @@ class ReportInputs:
     max_tokens_shown: int = 64
     qa: dict | None = None
     predictions: pd.DataFrame | None = None
+    pruning: pd.DataFrame | None = None
+    head_layout: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:
         for name, table, cols in (("maps", self.maps, MAP_COLUMNS), ("heads", self.heads, HEAD_COLUMNS),
@@ -126,6 +139,16 @@ class ReportInputs:
             if missing:
                 raise DataError(f"report input predictions: missing column(s) {', '.join(missing)}; "
                                 f"required: {', '.join(PREDICTION_COLUMNS)}")
+        if self.head_layout is not None:
+            missing = [c for c in HEAD_LAYOUT_REQUIRED if c not in getattr(self.head_layout, "columns", ())]
+            if missing:
+                raise DataError(f"report input head_layout: missing column(s) {', '.join(missing)}; "
+                                f"required: {', '.join(HEAD_LAYOUT_REQUIRED)}")
+        if self.pruning is not None:
+            missing = [c for c in PRUNING_COLUMNS if c not in getattr(self.pruning, "columns", ())]
+            if missing:
+                raise DataError(f"report input pruning: missing column(s) {', '.join(missing)}; "
+                                f"required: {', '.join(PRUNING_COLUMNS)}")
         if isinstance(self.notes, str):
             raise DataError("report input notes: got a single string; pass a tuple of strings, e.g. (note,)")
         if isinstance(self.max_tokens_shown, bool) or not isinstance(self.max_tokens_shown, (int, np.integer)) \

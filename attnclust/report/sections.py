@@ -23,6 +23,7 @@ from .figures import (
     cluster_palette,
     head_grid,
     head_heatmap_figure,
+    head_layout_figure,
     head_matrix,
     mean_map_figure,
     medoid_figure,
@@ -36,10 +37,11 @@ from .formatting import PERCENT_UNIT, column_units, fmt, fmt_id, hex_color, shor
 from .inputs import ReportInputs
 from .registry import report_section
 
-__all__ = ["GRID_TEXT_MAX", "QA_EXAMPLES_SHOWN", "UMAP_OFF_SENTENCE", "UNSTABLE_LABEL", "cluster_cards", "cluster_stats",
-           "clusters_by_size", "clusters_in_report_order", "grid", "head_analysis_heatmaps", "is_unstable", "k_choice",
-           "length_rows", "length_warning_text", "notes", "qa", "run_length_shares", "settings", "stats_table",
-           "summary", "umap"]
+__all__ = ["GRID_TEXT_MAX", "HEAD_MAP_PAIRS", "NO_ROLE", "QA_EXAMPLES_SHOWN", "UMAP_OFF_SENTENCE", "UNSTABLE_LABEL",
+           "cluster_cards", "cluster_stats", "clusters_by_size", "clusters_in_report_order", "grid",
+           "head_analysis_heatmaps", "head_map", "importance_section", "is_unstable", "k_choice", "length_rows",
+           "length_warning_text",
+           "notes", "qa", "role_categories", "run_length_shares", "settings", "stats_table", "summary", "umap"]
 
 GRID_TEXT_MAX = 16
 """Cluster id and purity are written in the grid cells when layers and heads are both at most this."""
@@ -425,12 +427,13 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
     dict or None
         The context of ``head_analyses.html.j2``: ``analyses`` (``name``, ``description``, ``unit``,
         ``unit_label``, ``figures`` with ``column``, ``src`` (``None`` when the column has no number)); ``None``
-        when no registered analysis has a column in the heads table.
+        when no registered analysis has a column in the heads table. Text columns get no heatmap.
     """
     heads = inputs.heads
     analyses = []
     for analysis in HEAD_ANALYSES.values():
-        columns = [c for c in analysis.columns if c in heads.columns]
+        columns = [c for c in analysis.columns if c in heads.columns
+                   and not pd.api.types.is_string_dtype(heads[c])]  # text columns (e.g. ``roles``): no heatmap
         if not columns:
             continue
         figures = []
@@ -536,3 +539,129 @@ def _settings_text(settings_: dict) -> str:
     except ImportError:  # pragma: no cover - pyyaml is a dependency of config.py
         return json.dumps(plain, indent=2)
     return yaml.safe_dump(plain, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+HEAD_MAP_PAIRS = 8
+"""Pairs of most similar heads listed under the head map."""
+NO_ROLE = "no role"
+"""Category of a head with an empty ``roles`` value in the head map."""
+
+
+def role_categories(roles: pd.Series, *, max_categories: int = 12) -> np.ndarray:
+    """One category per head from its ``roles`` (comma-separated role names) for colouring.
+
+    Parameters
+    ----------
+    roles : pandas.Series of str
+        The ``roles`` column of the heads table; empty or missing means no role.
+    max_categories : int, optional
+        With more distinct role combinations than this, a head is labelled by its first role only.
+
+    Returns
+    -------
+    numpy.ndarray of str
+        ``"previous+cls"`` style labels, :data:`NO_ROLE` for heads without a role.
+    """
+    parts = [[r.strip() for r in str(v).split(",") if r.strip()] if isinstance(v, str) else [] for v in roles]
+    combos = np.array(["+".join(p) if p else NO_ROLE for p in parts], dtype=object)
+    if len(set(combos.tolist())) > max_categories:
+        combos = np.array([p[0] if p else NO_ROLE for p in parts], dtype=object)
+    return combos.astype(str)
+
+
+@report_section("head_map", title="Head map", order=660, template="head_map.html.j2")
+def head_map(inputs: ReportInputs) -> dict[str, Any] | None:
+    """The heads placed by metric MDS of their Jensen-Shannon distances (Clark et al. 2019), coloured by layer
+    and by role (when the heads table has ``roles``) or dominant cluster, and the most similar pairs of heads.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``head_map.html.j2``: ``src``, ``by`` (what the right panel colours by), ``n_features``,
+        ``max_rows``, ``pairs`` (``a``, ``b``, ``distance``); ``None`` when the run has no head layout.
+    """
+    layout = inputs.head_layout
+    if layout is None or not len(layout):
+        return None
+    heads = inputs.heads
+    if "roles" in heads.columns:
+        by = "role"
+        joined = layout[["layer", "head"]].merge(heads[["layer", "head", "roles"]], on=["layer", "head"], how="left")
+        categories = role_categories(joined["roles"])
+        palette = None
+    else:
+        by = "dominant cluster"
+        joined = layout[["layer", "head"]].merge(heads[["layer", "head", "dominant_cluster"]], on=["layer", "head"],
+                                                 how="left")
+        ids = joined["dominant_cluster"].fillna(-1).to_numpy(np.int64)
+        categories = np.array([f"cluster {c:02d}" if c >= 0 else "no data" for c in ids])
+        pal = cluster_palette(len(inputs.clusters))
+        palette = np.array([pal[int(n.split()[-1])] if n.startswith("cluster ") and int(n.split()[-1]) < len(pal)
+                            else [0.7, 0.7, 0.7, 1.0] for n in sorted(set(categories.tolist()))]).reshape(-1, 4)
+    src = png_data_uri(head_layout_figure(layout, categories, category_title=by, palette=palette))
+    pairs = []
+    if {"nearest_layer", "nearest_head", "nearest_distance"} <= set(layout.columns):
+        seen = set()
+        for r in layout.sort_values(["nearest_distance", "layer", "head"]).to_dict("records"):
+            key = tuple(sorted([(int(r["layer"]), int(r["head"])), (int(r["nearest_layer"]), int(r["nearest_head"]))]))
+            if key in seen or not np.isfinite(r["nearest_distance"]):
+                continue
+            seen.add(key)
+            pairs.append({"a": f"L{key[0][0]} H{key[0][1]}", "b": f"L{key[1][0]} H{key[1][1]}",
+                          "distance": f"{float(r['nearest_distance']):.3f}"})
+            if len(pairs) >= HEAD_MAP_PAIRS:
+                break
+    attrs = layout.attrs or {}
+    return {"src": src, "by": by, "n_features": attrs.get("n_features"), "max_rows": attrs.get("max_rows"),
+            "pairs": pairs}
+
+
+@report_section("importance", title="Head importance and pruning", order=670, template="importance.html.j2",
+                nav="Importance")
+def importance_section(inputs: ReportInputs) -> dict[str, Any] | None:
+    """Heatmaps of the heads' importance (Michel et al. 2019) and confidence (Voita et al. 2019), and the pruning
+    curve: F1 as heads are removed by importance against at random.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``importance.html.j2``: ``figures`` (``column``, ``src``, ``alt``), ``rho`` (Spearman
+        correlation of importance and confidence, or ``None``), ``trained``, ``n_features``, ``curve_src`` and
+        ``rows`` of the curve; ``None`` when the run has neither importance nor a pruning curve.
+    """
+    from .figures import pruning_figure
+
+    heads, curve = inputs.heads, inputs.pruning
+    if "importance" not in heads.columns and curve is None:
+        return None
+    figures, rho = [], None
+    for column, unit in (("importance", "L2-normalised per layer"), ("confidence", PERCENT_UNIT)):
+        if column in heads.columns:
+            layers, head_ids, values = head_matrix(heads, column)
+            if np.isfinite(values).any():
+                annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
+                figures.append({"column": column, "alt": f"layer x head heatmap of {column}", "src": png_data_uri(
+                    head_heatmap_figure(layers, head_ids, values, column=column, unit=unit, annotate=annotate))})
+    if {"importance", "confidence"} <= set(heads.columns):
+        both = heads[["importance", "confidence"]].dropna()
+        if len(both) > 2 and both["importance"].nunique() > 1 and both["confidence"].nunique() > 1:
+            rho = f"{both['importance'].rank().corr(both['confidence'].rank()):.2f}"
+    rows, curve_src = [], None
+    if curve is not None and len(curve):
+        curve_src = png_data_uri(pruning_figure(curve))
+        random = curve[curve["order"] == "random"].groupby("fraction")["f1"].mean()
+        for r in curve[curve["order"] == "importance"].sort_values("fraction").itertuples(index=False):
+            rows.append({"fraction": f"{r.fraction:.0%}", "n_removed": f"{int(r.n_removed):,}", "f1": f"{r.f1:.1f}",
+                         "random_f1": f"{random.get(r.fraction, np.nan):.1f}", "exact": f"{r.exact:.1f}"})
+    stage = inputs.settings.get("stages", {}).get("importance", {}) if isinstance(inputs.settings, dict) else {}
+    trained = bool(inputs.qa["head_trained"]) if inputs.qa else bool(stage.get("head_trained", True))
+    return {"figures": figures, "rho": rho, "trained": trained, "n_features": f"{int(stage.get('features', 0)):,}"
+            if stage.get("features") else "the", "curve_src": curve_src, "rows": rows}

@@ -1,8 +1,8 @@
 """The pipeline's stages, in order, and the commands that run them.
 
-Each stage is one module (:mod:`.extract`, :mod:`.qa`, :mod:`.featurize`, :mod:`.cluster`, :mod:`.report`)
-declaring a :class:`~attnclust.stages.base.Stage`; :func:`~attnclust.stages.base.run_stages` runs them on a Dask
-client or in-process (:mod:`.executors`). This module is the one place the stage list is spelled.
+Each stage is one module (:mod:`.extract`, :mod:`.qa`, :mod:`.featurize`, :mod:`.cluster`, :mod:`.importance`,
+:mod:`.report`) declaring a :class:`~attnclust.stages.base.Stage`; :func:`~attnclust.stages.base.run_stages` runs
+them on a Dask client or in-process (:mod:`.executors`). This module is the one place the stage list is spelled.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from .cluster import ClusterStage
 from .executors import DaskExecutor, SerialExecutor
 from .extract import ExtractStage
 from .featurize import FeaturizeStage
+from .importance import ImportanceStage
 from .qa import QAStage
 from .report import ReportStage
 
 __all__ = ["COMMANDS", "STAGES", "DaskExecutor", "RunContext", "SerialExecutor", "Stage", "check_stages",
            "make_stages", "run_stages", "stage_names"]
 
-STAGES: tuple[type[Stage], ...] = (ExtractStage, QAStage, FeaturizeStage, ClusterStage, ReportStage)
+STAGES: tuple[type[Stage], ...] = (ExtractStage, QAStage, FeaturizeStage, ClusterStage, ImportanceStage, ReportStage)
 """Every stage, in the order they run."""
 
 COMMANDS: dict[str, tuple[str, ...]] = {

@@ -28,7 +28,7 @@ class ReportStage(Stage):
     name = "report"
     version = 2  # 2: Kovaleva types, distinct descriptions, length view, stability flags
     inputs = ("cluster",)
-    optional_inputs = ("qa",)
+    optional_inputs = ("qa", "importance")
     reads = ("name", "report.title", "report.max_tokens_shown", "cluster.random_state")
 
     def keys(self, cfg) -> tuple[str, ...]:
@@ -36,14 +36,18 @@ class ReportStage(Stage):
         return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ())
 
     def identity(self, ctx: RunContext) -> dict:
-        """The registered head analyses' versions and report sections (a new one re-renders the report)."""
+        """The registered head analyses' versions, report sections and the head map's version (a new one
+        re-renders the report)."""
+        from ..analysis.distances import VERSION as HEAD_LAYOUT_VERSION
         from ..report import REPORT_SECTIONS
 
-        return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS)}
+        return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS),
+                "head_layout": HEAD_LAYOUT_VERSION}
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
-        """The joined tables and the HTML report."""
-        return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.report)
+        """The joined tables, the head map and the HTML report."""
+        return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.head_layout,
+                layout.report)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Blocks only for a store without ``map_stats.parquet`` (written by another tool): its statistics."""
@@ -58,6 +62,7 @@ class ReportStage(Stage):
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Build the atlas tables, run the head analyses, write ``report.html``."""
         from ..analysis.atlas import build_atlas, cluster_mean_maps, medoid_maps
+        from ..analysis.distances import compute_head_layout
         from ..report import ReportInputs, write_report
 
         layout, cfg = ctx.layout, ctx.cfg
@@ -72,20 +77,28 @@ class ReportStage(Stage):
         qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
         predictions = pd.read_parquet(layout.predictions) if qa else None
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
+        ran = "importance" in ctx.records  # the importance stage ran (when skipped, it wrote nothing)
+        importance = pd.read_parquet(layout.importance) if ran and layout.importance.exists() else None
+        pruning = pd.read_parquet(layout.pruning) if ran and layout.pruning.exists() else None
         settings = {"job_id": ctx.job_id, "config": cfg.to_dict(), "backend": ctx.backend,
                     "stages": {name: {k_: v for k_, v in rec.items() if k_ != "parts"}
                                for name, rec in ctx.records.items()}}
         with StepBars("report", progress=ctx.progress) as bars:
             with bars.step("atlas tables"):
                 maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k,
-                                                    min_stability=_min_stability(cfg))
+                                                    min_stability=_min_stability(cfg), importance=importance,
+                                                    extra={} if predictions is None else {"predictions": predictions})
             mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars)
+            head_layout = compute_head_layout(open_attention_store(layout.attention),
+                                              random_state=cfg.cluster.random_state, on_step=bars)
+            atomic_write_parquet(head_layout, layout.head_layout)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
                 clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
-                max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions)
+                max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
+                head_layout=head_layout)
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)
         return {"report": str(path), "clusters": k}

@@ -1,0 +1,307 @@
+"""Head distances (Clark et al. 2019): how differently two heads attend over the same tokens, and a 2-D map of them.
+
+For one feature, every head's map (query, key) is row-normalised and smoothed as in Clark et al.,
+``0.999 * A + 0.001 / n`` (``n`` = the feature's true length), and the distance between two heads is the mean
+over query rows of the Jensen-Shannon distance between their rows. The distance between two heads of the model
+is that value averaged over a seeded sample of features (:data:`DEFAULT_FEATURES`); within a long feature a
+seeded sample of query rows (:data:`DEFAULT_ROWS`) estimates the mean over rows. Metric MDS (scikit-learn,
+``metric="precomputed"``, classical-MDS start, fixed ``random_state``) embeds the heads in two dimensions:
+``head_layout.parquet`` (:func:`head_layout_table`) and the report's head map.
+
+The Jensen-Shannon *distance* here is the square root of the divergence in bits (``scipy.spatial.distance.
+jensenshannon(p, q, base=2)``), in 0..1. Clark et al. sum the divergence itself over tokens; the square root is a
+metric (it satisfies the triangle inequality), which metric MDS assumes, and the mean over rows keeps features of
+different lengths on one scale. :func:`js_between_maps` is the same distance between corresponding maps of two
+runs (``attnclust compare``).
+
+Everything here needs only the store contract (``attention.zarr``), so it works on stores written by other tools.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["DEFAULT_FEATURES", "DEFAULT_ROWS", "HEAD_LAYOUT_COLUMNS", "SMOOTHING", "VERSION", "HeadDistances",
+           "compute_head_layout", "embed_heads", "head_distances", "head_layout_table", "js_between_heads",
+           "js_between_maps", "smooth_rows"]
+
+VERSION = 1
+"""Bumped when the definition changes (part of the report stage's identity)."""
+SMOOTHING = 0.001
+"""Share of the uniform distribution mixed into every row: ``(1 - SMOOTHING) * A + SMOOTHING / n`` (Clark et al.)."""
+DEFAULT_FEATURES = 64
+"""Features sampled (seeded) for the head distances when the caller does not say."""
+DEFAULT_ROWS = 32
+"""Query rows sampled (seeded) per feature when the feature is longer; ``None`` in the calls means every row."""
+HEAD_LAYOUT_COLUMNS = ("layer", "head", "x", "y", "mean_distance", "nearest_layer", "nearest_head",
+                       "nearest_distance")
+"""Columns of ``head_layout.parquet``."""
+_LN2 = math.log(2.0)
+_PAIR_CHUNK = 1 << 22
+"""Elements (pairs x rows x keys) of one chunk of head pairs in :func:`js_between_heads` (16 MiB of float32)."""
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def smooth_rows(maps):
+    """Row-normalise maps and mix in the uniform distribution: ``(1 - SMOOTHING) * A / rowsum + SMOOTHING / n``.
+
+    Parameters
+    ----------
+    maps : numpy.ndarray or torch.Tensor, shape (..., query, key)
+        Attention maps at their true length ``n`` = key (no padding columns). A row summing to 0 becomes uniform.
+
+    Returns
+    -------
+    torch.Tensor of float32, shape (..., query, key)
+        Every row a probability distribution with no zero.
+    """
+    torch = _torch()
+    a = torch.as_tensor(np.asarray(maps) if not isinstance(maps, torch.Tensor) else maps, dtype=torch.float32)
+    n = a.shape[-1]
+    total = a.sum(-1, keepdim=True)
+    empty = total <= 0  # such a row becomes uniform: scale 0, offset 1/n
+    scale = torch.where(empty, 0.0, (1.0 - SMOOTHING) / total.clamp_min(1e-30))
+    offset = torch.where(empty, 1.0 / n, SMOOTHING / n)
+    return torch.addcmul(offset, a, scale)  # one pass, a new tensor (the caller's maps are left alone)
+
+
+def _js_distance(h_p, h_q, m):
+    """Jensen-Shannon distance (base 2) from the rows' negative entropies ``sum p log p`` and their mean ``m``."""
+    torch = _torch()
+    cross = torch.special.xlogy(m, m).sum(-1)
+    js = (0.5 * (h_p + h_q) - cross).clamp_min(0.0)  # nats; rounding can make identical rows a hair below 0
+    return (js / _LN2).sqrt()
+
+
+def js_between_heads(maps, *, rows: np.ndarray | None = None) -> np.ndarray:
+    """Distances between every pair of heads of one feature: the mean over query rows of the rows' JS distance.
+
+    All pairs are computed together, in chunks of pairs (vectorised over pairs, rows and keys).
+
+    Parameters
+    ----------
+    maps : numpy.ndarray or torch.Tensor, shape (head, query, key) = (n_heads, n, n)
+        The maps of one feature at its true length, heads of every layer flattened (``layer * n_heads + head``).
+    rows : numpy.ndarray of int, optional
+        Query rows to average over (default: all ``n``).
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (head, head)
+        Symmetric, zero diagonal, values in 0..1 (base-2 Jensen-Shannon distance after smoothing).
+    """
+    torch = _torch()
+    a = torch.as_tensor(np.asarray(maps) if not isinstance(maps, torch.Tensor) else maps)
+    if rows is not None:
+        a = a[:, torch.as_tensor(np.asarray(rows, dtype=np.int64))]
+    a = smooth_rows(a).contiguous()
+    n_heads = a.shape[0]
+    h = torch.special.xlogy(a, a).sum(-1)  # (head, query)
+    out = np.zeros((n_heads, n_heads), dtype=np.float64)
+    first, second = np.triu_indices(n_heads, 1)
+    # a few large operations over chunks of pairs, not one small one per head: small parallel operations stall
+    # on a busy machine (each waits for every thread)
+    step = max(1, _PAIR_CHUNK // max(a.shape[1] * a.shape[2], 1))
+    for s in range(0, len(first), step):
+        i, j = torch.from_numpy(first[s:s + step]), torch.from_numpy(second[s:s + step])
+        m = torch.index_select(a, 0, i).add_(torch.index_select(a, 0, j)).mul_(0.5)
+        out[first[s:s + step], second[s:s + step]] = _js_distance(h[i], h[j], m).mean(-1).double().numpy()
+    return out + out.T
+
+
+def js_between_maps(a, b) -> np.ndarray:
+    """Distance between corresponding maps of two runs: the mean over query rows of the rows' JS distance.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray or torch.Tensor, shape (..., query, key)
+        The same maps (same feature, layer, head) of two runs at the feature's true length.
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (...)
+        0 for identical maps, up to 1.
+    """
+    pa, pb = smooth_rows(a), smooth_rows(b)
+    torch = _torch()
+    h_a, h_b = torch.special.xlogy(pa, pa).sum(-1), torch.special.xlogy(pb, pb).sum(-1)
+    return _js_distance(h_a, h_b, 0.5 * (pa + pb)).mean(-1).double().numpy()
+
+
+@dataclass(frozen=True)
+class HeadDistances:
+    """Averaged head distances of a store.
+
+    Attributes
+    ----------
+    distances : numpy.ndarray of float64, shape (head, head) = (n_layers * n_heads,) * 2
+        Mean over the sampled features of :func:`js_between_heads`; row ``layer * n_heads + head``.
+    n_layers, n_heads : int
+        The store's dimensions.
+    features : numpy.ndarray of int64
+        The sampled feature ids (store rows).
+    max_rows : int or None
+        Query rows sampled per feature (``None``: all).
+    """
+
+    distances: np.ndarray
+    n_layers: int
+    n_heads: int
+    features: np.ndarray
+    max_rows: int | None = None
+
+    @property
+    def layers(self) -> np.ndarray:
+        """(head,) layer of each row of :attr:`distances`."""
+        return np.repeat(np.arange(self.n_layers), self.n_heads)
+
+    @property
+    def heads(self) -> np.ndarray:
+        """(head,) head (within its layer) of each row of :attr:`distances`."""
+        return np.tile(np.arange(self.n_heads), self.n_layers)
+
+
+def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows: int | None = DEFAULT_ROWS,
+                   random_state: int = 0, on_step: Callable[[str, int, int, str], None] | None = None
+                   ) -> HeadDistances:
+    """Average :func:`js_between_heads` over a seeded sample of a store's features.
+
+    Parameters
+    ----------
+    store : attnclust.store.AttentionStore
+        An opened attention store (any store following the contract).
+    n_features : int or None, optional
+        Features sampled without replacement (``None``: every feature).
+    max_rows : int or None, optional
+        Query rows sampled per feature longer than this (``None``: every row).
+    random_state : int, optional
+        Seed of both samples.
+    on_step : callable, optional
+        Told ``on_step("head distances", done, total, "features")`` (a progress bar,
+        :class:`~attnclust.stages.executors.StepBars`).
+
+    Returns
+    -------
+    HeadDistances
+
+    Raises
+    ------
+    ValueError
+        ``n_features`` or ``max_rows`` is not a positive integer or ``None``.
+    """
+    for name, value in (("n_features", n_features), ("max_rows", max_rows)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or value < 1):
+            raise ValueError(f"head distances: {name} {value!r}; allowed: an integer >= 1 or None (all)")
+    rng = np.random.default_rng(random_state)
+    total = store.n_features
+    pick = np.arange(total) if n_features is None or n_features >= total else \
+        np.sort(rng.choice(total, int(n_features), replace=False))
+    n_layers, n_heads = store.n_layers, store.n_heads
+    acc = np.zeros((n_layers * n_heads,) * 2)
+    step = "head distances"
+    if on_step is not None:
+        on_step(step, 0, len(pick), "features")
+    for done, f in enumerate(pick, 1):
+        n = int(store.seq_len[f])
+        maps = store.read_block(int(f), int(f) + 1)[0, :, :, :n, :n].reshape(n_layers * n_heads, n, n)
+        rows = None if max_rows is None or n <= max_rows else np.sort(rng.choice(n, int(max_rows), replace=False))
+        acc += js_between_heads(maps, rows=rows)
+        if on_step is not None:
+            on_step(step, done, len(pick), "features")
+    return HeadDistances(distances=acc / max(len(pick), 1), n_layers=n_layers, n_heads=n_heads,
+                         features=pick.astype(np.int64), max_rows=max_rows)
+
+
+def embed_heads(distances: np.ndarray, *, random_state: int = 0) -> np.ndarray:
+    """Metric MDS of a head distance matrix in two dimensions.
+
+    Parameters
+    ----------
+    distances : numpy.ndarray, shape (head, head)
+        Symmetric, zero diagonal.
+    random_state : int, optional
+        Seed of scikit-learn's MDS (started from classical MDS, so the result is reproducible).
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (head, 2)
+        Positions whose Euclidean distances approximate ``distances``; zeros for fewer than 3 heads.
+    """
+    from sklearn.manifold import MDS
+
+    d = np.asarray(distances, dtype=np.float64)
+    d = 0.5 * (d + d.T)
+    np.fill_diagonal(d, 0.0)
+    if len(d) < 3:
+        return np.zeros((len(d), 2))
+    try:
+        mds = MDS(n_components=2, metric_mds=True, metric="precomputed", init="classical_mds",
+                  random_state=random_state, normalized_stress=False)
+    except TypeError:  # scikit-learn < 1.8 names these differently
+        mds = MDS(n_components=2, metric=True, dissimilarity="precomputed", random_state=random_state)
+    return np.asarray(mds.fit_transform(d), dtype=np.float64)
+
+
+def head_layout_table(result: HeadDistances, *, random_state: int = 0) -> pd.DataFrame:
+    """``head_layout.parquet``: the MDS position of every head and its nearest other head.
+
+    Parameters
+    ----------
+    result : HeadDistances
+    random_state : int, optional
+        Seed of the MDS.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (layer, head) with :data:`HEAD_LAYOUT_COLUMNS`: ``x``, ``y`` (MDS position),
+        ``mean_distance`` (to every other head), ``nearest_layer``, ``nearest_head``, ``nearest_distance``.
+        ``attrs`` holds ``n_features`` (sampled), ``max_rows`` and ``version``.
+    """
+    d = result.distances
+    xy = embed_heads(d, random_state=random_state)
+    n = len(d)
+    other = d + np.diag(np.full(n, np.inf))
+    nearest = other.argmin(1) if n > 1 else np.zeros(n, np.int64)
+    layers, heads = result.layers, result.heads
+    table = pd.DataFrame({
+        "layer": layers.astype(np.int16), "head": heads.astype(np.int16), "x": xy[:, 0], "y": xy[:, 1],
+        "mean_distance": d.sum(1) / max(n - 1, 1), "nearest_layer": layers[nearest].astype(np.int16),
+        "nearest_head": heads[nearest].astype(np.int16),
+        "nearest_distance": other[np.arange(n), nearest] if n > 1 else np.full(n, np.nan),
+    })
+    table.attrs.update({"n_features": len(result.features), "max_rows": result.max_rows, "version": VERSION})
+    return table
+
+
+def compute_head_layout(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows: int | None = DEFAULT_ROWS,
+                        random_state: int = 0, on_step: Callable[[str, int, int, str], None] | None = None
+                        ) -> pd.DataFrame:
+    """:func:`head_distances` then :func:`head_layout_table`: the contents of ``head_layout.parquet``.
+
+    Parameters
+    ----------
+    store : attnclust.store.AttentionStore
+        An opened attention store.
+    n_features, max_rows, random_state, on_step
+        As in :func:`head_distances` (``random_state`` also seeds the MDS).
+
+    Returns
+    -------
+    pandas.DataFrame
+        :data:`HEAD_LAYOUT_COLUMNS`, one row per (layer, head).
+    """
+    result = head_distances(store, n_features=n_features, max_rows=max_rows, random_state=random_state,
+                            on_step=on_step)
+    return head_layout_table(result, random_state=random_state)
