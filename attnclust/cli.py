@@ -1,5 +1,6 @@
 """Command line: ``attnclust run|extract|featurize|cluster|report|finetune [JOB.yaml] ...``, ``attnclust evaluate``,
-``attnclust compare A B --out C``.
+``attnclust compare A B --out C``,
+``attnclust explore DIR [--port N] [--host H]``, ``attnclust export DIR --figure NAME [--format F] [--out FILE]``.
 
 Thin by design: parse arguments, load the job, call the library, map errors to exit codes (2 for bad input).
 """
@@ -67,6 +68,18 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--max-features", type=int, help="compare a seeded sample of this many features "
                       "(default: all)")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
+    exp = sub.add_parser("explore", help="serve a finished run on a local web server: report, map and search API")
+    exp.add_argument("dir", help="a finished run directory (e.g. runs/demo)")
+    exp.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    exp.add_argument("--host", default=None, help="address to bind (default 127.0.0.1); any other exposes the "
+                     "run, unauthenticated, to the network (a warning is printed)")
+    ex = sub.add_parser("export", help="write one of the report's figures as a PNG, SVG or PDF file")
+    ex.add_argument("dir", help="a finished run directory")
+    ex.add_argument("--figure", required=True, help="figure name; 'list' prints the names")
+    ex.add_argument("--format", dest="fmt", choices=("png", "svg", "pdf"),
+                    help="file format (default: --out's suffix, else png)")
+    ex.add_argument("--out", help="output file (default DIR/exports/<figure>.<format>); an existing file is never "
+                    "overwritten unless attnclust wrote it in DIR/exports/")
     certs = sub.add_parser("certs", help="generate a CA and scheduler/worker/client TLS certificates")
     certs.add_argument("dir")
     return parser
@@ -88,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             return _evaluate(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "explore":
+            return _explore(args)
+        if args.command == "export":
+            return _export(args)
         if args.command == "finetune":
             return _finetune(args)
         from .config import load_job
@@ -142,6 +159,45 @@ def _compare(args) -> int:
     for note in result.notes:
         print(f"note: {note}")
     print(f"report: {result.files['compare_report'].resolve()}")
+    return 0
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a port number 0..65535")
+    return int(value)
+
+
+def _explore(args) -> int:
+    from .explore import DEFAULT_HOST, is_loopback, make_server
+
+    host = args.host or DEFAULT_HOST
+    server = make_server(args.dir, host=host, port=args.port)
+    if not is_loopback(host):
+        print(f"attnclust: warning: serving on {host}: anyone who can reach this machine can read this run "
+              f"(no authentication); use the default 127.0.0.1 unless you mean it", file=sys.stderr)
+    bound, port = server.server_address[:2]
+    shown = f"[{bound}]" if ":" in bound else bound
+    print(f"serving {Path(args.dir).resolve()} at http://{shown}:{port}/  (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # the normal way to stop it
+        print("stopped")
+    finally:
+        server.server_close()
+    return 0
+
+
+def _export(args) -> int:
+    from .export import EXPORT_FIGURES, write_figure
+
+    if args.figure == "list":
+        width = max(len(n) for n in EXPORT_FIGURES)
+        for fig in EXPORT_FIGURES.values():
+            print(f"{fig.name:<{width}}  {fig.description}")
+        return 0
+    path = write_figure(args.dir, args.figure, args.fmt, args.out)
+    print(f"figure {args.figure}: {path}")
     return 0
 
 

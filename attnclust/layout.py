@@ -19,6 +19,8 @@ Layout (relative to the run directory)::
     maps/heads/clusters.parquet, report.html, job.json
     head_layout.parquet     2-D map of the heads by their Jensen-Shannon distances (analysis/distances.py)
     importance.parquet      per-head importance; pruning.parquet: F1 as heads are removed
+    parses.parquet          dependency parses of the contexts (analysis/parses.py); syntax.parquet (analysis/syntax.py)
+    exports/                figures written by 'attnclust export' (exports/<figure>.<png|svg|pdf>)
     parts/                  per-block parquet parts of the extraction
     _state/                 stage records, per-block markers, the run lock, the service's job state and log
 """
@@ -180,6 +182,15 @@ class RunLayout(StateDirectory):
         return self.root / "head_layout.parquet"
 
     @property
+    def exports(self) -> Path:
+        """``exports/``: figures written by ``attnclust export`` (each recorded as attnclust's own)."""
+        return self.root / "exports"
+
+    def export(self, name: str, fmt: str) -> Path:
+        """``exports/{name}.{fmt}``: one exported figure (``fmt`` is ``png``, ``svg`` or ``pdf``)."""
+        return self.exports / f"{name}.{fmt}"
+
+    @property
     def importance(self) -> Path:
         """``importance.parquet``: per (layer, head) importance (Michel et al. 2019), raw and normalised."""
         return self.root / "importance.parquet"
@@ -188,6 +199,11 @@ class RunLayout(StateDirectory):
     def pruning(self) -> Path:
         """``pruning.parquet``: QA scores as heads are removed by importance and at random."""
         return self.root / "pruning.parquet"
+
+    @property
+    def parses(self) -> Path:
+        """``parses.parquet``: one row per parsed word of the contexts (analysis/parses.py), a cache."""
+        return self.root / "parses.parquet"
 
     @property
     def qa_scores(self) -> Path:

@@ -1,0 +1,470 @@
+"""``attnclust explore DIR``: a local HTTP server over one finished run, reading maps lazily from its store.
+
+Routes (GET and HEAD only)::
+
+    /                     the run's report.html (also /report.html)
+    /exports/NAME         a figure written by ``attnclust export`` (exports/ is attnclust's own folder)
+    /api/heads            heads.parquet as a JSON list of records (NaN -> null)
+    /api/search?q=TEXT    questions whose text contains TEXT (case-insensitive) or whose id starts with it,
+                          with their features; ``limit`` (default 20, at most 200)
+    /api/map?feature=F&layer=L&head=H[&format=json|png]
+                          one map at its full true length, read from attention.zarr, with its tokens; JSON weights
+                          are rounded to :data:`MAP_DECIMALS` decimals; ``format=png`` draws it with matplotlib
+
+What it refuses: every path that is not one of those routes (404), any path holding ``..`` or ``.`` segments,
+backslashes, NUL or encoded slashes, before or after percent-decoding (403), and any file that is, or lies under,
+a symbolic link or resolves outside the run directory (403). Files are opened only after those checks and with
+``O_NOFOLLOW``. Bound to 127.0.0.1 by default; on a loopback address a request whose ``Host`` header names another
+host is refused (403, against DNS rebinding). Another address must be asked for explicitly (``--host``); there is
+no authentication, so the command line then prints a warning.
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import json
+import os
+import re
+import socket
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote
+
+from .errors import StoreError
+from .layout import RunLayout
+
+__all__ = ["DEFAULT_HOST", "MAP_DECIMALS", "ExploreApp", "finished_run", "is_loopback", "make_server"]
+
+DEFAULT_HOST = "127.0.0.1"
+"""The address served on unless ``--host`` names another."""
+MAP_DECIMALS = 5
+"""Decimals of the weights in ``/api/map`` JSON (the store holds float16: about 3 significant digits)."""
+SEARCH_LIMIT = 20
+"""Results of ``/api/search`` unless ``limit`` asks for another number (at most :data:`SEARCH_MAX`)."""
+SEARCH_MAX = 200
+_EXPORT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Refused(Exception):
+    """A request the server answers with an error status and a one-line JSON message."""
+
+    def __init__(self, status: HTTPStatus, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def finished_run(root: str | os.PathLike[str]) -> RunLayout:
+    """Check that ``root`` is a finished attnclust run (marker, report stage done, the tables it needs).
+
+    Parameters
+    ----------
+    root
+        The run directory.
+
+    Returns
+    -------
+    RunLayout
+        The layout of the directory, with its root resolved to the real path.
+
+    Raises
+    ------
+    attnclust.errors.StoreError
+        One line naming the directory, what is missing and the fix.
+    """
+    given = Path(root)
+    if not given.is_dir():
+        raise StoreError(f"run dir {given}: not found or not a directory; give the output directory of "
+                         f"'attnclust run'")
+    layout = RunLayout(given.resolve())
+    fix = f"run 'attnclust run' (or 'attnclust report') with --out {given} first"
+    if not layout.is_run():
+        raise StoreError(f"run dir {given}: not an attnclust run (no {layout.marker.name} marker); {fix}")
+    needed = (layout.attention, layout.features, layout.table("heads"), layout.report)
+    for path in needed:
+        if path.is_symlink():
+            raise StoreError(f"run dir {given}: {path.name} is a symbolic link; attnclust does not follow links "
+                             f"inside a run directory: replace it by the real file or re-run the report")
+    missing = [p.name for p in needed if not p.exists()]
+    if missing or not layout.stage_record("report").exists():
+        what = ", ".join(missing) if missing else "the report stage's record"
+        raise StoreError(f"run dir {given}: not a finished run ({what} missing); {fix}")
+    return layout
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1).
+
+    Parameters
+    ----------
+    host : str
+
+    Returns
+    -------
+    bool
+    """
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _json_bytes(obj) -> bytes:
+    return (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+class ExploreApp:
+    """What the server answers, independent of HTTP: one run directory, its tables loaded on first use.
+
+    Parameters
+    ----------
+    root
+        A finished run directory (checked with :func:`finished_run`).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.layout = finished_run(root)
+        self.root = self.layout.root  # resolved
+        self._lock = threading.Lock()
+        self._store = None
+        self._features = None
+        self._search = None
+        self._heads = None
+
+    # -- lazily loaded data -------------------------------------------------------------------
+    @property
+    def store(self):
+        """The attention store (opened once, read map by map)."""
+        with self._lock:
+            if self._store is None:
+                from .store import open_attention_store
+
+                self._store = open_attention_store(self.layout.attention)
+            return self._store
+
+    @property
+    def features(self):
+        """``features.parquet`` indexed by ``feature_id``."""
+        with self._lock:
+            if self._features is None:
+                from .store import read_features
+
+                self._features = read_features(self.root).set_index("feature_id", drop=False)
+            return self._features
+
+    def _search_table(self):
+        features = self.features
+        with self._lock:
+            if self._search is None:
+                import pandas as pd
+
+                ids = pd.unique(features["example_id"].astype(str))
+                table = pd.DataFrame({"example_id": ids, "question": ""})
+                path = self.layout.examples
+                if path.exists() and not path.is_symlink():
+                    ex = pd.read_parquet(path, columns=["id", "question"]).astype(str)
+                    table = table.merge(ex.rename(columns={"id": "example_id"}), on="example_id", how="left",
+                                        suffixes=("_", ""))[["example_id", "question"]].fillna("")
+                table["_text"] = table["question"].str.lower()
+                table["_id"] = table["example_id"].str.lower()
+                self._search = table
+            return self._search
+
+    # -- answers ------------------------------------------------------------------------------
+    def heads_json(self) -> bytes:
+        """``heads.parquet`` as a JSON list of records (NaN as ``null``).
+
+        Returns
+        -------
+        bytes
+        """
+        with self._lock:
+            if self._heads is None:
+                import pandas as pd
+
+                heads = pd.read_parquet(self.layout.table("heads")).sort_values(["layer", "head"])
+                self._heads = heads.to_json(orient="records").encode() + b"\n"
+            return self._heads
+
+    def search(self, q: str, limit: int = SEARCH_LIMIT) -> dict:
+        """Questions whose text contains ``q`` (case-insensitive) or whose example id starts with ``q``.
+
+        Parameters
+        ----------
+        q : str
+            Text or id; empty lists the first ``limit`` questions.
+        limit : int
+            At most this many results.
+
+        Returns
+        -------
+        dict
+            ``{"q", "total", "results": [{"example_id", "question", "features": [{"feature_id", "span",
+            "seq_len"}]}]}``.
+        """
+        table = self._search_table()
+        needle = q.strip().lower()
+        hit = table if not needle else table[table["_id"].str.startswith(needle)
+                                             | table["_text"].str.contains(needle, regex=False)]
+        features = self.features
+        by_example = features.groupby(features["example_id"].astype(str))
+        results = []
+        for row in hit.head(limit).itertuples(index=False):
+            rows = by_example.get_group(row.example_id)
+            results.append({"example_id": row.example_id, "question": row.question,
+                            "features": [{"feature_id": int(f), "span": int(s), "seq_len": int(n)}
+                                         for f, s, n in zip(rows["feature_id"], rows["span"], rows["seq_len"])]})
+        return {"q": q, "total": len(hit), "results": results}
+
+    def map_index(self, feature: str | None, layer: str | None, head: str | None) -> tuple[int, int, int]:
+        """Check the query's ``feature``, ``layer`` and ``head`` against the store.
+
+        Returns
+        -------
+        tuple of int
+            (feature, layer, head).
+
+        Raises
+        ------
+        Refused
+            400 naming the parameter, the value and the allowed range.
+        """
+        store = self.store
+        out = []
+        for name, value, n in (("feature", feature, store.n_features), ("layer", layer, store.n_layers),
+                               ("head", head, store.n_heads)):
+            if value is None or not re.fullmatch(r"\d{1,9}", value.strip()) or not 0 <= int(value) < n:
+                raise Refused(HTTPStatus.BAD_REQUEST, f"{name}={value!r}: expected an integer in 0..{n - 1}")
+            out.append(int(value))
+        return out[0], out[1], out[2]
+
+    def read_map(self, feature: int, layer: int, head: int) -> tuple:
+        """One map at its full true length and its tokens.
+
+        Returns
+        -------
+        weights : numpy.ndarray of float32, shape (query, key) = (n, n)
+        tokens : list of str, length n
+        """
+        weights = self.store.read_map(feature, layer, head)
+        tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
+        return weights, tokens
+
+    def map_json(self, feature: int, layer: int, head: int) -> dict:
+        """``/api/map`` as JSON: ``feature``, ``layer``, ``head``, ``example_id``, ``seq_len``, ``tokens``,
+        ``segment_ids`` and ``weights`` (query rows of key weights, rounded to :data:`MAP_DECIMALS`)."""
+        import numpy as np
+
+        weights, tokens = self.read_map(feature, layer, head)
+        row = self.features.loc[feature]
+        return {"feature": feature, "layer": layer, "head": head, "example_id": str(row["example_id"]),
+                "seq_len": len(tokens), "tokens": tokens, "segment_ids": [int(s) for s in row["segment_ids"]],
+                "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist()}
+
+    def map_png(self, feature: int, layer: int, head: int) -> bytes:
+        """``/api/map?format=png``: the map drawn at full length with token labels (matplotlib Agg).
+
+        Returns
+        -------
+        bytes
+            A PNG file.
+        """
+        import numpy as np
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        weights, tokens = self.read_map(feature, layer, head)
+        n = len(tokens)
+        side = min(40.0, max(4.0, 1.5 + 0.12 * n))
+        fig = Figure(figsize=(side + 0.8, side))
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        im = ax.imshow(weights, cmap="viridis", interpolation="nearest", vmin=0.0)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        labels = [t.replace("$", r"\$") for t in tokens]
+        ax.set_xticks(np.arange(n), labels, rotation=90, fontsize=6)
+        ax.set_yticks(np.arange(n), labels, fontsize=6)
+        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens)", fontsize=9)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": None})
+        return buf.getvalue()
+
+    def safe_file(self, rel: str) -> Path:
+        """The file ``rel`` (relative, ``/``-separated) inside the run directory, after every check.
+
+        Raises
+        ------
+        Refused
+            403 when a component is ``..``/``.``/empty or a symbolic link, or the file resolves outside the
+            run directory; 404 when it is not a regular file.
+        """
+        parts = rel.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise Refused(HTTPStatus.FORBIDDEN, f"path {rel!r}: refused")
+        current = self.root
+        for part in parts:
+            current = current / part
+            if current.is_symlink():
+                raise Refused(HTTPStatus.FORBIDDEN, f"path {rel!r}: refused (symbolic link)")
+        real = current.resolve()
+        if not real.is_relative_to(self.root):
+            raise Refused(HTTPStatus.FORBIDDEN, f"path {rel!r}: refused (outside the run directory)")
+        if not real.is_file():
+            raise Refused(HTTPStatus.NOT_FOUND, f"path {rel!r}: not found")
+        return real
+
+    def read_file(self, rel: str) -> bytes:
+        """The bytes of :meth:`safe_file` ``(rel)``, opened without following a link."""
+        path = self.safe_file(rel)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read()
+
+
+_TYPES = {".html": "text/html; charset=utf-8", ".png": "image/png", ".svg": "image/svg+xml",
+          ".pdf": "application/pdf"}
+
+
+def _check_path(raw: str) -> str:
+    """The decoded path of a request target, or :class:`Refused` for traversal attempts."""
+    if not raw.startswith("/"):
+        raise Refused(HTTPStatus.BAD_REQUEST, "request target: expected a path starting with '/'")
+    path = raw.split("#", 1)[0].split("?", 1)[0]  # not urlsplit: it reads '//x/y' as host 'x'
+    for candidate in (path, unquote(path), unquote(unquote(path))):
+        low = candidate.lower()
+        segments = candidate.split("/")
+        if "\\" in candidate or "\x00" in candidate or "%2f" in low or "%5c" in low or "//" in candidate \
+                or any(s in (".", "..") for s in segments[1:]):
+            raise Refused(HTTPStatus.FORBIDDEN, "path refused: '..', '.', '//', backslashes and encoded "
+                                                "slashes are not served")
+    return unquote(path)
+
+
+def _host_name(header: str) -> str:
+    """The host of a ``Host`` header without its port (``[::1]:8000`` -> ``[::1]``)."""
+    header = header.strip()
+    if header.startswith("["):
+        return header.split("]", 1)[0] + "]"
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class _Handler(BaseHTTPRequestHandler):
+    app: ExploreApp
+    check_host: bool
+    server_version = "attnclust-explore"
+    sys_version = ""
+
+    def log_message(self, format: str, *args) -> None:
+        """Quiet: no line per request."""
+
+    def _send(self, status: HTTPStatus, body: bytes, ctype: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._send(status, _json_bytes({"error": message.splitlines()[0] if message else status.phrase}),
+                   "application/json")
+
+    def do_HEAD(self) -> None:
+        """Like GET, without the body."""
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        """Route one request; every failure becomes a one-line JSON error."""
+        try:
+            if self.check_host:
+                host = _host_name(self.headers.get("Host") or "")
+                if host and not is_loopback(host):
+                    raise Refused(HTTPStatus.FORBIDDEN, f"Host {host!r}: refused; this server answers only "
+                                                        f"requests for localhost")
+            path = _check_path(self.path)
+            query = parse_qs(self.path.split("#", 1)[0].partition("?")[2], keep_blank_values=True)
+            arg: Callable[[str], str | None] = lambda k: query.get(k, [None])[-1]
+            app = self.app
+            if path in ("/", "/report.html"):
+                self._send(HTTPStatus.OK, app.read_file(app.layout.report.name), _TYPES[".html"])
+            elif path == "/api/heads":
+                self._send(HTTPStatus.OK, app.heads_json(), "application/json")
+            elif path == "/api/search":
+                limit = arg("limit") or str(SEARCH_LIMIT)
+                if not limit.isdigit() or not 1 <= int(limit) <= SEARCH_MAX:
+                    raise Refused(HTTPStatus.BAD_REQUEST, f"limit={limit!r}: expected an integer in 1..{SEARCH_MAX}")
+                self._send(HTTPStatus.OK, _json_bytes(app.search(arg("q") or "", int(limit))), "application/json")
+            elif path == "/api/map":
+                fmt = arg("format") or "json"
+                if fmt not in ("json", "png"):
+                    raise Refused(HTTPStatus.BAD_REQUEST, f"format={fmt!r}: expected json or png")
+                index = app.map_index(arg("feature"), arg("layer"), arg("head"))
+                if fmt == "png":
+                    self._send(HTTPStatus.OK, app.map_png(*index), "image/png")
+                else:
+                    self._send(HTTPStatus.OK, _json_bytes(app.map_json(*index)), "application/json")
+            elif path.startswith("/exports/") and _EXPORT_NAME.match(path[len("/exports/"):]):
+                name = path[len("/exports/"):]
+                ctype = _TYPES.get(Path(name).suffix.lower())
+                if ctype is None:
+                    raise Refused(HTTPStatus.NOT_FOUND, f"path {path!r}: not found")
+                self._send(HTTPStatus.OK, app.read_file(f"{app.layout.exports.name}/{name}"), ctype)
+            else:
+                raise Refused(HTTPStatus.NOT_FOUND, f"path {path!r}: not found")
+        except Refused as exc:
+            self._error(exc.status, exc.message)
+        except StoreError as exc:
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, str(exc))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception as exc:  # noqa: BLE001 (one request failing never stops the server)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+
+    def do_POST(self) -> None:
+        """Refused: the server is read-only."""
+        self._error(HTTPStatus.METHOD_NOT_ALLOWED, "read-only server: only GET and HEAD")
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
+
+
+def make_server(root: str | os.PathLike[str], *, host: str = DEFAULT_HOST, port: int = 0) -> ThreadingHTTPServer:
+    """A server for the run ``root``, bound (and listening) on ``host:port`` but not yet serving.
+
+    Call ``serve_forever()`` on it (in a thread, for tests), ``shutdown()`` and ``server_close()`` to stop.
+
+    Parameters
+    ----------
+    root
+        A finished run directory.
+    host : str
+        Address to bind (default 127.0.0.1); any other than a loopback address exposes the run to the network.
+    port : int
+        0 picks a free port; ``server.server_address`` tells which.
+
+    Returns
+    -------
+    http.server.ThreadingHTTPServer
+
+    Raises
+    ------
+    attnclust.errors.StoreError
+        ``root`` is not a finished run.
+    OSError
+        The address cannot be bound (in use, not an address of this machine).
+    """
+    app = ExploreApp(root)
+    handler = type("ExploreHandler", (_Handler,), {"app": app, "check_host": is_loopback(host)})
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server_cls = type("ExploreServer", (ThreadingHTTPServer,), {"address_family": family,
+                                                                 "daemon_threads": True})
+    return server_cls((host.strip("[]"), port), handler)
