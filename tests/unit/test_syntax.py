@@ -1,0 +1,215 @@
+"""Dependency parses (CoNLL-U, spaCy's missing-pipeline error), their alignment to tokens, and the ``syntax``
+analysis on a planted store: a head that always attends to the gold dependency head scores 1.0, a previous-token
+head scores exactly the share of offset -1 (the fixed-offset baseline where -1 is the relation's commonest offset)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.analysis.parses import (
+    align_feature,
+    context_key,
+    load_parses,
+    match_sentences,
+    read_conllu,
+    spacy_parses,
+)
+from attnclust.analysis.syntax import SYNTAX_COLUMNS, best_syntax_heads, syntax_table
+from attnclust.errors import BackendUnavailable, DataError
+from attnclust.layout import RunLayout
+from attnclust.store import atomic_write_parquet, open_attention_store
+from attnclust.synthetic import write_planted_store
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "syntax_sample.conllu"
+
+
+def test_read_conllu_keeps_words_heads_relations_and_skips_multiword_lines():
+    sents = read_conllu(SAMPLE)
+    assert len(sents) == 3
+    assert sents[0].words == ("The", "king", "built", "a", "church", ".")
+    assert sents[0].heads == (2, 3, 0, 5, 3, 3)
+    assert sents[1].words == ("Its", "people", "do", "n't", "trade", ".")
+    assert sents[1].relations[0] == "nmod:poss"
+    assert sents[1].line == 12
+
+
+@pytest.mark.parametrize("text, match", [
+    ("1\tA\ta\tDET\n", r"line 1: 4 tab-separated field\(s\); CoNLL-U needs 10"),
+    ("1\tA\ta\tDET\t_\t_\t0\troot\t_\t_\n3\tB\tb\tX\t_\t_\t1\tdep\t_\t_\n", r"line 2: ID '3'; expected 2"),
+    ("1\tA\ta\tDET\t_\t_\t0\troot\t_\t_\n2\tB\tb\tX\t_\t_\t7\tdep\t_\t_\n", r"line 2: HEAD '7' of word 'B'"),
+    ("1\tA\ta\tDET\t_\t_\t0\t_\t_\t_\n", r"line 1: word 1 \('A'\) has no DEPREL"),
+    ("# only a comment\n", "holds no sentence"),
+])
+def test_malformed_conllu_is_one_line_naming_file_and_line(tmp_path, text, match):
+    path = tmp_path / "bad.conllu"
+    path.write_text(text)
+    with pytest.raises(DataError, match=match) as info:
+        read_conllu(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_sentences_are_matched_by_their_words_in_order_and_aligned_by_offsets():
+    import re
+
+    sents = read_conllu(SAMPLE)
+    text = "XThe king built a church. The king built a church. Its people don't trade."
+    key = context_key(text)
+    parses = match_sentences(sents, {key: text})
+    assert parses.attrs["unmatched"] == 1  # the zebras are in no context
+    first = parses[parses["sentence"] == 0]
+    assert [text[a:b] for a, b in zip(first["start"], first["end"])] == ["The", "king", "built", "a", "church", "."]
+    assert first["start"].iloc[0] == 26  # not inside "XThe": the first word starts at a word boundary
+    # pieces: [CLS] q [SEP] X ##The king built a church . The king bu ##ilt a church . Its people don ' t trade . [SEP]
+    spans = [m.span() for m in re.finditer(r"\w+|[^\w\s]", text)]
+    spans = spans[:1] + [(1, 4)] + spans[1:]
+    spans[0] = (0, 1)
+    cut = spans.index((35, 40))  # "built" of the second sentence: bu ##ilt
+    spans[cut:cut + 1] = [(35, 37), (37, 40)]
+    tokens = ["[CLS]", "q", "[SEP]"] + [text[a:b] for a, b in spans] + ["[SEP]"]
+    tokens[4], tokens[3 + cut + 1] = "##The", "##ilt"
+    offsets = [[-1, -1]] * 3 + [list(s) for s in spans] + [[-1, -1]]
+    fp = align_feature(tokens, offsets, parses[parses["context_key"] == key])
+    # words: [CLS] q [SEP] XThe king built a church . (not parsed: X ##The one word by its pieces) |
+    # The king built (2 pieces) a church . | Its people do (don) n't (' t) trade . | [SEP]
+    assert fp.word_ids.tolist() == [0, 1, 2, 3, 3, 4, 5, 6, 7, 8,
+                                    9, 10, 11, 11, 12, 13, 14, 15, 16, 17, 18, 18, 19, 20, 21]
+    arcs = {(int(d), int(h), r) for d, h, r in zip(fp.dependent, fp.head, fp.relation)}
+    assert {(9, 10, "det"), (13, 11, "obj"), (17, 19, "aux"), (18, 19, "advmod")} <= arcs
+    assert len(fp.dependent) == 5 + 5  # roots are not arcs
+
+
+def test_spacy_missing_is_one_line_naming_the_install_step(monkeypatch):
+    monkeypatch.setitem(sys.modules, "spacy", None)
+    with pytest.raises(BackendUnavailable, match=r"python -m spacy download en_core_web_sm") as info:
+        spacy_parses({"k": "The king built a church."}, model="en_core_web_sm")
+    assert "\n" not in str(info.value)
+
+
+def _sentences(context: list[str], rng: np.random.Generator) -> list[list[tuple[str, int, str]]]:
+    """Random projective parses of a planted context's sentences (split after each '.'): words left of the root
+    hang on the next word (``next``) or the root (``far``), words right of it on the previous word (``prev``) or
+    the root (``far``), punctuation on the root."""
+    sents, cur = [], []
+    for tok in context:
+        cur.append(tok)
+        if tok == ".":
+            sents.append(cur)
+            cur = []
+    if cur:
+        sents.append(cur)
+    parsed = []
+    for words in sents:
+        content = [i for i, w in enumerate(words) if w not in (".", ",")] or [0]
+        root = int(rng.choice(content))
+        rows = []
+        for i, w in enumerate(words):
+            if i == root:
+                rows.append((w, 0, "root"))
+            elif w in (".", ","):
+                rows.append((w, root + 1, "punct"))
+            elif rng.random() < 0.3:
+                rows.append((w, root + 1, "far"))
+            elif i < root:
+                rows.append((w, i + 2, "next"))
+            else:
+                rows.append((w, i, "prev"))
+        parsed.append(rows)
+    return parsed
+
+
+@pytest.fixture
+def planted_syntax(tmp_path):
+    """A planted store whose contexts have gold parses: head (0, 0) previous-token, head (1, 1) gold-head."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "run"
+    planted = write_planted_store(root, rng=rng, n_features=6, n_layers=2, n_heads=2, lengths=(20, 48), noise=0.0,
+                                  kinds=("previous", "broad", "cls", "self"), shuffle_heads=False)
+    layout = RunLayout(root)
+    layout.claim(adopt=layout.contract())
+    features = pd.read_parquet(layout.features)
+    contexts, offsets, conllu = [], [], []
+    store = open_attention_store(layout.attention, mode="r+")
+    for f, seq in enumerate(planted.tokens):
+        toks = list(seq.tokens)
+        ctx_pos = [i for i, s in enumerate(seq.segment_ids) if s == 1][:-1]  # context tokens (not the last [SEP])
+        text, off, glued = "", [[-1, -1] for _ in toks], set()
+        for k, i in enumerate(ctx_pos):  # glue some word pairs into one word of two pieces
+            prev_word = k > 0 and toks[ctx_pos[k - 1]] not in (".", ",") and ctx_pos[k - 1] - 1 not in glued
+            if k > 0 and prev_word and toks[i] not in (".", ",") and rng.random() < 0.25:
+                glued.add(i - 1)
+            elif k > 0:
+                text += " "
+            off[i] = [len(text), len(text) + len(toks[i])]
+            text += toks[i]
+        words = []  # the CoNLL-U words: glued pairs are one word
+        for i in ctx_pos:
+            if i - 1 in glued:
+                words[-1] = words[-1] + toks[i]
+            else:
+                words.append(toks[i])
+        for sent in _sentences(words, rng):
+            conllu += [f"{w}\t{i}\t_\t_\t_\t_\t{h}\t{r}\t_\t_".replace(f"{w}\t{i}", f"{i}\t{w}", 1)
+                       for i, (w, h, r) in enumerate(sent, start=1)] + [""]
+        contexts.append(text)
+        offsets.append(off)
+    conllu_path = tmp_path / "gold.conllu"
+    conllu_path.write_text("# planted gold parses\n" + "\n".join(conllu) + "\n")
+    features["offsets"] = offsets
+    atomic_write_parquet(features, layout.features)
+    layout.record(layout.examples)
+    atomic_write_parquet(pd.DataFrame({"id": features["example_id"], "context": contexts}), layout.examples)
+
+    parses = load_parses(layout, conllu=conllu_path)
+    for f, seq in enumerate(planted.tokens):  # head (1, 1): every parsed token attends to its gold head's first piece
+        n = len(seq)
+        fp = align_feature(list(seq.tokens), offsets[f], parses[parses["context_key"] == context_key(contexts[f])])
+        first = np.r_[0, np.flatnonzero(np.diff(fp.word_ids)) + 1]
+        gold = np.eye(n, dtype=np.float32)
+        for d, h in zip(fp.dependent, fp.head):
+            for t in np.flatnonzero(fp.word_ids == d):
+                gold[t] = 0
+                gold[t, first[h]] = 1
+        store.attention[f, 1, 1, :n, :n] = gold.astype(np.float16)
+    return layout, parses, features, conllu_path
+
+
+def test_planted_gold_head_scores_one_and_previous_head_scores_the_offset_baseline(planted_syntax):
+    layout, parses, features, _ = planted_syntax
+    table = syntax_table(layout, parses, features)
+    assert list(table.columns) == list(SYNTAX_COLUMNS)
+    assert set(table["relation"]) == {"prev", "next", "far", "punct"}
+    assert pd.read_parquet(layout.table("syntax")).equals(table)
+    dep = table[table["direction"] == "dep->head"].set_index(["relation", "layer", "head"])
+    for rel in ("prev", "next", "far", "punct"):
+        assert dep.loc[(rel, 1, 1), "accuracy"] == 1.0  # the gold-head head
+    assert dep.loc[("prev", 0, 0), "accuracy"] == 1.0 == dep.loc[("prev", 0, 0), "baseline"]
+    assert dep.loc[("prev", 0, 0), "baseline_offset"] == -1 and dep.loc[("next", 0, 0), "baseline_offset"] == 1
+    # the previous-token head finds the head exactly when it is the previous word: the share of offset -1
+    arcs = parses[parses["head"] > 0]
+    share = ((arcs["head"] - arcs["word"]) == -1).groupby(arcs["relation"]).mean()
+    for rel in ("prev", "next", "far", "punct"):
+        assert dep.loc[(rel, 0, 0), "accuracy"] == pytest.approx(share[rel])
+        assert dep.loc[(rel, 0, 0), "n"] == (arcs["relation"] == rel).sum()
+    heads = table[table["direction"] == "head->dep"].set_index(["relation", "layer", "head"])
+    assert heads.loc[("next", 0, 0), "accuracy"] == 1.0  # from the head, the dependent is the previous word
+    best = best_syntax_heads(table).set_index(["relation", "direction"])
+    assert (best.xs("dep->head", level="direction")["accuracy"] == 1.0).all()
+    for rel in ("next", "far", "punct"):  # "prev" ties with the previous-token head (0, 0), which comes first
+        assert tuple(best.loc[(rel, "dep->head"), ["layer", "head"]]) == (1, 1)
+    assert tuple(best.loc[("prev", "dep->head"), ["layer", "head"]]) == (0, 0)
+
+
+def test_parses_are_cached_per_source_and_unmatched_files_are_refused(planted_syntax, tmp_path):
+    layout, parses, _, conllu_path = planted_syntax
+    stamp = layout.parses.stat().st_mtime_ns
+    again = load_parses(layout, conllu=conllu_path)
+    assert layout.parses.stat().st_mtime_ns == stamp and again.equals(parses)
+    with pytest.raises(DataError, match=r"none of its 3 sentence\(s\) is found in the run's 6 context"):
+        load_parses(layout, conllu=SAMPLE)
+    with pytest.raises(DataError, match="not found"):
+        load_parses(layout, conllu=tmp_path / "missing.conllu")
