@@ -37,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "QAConfig",
     "ReportConfig",
+    "SyntaxConfig",
     "apply_overrides",
     "default_job_path",
     "load_job",
@@ -516,6 +517,31 @@ class ImportanceConfig(_Model):
     pruning_random_seeds: int = _int(3, 1, 50)
 
 
+class SyntaxConfig(_Model):
+    """The ``syntax`` analysis of the report (Clark et al. 2019): per dependency relation, how often each head's
+    most-attended word is the gold head (or dependent), against the best fixed-offset baseline.
+
+    Off (skipped with one line saying why) unless ``conllu`` or ``spacy_model`` is set.
+
+    Parameters
+    ----------
+    conllu
+        A CoNLL-U file of gold parses of (some of) the run's contexts; its sentences are matched to the contexts
+        by their words (:mod:`attnclust.analysis.parses`). ``attnclust/data/sample_syntax.conllu`` holds parses of
+        sentences of the bundled sample.
+    spacy_model
+        An installed spaCy pipeline (e.g. ``en_core_web_sm``) that parses the contexts when ``conllu`` is null.
+    max_features
+        Use only the first N features of the run; ``None`` uses every feature.
+    """
+
+    SECTION = "syntax"
+    conllu: str | None = _setting(None, "a CoNLL-U file path, or null", pattern=_TEXT_PATTERN)
+    spacy_model: str | None = _setting(None, "an installed spaCy pipeline name like 'en_core_web_sm', or null",
+                                       pattern=_TEXT_PATTERN)
+    max_features: int | None = _int(None, 1, fix="or null to use every feature")
+
+
 def _section(model: type[_Model]) -> Any:
     return Field(default_factory=model,
                  json_schema_extra={"allowed": f"the '{model.SECTION}' settings ({model.__name__}, or a mapping)"})
@@ -530,7 +556,7 @@ class JobConfig(_Model):
         Letters, digits and ``_``, starting with a letter; prefixes every Dask task key of the job.
     backend
         ``cpu``, ``gpu`` or ``auto`` (gpu only when every worker has a usable GPU).
-    data, model, extract, featurize, cluster, report, qa, finetune, importance
+    data, model, extract, featurize, cluster, report, qa, finetune, importance, syntax
         The sections (``SECTIONS`` maps each name to its model); each defaults to its model's defaults.
     """
 
@@ -546,11 +572,12 @@ class JobConfig(_Model):
     qa: QAConfig = _section(QAConfig)
     finetune: FinetuneConfig = _section(FinetuneConfig)
     importance: ImportanceConfig = _section(ImportanceConfig)
+    syntax: SyntaxConfig = _section(SyntaxConfig)
 
     SECTIONS: ClassVar[dict[str, type[_Model]]] = {
         "data": DataConfig, "model": ModelConfig, "extract": ExtractConfig, "featurize": FeaturizeConfig,
         "cluster": ClusterConfig, "report": ReportConfig, "qa": QAConfig, "finetune": FinetuneConfig,
-        "importance": ImportanceConfig}
+        "importance": ImportanceConfig, "syntax": SyntaxConfig}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> JobConfig:

@@ -512,7 +512,8 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
 
 def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int,
                 min_stability: float = DEFAULT_MIN_STABILITY, extra: dict | None = None,
-                importance: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                importance: pd.DataFrame | None = None, syntax: pd.DataFrame | None = None
+                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Join labels, statistics and features by explicit keys, run the registered head analyses; write the
     maps/heads/clusters parquet tables.
 
@@ -532,6 +533,9 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     importance : pandas.DataFrame, optional
         ``importance.parquet`` (``layer``, ``head``, ``importance``, ...): its columns join the heads table, beside
         the mean ``confidence`` (Voita et al.) that every head has.
+    syntax : pandas.DataFrame, optional
+        ``syntax.parquet`` (:func:`attnclust.analysis.syntax.syntax_table`): each head's best relation joins the
+        heads table as the ``syntax_best_*`` columns (:func:`attnclust.analysis.syntax.syntax_head_columns`).
 
     Returns
     -------
@@ -556,6 +560,12 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     atomic_write_parquet(maps, layout.table("maps"))
     if importance is not None:
         heads = heads.merge(importance.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
+                            on=["layer", "head"], how="left", validate="one_to_one")
+    if syntax is not None:
+        from .syntax import syntax_head_columns
+
+        best = syntax_head_columns(syntax)
+        heads = heads.merge(best.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
                             on=["layer", "head"], how="left", validate="one_to_one")
     atomic_write_parquet(heads, layout.table("heads"))
     atomic_write_parquet(clusters, layout.table("clusters"))

@@ -29,13 +29,20 @@ from ..layout import RunLayout
 from .parses import align_feature, context_key
 from .words import word_level_map
 
-__all__ = ["DIRECTIONS", "SYNTAX_COLUMNS", "best_syntax_heads", "syntax_table"]
+__all__ = ["DIRECTIONS", "HEAD_BEST_COLUMNS", "HEAD_BEST_MIN_CASES", "SYNTAX_COLUMNS", "best_syntax_heads",
+           "syntax_head_columns", "syntax_table"]
 
 DIRECTIONS = ("dep->head", "head->dep")
 """``dep->head``: from the dependent to its gold head; ``head->dep``: from the head to its dependent."""
 
 SYNTAX_COLUMNS = ("relation", "direction", "layer", "head", "accuracy", "baseline", "baseline_offset", "n")
 """Columns of ``syntax.parquet``: one row per (relation, direction, layer, head)."""
+
+HEAD_BEST_COLUMNS = ("syntax_best_relation", "syntax_best_direction", "syntax_best_accuracy",
+                     "syntax_best_baseline", "syntax_best_gain", "syntax_best_n")
+"""The ``syntax_best`` column family of ``heads.parquet`` (:func:`syntax_head_columns`)."""
+HEAD_BEST_MIN_CASES = 5
+"""A (relation, direction) with fewer cases is not a head's ``syntax_best`` (one lucky case is not a finding)."""
 
 
 def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame, *,
@@ -181,3 +188,32 @@ def best_syntax_heads(table: pd.DataFrame, *, min_count: int = 1) -> pd.DataFram
                             ascending=[True, True, False, True, True], kind="stable")
     best = best.groupby(["relation", "direction"], sort=True).head(1).reset_index(drop=True)
     return best.assign(gain=best["accuracy"] - best["baseline"])
+
+
+def syntax_head_columns(table: pd.DataFrame, *, min_count: int = HEAD_BEST_MIN_CASES) -> pd.DataFrame:
+    """Each head's best relation: the (relation, direction) where its accuracy beats the baseline the most.
+
+    Parameters
+    ----------
+    table
+        :func:`syntax_table`'s output.
+    min_count
+        Only (relation, direction) pairs with at least this many cases are considered.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (layer, head) that has a pair with enough cases: ``layer``, ``head`` and
+        :data:`HEAD_BEST_COLUMNS` (``syntax_best_gain`` = accuracy - baseline; ties go to the first pair in
+        (relation, direction) order), for joining to ``heads.parquet``.
+    """
+    kept = table[table["n"] >= min_count]
+    ranked = kept.assign(gain=kept["accuracy"] - kept["baseline"]).sort_values(
+        ["layer", "head", "gain", "relation", "direction"], ascending=[True, True, False, True, True], kind="stable")
+    best = ranked.groupby(["layer", "head"], sort=True).head(1)
+    out = pd.DataFrame({"layer": best["layer"].to_numpy(np.int64), "head": best["head"].to_numpy(np.int64)})
+    for col, src in zip(HEAD_BEST_COLUMNS, ("relation", "direction", "accuracy", "baseline", "gain", "n")):
+        out[col] = best[src].to_numpy()
+    return out.astype({"syntax_best_relation": object, "syntax_best_direction": object,
+                       "syntax_best_accuracy": np.float64, "syntax_best_baseline": np.float64,
+                       "syntax_best_gain": np.float64, "syntax_best_n": np.int64})

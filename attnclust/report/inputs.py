@@ -74,6 +74,9 @@ class ReportInputs:
     head_layout : pandas.DataFrame, optional
         ``head_layout.parquet`` (:func:`attnclust.analysis.distances.head_layout_table`): ``layer``, ``head``,
         ``x``, ``y`` (MDS of the Jensen-Shannon head distances) and more; the report's head map.
+    syntax : pandas.DataFrame, optional
+        ``syntax.parquet`` (:func:`attnclust.analysis.syntax.syntax_table`): ``relation``, ``direction``,
+        ``layer``, ``head``, ``accuracy``, ``baseline``, ``baseline_offset``, ``n``; the report's "Syntax" section.
 
     Raises
     ------
@@ -97,6 +100,7 @@ class ReportInputs:
     predictions: pd.DataFrame | None = None
     pruning: pd.DataFrame | None = None
     head_layout: pd.DataFrame | None = None
+    syntax: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:
         for name, table, cols in (("maps", self.maps, MAP_COLUMNS), ("heads", self.heads, HEAD_COLUMNS),
@@ -149,6 +153,13 @@ class ReportInputs:
             if missing:
                 raise DataError(f"report input pruning: missing column(s) {', '.join(missing)}; "
                                 f"required: {', '.join(PRUNING_COLUMNS)}")
+        if self.syntax is not None:
+            from ..analysis.syntax import SYNTAX_COLUMNS
+
+            missing = [c for c in SYNTAX_COLUMNS if c not in getattr(self.syntax, "columns", ())]
+            if missing:
+                raise DataError(f"report input syntax: missing column(s) {', '.join(missing)}; "
+                                f"required: {', '.join(SYNTAX_COLUMNS)}")
         if isinstance(self.notes, str):
             raise DataError("report input notes: got a single string; pass a tuple of strings, e.g. (note,)")
         if isinstance(self.max_tokens_shown, bool) or not isinstance(self.max_tokens_shown, (int, np.integer)) \

@@ -41,7 +41,8 @@ __all__ = ["GRID_TEXT_MAX", "HEAD_MAP_PAIRS", "NO_ROLE", "QA_EXAMPLES_SHOWN", "U
            "cluster_cards", "cluster_stats", "clusters_by_size", "clusters_in_report_order", "grid",
            "head_analysis_heatmaps", "head_map", "importance_section", "is_unstable", "k_choice", "length_rows",
            "length_warning_text",
-           "notes", "qa", "role_categories", "run_length_shares", "settings", "stats_table", "summary", "umap"]
+           "notes", "qa", "role_categories", "run_length_shares", "settings", "stats_table", "summary",
+           "syntax_section", "umap"]
 
 GRID_TEXT_MAX = 16
 """Cluster id and purity are written in the grid cells when layers and heads are both at most this."""
@@ -665,3 +666,55 @@ def importance_section(inputs: ReportInputs) -> dict[str, Any] | None:
     trained = bool(inputs.qa["head_trained"]) if inputs.qa else bool(stage.get("head_trained", True))
     return {"figures": figures, "rho": rho, "trained": trained, "n_features": f"{int(stage.get('features', 0)):,}"
             if stage.get("features") else "the", "curve_src": curve_src, "rows": rows}
+
+
+SYNTAX_HEATMAP_RELATIONS = 3
+"""The syntax section draws a layer x head heatmap for this many relations, the most frequent first."""
+
+
+@report_section("syntax", title="Syntax", order=680, template="syntax.html.j2", nav="Syntax")
+def syntax_section(inputs: ReportInputs) -> dict[str, Any] | None:
+    """The best head of every dependency relation next to the fixed-offset baseline (Clark et al. 2019, Voita et
+    al. 2019), and layer x head heatmaps of the accuracy of the most frequent relations.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``syntax.html.j2``: ``rows`` (``relation``, ``direction``, ``head``, ``accuracy``,
+        ``baseline``, ``offset``, ``gain``, ``n``; most cases first), ``figures`` (``relation``, ``src``, ``alt``,
+        ``caption``), ``source``, ``sentences`` and ``features`` (from the table's ``attrs``, when there);
+        ``None`` when the run has no syntax table.
+    """
+    from ..analysis.syntax import best_syntax_heads
+
+    table = inputs.syntax
+    if table is None or not len(table):
+        return None
+    best = best_syntax_heads(table).sort_values(["n", "relation", "direction"], ascending=[False, True, True],
+                                                kind="stable")
+    rows = [{"relation": r.relation, "direction": r.direction, "head": f"L{int(r.layer)}H{int(r.head)}",
+             "accuracy": fmt(r.accuracy, PERCENT_UNIT), "baseline": fmt(r.baseline, PERCENT_UNIT),
+             "offset": f"{int(r.baseline_offset):+d}", "gain": f"{100 * (r.accuracy - r.baseline):+.1f}",
+             "n": fmt(int(r.n))} for r in best.itertuples(index=False)]
+    counts = table.groupby("relation")["n"].max().sort_values(ascending=False, kind="stable")
+    figures = []
+    for relation in counts.index[:SYNTAX_HEATMAP_RELATIONS]:
+        part = table[(table["relation"] == relation) & (table["direction"] == "dep->head")]
+        if part.empty:
+            continue
+        layers, head_ids, values = head_matrix(part, "accuracy")
+        annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
+        baseline = float(part["baseline"].iloc[0])
+        figures.append({
+            "relation": relation, "alt": f"layer x head heatmap of the accuracy for {relation} (dependent to head)",
+            "caption": f"{relation}: dependent → head, {fmt(int(part['n'].iloc[0]))} cases; baseline "
+                       f"{fmt(baseline, PERCENT_UNIT)} (offset {int(part['baseline_offset'].iloc[0]):+d})",
+            "src": png_data_uri(head_heatmap_figure(layers, head_ids, values, column=f"{relation} (dep->head)",
+                                                    unit=PERCENT_UNIT, annotate=annotate))})
+    attrs = table.attrs or {}
+    return {"rows": rows, "figures": figures, "source": attrs.get("source"), "sentences": attrs.get("sentences"),
+            "features": attrs.get("features")}

@@ -1,9 +1,12 @@
 """Report: the atlas (cluster labels joined to (example, layer, head) by explicit columns, per-head analyses,
 per-cluster tables with each cluster's type, description, length view and, when ``cluster_model.json`` has
-``cluster_stability``, its stability against ``cluster.min_stability``) and the self-contained HTML report.
+``cluster_stability``, its stability against ``cluster.min_stability``), the ``syntax`` analysis when
+``syntax.conllu`` or ``syntax.spacy_model`` is set (``syntax.parquet``, the ``syntax_best_*`` columns of
+``heads.parquet``; otherwise skipped with one line saying why) and the self-contained HTML report.
 
-Its driver-side steps show progress bars (:class:`~attnclust.stages.executors.StepBars`): ``report: atlas
-tables``, ``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
+Its driver-side steps show progress bars (:class:`~attnclust.stages.executors.StepBars`): ``report: syntax
+parses``, ``report: syntax heads 3/8 blocks``, ``report: atlas tables``, ``report: mean maps 4/10 clusters``,
+``report: writing HTML 3/10 sections``."""
 
 from __future__ import annotations
 
@@ -19,7 +22,12 @@ from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
-__all__ = ["ReportStage"]
+__all__ = ["SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage"]
+
+SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
+"""Settings of the ``syntax`` analysis; part of the report's fingerprint when the analysis is on."""
+SYNTAX_SKIPPED = "syntax: skipped (set syntax.conllu to a CoNLL-U file of gold parses, or syntax.spacy_model)"
+"""The line printed when the ``syntax`` analysis is off."""
 
 
 class ReportStage(Stage):
@@ -32,8 +40,10 @@ class ReportStage(Stage):
     reads = ("name", "report.title", "report.max_tokens_shown", "cluster.random_state")
 
     def keys(self, cfg) -> tuple[str, ...]:
-        """:attr:`reads`, plus ``cluster.min_stability`` where the configuration has that setting."""
-        return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ())
+        """:attr:`reads`, plus ``cluster.min_stability`` where the configuration has that setting, plus
+        :data:`SYNTAX_KEYS` when the syntax analysis is on (off, they leave earlier runs' fingerprints alone)."""
+        return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ()) + (
+            SYNTAX_KEYS if _syntax_on(cfg) else ())
 
     def identity(self, ctx: RunContext) -> dict:
         """The registered head analyses' versions, report sections and the head map's version (a new one
@@ -41,13 +51,35 @@ class ReportStage(Stage):
         from ..analysis.distances import VERSION as HEAD_LAYOUT_VERSION
         from ..report import REPORT_SECTIONS
 
-        return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS),
-                "head_layout": HEAD_LAYOUT_VERSION}
+        identity = {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS),
+                    "head_layout": HEAD_LAYOUT_VERSION}
+        conllu = ctx.cfg.syntax.conllu
+        if conllu is not None:  # edited gold parses re-render the report
+            import hashlib
+
+            path = Path(conllu).expanduser()
+            identity["syntax_parses"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() \
+                else "missing"
+        return identity
+
+    def check(self, ctx: RunContext) -> None:
+        """With ``syntax.conllu``: the file is read and checked (one-line ``DataError`` naming the file and line);
+        with ``syntax.spacy_model`` only: spaCy and the pipeline are loaded (one-line ``BackendUnavailable``
+        naming the install step)."""
+        syntax = ctx.cfg.syntax
+        if syntax.conllu is not None:
+            from ..analysis.parses import read_conllu
+
+            read_conllu(Path(syntax.conllu).expanduser())
+        elif syntax.spacy_model is not None:
+            from ..analysis.parses import spacy_parses
+
+            spacy_parses({}, model=syntax.spacy_model)
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
-        """The joined tables, the head map and the HTML report."""
+        """The joined tables, the head map, the syntax table and its parse cache, and the HTML report."""
         return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.head_layout,
-                layout.report)
+                layout.table("syntax"), layout.parses, layout.report)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Blocks only for a store without ``map_stats.parquet`` (written by another tool): its statistics."""
@@ -84,9 +116,11 @@ class ReportStage(Stage):
                     "stages": {name: {k_: v for k_, v in rec.items() if k_ != "parts"}
                                for name, rec in ctx.records.items()}}
         with StepBars("report", progress=ctx.progress) as bars:
+            syntax = _syntax(ctx, features, bars)
             with bars.step("atlas tables"):
                 maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k,
                                                     min_stability=_min_stability(cfg), importance=importance,
+                                                    syntax=syntax,
                                                     extra={} if predictions is None else {"predictions": predictions})
             mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars)
             head_layout = compute_head_layout(open_attention_store(layout.attention),
@@ -98,11 +132,62 @@ class ReportStage(Stage):
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
-                head_layout=head_layout)
+                head_layout=head_layout, syntax=syntax)
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)
-        return {"report": str(path), "clusters": k}
+        record = {"report": str(path), "clusters": k}
+        if syntax is not None:
+            record["syntax"] = {key: syntax.attrs[key] for key in ("sentences", "unmatched", "features", "arcs")}
+        return record
 
+
+def _syntax_on(cfg) -> bool:
+    syntax = getattr(cfg, "syntax", None)
+    return syntax is not None and (syntax.conllu is not None or syntax.spacy_model is not None)
+
+
+def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataFrame | None:
+    """The ``syntax`` analysis (``syntax.parquet``), or ``None`` with one line saying why it was skipped.
+
+    The table's ``attrs`` say where the parses came from (``source``), how many sentences were found in the
+    contexts (``sentences``; ``unmatched`` of a CoNLL-U file were not), and how many features and arcs were read.
+    """
+    from ..analysis.parses import load_parses
+    from ..analysis.syntax import syntax_table
+
+    layout, cfg = ctx.layout, ctx.cfg
+    if not _syntax_on(cfg):
+        layout.remove(layout.table("syntax"))  # never a table of an earlier configuration
+        ctx.note(SYNTAX_SKIPPED)
+        return None
+    if "offsets" not in features.columns:
+        layout.remove(layout.table("syntax"))
+        ctx.note(f"syntax: skipped ({layout.features.name} has no token offsets to align parses with: the store "
+                 f"was not extracted by attnclust)")
+        return None
+    conllu, model = cfg.syntax.conllu, cfg.syntax.spacy_model
+    with bars.step("syntax parses"):
+        parses = load_parses(layout, conllu=None if conllu is None else Path(conllu).expanduser(),
+                             spacy_model=None if conllu is not None else model)
+    if cfg.syntax.max_features is not None:
+        features = features.iloc[:cfg.syntax.max_features]
+    table = syntax_table(layout, parses, features, progress=lambda done, total: bars("syntax heads", done, total,
+                                                                                     "blocks"))
+    if conllu is not None:  # sentences of the file found in a context (the cache keeps each one's index)
+        from ..analysis.parses import read_conllu
+
+        found = int(parses["sentence"].nunique())
+        unmatched = len(read_conllu(Path(conllu).expanduser())) - found
+    else:
+        found, unmatched = len(parses.drop_duplicates(["context_key", "sentence"])), 0
+    table.attrs.update({
+        "source": f"gold CoNLL-U {Path(conllu).name}" if conllu is not None else f"spaCy {model}",
+        "sentences": found, "unmatched": unmatched, "features": len(features),
+        "arcs": int(table.groupby("relation")["n"].max().sum())})
+    ctx.note(f"syntax: {found} parsed sentence(s) found in the contexts"
+             + (f" ({unmatched} of the file in none)" if unmatched else "")
+             + f", {table.attrs['arcs']:,} arcs over {len(features):,} features -> {layout.table('syntax').name}")
+    return table
 
 def _min_stability(cfg) -> float:
     """``cluster.min_stability``, or the atlas' default where the configuration does not have that setting."""

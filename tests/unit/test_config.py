@@ -279,3 +279,17 @@ def test_featurizer_names_fall_back_when_the_registry_cannot_be_imported(monkeyp
     assert JobConfig.from_dict({"featurize": {"method": "resnet"}}).featurize.method == "resnet"
     with pytest.raises(ConfigError, match=r"featurize\.method: got 'fourier'; allowed: pooled \| resnet \| profile$"):
         JobConfig.from_dict({"featurize": {"method": "fourier"}})
+
+
+def test_syntax_section_is_off_by_default_and_validated():
+    cfg = load_job(default_job_path())
+    assert (cfg.syntax.conllu, cfg.syntax.spacy_model, cfg.syntax.max_features) == (None, None, None)
+    assert sorted(JobConfig.SECTIONS) == ["cluster", "data", "extract", "featurize", "finetune", "importance",
+                                          "model", "qa", "report", "syntax"]
+    cfg = load_job(default_job_path(), ["syntax.conllu=gold.conllu", "syntax.max_features=8"])
+    assert cfg.value("syntax.conllu") == "gold.conllu" and cfg.syntax.max_features == 8
+    with pytest.raises(ConfigError, match=r"syntax\.max_features: got 0; allowed: an integer >= 1"):
+        load_job(default_job_path(), ["syntax.max_features=0"])
+    with pytest.raises(ConfigError, match=r"^config syntax\.parser: unknown setting; known settings of 'syntax': "
+                                          r"conllu, max_features, spacy_model$"):
+        apply_overrides({}, ["syntax.parser=x"])

@@ -222,8 +222,8 @@ def test_builtin_sections_come_from_the_registry_in_order() -> None:
     from attnclust.report import sections_in_order
 
     names = [s.name for s in sections_in_order()]
-    assert names == ["summary", "notes", "grid", "clusters", "umap", "stats", "head_analyses", "head_map", "importance", "k",
-                     "qa", "settings"]
+    assert names == ["summary", "notes", "grid", "clusters", "umap", "stats", "head_analyses", "head_map", "importance",
+                     "syntax", "k", "qa", "settings"]
     report = render_report(_inputs())
     nav = re.search(r"<nav>(.*?)</nav>", report).group(1)
     assert re.findall(r'href="#(\w+)"', nav) == ["grid", "clusters", "umap", "stats", "settings"]

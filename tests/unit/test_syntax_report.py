@@ -1,0 +1,82 @@
+"""The ``syntax`` analysis wired into the report stage, on the planted store of ``test_syntax.py`` (head (1, 1)
+always attends to the gold dependency head): ``syntax.parquet``, the ``syntax_best_*`` columns of ``heads.parquet``
+and the "Syntax" section when ``syntax.conllu`` is set; off by default with one line saying why; a malformed
+CoNLL-U file refused in one line before anything is written."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+from test_syntax import planted_syntax  # noqa: F401  (the planted store with gold parses: a fixture)
+
+from attnclust.analysis.syntax import HEAD_BEST_COLUMNS, SYNTAX_COLUMNS
+from attnclust.cli import main
+from attnclust.config import load_job
+from attnclust.errors import DataError
+from attnclust.pipeline import run_job
+from attnclust.stages import SerialExecutor
+from attnclust.stages.report import SYNTAX_SKIPPED
+
+BASE = ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2", "cluster.n_init=2"]
+
+
+def _run(layout, *overrides, progress=False):
+    cfg = load_job(None, [*BASE, *overrides])
+    return run_job(cfg, layout.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(),
+                   progress=progress)
+
+
+def _section(report: str, name: str) -> str:
+    start = report.index(f'<section id="{name}">')
+    end = report.find("\n<section id=", start + 1)
+    return report[start:end if end > 0 else None]
+
+
+def test_syntax_writes_its_table_the_head_columns_and_the_report_section(planted_syntax, capsys):  # noqa: F811
+    layout, _, _, conllu = planted_syntax
+    _run(layout, f"syntax.conllu={conllu}", progress=True)
+    assert re.search(r"syntax: \d+ parsed sentence\(s\) found in the contexts, [\d,]+ arcs over 6 features",
+                     capsys.readouterr().out)
+    table = pd.read_parquet(layout.table("syntax"))
+    assert list(table.columns) == list(SYNTAX_COLUMNS)
+    assert set(table["relation"]) == {"prev", "next", "far", "punct"}
+    heads = pd.read_parquet(layout.table("heads")).set_index(["layer", "head"])
+    assert set(HEAD_BEST_COLUMNS) <= set(heads.columns)
+    gold = heads.loc[(1, 1)]
+    assert gold["syntax_best_accuracy"] == 1.0 and gold["syntax_best_direction"] == "dep->head"
+    assert gold["syntax_best_gain"] == pytest.approx(1.0 - gold["syntax_best_baseline"])
+    assert gold["syntax_best_gain"] == heads["syntax_best_gain"].max()  # no head beats the baseline by more
+    row = table[(table["relation"] == gold["syntax_best_relation"]) & (table["direction"] == "dep->head")
+                & (table["layer"] == 1) & (table["head"] == 1)]
+    assert row["baseline"].iloc[0] == gold["syntax_best_baseline"] and row["n"].iloc[0] == gold["syntax_best_n"]
+    report = layout.report.read_text()
+    section = _section(report, "syntax")
+    assert "<h2>Syntax</h2>" in section or ">Syntax<" in section
+    assert "L1H1" in section and "gold CoNLL-U gold.conllu" in section
+    assert len(re.findall(r'<img\b[^>]*src="data:image/png;base64,', section)) == 3  # the 3 commonest relations
+    record = layout.stage_record("report").read_text()
+    assert '"syntax"' in record
+
+
+def test_syntax_is_off_by_default_with_one_line_saying_why(planted_syntax, capsys):  # noqa: F811
+    layout = planted_syntax[0]
+    _run(layout, progress=True)
+    assert SYNTAX_SKIPPED in capsys.readouterr().out.splitlines()
+    assert not layout.table("syntax").exists()
+    assert not any(c.startswith("syntax_best") for c in pd.read_parquet(layout.table("heads")).columns)
+    assert '<section id="syntax">' not in layout.report.read_text()
+
+
+def test_a_malformed_conllu_is_refused_in_one_line_before_any_work(planted_syntax, tmp_path, capsys):  # noqa: F811
+    layout = planted_syntax[0]
+    bad = tmp_path / "bad.conllu"
+    bad.write_text("1\tThe\tthe\tDET\t_\t_\t2\tdet\t_\t_\n2\tking\tking\tNOUN\t_\t_\t0\n")
+    with pytest.raises(DataError, match=r"bad\.conllu: line 2: 7 tab-separated field\(s\)"):
+        _run(layout, f"syntax.conllu={bad}")
+    assert not layout.table("heads").exists() and not layout.stage_record("featurize").exists()
+    missing = tmp_path / "missing.conllu"
+    assert main(["report", "--out", str(layout.root), "--quiet", "--set", f"syntax.conllu={missing}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnclust: error: conllu file") and "not found" in err and "\n" not in err
