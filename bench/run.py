@@ -184,8 +184,10 @@ def main(argv: list[str] | None = None) -> int:
             bench_scale(ctx, s["scale_n"], s["scale_reps"])
         if "cluster" in groups:
             from .cluster_scale import bench_cluster
+            from .placement import bench_placement
 
             bench_cluster(ctx, s["cluster_rows"], s["cluster_name"])
+            bench_placement(ctx)
         if "estimates" in groups:
             from .estimates import estimate_rows, estimate_text
 

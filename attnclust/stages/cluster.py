@@ -81,6 +81,7 @@ class ClusterStage(Stage):
     """Cluster labels, centroid distances and 2-D positions of every map."""
 
     name = "cluster"
+    version = 2  # 2: maps outside the UMAP sample placed by kNN (attnclust.placement), not umap-learn's transform
     inputs = ("featurize",)
     task = staticmethod(assign_block)
     reads = ("cluster.k", "cluster.k_min", "cluster.k_max", "cluster.n_init", "cluster.stability_splits",
@@ -180,7 +181,8 @@ def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
         ``cluster_dissolved`` (lists indexed by cluster id: the mean best bootstrap Jaccard, and the share of
         resamples in which the cluster dissolved; ``null`` for a cluster not measured; the lists are ``null`` when
         ``stability_resamples`` is null); ``min_stability`` and ``unstable_clusters`` (ids below it); ``centers``,
-        ``pca_components``, ``umap_fitted_on``.
+        ``pca_components``, ``umap_fitted_on``, ``placement`` (how maps outside the UMAP sample were placed:
+        ``knn`` or ``umap_transform``; ``null`` when UMAP is off or fitted on every map).
     """
     per_cluster = fitted.cluster_stability_
     dissolved = fitted.cluster_dissolved_
@@ -205,4 +207,5 @@ def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
         "centers": bk.to_numpy(fitted.kmeans_.cluster_centers_).tolist(),
         "pca_components": None if fitted.pca_ is None else int(fitted.pca_.n_components),
         "umap_fitted_on": None if fitted.umap_rows_ is None else len(fitted.umap_rows_),
+        "placement": fitted.placement_,
     }
