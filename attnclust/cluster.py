@@ -47,7 +47,7 @@ the workers with the rest of :class:`FittedClusters`); the UMAP is then fitted o
 neighbour graph on CPU, as it needs no ``transform``. On the bench's 1M generated profile vectors it placed the
 980k maps in 12.6 s against 123 s for umap-learn's ``transform``, and kept more 10-nearest neighbourhoods
 (recall ratio 1.34 on 50k; ``python -m bench.placement``, ``bench/README.md``). ``fit_clusters(..., placement="umap")`` keeps the UMAP's own ``transform`` (umap-learn with
-NN-descent on CPU, cuML on GPU), for comparison; a job setting (``cluster.placement``) is to come.
+NN-descent on CPU, cuML on GPU); the job setting ``cluster.placement`` picks one.
 
 The fit tells its steps (reading the sample, PCA, each candidate k, the final KMeans, the resamples, UMAP) to an
 optional ``on_step(step, done, total, unit)`` callback (:data:`OnStep`), which draws progress bars on the driver
@@ -84,7 +84,7 @@ Placement = Literal["knn", "umap"]
 fitted UMAP's ``transform``)."""
 
 PLACEMENT: Placement = "knn"
-"""The default :data:`Placement` (until the job settings have a ``cluster.placement``)."""
+"""The default :data:`Placement` (the job setting ``cluster.placement`` defaults to it too)."""
 
 DISSOLVED = 0.5
 """A cluster whose best Jaccard similarity in a resample is at most this has *dissolved* there (Hennig 2007)."""
@@ -446,7 +446,7 @@ def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend
 
 def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
                  rows: np.ndarray | None = None, n_total: int | None = None, groups: np.ndarray | None = None,
-                 on_step: OnStep | None = None, placement: Placement = PLACEMENT) -> FittedClusters:
+                 on_step: OnStep | None = None, placement: Placement | None = None) -> FittedClusters:
     """Fit PCA, choose k, fit KMeans, measure per-cluster stability and fit UMAP on the sampled vectors ``x``.
 
     Parameters
@@ -471,7 +471,8 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         KMeans k=8``, ``per-cluster stability`` (one count per resample, unit ``resamples``), ``UMAP on 14040
         maps``.
     placement
-        How :func:`assign_block` places maps outside the UMAP sample (:data:`Placement`): ``knn`` indexes the
+        How :func:`assign_block` places maps outside the UMAP sample (:data:`Placement`; None: ``cfg.placement``,
+        the job setting ``cluster.placement``): ``knn`` indexes the
         sample (``placer_``) and lets the UMAP fit on an exact neighbour graph on CPU; ``umap`` keeps the UMAP
         able to ``transform`` (NN-descent on CPU).
 
@@ -479,6 +480,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     -------
     FittedClusters
     """
+    placement = cfg.placement if placement is None else placement
     if placement not in ("knn", "umap"):
         raise ValueError(f"fit_clusters: placement {placement!r} is not one of 'knn', 'umap'")
     x = np.asarray(x, dtype=np.float32)
@@ -606,7 +608,8 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
             x = emb.get_orthogonal_selection((rows, slice(None)))
             feature_id = group["feature_id"].get_orthogonal_selection((rows,))
         examples = _example_ids(Path(out), np.asarray(feature_id, dtype=np.int64))
-    return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step)
+    return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
+                        placement=cfg.placement)
 
 
 def place_rest(fitted: FittedClusters, z: np.ndarray) -> np.ndarray:

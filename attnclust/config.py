@@ -47,6 +47,7 @@ Backend = Literal["auto", "cpu", "gpu"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
 StoreDtype = Literal["float16", "uint8"]
+Placement = Literal["knn", "umap"]
 
 _NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,47}$"
 _TEXT_PATTERN = r"\S"  # not blank
@@ -367,6 +368,9 @@ class ClusterConfig(_Model):
         KMeans (and UMAP) are fitted on at most this many maps and applied to the rest.
     umap_neighbors, umap_min_dist
         UMAP settings.
+    placement
+        How maps outside the UMAP sample get their 2-D position: ``knn`` (the weighted mean of their 10 nearest
+        sample maps' positions, :mod:`attnclust.placement`) or ``umap`` (umap-learn's / cuML's ``transform``).
     random_state
         Seed for sampling, KMeans and UMAP; the same seed gives the same labels.
     """
@@ -389,6 +393,7 @@ class ClusterConfig(_Model):
     umap_sample: int = _int(20_000, 10)
     umap_neighbors: int = _int(15, 2)
     umap_min_dist: float = _num(0.1, 0, hi=1, allowed="a number in [0, 1]")
+    placement: Placement = _choice("knn", Placement)
     random_state: int = _int(0, 0)
 
     @field_validator("k")

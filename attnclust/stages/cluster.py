@@ -88,7 +88,7 @@ class ClusterStage(Stage):
              "cluster.stability_sample", "cluster.stability_tolerance", "cluster.stability_resamples",
              "cluster.min_stability", "cluster.stability_seed", "cluster.silhouette_sample",
              "cluster.pca_components", "cluster.fit_sample", "cluster.umap", "cluster.umap_sample",
-             "cluster.umap_neighbors", "cluster.umap_min_dist", "cluster.random_state")
+             "cluster.umap_neighbors", "cluster.umap_min_dist", "cluster.placement", "cluster.random_state")
 
     def identity(self, ctx: RunContext) -> dict:
         """The backend (cuML and scikit-learn give other labels)."""

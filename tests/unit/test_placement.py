@@ -127,3 +127,17 @@ def test_umap_placement_keeps_the_transform(tiny_store):
     assert np.isfinite(place_rest(fitted, fitted.reduce(x[:20]))).all()
     with pytest.raises(ValueError, match="placement 'tsne' is not one of"):
         fit_clusters(x, ClusterConfig(k=6, umap=False), placement="tsne")
+
+
+def test_the_job_setting_cluster_placement_picks_the_placement(tiny_store):
+    from attnclust.config import load_job
+    from attnclust.errors import ConfigError
+
+    _, x, _ = tiny_store
+    base = ["cluster.k=6", "cluster.umap_sample=150", "cluster.umap_neighbors=10", "cluster.pca_components=null"]
+    assert load_job(None, []).cluster.placement == "knn"
+    by_setting = fit_clusters(x, load_job(None, [*base, "cluster.placement=umap"]).cluster)
+    assert by_setting.placement_ == "umap_transform" and by_setting.placer_ is None
+    assert fit_clusters(x, load_job(None, base).cluster).placement_ == "knn"
+    with pytest.raises(ConfigError, match=r"cluster\.placement.*knn \| umap"):
+        load_job(None, ["cluster.placement=tsne"])
