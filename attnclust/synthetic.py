@@ -267,9 +267,6 @@ def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_feature
     """
     import pandas as pd
 
-    from .layout import RunLayout
-    from .store import atomic_write_parquet, create_attention_store, mark_store_complete
-
     lo, hi = int(lengths[0]), int(lengths[1])
     if lo < 5 or hi < lo:
         raise ValueError(f"write_planted_store: lengths {lengths}: need 5 <= low <= high")
@@ -282,32 +279,14 @@ def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_feature
     head_types = np.asarray(kinds, dtype=object)[order].reshape(n_layers, n_heads).astype(str)
     seqs = tuple(planted_tokens(int(n), rng=rng) for n in seq_len)
 
-    layout = RunLayout(root)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    attrs = {"model": "planted (attnclust.synthetic)", "max_seq_len": hi, "num_layers": n_layers,
-             "num_heads": n_heads, "planted_heads": head_types.tolist()}
-    store = create_attention_store(layout.attention, seq_len=seq_len, num_layers=n_layers, num_heads=n_heads,
-                                   features_per_task=features_per_task, attrs=attrs)
-    width = store.width
-    for start, stop in store.blocks():
-        shard = np.zeros((stop - start, n_layers, n_heads, width, width), np.float16)
-        for f in range(start, stop):
-            n = int(seq_len[f])
-            for layer in range(n_layers):
-                for head in range(n_heads):
-                    shard[f - start, layer, head, :n, :n] = planted_head_map(head_types[layer, head], seqs[f],
-                                                                             rng=rng, noise=noise)
-        store.attention[start:stop] = shard
-    mark_store_complete(layout.attention)
     features = pd.DataFrame({
         "feature_id": np.arange(n_features, dtype=np.int64),
         "example_id": [f"planted-{i}" for i in range(n_features)],
         "span": np.zeros(n_features, np.int64),
-        "seq_len": seq_len.astype(np.int64),
-        "tokens": [list(s.tokens) for s in seqs],
-        "segment_ids": [s.segment_ids.tolist() for s in seqs],
     })
-    atomic_write_parquet(features, layout.features)
+    layout = _write_planted(root, "planted (attnclust.synthetic)", hi, head_types, seq_len, seqs, features,
+                            features_per_task,
+                            lambda kind, f: planted_head_map(kind, seqs[f], rng=rng, noise=noise))
     return PlantedStore(root=layout.root, head_types=head_types, seq_len=seq_len, tokens=seqs)
 
 
@@ -436,14 +415,10 @@ def write_planted_qa_store(root: str | Path, *, rng: np.random.Generator, head_t
     """
     import pandas as pd
 
-    from .layout import RunLayout
-    from .store import atomic_write_parquet, create_attention_store, mark_store_complete
-
     head_types = np.asarray(head_types, dtype=object).astype(str)
     if head_types.ndim != 2 or not set(head_types.ravel()) <= set(QA_HEAD_TYPES):
         raise ValueError(f"write_planted_qa_store: head_types must be a (layer, head) array of "
                          f"{', '.join(QA_HEAD_TYPES)}")
-    n_layers, n_heads = head_types.shape
     lo, hi = int(lengths[0]), int(lengths[1])
     if lo < 8 or hi < lo:
         raise ValueError(f"write_planted_qa_store: lengths {lengths}: need 8 <= low <= high")
@@ -457,10 +432,41 @@ def write_planted_qa_store(root: str | Path, *, rng: np.random.Generator, head_t
     seqs = tuple(planted_tokens(int(n), rng=rng) for n in seq_len)
     spans = [None if impossible[f] else planted_answer_span(seqs[f], rng=rng) for f in range(n_features)]
 
+    a_start = np.array([-1 if s is None else s[0] for s in spans], np.int32)
+    a_end = np.array([-1 if s is None else s[1] for s in spans], np.int32)
+    features = pd.DataFrame({
+        "feature_id": np.arange(n_features, dtype=np.int64),
+        "example_id": [f"planted-{e}" for e in example],
+        "span": (np.arange(n_features) % max(1, int(features_per_example))).astype(np.int64),
+    })
+    extra = {"answer_start_token": a_start, "answer_end_token": a_end, "is_impossible": impossible}
+    layout = _write_planted(root, "planted QA (attnclust.synthetic)", hi, head_types, seq_len, seqs, features,
+                            features_per_task,
+                            lambda kind, f: planted_qa_map(kind, seqs[f], span=spans[f], rng=rng, noise=noise),
+                            extra=extra)
+    return PlantedQAStore(root=layout.root, head_types=head_types, seq_len=seq_len, tokens=seqs,
+                          answer_start=a_start, answer_end=a_end, is_impossible=impossible)
+
+
+__all__ += ["QA_HEAD_TYPES", "PlantedQAStore", "planted_answer_span", "planted_qa_map", "write_planted_qa_store"]
+
+
+def _write_planted(root, model: str, max_seq_len: int, head_types: np.ndarray, seq_len: np.ndarray, seqs, features,
+                   features_per_task, make_map, extra: dict | None = None):
+    """Write a planted contract store: ``attention.zarr`` with ``make_map(kind, feature)`` for every (feature,
+    layer, head) in that order (so a seeded generator gives the same maps), then ``features.parquet`` =
+    ``features`` (``feature_id``, ``example_id``, ``span``) + lengths, tokens, segment ids and ``extra`` columns.
+
+    Returns the run's :class:`~attnclust.layout.RunLayout`.
+    """
+    from .layout import RunLayout
+    from .store import atomic_write_parquet, create_attention_store, mark_store_complete
+
+    n_layers, n_heads = head_types.shape
     layout = RunLayout(root)
     layout.root.mkdir(parents=True, exist_ok=True)
-    attrs = {"model": "planted QA (attnclust.synthetic)", "max_seq_len": hi, "num_layers": n_layers,
-             "num_heads": n_heads, "planted_heads": head_types.tolist()}
+    attrs = {"model": model, "max_seq_len": int(max_seq_len), "num_layers": n_layers, "num_heads": n_heads,
+             "planted_heads": head_types.tolist()}
     store = create_attention_store(layout.attention, seq_len=seq_len, num_layers=n_layers, num_heads=n_heads,
                                    features_per_task=features_per_task, attrs=attrs)
     width = store.width
@@ -470,26 +476,10 @@ def write_planted_qa_store(root: str | Path, *, rng: np.random.Generator, head_t
             n = int(seq_len[f])
             for layer in range(n_layers):
                 for head in range(n_heads):
-                    shard[f - start, layer, head, :n, :n] = planted_qa_map(head_types[layer, head], seqs[f],
-                                                                           span=spans[f], rng=rng, noise=noise)
+                    shard[f - start, layer, head, :n, :n] = make_map(head_types[layer, head], f)
         store.attention[start:stop] = shard
     mark_store_complete(layout.attention)
-    a_start = np.array([-1 if s is None else s[0] for s in spans], np.int32)
-    a_end = np.array([-1 if s is None else s[1] for s in spans], np.int32)
-    features = pd.DataFrame({
-        "feature_id": np.arange(n_features, dtype=np.int64),
-        "example_id": [f"planted-{e}" for e in example],
-        "span": (np.arange(n_features) % max(1, int(features_per_example))).astype(np.int64),
-        "seq_len": seq_len.astype(np.int64),
-        "tokens": [list(s.tokens) for s in seqs],
-        "segment_ids": [s.segment_ids.tolist() for s in seqs],
-        "answer_start_token": a_start,
-        "answer_end_token": a_end,
-        "is_impossible": impossible,
-    })
+    features = features.assign(seq_len=seq_len.astype(np.int64), tokens=[list(q.tokens) for q in seqs],
+                               segment_ids=[q.segment_ids.tolist() for q in seqs], **(extra or {}))
     atomic_write_parquet(features, layout.features)
-    return PlantedQAStore(root=layout.root, head_types=head_types, seq_len=seq_len, tokens=seqs,
-                          answer_start=a_start, answer_end=a_end, is_impossible=impossible)
-
-
-__all__ += ["QA_HEAD_TYPES", "PlantedQAStore", "planted_answer_span", "planted_qa_map", "write_planted_qa_store"]
+    return layout
