@@ -1,7 +1,7 @@
 """Named patterns and trust views of clusters: Kovaleva types, Clark-style descriptions, lengths, stability.
 
-Planted maps are built here (exact patterns mixed with random rows), their statistics computed by the real
-statistics code, and each planted kind made one cluster of a per-cluster table.
+Planted maps (:mod:`attnclust.synthetic`: exact patterns mixed with random rows) get their statistics from the real
+statistics code, and each planted kind is made one cluster of a per-cluster table.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from attnclust.analysis.stats import map_statistics, stat_columns, token_masks
 from attnclust.errors import DataError
 from attnclust.layout import RunLayout
 from attnclust.report import ReportInputs, render_report
+from attnclust.synthetic import planted_head_map, planted_tokens
 
 # planted kind -> (word its description must name, Kovaleva type)
 EXPECTED = {
@@ -43,43 +44,8 @@ EXPECTED = {
 KINDS = tuple(EXPECTED)
 
 
-def planted_tokens(n: int, rng: np.random.Generator) -> tuple[list[str], list[int]]:
-    """``[CLS] question [SEP] context [SEP]`` of ``n`` tokens, '.' and ',' sprinkled in; segment ids 0 / 1."""
-    q = max(3, n // 5)
-    words = [f"w{i}" for i in range(n)]
-    tokens = ["[CLS]", *words[1:q], "[SEP]", *words[q + 1:n - 1], "[SEP]"]
-    for i in rng.choice(np.arange(q + 2, n - 2), size=max(2, n // 12), replace=False):
-        tokens[i] = "." if rng.random() < 0.5 else ","
-    return tokens, [0] * (q + 1) + [1] * (n - q - 1)
-
-
-def planted(kind: str, tokens: list[str], segments: list[int], *, rng: np.random.Generator,
-            noise: float = 0.15) -> np.ndarray:
-    """An (n, n) row-stochastic map of ``kind`` mixed with ``noise`` of random (Dirichlet) rows."""
-    n = len(tokens)
-    idx = np.arange(n)
-    p = np.zeros((n, n))
-    if kind == "previous":
-        p[idx, np.maximum(idx - 1, 0)] = 1
-    elif kind == "next":
-        p[idx, np.minimum(idx + 1, n - 1)] = 1
-    elif kind == "itself":
-        p[idx, idx] = 1
-    elif kind == "cls":
-        p[:, 0] = 1
-    elif kind in ("sep", "punct"):
-        marks = {"sep": {"[SEP]"}, "punct": {".", ","}}[kind]
-        cols = [i for i, t in enumerate(tokens) if t in marks]
-        p[:, cols] = 1 / len(cols)
-    elif kind == "block":
-        seg = np.asarray(segments)
-        same = (seg[:, None] == seg[None, :]).astype(float)
-        p = same / same.sum(1, keepdims=True)
-    elif kind == "broad":
-        p[:] = 1 / n
-    else:
-        raise ValueError(kind)
-    return (1 - noise) * p + noise * rng.dirichlet(np.full(n, 0.5), size=n)
+SYNTHETIC_KIND = {"itself": "self"}
+"""Planted kind here -> its name in :data:`attnclust.synthetic.HEAD_TYPES` (the words the descriptions use)."""
 
 
 def planted_run(kinds, *, lengths=(40, 200), per_cluster=6, layers=None, noise=None, seed=0):
@@ -95,8 +61,9 @@ def planted_run(kinds, *, lengths=(40, 200), per_cluster=6, layers=None, noise=N
         for _ in range(per_cluster):
             f = len(feat_rows)
             n = int(rng.integers(lo, hi + 1))
-            tokens, segments = planted_tokens(n, rng)
-            a = planted(kind, tokens, segments, rng=rng, noise=(noise or {}).get(c, 0.15))
+            seq = planted_tokens(n, rng=rng)
+            tokens, segments = list(seq.tokens), seq.segment_ids.tolist()
+            a = planted_head_map(SYNTHETIC_KIND.get(kind, kind), seq, rng=rng, noise=(noise or {}).get(c, 0.15))
             sep, punct, seg = token_masks(tokens, segments)
             st = map_statistics(a[None, None], sep=sep, punct=punct, segment_ids=seg)
             map_rows.append({"feature_id": f, "layer": (layers or {}).get(c, c % 4), "head": c,
