@@ -68,6 +68,28 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny_bert"))
 
 
+@pytest.fixture(scope="session")
+def small_planted_run(tmp_path_factory):
+    """``make(name)`` -> a finished run directory (featurize, cluster, report; UMAP off, k = 2) over a small planted
+    store of 6 features, 2 layers x 2 heads, lengths 8..40 (:func:`attnclust.synthetic.write_planted_store`)."""
+    import numpy as np
+
+    from attnclust.config import load_job
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+    from attnclust.synthetic import write_planted_store
+
+    def make(name: str) -> Path:
+        planted = write_planted_store(tmp_path_factory.mktemp(name) / "run", rng=np.random.default_rng(0),
+                                      n_features=6, n_layers=2, n_heads=2, lengths=(8, 40), features_per_task=3)
+        cfg = load_job(None, ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2"])
+        run_job(cfg, planted.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(),
+                progress=False)
+        return planted.root
+
+    return make
+
+
 @pytest.fixture
 def small_squad(tmp_path) -> Path:
     """A small valid SQuAD v2 file (nested format): 3 paragraphs, 8 questions, some unanswerable."""

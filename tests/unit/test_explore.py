@@ -20,20 +20,12 @@ QUESTION = "Which planted head attends to the previous token?"
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    from attnclust.config import load_job
-    from attnclust.pipeline import run_job
-    from attnclust.stages import SerialExecutor
-    from attnclust.synthetic import write_planted_store
-
-    planted = write_planted_store(tmp_path_factory.mktemp("explore") / "run", rng=np.random.default_rng(0),
-                                  n_features=6, n_layers=2, n_heads=2, lengths=(8, 40), features_per_task=3)
-    cfg = load_job(None, ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2"])
-    run_job(cfg, planted.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(), progress=False)
-    ids = read_features(planted.root)["example_id"].unique()
+def run_dir(small_planted_run):
+    root = small_planted_run("explore")
+    ids = read_features(root)["example_id"].unique()
     questions = [QUESTION if i == 3 else f"Question number {i}?" for i in range(len(ids))]
-    pd.DataFrame({"id": ids, "question": questions}).to_parquet(RunLayout(planted.root).examples)
-    return planted.root
+    pd.DataFrame({"id": ids, "question": questions}).to_parquet(RunLayout(root).examples)
+    return root
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-import numpy as np
 import pytest
 
 from attnclust.cli import main
@@ -18,17 +17,8 @@ MAGIC = {"png": lambda b: b.startswith(b"\x89PNG\r\n\x1a\n"),
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    from attnclust.config import load_job
-    from attnclust.pipeline import run_job
-    from attnclust.stages import SerialExecutor
-    from attnclust.synthetic import write_planted_store
-
-    planted = write_planted_store(tmp_path_factory.mktemp("export") / "run", rng=np.random.default_rng(0),
-                                  n_features=6, n_layers=2, n_heads=2, lengths=(8, 40), features_per_task=3)
-    cfg = load_job(None, ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2"])
-    run_job(cfg, planted.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(), progress=False)
-    return planted.root
+def run_dir(small_planted_run):
+    return small_planted_run("export")
 
 
 @pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
