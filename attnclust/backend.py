@@ -7,14 +7,19 @@ hint; ``auto`` picks ``gpu`` only when every worker reports a usable device.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["GPU_INSTALL_HINT", "fit_kmeans_distributed", "gpu_status", "make_kmeans", "make_local_cuda_cluster",
-           "make_pca", "make_umap", "resolve_backend", "silhouette", "to_numpy", "torch_device"]
+__all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "make_kmeans",
+           "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend", "silhouette",
+           "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
                     "(cupy-cuda13x, cuml-cu13, dask-cuda), or use backend: cpu")
@@ -154,6 +159,77 @@ def make_pca(backend: Resolved, *, n_components: int, random_state: int):
     return PCA(n_components=n_components, random_state=random_state, svd_solver="randomized")
 
 
+NUMBA_CACHED_PACKAGES = ("umap", "pynndescent")
+
+
+def numba_cache_dir() -> Path:
+    """Where compiled numba code is kept across processes: ``NUMBA_CACHE_DIR`` when set, otherwise
+    ``$XDG_CACHE_HOME/attnclust/numba`` (``~/.cache/attnclust/numba`` without ``XDG_CACHE_HOME``)."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "attnclust" / "numba"
+
+
+def enable_numba_cache(packages: tuple[str, ...] = NUMBA_CACHED_PACKAGES, *, cache_dir: Path | None = None) -> int:
+    """Keep the numba code of ``packages`` (already imported) compiled on disk, so a new process loads it.
+
+    umap-learn compiles its numba functions in every process (40-80 s on 2 cores) because most of them are
+    declared without ``cache=True``. This turns numba's on-disk cache on for every ``CPUDispatcher`` found in the
+    imported modules of ``packages`` (what it compiles from then on is saved, or loaded when already saved), with
+    numba's cache directory (``NUMBA_CACHE_DIR``, set for this process and the ones it starts) pointing at
+    :func:`numba_cache_dir`. Call it before the first fit: code compiled earlier in the process is not saved.
+    Dispatchers declared with ``cache=True`` (most of pynndescent) keep the cache numba gave them. Numba keys each
+    cached function on its source file's modification time and size, the argument types and the CPU, and writes
+    its cache files atomically, so processes can share the directory; a changed source file is recompiled.
+
+    Parameters
+    ----------
+    packages
+        Top-level module names whose imported submodules are searched.
+    cache_dir
+        Overrides :func:`numba_cache_dir`.
+
+    Returns
+    -------
+    How many dispatchers now cache to disk (0 when the directory is not writable: then one warning is issued and
+    nothing is cached).
+    """
+    from numba.core import config
+    from numba.core.caching import NullCache
+    from numba.core.errors import NumbaWarning
+    from numba.core.registry import CPUDispatcher
+
+    where = Path(cache_dir) if cache_dir is not None else numba_cache_dir()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        probe = where / f".attnclust-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        warnings.warn(f"numba cache directory {where} is not writable ({exc.strerror or exc}); umap-learn will "
+                      f"compile its numba code in every process (40-80 s); set NUMBA_CACHE_DIR to a writable "
+                      f"directory to avoid it", RuntimeWarning, stacklevel=2)
+        return 0
+    os.environ["NUMBA_CACHE_DIR"] = str(where)  # read again by numba's compiler and by child processes
+    config.CACHE_DIR = str(where)
+    # pynndescent's NN-descent uses dynamic globals: numba compiles it in every process and says so each time
+    warnings.filterwarnings("ignore", message='Cannot cache compiled function "nn_descent', category=NumbaWarning)
+    seen: set[int] = set()
+    enabled = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".", 1)[0] not in packages:
+            continue
+        for obj in list(vars(module).values()):
+            if not isinstance(obj, CPUDispatcher) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj._cache, NullCache):
+                obj.enable_caching()
+            enabled += not isinstance(obj._cache, NullCache)
+    return enabled
+
+
 def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_state: int,
               exact_knn_of=None):
     """A 2-D UMAP. On CPU, ``exact_knn_of`` (the data it will be fitted on) precomputes the exact neighbour
@@ -165,10 +241,9 @@ def make_umap(backend: Resolved, *, n_neighbors: int, min_dist: float, random_st
 
         return UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=random_state,
                     output_type="numpy")
-    import warnings
-
     from umap import UMAP
 
+    enable_numba_cache()
     warnings.filterwarnings("ignore", message=".*n_jobs value.*overridden.*")
     warnings.filterwarnings("ignore", message=".*knn_search_index.*")
     knn = None

@@ -31,9 +31,9 @@ __all__ = [
 ]
 
 
-def job_config(data_path: str, **sections) -> JobConfig:
-    """A job on ``data_path`` with ``sections`` (dicts) over the defaults; backend forced to cpu."""
-    raw = {"name": "bench", "backend": "cpu", "data": {"path": str(data_path)}}
+def job_config(data_path: str, *, backend: str = "cpu", **sections) -> JobConfig:
+    """A job on ``data_path`` with ``sections`` (dicts) over the defaults; backend ``cpu`` unless told."""
+    raw = {"name": "bench", "backend": backend, "data": {"path": str(data_path)}}
     raw.update(sections)
     return JobConfig.from_dict(raw)
 

@@ -42,7 +42,9 @@ def _child(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.scale")
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "gpu"))
     args = ap.parse_args(argv)
+    from attnclust.backend import torch_device
     from attnclust.config import load_job
     from attnclust.models import get_model
     from attnclust.stages.extract import prepare_inputs
@@ -52,10 +54,11 @@ def _child(argv: list[str]) -> None:
     # Both arms use the same shard size (SHARD_FEATURES features per task), so N already spans several shards:
     # with streaming, the peak is bounded by one shard whatever N is. (With the auto size, one shard holds
     # ~23 long features, more than N itself in quick mode, and the figure would measure shard filling.)
-    cfg = load_job(None, [f"data.path={args.data}", "backend=cpu", "cluster.umap=false",
+    cfg = load_job(None, [f"data.path={args.data}", f"backend={args.backend}", "syntax.conllu=null",
+                          "cluster.umap=false",
                           f"extract.features_per_task={SHARD_FEATURES}"])
     inputs = prepare_inputs(cfg)
-    get_model(cfg.model)
+    get_model(cfg.model, device=torch_device(args.backend))
     base = peak_rss_bytes()
     out = Path(args.out)
     stage_fns = {"extract": lambda: run_extract(out, inputs["features"], cfg, inputs["model_info"]),
@@ -75,7 +78,16 @@ def _child(argv: list[str]) -> None:
     print(json.dumps({"examples": len(inputs["examples"]), "features": len(inputs["features"]), "seconds": seconds,
                       "seq_len_max": int(lens.max()), "seq_len_mean": round(float(lens.mean()), 1),
                       "stages": stages, "stage_peak_rss": peaks, "k": k,
-                      "maxrss_before_stages": base, "maxrss": peak}))
+                      "maxrss_before_stages": base, "maxrss": peak, **_gpu_peak(args.backend)}))
+
+
+def _gpu_peak(backend: str) -> dict:
+    """Peak GPU memory torch allocated in this process (the GPU arm); host RSS leaves it out."""
+    if backend != "gpu":
+        return {}
+    import torch
+
+    return {"gpu_torch_max_allocated": int(torch.cuda.max_memory_allocated())}
 
 
 def _reset_peak() -> None:
@@ -105,7 +117,8 @@ def _write_subsets(ctx, n: int) -> dict[str, Path]:
 def _run_child(ctx, data: Path, tag: str) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ctx.root) + os.pathsep +
            os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "bench.scale", "--data", str(data), "--out", str(ctx.tmp / f"scale-{tag}")]
+    cmd = [sys.executable, "-m", "bench.scale", "--data", str(data), "--out", str(ctx.tmp / f"scale-{tag}"),
+           "--backend", ctx.backend]
     proc = subprocess.run(cmd, cwd=ctx.root, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"bench.scale child ({data.name}) failed:\n{proc.stderr[-2000:]}")
@@ -124,6 +137,11 @@ def bench_scale(ctx, n: int, reps: int) -> None:
     per_ex = {k: median([x["seconds"] / x["examples"] for x in v]) for k, v in runs.items()}
     rss = {k: median([x["maxrss"] for x in v]) for k, v in runs.items()}
     base = {k: median([x["maxrss_before_stages"] for x in v]) for k, v in runs.items()}
+    for k, v in runs.items():
+        stage_s = ", ".join(f"{st} {median([x['stages'][st] for x in v]):.1f} s" for st in v[0]["stages"])
+        print(f"# scale {k}: {v[0]['examples']} examples, {v[0]['features']} features: {per_ex[k]:.3f} s per "
+              f"example ({stage_s}); peak RSS {rss[k] / 2**20:.0f} MiB ({base[k] / 2**20:.0f} MiB before the "
+              f"stages)", flush=True)
     common = {"N": n, "8N": 8 * n, "repetitions": reps, "N_subset": "length-stratified subset of the 8N examples",
               "features": {k: v[0]["features"] for k, v in runs.items()},
               "job": "jobs/demo.yaml with cluster.umap=false, in-process in a fresh child per run",

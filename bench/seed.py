@@ -35,16 +35,18 @@ def seed_resnet50():
 
 
 def seed_featurize_maps(net, maps: np.ndarray) -> np.ndarray:
-    """Seed featurizer on (map, 384, 384) padded maps: per-column MinMaxScaler 0-255, 3 channels, batch 1."""
+    """Seed featurizer on (map, 384, 384) padded maps: per-column MinMaxScaler 0-255 (on the CPU, as the seed),
+    3 channels, batch 1 on the net's device."""
     import torch
     from sklearn.preprocessing import MinMaxScaler
 
+    device = next(net.parameters()).device
     out = np.empty((len(maps), 2048), dtype=np.float32)
     with torch.inference_mode():
         for i, m in enumerate(maps):
             img = MinMaxScaler(feature_range=(0, 255)).fit_transform(np.asarray(m, dtype=np.float64))
             x = torch.from_numpy(img.astype(np.float32))[None, None].expand(1, 3, -1, -1).contiguous()
-            out[i] = net(x).numpy()[0]
+            out[i] = net(x.to(device)).cpu().numpy()[0]
     return out
 
 
@@ -54,7 +56,7 @@ class SeedPipeline:
     Parameters
     ----------
     model
-        The QA model (eager attention).
+        The QA model (eager attention); the seed runs on its device (the ResNet-50 is moved there too).
     workdir
         Directory for the CSV files (one per call of :meth:`extract_featurize`, as the seed wrote parts).
     maps_timed
@@ -67,7 +69,8 @@ class SeedPipeline:
                  maps_timed: int | None = None, net=None):
         self.model = model
         self.maps_timed = maps_timed
-        self.net = net if net is not None else seed_resnet50()
+        self.device = next(model.parameters()).device
+        self.net = (net if net is not None else seed_resnet50()).to(self.device)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.max_seq_len = max_seq_len
@@ -86,9 +89,10 @@ class SeedPipeline:
             ids[0, :n], types[0, :n], mask[0, :n] = row.input_ids, row.segment_ids, 1
             t0 = time.perf_counter()
             with torch.inference_mode():
-                res = self.model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                                 token_type_ids=torch.from_numpy(types), output_attentions=True)
-            maps = torch.cat(res.attentions, dim=1)[0].numpy()  # (layer*head, 384, 384), padding included
+                res = self.model(input_ids=torch.from_numpy(ids).to(self.device),
+                                 attention_mask=torch.from_numpy(mask).to(self.device),
+                                 token_type_ids=torch.from_numpy(types).to(self.device), output_attentions=True)
+            maps = torch.cat(res.attentions, dim=1)[0].float().cpu().numpy()  # (layer*head, 384, 384), padded
             t1 = time.perf_counter()
             m = len(maps) if self.maps_timed is None else min(self.maps_timed, len(maps))
             part = seed_featurize_maps(self.net, maps[:m])
