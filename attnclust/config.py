@@ -35,6 +35,7 @@ __all__ = [
     "ImportanceConfig",
     "JobConfig",
     "ModelConfig",
+    "ProbeConfig",
     "QAConfig",
     "ReportConfig",
     "SyntaxConfig",
@@ -47,7 +48,12 @@ Backend = Literal["auto", "cpu", "gpu"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
 StoreDtype = Literal["float16", "uint8"]
+StoreMode = Literal["full", "compact"]
 Placement = Literal["knn", "umap"]
+ProbeTask = Literal["answerable", "qword", "correct"]
+ProbePooling = Literal["cls", "context_mean"]
+BUNDLED_CONLLU = "bundled"
+"""``syntax.conllu`` value naming the gold parses packaged with the bundled sample data."""
 
 _NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,47}$"
 _TEXT_PATTERN = r"\S"  # not blank
@@ -257,6 +263,23 @@ class ExtractConfig(_Model):
     max_store_gb
         Refuse to start when the store's uncompressed size (features x layers x heads x width x width) would
         exceed this many GB (10^9 bytes); ``None``: only the check against the free space of the output disk.
+    store
+        ``full`` (default): every map, dense. ``compact``: per query row only the largest weights holding at
+        least ``compact_mass`` of the row's mass (uint8 weights + int16 key indices), plus the ``profile``
+        featurizer's vectors computed from the exact maps; readers reconstruct approximate dense maps.
+        ``store_dtype`` applies to the full store only.
+    compact_mass
+        Share of each query row's attention mass a compact store keeps (0 < mass <= 1).
+    compact_max_keys
+        Most keys a compact store keeps per query row (``None``: no cap, up to the row's length); a row that
+        needs more keeps only this many, so less than ``compact_mass``.
+    overlap
+        Convert and store batch ``i``'s maps in a second thread while the forward of batch ``i + 1`` runs (the
+        outputs are the same either way); ``false``: one after the other, e.g. on a one-core worker.
+    head_outputs
+        Also store each head's output (its context vector) pooled per feature at [CLS] and over the context
+        tokens, and the last layer's [CLS] hidden state, in ``head_outputs.zarr`` (float16: ``2 x layers x heads x
+        head_dim + hidden`` values a feature, 10.0 kB for MiniLM); the ``probe`` analysis reads them.
     """
 
     SECTION = "extract"
@@ -269,6 +292,11 @@ class ExtractConfig(_Model):
     store_dtype: StoreDtype = _choice("float16", StoreDtype)
     max_store_gb: float | None = _num(None, 0, lo_open=True, allowed="a number > 0 (GB), or null for only the "
                                       "free-space check")
+    store: StoreMode = _choice("full", StoreMode)
+    compact_mass: float = _num(0.95, 0, lo_open=True, hi=1.0)
+    compact_max_keys: int | None = _int(None, 1, 32767)
+    overlap: bool = _setting(True, "true | false")
+    head_outputs: bool = _setting(True, "true | false")
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> ExtractConfig:
@@ -532,8 +560,8 @@ class SyntaxConfig(_Model):
     ----------
     conllu
         A CoNLL-U file of gold parses of (some of) the run's contexts; its sentences are matched to the contexts
-        by their words (:mod:`attnclust.analysis.parses`). ``attnclust/data/sample_syntax.conllu`` holds parses of
-        sentences of the bundled sample.
+        by their words (:mod:`attnclust.analysis.parses`). ``bundled`` names ``attnclust/data/sample_syntax.conllu``,
+        parses of sentences of the bundled sample; with another ``data.path`` the analysis is skipped with one line.
     spacy_model
         An installed spaCy pipeline (e.g. ``en_core_web_sm``) that parses the contexts when ``conllu`` is null.
     max_features
@@ -545,6 +573,61 @@ class SyntaxConfig(_Model):
     spacy_model: str | None = _setting(None, "an installed spaCy pipeline name like 'en_core_web_sm', or null",
                                        pattern=_TEXT_PATTERN)
     max_features: int | None = _int(None, 1, fix="or null to use every feature")
+
+    def conllu_path(self) -> Path | None:
+        """The CoNLL-U file to read: ``conllu`` expanded, the packaged file for ``bundled``, ``None`` when unset."""
+        if self.conllu is None:
+            return None
+        if self.conllu == BUNDLED_CONLLU:
+            from .data import sample_path
+
+            return sample_path().with_name("sample_syntax.conllu")
+        return Path(self.conllu).expanduser()
+
+
+class ProbeConfig(_Model):
+    """The ``probe`` analysis of the report (Jo & Myaeng 2020): a cross-validated linear probe per (task, layer,
+    head) on the head's pooled output (``head_outputs.zarr``, written when ``extract.head_outputs`` is on).
+
+    Parameters
+    ----------
+    enabled
+        Run it when the store has head outputs (otherwise skipped with one line saying why).
+    tasks
+        Built-in label tasks: ``answerable`` (the question has an answer), ``qword`` (what/who/when/where/why/how/
+        which/other from the question's first such word), ``correct`` (the model's answer has F1 >= 0.5; needs the
+        ``qa`` stage).
+    labels
+        Extra columns of the data file, kept in ``examples.parquet``, each probed as a task of its own.
+    pooling
+        ``cls`` (the head's output at [CLS]) or ``context_mean`` (its mean over the context tokens).
+    top_k
+        Heads whose outputs are concatenated for the top-k representation (chosen inside each training fold),
+        compared with the last layer's [CLS] hidden state.
+    permutations
+        Label permutations (whole examples permuted) for each head's p-value.
+    max_features
+        Probe the features of the first questions (whole questions, in file order) up to this many; ``None``: all.
+    """
+
+    SECTION = "probe"
+    enabled: bool = _setting(True, "true | false")
+    tasks: tuple[ProbeTask, ...] = _setting(("answerable", "qword", "correct"),
+                                            "a list of answerable | qword | correct (may be empty)")
+    labels: tuple[str, ...] = _setting((), "a list of column names of the data file's records")
+    pooling: ProbePooling = _choice("cls", ProbePooling)
+    top_k: int = _int(8, 1)
+    permutations: int = _int(20, 1, 10000)
+    max_features: int | None = _int(2000, 10, fix="or null to use every feature")
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name.strip() or name in get_args(ProbeTask):
+                raise _cross("labels", value, "names of extra columns of the data file, neither blank nor a "
+                             "built-in task (answerable, qword, correct)", "list those in probe.tasks instead")
+        return value
 
 
 def _section(model: type[_Model]) -> Any:
@@ -561,7 +644,7 @@ class JobConfig(_Model):
         Letters, digits and ``_``, starting with a letter; prefixes every Dask task key of the job.
     backend
         ``cpu``, ``gpu`` or ``auto`` (gpu only when every worker has a usable GPU).
-    data, model, extract, featurize, cluster, report, qa, finetune, importance, syntax
+    data, model, extract, featurize, cluster, report, qa, finetune, importance, syntax, probe
         The sections (``SECTIONS`` maps each name to its model); each defaults to its model's defaults.
     """
 
@@ -578,11 +661,12 @@ class JobConfig(_Model):
     finetune: FinetuneConfig = _section(FinetuneConfig)
     importance: ImportanceConfig = _section(ImportanceConfig)
     syntax: SyntaxConfig = _section(SyntaxConfig)
+    probe: ProbeConfig = _section(ProbeConfig)
 
     SECTIONS: ClassVar[dict[str, type[_Model]]] = {
         "data": DataConfig, "model": ModelConfig, "extract": ExtractConfig, "featurize": FeaturizeConfig,
         "cluster": ClusterConfig, "report": ReportConfig, "qa": QAConfig, "finetune": FinetuneConfig,
-        "importance": ImportanceConfig, "syntax": SyntaxConfig}
+        "importance": ImportanceConfig, "syntax": SyntaxConfig, "probe": ProbeConfig}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> JobConfig:

@@ -37,6 +37,7 @@ __all__ = [
     "FEATURE_COLUMNS",
     "Answer",
     "Example",
+    "extra_columns",
     "read_gold",
     "read_squad",
     "sample_path",
@@ -98,6 +99,9 @@ class Example:
         hold one answer per annotator).
     is_impossible
         ``True`` exactly when ``answers`` is empty.
+    extra
+        The record's other fields whose values are text, numbers or booleans, as ``(name, value)`` pairs (labels
+        a user's data carries, kept in ``examples.parquet`` for the ``probe`` analysis).
     """
 
     id: str
@@ -106,6 +110,31 @@ class Example:
     context: str
     answers: tuple[Answer, ...]
     is_impossible: bool
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+_KNOWN_FIELDS = frozenset({"id", "question", "context", "answers", "title", "is_impossible", "plausible_answers"})
+
+
+def extra_columns(examples: list[Example]) -> dict[str, list]:
+    """The examples' extra fields as columns: name -> one value per example (``None`` where one lacks it).
+
+    Parameters
+    ----------
+    examples
+        Validated examples, e.g. from :func:`read_squad`.
+
+    Returns
+    -------
+    dict of str to list
+        In first-seen order of the names; a column whose values mix types holds them as text.
+    """
+    names = list(dict.fromkeys(name for e in examples for name, _ in e.extra))
+    columns = {name: [dict(e.extra).get(name) for e in examples] for name in names}
+    for name, values in columns.items():  # one type per column (parquet): mixed types become text
+        if len({type(v) for v in values if v is not None}) > 1:
+            columns[name] = [None if v is None else str(v) for v in values]
+    return columns
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -433,8 +462,10 @@ def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, st
         raise DataError(
             f"{label}: is_impossible is false but answers is empty; add the answer or set is_impossible to true"
         )
+    extra = tuple((k, v) for k, v in rec.items() if k not in _KNOWN_FIELDS and isinstance(k, str)
+                  and isinstance(v, (str, int, float, bool)))
     example = Example(id=rid, title=title, question=question, context=context, answers=tuple(answers),
-                      is_impossible=impossible)
+                      is_impossible=impossible, extra=extra)
     return example, label
 
 

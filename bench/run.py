@@ -22,17 +22,32 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("extract", "store", "featurize", "e2e", "quality", "scale", "cluster", "estimates")
+FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe")
+# what each group of the --gpu arm would measure (printed as skipped where no GPU is usable); ``None``: not a
+# GPU figure, with the reason
+GPU_FIGURES = {
+    "extract": ["extract_vs_forward_gpu", "bucketing_gain_gpu"],
+    "store": (None, "store size does not depend on the backend"),
+    "featurize": ["featurize_resnet_vs_bare_gpu"],
+    "compile": (None, "cuML has no numba JIT to cache"),
+    "e2e": ["e2e_vs_seed_same_featurizer_gpu", "e2e_vs_seed_defaults_n400_gpu"],
+    "quality": (None, "cluster quality is the CPU figure's (GPU output is not required to match bit for bit)"),
+    "scale": ["scale_time_per_example_gpu", "scale_peak_rss_gpu"],
+    "cluster": ["cluster_100k_gpu (quick) / cluster_1m_gpu", "placement_speedup_gpu"],
+    "estimates": (None, "estimates are not measurements"),
+    "probe": (None, "the syntax and probe analyses run on the CPU driver"),
+}
+GPU_WIRED = ("e2e", "scale")  # the groups that --gpu runs with backend gpu
 
 # sizes per mode
 MODES = {
-    "quick": {"dataset_examples": 240, "extract_examples": 40, "extract_reps": 3, "featurize_features": 1,
-              "featurize_reps": 3, "seed_features": 2, "seed_maps_timed": 12, "default_examples": 24,
-              "quality_per_type": 6, "scale_n": 6, "scale_reps": 1, "cluster_rows": 100_000,
+    "quick": {"dataset_examples": 400, "extract_examples": 40, "extract_reps": 3, "featurize_features": 1,
+              "featurize_reps": 3, "seed_features": 3, "seed_maps_timed": 12, "default_examples": 400,
+              "default_reps": 1, "quality_per_type": 6, "scale_n": 12, "scale_reps": 1, "cluster_rows": 100_000,
               "cluster_name": "cluster_100k"},
     "full": {"dataset_examples": 2000, "extract_examples": 96, "extract_reps": 5, "featurize_features": 4,
-             "featurize_reps": 5, "seed_features": 3, "seed_maps_timed": None, "default_examples": 192,
-             "quality_per_type": 30, "scale_n": 24, "scale_reps": 2, "cluster_rows": 1_000_000,
+             "featurize_reps": 5, "seed_features": 3, "seed_maps_timed": None, "default_examples": 400,
+             "default_reps": 2, "quality_per_type": 30, "scale_n": 25, "scale_reps": 2, "cluster_rows": 1_000_000,
              "cluster_name": "cluster_1m"},
 }
 
@@ -54,15 +69,20 @@ class Ctx:
     results: list = field(default_factory=list)
     state: dict = field(default_factory=dict)
     overrides: dict = field(default_factory=dict)
+    backend: str = "cpu"
 
     def figure(self, name: str, value: float, op: str | None, goal: float | None, settings: dict) -> dict:
-        """Record and print one figure; ``op``/``goal`` None for reported-only figures."""
+        """Record and print one figure; ``op``/``goal`` None for reported-only figures. The GPU arm's names end
+        in ``_gpu``."""
+        if self.backend == "gpu":
+            name = f"{name}_gpu"
         ok = None
         if op is not None and value is not None and not (isinstance(value, float) and math.isnan(value)):
             ok = bool({">=": value >= goal, ">": value > goal, "<=": value <= goal, "<": value < goal}[op])
         goal_s = f"{op}{goal:g}" if op is not None else "report"
         rec = {"name": name, "value": _clean(value), "goal": goal_s, "pass": ok,
-               "settings": {"mode": self.mode, **settings, "loadavg_1min_at_figure": round(os.getloadavg()[0], 2),
+               "settings": {"mode": self.mode, "backend": self.backend, **settings,
+                            "loadavg_1min_at_figure": round(os.getloadavg()[0], 2),
                             **({"size_overrides": self.overrides} if self.overrides else {})}, "machine": self.machine}
         self.results.append(rec)
         verdict = "" if ok is None else ("pass" if ok else "FAIL")
@@ -95,9 +115,10 @@ def _clean(obj):
     return obj
 
 
-def _setup(mode: str, tmp: Path, sizes: dict) -> Ctx:
+def _setup(mode: str, tmp: Path, sizes: dict, backend: str = "cpu") -> Ctx:
     import torch
 
+    from attnclust.backend import torch_device
     from attnclust.config import load_job
     from attnclust.models import get_model
     from attnclust.stages.extract import prepare_inputs
@@ -108,26 +129,51 @@ def _setup(mode: str, tmp: Path, sizes: dict) -> Ctx:
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     data_path = write_squad(tmp / "data" / "generated_squad_v2.json", sizes["dataset_examples"], seed=0)
-    cfg = job_config(data_path)
-    demo = load_job(None, [f"data.path={data_path}", "backend=cpu"])
+    cfg = job_config(data_path, backend=backend)
+    # the demo's bundled gold parses fit only its bundled sample, not generated data
+    demo = load_job(None, [f"data.path={data_path}", f"backend={backend}", "syntax.conllu=null"])
     inputs = prepare_inputs(cfg)
-    model = get_model(cfg.model).model
+    model = get_model(cfg.model, device=torch_device(backend)).model
     lens = inputs["features"]["seq_len"]
     print(f"# attnclust bench ({mode}): {len(inputs['examples'])} generated SQuAD-v2 examples "
           f"({inputs['examples']['is_impossible'].mean():.0%} unanswerable) -> {len(lens)} features, "
           f"{lens.min()}-{lens.max()} tokens (median {int(lens.median())}); model {cfg.model.name}; "
+          f"backend {backend}; "
           f"torch threads {torch.get_num_threads()}; ResNets randomly initialised (weights=none: no pretrained "
           f"weights on this machine)", flush=True)
     return Ctx(mode=mode, sizes=sizes, root=ROOT, tmp=tmp, data_path=data_path, cfg=cfg, demo_cfg=demo,
-               inputs=inputs, model=model, machine=machine())
+               inputs=inputs, model=model, machine=machine(), backend=backend)
+
+
+def _gpu_arm(groups: list[str]) -> list[str]:
+    """``--gpu``: the groups that run with ``backend: gpu``; one ``SKIP`` line (with the reason) for every figure
+    that will not be measured. Where no GPU is usable that is every figure, and nothing is run or written."""
+    from attnclust.backend import gpu_status
+
+    usable, why = gpu_status()
+    run = [g for g in groups if usable and g in GPU_WIRED]
+    for group in groups:
+        spec = GPU_FIGURES[group]
+        if isinstance(spec, tuple):
+            print(f"SKIP {group:<44} no GPU figure: {spec[1]}", flush=True)
+        elif group not in run:
+            reason = f"no usable GPU ({why})" if not usable else "not wired into the GPU arm yet"
+            for name in spec:
+                print(f"SKIP {name:<44} {reason}", flush=True)
+    if not run:
+        print("# --gpu: nothing measured, no results written", flush=True)
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, under ~5 minutes on 2 cores")
+    ap.add_argument("--quick", action="store_true", help="small sizes, under 10 minutes on 2 cores")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU arm (backend: gpu); where no GPU is usable, lists the figures it skips and exits 0")
     ap.add_argument("--only", default=",".join(FIGURES),
                     help=f"comma-separated groups to run (default all): {','.join(FIGURES)}")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"), help="results JSON path")
+    ap.add_argument("--out", default=None,
+                    help="results JSON path (default bench/results.json; bench/results_gpu.json with --gpu)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
                     help=f"override one size of the mode (names: {', '.join(MODES['quick'])})")
@@ -138,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only {unknown[0]!r}: unknown group; groups are {', '.join(FIGURES)}")
     if "store" in groups and "extract" not in groups:
         groups.insert(0, "extract")
+    backend = "cpu"
+    if args.gpu:
+        groups = _gpu_arm(groups)
+        if not groups:
+            return 0
+        backend = "gpu"
+    args.out = args.out or str(ROOT / "bench" / ("results_gpu.json" if args.gpu else "results.json"))
     mode = "quick" if args.quick else "full"
     sizes = dict(MODES[mode])
     for item in args.size:
@@ -148,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="attnclust-bench-"))
     try:
-        ctx = _setup(mode, tmp, sizes)
+        ctx = _setup(mode, tmp, sizes, backend)
         s = ctx.sizes
         ctx.overrides = {k: v for k, v in sizes.items() if MODES[mode][k] != v}
         if "extract" in groups:
@@ -163,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             from .featurizer import bench_featurize_resnet
 
             bench_featurize_resnet(ctx, s["featurize_features"], s["featurize_reps"])
+        if "compile" in groups:
+            from .numba_cache import bench_compile
+
+            bench_compile(ctx)
         if "e2e" in groups or "cluster" in groups:
             from .e2e import warm_umap
 
@@ -173,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             from .e2e import bench_e2e
 
             bench_e2e(ctx, n_seed_features=s["seed_features"], maps_timed=s["seed_maps_timed"],
-                      n_default_examples=s["default_examples"])
+                      n_default_examples=s["default_examples"], default_reps=s["default_reps"])
         if "quality" in groups:
             from .featurizer import bench_cluster_quality
 
@@ -188,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
 
             bench_cluster(ctx, s["cluster_rows"], s["cluster_name"])
             bench_placement(ctx)
+        if "probe" in groups:  # the syntax and probe analyses' seconds (bench/probe_cost.py)
+            from .probe_cost import bench_probe_cost
+
+            bench_probe_cost(ctx)
         if "estimates" in groups:
             from .estimates import estimate_rows, estimate_text
 

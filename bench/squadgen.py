@@ -15,7 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["WORDS", "generate_squad", "write_squad"]
+__all__ = ["SQUAD2_DEV_QUESTIONS", "WORDS", "generate_squad", "write_squad"]
+
+SQUAD2_DEV_QUESTIONS = 11_873
+"""Questions in SQuAD 2.0's dev set (dev-v2.0.json), the dataset the store projections are for."""
 
 # Common English words (all whole WordPiece tokens in an uncased BERT vocabulary, so ~1.1 tokens per word).
 _WORD_TEXT = """

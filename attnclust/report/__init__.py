@@ -3,16 +3,17 @@
 A section is one function and one Jinja2 template (:func:`report_section`); the built-in ones are in
 :mod:`.sections`, their templates in ``templates/`` (``page.html.j2`` lays out the page). Every picture is a PNG
 drawn with matplotlib's Agg renderer (:mod:`.figures`) and embedded as a ``data:image/png;base64,`` URI; the style
-sheet is inline and there is no script, external font or link. Templates render with autoescaping on, so all
-text from the inputs (titles, descriptions, tokens, settings) is escaped.
+sheet and the page's script (``templates/report.js``, with its data as one JSON block built by :mod:`.interactive`)
+are inline; there is no external script, font or link. Templates render with autoescaping on, so all text from
+the inputs (titles, descriptions, tokens, settings) is escaped, and the JSON block escapes ``<``, ``>`` and ``&``.
 
 Sections, in order: summary, notes, the layer x head grid, one card per cluster (largest first, each with its
 type, description and the lengths of its maps; clusters below ``cluster.min_stability`` last, flagged), the UMAP
-scatter, the per-cluster statistics table, the head analyses, silhouette against k, the model's question
-answering (official SQuAD 2.0 scores, null odds by kind of question, example answers) and the settings. The
-statistics shown are every registered statistic (:data:`attnclust.analysis.stats.STATISTICS`) present in the
-clusters table; each registered head analysis (:data:`attnclust.analysis.heads.HEAD_ANALYSES`) with a column in
-the heads table gets a layer x head heatmap per column.
+scatter, the per-question view, the per-cluster statistics table, the head analyses, silhouette against k, the
+model's question answering (official SQuAD 2.0 scores, null odds by kind of question, example answers) and the
+settings. The statistics shown are every registered statistic (:data:`attnclust.analysis.stats.STATISTICS`)
+present in the clusters table; each registered head analysis (:data:`attnclust.analysis.heads.HEAD_ANALYSES`)
+with a column in the heads table gets a layer x head heatmap per column.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .inputs import ReportInputs
 from .registry import REPORT_SECTIONS, ReportSection, environment, report_section, sections_in_order
 from .render import render_report, render_sections, write_report
 from .sections import GRID_TEXT_MAX, QA_EXAMPLES_SHOWN, UMAP_OFF_SENTENCE  # importing it registers the sections
+from . import probes_section  # noqa: F401 - importing it registers the "Probes" section
 
 __all__ = [
     "GRID_TEXT_MAX",

@@ -19,15 +19,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
 from ..errors import ConfigError, DataError, StoreError
+from ..featurize.profile import PROFILE_COMPONENTS
+from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, create_attention_store, mark_store_complete, open_attention_store
 from .base import RunContext, Stage
 
-__all__ = ["ExtractStage", "check_store_room", "extract_block", "plan_features", "prepare_inputs", "shard_features",
-           "store_bytes"]
+PROFILE_VERSION = _Profile.version
+"""Version of the ``profile`` vectors a compact store holds (checked by the featurize stage)."""
+
+__all__ = ["ExtractStage", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
+           "prepare_inputs", "shard_features", "store_bytes"]
 
 
 def file_sha256(path: Path) -> str:
@@ -49,7 +55,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         feature in store order), ``dropped_features`` (example id -> features dropped by
         ``data.max_features_per_example``) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
-    from ..data import read_squad, sample_path, tokenize_examples
+    from ..data import extra_columns, read_squad, sample_path, tokenize_examples
     from ..models import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
@@ -66,7 +72,9 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         "question": [e.question for e in examples], "context": [e.context for e in examples],
         "answer_texts": [[a.text for a in e.answers] for e in examples],
         "answer_starts": [[a.answer_start for a in e.answers] for e in examples],
-        "is_impossible": [e.is_impossible for e in examples]})
+        "is_impossible": [e.is_impossible for e in examples],
+        **{name: values for name, values in extra_columns(examples).items()  # the data's own labels (probe.labels)
+           if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
             "model_info": model_info}
@@ -116,6 +124,15 @@ def store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int, dtype: 
     """
     lengths = np.asarray(seq_len, dtype=np.int64)
     return num_layers * num_heads * np.dtype(dtype).itemsize * int((lengths * lengths).sum())
+
+
+def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int) -> int:
+    """What a compact store takes on disk, at most: every map at its true length in uint8 and its profile
+    vector (float32), before compression. Only each row's largest weights are nonzero, and the zeros compress
+    away, so far less in practice (``python -m bench --only store``: ``store_compact_bytes_per_map``).
+    """
+    lengths = np.asarray(seq_len, dtype=np.int64)
+    return num_layers * num_heads * (int((lengths * lengths).sum()) + len(lengths) * len(PROFILE_COMPONENTS) * 4)
 
 
 def _size(n: float) -> str:
@@ -204,12 +221,18 @@ def _worker_threads() -> int | None:
 def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu") -> dict:
     """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
 
+    The forward of batch ``i + 1`` runs while one worker thread converts batch ``i``'s maps (float16/uint8, or
+    the compact rows and profile vectors of ``extract.store: compact``), computes their statistics and fills the
+    shard (``extract.overlap``); a batch's maps are cropped and cast in torch straight into the shard.
+
     Returns
     -------
     dict
-        ``block``, ``features``, ``tokens`` processed and ``seconds`` spent in forward passes.
+        ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes and
+        ``convert_seconds`` spent converting and filling (overlapped with the forwards unless
+        ``extract.overlap`` is false).
     """
-    import torch
+    from concurrent.futures import ThreadPoolExecutor
 
     from ..models import get_model, run_forward
 
@@ -221,31 +244,43 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         raise RuntimeError(f"extract block {block}: features.parquet holds {len(feats)} of features "
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
-    width = store.width
-    shard = np.zeros((stop - start, loaded.num_layers, loaded.num_heads, width, width),
-                     dtype=store.attention.dtype)
+    fill = _ShardFiller(store, start, stop, loaded.num_layers, loaded.num_heads, cfg, device)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
+    pooled = [] if cfg.extract.head_outputs else None  # per-head outputs, one HeadOutputs per batch (probes.py)
     forward_s = 0.0
     bs = cfg.extract.batch_size
-    for b0 in range(0, len(feats), bs):
-        rows = feats.iloc[b0:b0 + bs]
-        t0 = time.perf_counter()
-        result = run_forward(loaded, rows, device=device, attentions=True)
+
+    def convert(rows: pd.DataFrame, result) -> None:
         attn = result.attentions  # (feature, layer, head, query, key)
-        forward_s += time.perf_counter() - t0
         start_logits, end_logits = result.start_logits, result.end_logits
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
             maps = attn[i, :, :, :m, :m]
-            shard[row.feature_id - start, :, :, :m, :m] = (maps.to(torch.float16).numpy() if shard.dtype == np.float16
-                                                           else store.encode(maps.numpy()))
+            fill(row, maps)
             sep, punct, seg = token_masks(row.tokens, row.segment_ids)
             stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
             qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
                             "end_logits": end_logits[i, :m].astype(np.float32)})
-    # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
-    store.attention.with_config({"write_empty_chunks": True})[start:stop] = shard
+
+    pending = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool:
+        for b0 in range(0, len(feats), bs):
+            rows = feats.iloc[b0:b0 + bs]
+            t0 = time.perf_counter()
+            result = run_forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
+            if pooled is not None:
+                pooled.append(result.head_outputs)
+            forward_s += time.perf_counter() - t0
+            if pending is not None:
+                pending.result()  # at most one batch waits: two batches of maps in memory at most
+            if cfg.extract.overlap:
+                pending = pool.submit(convert, rows, result)
+            else:
+                convert(rows, result)
+        if pending is not None:
+            pending.result()
+    fill.write()
     n_layers, n_heads = loaded.num_layers, loaded.num_heads
     fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
     stats = pd.DataFrame({
@@ -256,8 +291,63 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     })
     atomic_write_parquet(stats, layout.part("stats", block))
     atomic_write_parquet(pd.DataFrame(qa_rows), layout.part("qa", block))
+    if pooled is not None:
+        save_head_output_part(layout.head_output_part(block), feats["feature_id"].to_numpy(), pooled)
     return {"block": block, "features": len(feats), "tokens": int(feats["seq_len"].sum()),
-            "forward_seconds": forward_s}
+            "forward_seconds": forward_s, "convert_seconds": fill.seconds}
+
+
+class _ShardFiller:
+    """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
+
+    The maps are cast by torch straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store
+    each row's largest weights (:func:`~attnclust.store.compact_maps`) plus the ``profile`` featurizer's
+    vectors of the exact maps.
+    """
+
+    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, cfg: JobConfig, device: str):
+        import torch
+
+        self.store, self.start, self.stop, self.device = store, start, stop, device
+        self.seconds = 0.0
+        n, width = stop - start, store.width
+        dtype = torch.uint8 if store.attention.dtype == np.uint8 else torch.float16
+        self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
+        self.quantise = dtype == torch.uint8
+        self.compact = store.attrs.get("compact") if store.mode == "compact" else None
+        self.profile = None if self.compact is None else \
+            np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
+
+    def __call__(self, row, maps) -> None:
+        """Put one feature's exact maps, (layer, head, query, key) float32 at its true length, into the shard."""
+        t0 = time.perf_counter()
+        j, m = int(row.feature_id) - self.start, maps.shape[-1]
+        if self.compact is not None:
+            from ..featurize import TokenContext
+            from ..featurize.profile import profile_maps
+            from ..store import compact_maps
+
+            self.shard[j, :, :, :m, :m] = compact_maps(maps, mass=float(self.compact["mass"]),
+                                                       max_keys=self.compact["max_keys"]).cpu()
+            layers, heads = maps.shape[:2]
+            context = TokenContext.from_tokens([list(row.tokens)], [list(row.segment_ids)],
+                                               maps_per_row=layers * heads)
+            flat = np.asarray(maps.reshape(layers * heads, m, m).cpu())
+            self.profile[j] = profile_maps(flat, context, device=self.device).reshape(layers, heads, -1)
+        elif self.quantise:
+            self.shard[j, :, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
+        else:
+            self.shard[j, :, :, :m, :m] = maps.cpu()  # cast to float16 in the copy
+        self.seconds += time.perf_counter() - t0
+
+    def write(self) -> None:
+        """Write the whole shard (and the profile vectors of a compact store) for features ``start:stop``."""
+        t0 = time.perf_counter()
+        # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
+        self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
+        if self.profile is not None:
+            self.store.profile[self.start:self.stop] = self.profile
+        self.seconds += time.perf_counter() - t0
 
 
 def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, model_info: dict,
@@ -281,9 +371,13 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
                               width=int(seq_len.max()))
     store = create_attention_store(
         layout.attention, seq_len=seq_len, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
-        features_per_task=per_task, dtype=cfg.extract.store_dtype,
+        features_per_task=per_task, dtype=cfg.extract.store_dtype, mode=cfg.extract.store,
+        compact_mass=cfg.extract.compact_mass, compact_max_keys=cfg.extract.compact_max_keys,
+        profile_dim=len(PROFILE_COMPONENTS),
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
-               model_info["num_layers"], "num_heads": model_info["num_heads"]},
+               model_info["num_layers"], "num_heads": model_info["num_heads"],
+               **({"profile": {"featurizer": "profile", "version": PROFILE_VERSION}}
+                  if cfg.extract.store == "compact" else {})},
     )
     return store.blocks(), set()
 
@@ -303,8 +397,14 @@ class ExtractStage(Stage):
     name = "extract"
     reads = ("data.path", "data.max_examples", "model.name", "model.revision", "extract.max_seq_len",
              "extract.doc_stride", "extract.max_query_len", "extract.batch_size", "extract.features_per_task",
-             "extract.target_task_mb", "extract.store_dtype")
+             "extract.target_task_mb", "extract.store_dtype", "extract.store", "extract.compact_mass",
+             "extract.compact_max_keys")
     task = staticmethod(extract_block)
+
+    def keys(self, cfg: JobConfig) -> tuple[str, ...]:
+        """:attr:`reads`, plus ``extract.head_outputs`` when on (off, earlier runs' fingerprints stay as they were;
+        on, a run without head outputs is not served)."""
+        return self.reads + (("extract.head_outputs",) if cfg.extract.head_outputs else ())
 
     def identity(self, ctx: RunContext) -> dict:
         """The data file's content hash, the model's weights identity, the backend, the statistics' versions,
@@ -324,11 +424,16 @@ class ExtractStage(Stage):
             ctx.note(_capped_note(inputs["dropped_features"], cfg.data.max_features_per_example))
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
-        projected = store_bytes(seq_len, num_layers=info["num_layers"], num_heads=info["num_heads"],
-                                dtype=cfg.extract.store_dtype)
+        if cfg.extract.store == "compact":
+            projected = compact_store_bytes(seq_len, num_layers=info["num_layers"], num_heads=info["num_heads"])
+            kind = f"compact: uint8 true-length maps before compression, of which only the largest weights " \
+                   f"holding {cfg.extract.compact_mass:g} of each row are nonzero, so far less in practice"
+        else:
+            projected = store_bytes(seq_len, num_layers=info["num_layers"], num_heads=info["num_heads"],
+                                    dtype=cfg.extract.store_dtype)
+            kind = f"{cfg.extract.store_dtype}, true-length maps before compression"
         ctx.note(f"extract: {len(seq_len):,} features, {info['num_layers']} layers x {info['num_heads']} heads, "
-                 f"width {int(seq_len.max())}, store up to {_size(projected)} ({cfg.extract.store_dtype}, "
-                 f"true-length maps before compression)")
+                 f"width {int(seq_len.max())}, store up to {_size(projected)} ({kind})")
         check_store_room(ctx.layout, projected, cfg)
 
     def verify(self, ctx: RunContext) -> None:
@@ -345,7 +450,7 @@ class ExtractStage(Stage):
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         """The store, its tables and parts."""
         return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
-                layout.qa_logits)
+                layout.head_outputs, layout.qa_logits)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Write ``examples.parquet``, create (or keep, when resuming) the store; one block per shard."""
@@ -364,6 +469,11 @@ class ExtractStage(Stage):
         inputs = ctx.inputs
         blocks = open_attention_store(ctx.layout.attention, require_complete=False).blocks()
         finish_store(ctx.layout, len(blocks))
+        if ctx.cfg.extract.head_outputs:  # the blocks' parts -> head_outputs.zarr (analysis/probes.py)
+            consolidate_head_outputs(ctx.layout.head_outputs, [ctx.layout.head_output_part(b) for b in
+                                                               range(len(blocks))], len(inputs["features"]))
+        else:
+            ctx.layout.remove(ctx.layout.head_outputs)
         seconds = time.perf_counter() - self.t0_
         features = inputs["features"]
         info = inputs["model_info"]
@@ -371,5 +481,6 @@ class ExtractStage(Stage):
                 "maps": len(features) * info["num_layers"] * info["num_heads"],
                 "features_per_second": round(sum(r["features"] for r in results) / seconds, 3) if results else None,
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
+                "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
                 "data_path": inputs["data_path"]}

@@ -4,6 +4,10 @@
 ``head`` int16 (map,) naming each row. One block per attention-store shard writes its own row block (one chunk),
 so no two tasks share a chunk. The featurizer is looked up in the registry (:mod:`attnclust.featurize`); one
 that declares ``uses_context`` also gets the token masks of its maps, read from ``features.parquet``.
+
+On a compact store (``extract.store: compact``) ``profile`` reads the vectors the extract task computed from
+the exact maps (no map is read); any other featurizer works on the reconstructed maps, which keep only each
+row's largest weights (``extract.compact_mass`` of the row), and the stage says so in one note.
 """
 
 from __future__ import annotations
@@ -107,14 +111,16 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
     """Featurize the maps of features ``start:stop`` (one store shard) into rows of ``embedding``.
 
     A featurizer that declares ``uses_context`` also gets the token masks of each map's feature
-    (:class:`~attnclust.featurize.TokenContext`, from ``features.parquet``).
+    (:class:`~attnclust.featurize.TokenContext`, from ``features.parquet``). On a compact store ``profile``
+    copies the vectors computed at extraction.
     """
-    import zarr
-
     layout = RunLayout(root)
     store = open_attention_store(layout.attention, require_complete=True)
     featurizer = get_featurizer(cfg.method)
     L, H = store.n_layers, store.n_heads
+    if store.mode == "compact" and cfg.method == "profile":  # computed from the exact maps at extraction
+        _write_rows(layout, start, stop, L, H, store.read_profile(start, stop).reshape(stop - start, L * H, -1))
+        return {"block": block, "maps": (stop - start) * L * H}
     maps = store.read_block(start, stop)  # (feature, layer, head, q, k) cropped to the block's longest
     lens = store.seq_len[start:stop]
     tokens = read_block_tokens(layout, start, stop, lens) if getattr(featurizer, "uses_context", False) else None
@@ -126,13 +132,20 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
             [tokens[0][i] for i in idx], [tokens[1][i] for i in idx], maps_per_row=L * H)
         group_vectors = embed_with_context(featurizer, group_maps, cfg, device, context)
         vectors[idx] = group_vectors.reshape(len(idx), L * H, -1)
+    _write_rows(layout, start, stop, L, H, vectors)
+    return {"block": block, "maps": (stop - start) * L * H}
+
+
+def _write_rows(layout: RunLayout, start: int, stop: int, L: int, H: int, vectors: np.ndarray) -> None:
+    """Write (feature, layer * head, dim) vectors of features ``start:stop`` and their index arrays."""
+    import zarr
+
     group = zarr.open_group(str(layout.embedding), mode="r+")
     r0, r1 = start * L * H, stop * L * H
     group["embedding"][r0:r1] = vectors.reshape(-1, vectors.shape[-1])
     group["feature_id"][r0:r1] = np.repeat(np.arange(start, stop, dtype=np.int64), L * H)
     group["layer"][r0:r1] = np.tile(np.repeat(np.arange(L, dtype=np.int16), H), stop - start)
     group["head"][r0:r1] = np.tile(np.arange(H, dtype=np.int16), (stop - start) * L)
-    return {"block": block, "maps": r1 - r0}
 
 
 class FeaturizeStage(Stage):
@@ -159,8 +172,26 @@ class FeaturizeStage(Stage):
         return (layout.embedding,)
 
     def check(self, ctx: RunContext) -> None:
-        """The featurizer exists and can run (weights)."""
-        get_featurizer(ctx.cfg.featurize.method).check(ctx.cfg.featurize)
+        """The featurizer exists and can run (weights); on a compact store, ``profile`` vectors of this
+        featurizer's version are there, and any other featurizer gets a note that its maps are approximate."""
+        method = ctx.cfg.featurize.method
+        featurizer = get_featurizer(method)
+        featurizer.check(ctx.cfg.featurize)
+        if not ctx.layout.attention.exists():
+            return
+        store = open_attention_store(ctx.layout.attention, require_complete=False)
+        if store.mode != "compact":
+            return
+        mass = store.attrs.get("compact", {}).get("mass")
+        if method != "profile":
+            ctx.note(f"featurize: the store is compact: {method} reads reconstructed maps that keep only each "
+                     f"row's largest weights (>= {mass} of its mass, uint8); extract.store: full gives exact maps")
+            return
+        stored = (store.attrs.get("profile") or {}).get("version")
+        if stored != featurizer.version:
+            raise StoreError(f"store {store.path}: holds profile vectors of version {stored}, this attnclust's "
+                             f"profile featurizer is version {featurizer.version}; re-run 'attnclust extract "
+                             f"--force' for this output dir")
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Create (or keep, when resuming) ``embedding.zarr``; one block per attention-store shard."""

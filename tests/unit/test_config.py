@@ -101,7 +101,9 @@ def test_keys_list_every_setting_and_value_reads_them():
     flat = cfg.to_dict()
     for key in keys:
         section, _, setting = key.partition(".")
-        assert cfg.value(key) == (flat[section][setting] if setting else flat[section])
+        value = cfg.value(key)
+        value = list(value) if isinstance(value, tuple) else value  # to_dict writes tuple settings as lists
+        assert value == (flat[section][setting] if setting else flat[section])
     assert cfg.value("cluster.k") == "auto" and cfg.value("cluster.k_min") == 6
     assert cfg.value("name") == "demo" and cfg.value("backend") == "auto"
 
@@ -282,10 +284,14 @@ def test_featurizer_names_fall_back_when_the_registry_cannot_be_imported(monkeyp
 
 
 def test_syntax_section_is_off_by_default_and_validated():
-    cfg = load_job(default_job_path())
+    cfg = JobConfig()
     assert (cfg.syntax.conllu, cfg.syntax.spacy_model, cfg.syntax.max_features) == (None, None, None)
     assert sorted(JobConfig.SECTIONS) == ["cluster", "data", "extract", "featurize", "finetune", "importance",
-                                          "model", "qa", "report", "syntax"]
+                                          "model", "probe", "qa", "report", "syntax"]
+    demo = load_job(default_job_path())  # the demo parses with the gold parses bundled with its sample
+    assert demo.syntax.conllu == "bundled" and demo.syntax.conllu_path().name == "sample_syntax.conllu"
+    assert demo.syntax.conllu_path().is_file()
+    assert load_job(default_job_path(), ["data.path=my.json"]).syntax.conllu == "bundled"  # skipped at report
     cfg = load_job(default_job_path(), ["syntax.conllu=gold.conllu", "syntax.max_features=8"])
     assert cfg.value("syntax.conllu") == "gold.conllu" and cfg.syntax.max_features == 8
     with pytest.raises(ConfigError, match=r"syntax\.max_features: got 0; allowed: an integer >= 1"):
@@ -293,3 +299,19 @@ def test_syntax_section_is_off_by_default_and_validated():
     with pytest.raises(ConfigError, match=r"^config syntax\.parser: unknown setting; known settings of 'syntax': "
                                           r"conllu, max_features, spacy_model$"):
         apply_overrides({}, ["syntax.parser=x"])
+
+
+def test_probe_section_defaults_and_validation():
+    cfg = JobConfig()
+    assert cfg.extract.head_outputs is True and cfg.probe.enabled is True
+    assert (cfg.probe.tasks, cfg.probe.labels, cfg.probe.pooling, cfg.probe.top_k, cfg.probe.permutations) == (
+        ("answerable", "qword", "correct"), (), "cls", 8, 20)
+    cfg = JobConfig.from_dict({"probe": {"tasks": ["qword"], "labels": ["topic"], "pooling": "context_mean"}})
+    assert cfg.probe.tasks == ("qword",) and cfg.probe.labels == ("topic",)
+    assert JobConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match=r"^config probe\.tasks: got 'topic'; allowed: a list of answerable"):
+        JobConfig.from_dict({"probe": {"tasks": ["topic"]}})
+    with pytest.raises(ConfigError, match=r"^config probe\.labels: .*nor a built-in task"):
+        JobConfig.from_dict({"probe": {"labels": ["qword"]}})
+    with pytest.raises(ConfigError, match=r"^config probe\.pooling: got 'mean'; allowed: cls \| context_mean$"):
+        JobConfig.from_dict({"probe": {"pooling": "mean"}})

@@ -112,3 +112,14 @@ def test_plan_features_orders_by_length_and_keeps_ties_in_dataset_order():
     planned = plan_features(df)
     assert list(planned["example_id"]) == ["b", "d", "a", "c"]
     assert list(planned["feature_id"]) == [0, 1, 2, 3]
+
+
+def test_overlapped_and_sequential_conversion_write_the_same_store(tmp_path, tiny_bert_dir, small_squad):
+    _, seq, _ = run_extract(tmp_path, tiny_bert_dir, small_squad, "seq", overlap=False, batch_size=2)
+    _, ovl, _ = run_extract(tmp_path, tiny_bert_dir, small_squad, "ovl", overlap=True, batch_size=2)
+    a, b = open_attention_store(seq.attention), open_attention_store(ovl.attention)
+    assert a.n_features == b.n_features == 8 and len(a.blocks()) > 1
+    np.testing.assert_array_equal(np.asarray(b.attention[:]), np.asarray(a.attention[:]))
+    pd.testing.assert_frame_equal(pd.read_parquet(ovl.map_stats), pd.read_parquet(seq.map_stats))
+    qa_a, qa_b = pd.read_parquet(seq.qa_logits), pd.read_parquet(ovl.qa_logits)
+    assert list(qa_a["feature_id"]) == list(qa_b["feature_id"]) == list(range(8))

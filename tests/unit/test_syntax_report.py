@@ -62,11 +62,22 @@ def test_syntax_writes_its_table_the_head_columns_and_the_report_section(planted
 
 def test_syntax_is_off_by_default_with_one_line_saying_why(planted_syntax, capsys):  # noqa: F811
     layout = planted_syntax[0]
-    _run(layout, progress=True)
+    _run(layout, "syntax.conllu=null", progress=True)  # the demo job (the base here) enables it
     assert SYNTAX_SKIPPED in capsys.readouterr().out.splitlines()
     assert not layout.table("syntax").exists()
     assert not any(c.startswith("syntax_best") for c in pd.read_parquet(layout.table("heads")).columns)
     assert '<section id="syntax">' not in layout.report.read_text()
+
+
+def test_bundled_parses_with_another_data_file_are_skipped_with_one_line(planted_syntax, tmp_path, capsys):  # noqa: F811
+    layout = planted_syntax[0]
+    data = tmp_path / "mine.json"
+    _run(layout, "syntax.conllu=bundled", f"data.path={data}", progress=True)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("syntax: skipped")]
+    assert lines == [f"syntax: skipped (syntax.conllu: bundled parses sentences of the bundled sample only, and "
+                     f"data.path is {data}; set syntax.conllu to a CoNLL-U file of your contexts, or "
+                     f"syntax.spacy_model)"]
+    assert not layout.table("syntax").exists()
 
 
 def test_a_malformed_conllu_is_refused_in_one_line_before_any_work(planted_syntax, tmp_path, capsys):  # noqa: F811

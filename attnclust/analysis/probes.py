@@ -1,0 +1,496 @@
+"""Head-wise probing (Jo & Myaeng 2020, "Transformer Anatomy"): what each head's output says about a question.
+
+Extraction (``extract.head_outputs``) stores each head's output, its context vector (its slice of the input of the
+attention output projection), pooled per feature at [CLS] (``cls``) and over the context tokens
+(``context_mean``), and the last layer's [CLS] hidden state (``last_cls``), in ``head_outputs.zarr``
+(:func:`save_head_output_part`, :func:`consolidate_head_outputs`, :func:`read_head_outputs`).
+
+The ``probe`` analysis fits, per (task, layer, head), an L2-regularised logistic regression (C = 1, on features
+standardised with the training folds' mean and deviation; several classes one-vs-rest, the highest decision value
+wins) on that head's pooled output and reports its cross-validated accuracy over features. Folds keep each
+example's features together (scikit-learn's ``StratifiedGroupKFold``: a ``GroupKFold`` by example that also balances
+the classes): 5 folds, or as many as the rarest class has examples. The baseline predicts the training folds'
+majority class. The p-value compares the accuracy with ``probe.permutations`` refits on labels permuted across
+whole examples, ``p = (1 + #{permuted >= observed}) / (1 + permutations)``; q-values are Benjamini-Hochberg over the
+heads of a task (:func:`attnclust.analysis.roles.bh_qvalues`).
+
+The fits are Newton steps (IRLS) batched over the permutations and classes of a head (:func:`fit_logistic`): the
+same optimum as ``sklearn.linear_model.LogisticRegression(C=1)`` (the tests compare them), at a cost that allows
+thousands of refits. As Jo & Myaeng, the top-k heads' outputs concatenated are compared with the last layer's
+[CLS] hidden state by the same folds; the k heads are chosen inside each training fold, by their accuracy on the
+training folds, so the held-out fold never takes part in the choice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+
+__all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "QWORDS", "consolidate_head_outputs",
+           "fit_logistic", "predict_logistic", "probe_fold_ids", "probe_heads", "probe_labels", "probe_table",
+           "question_word", "read_head_outputs", "save_head_output_part"]
+
+HEAD_OUTPUT_ARRAYS = ("cls", "context_mean", "last_cls")
+"""Arrays of ``head_outputs.zarr``: the two poolings (feature, layer, head, dim) and (feature, hidden)."""
+PROBE_COLUMNS = ("task", "layer", "head", "accuracy", "baseline", "p", "q", "n", "examples", "folds", "classes",
+                 "pooling")
+"""Columns of ``probes.parquet``: one row per (task, layer, head)."""
+QWORDS = ("what", "who", "when", "where", "why", "how", "which")
+"""Question words of the ``qword`` task (anything else is ``other``)."""
+MIN_CLASS_EXAMPLES = 5
+"""``qword`` classes with fewer examples than this are merged into ``other``."""
+MAX_FOLDS = 5
+_QWORD = re.compile(r"\b(" + "|".join(QWORDS) + r")\b", re.IGNORECASE)
+
+
+# --- storage ---------------------------------------------------------------------------------------------------
+
+def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence) -> None:
+    """Write one extraction block's pooled head outputs (float16) to ``path`` (an ``.npz``), atomically.
+
+    Parameters
+    ----------
+    path
+        ``RunLayout.head_output_part(block)``.
+    feature_ids : numpy.ndarray of int, shape (feature,)
+        The store rows of the block, in the order of ``outputs``' features.
+    outputs
+        :class:`attnclust.models.HeadOutputs` of the block's batches, in order.
+    """
+    arrays = {name: np.concatenate([getattr(o, name) for o in outputs]).astype(np.float16)
+              for name in HEAD_OUTPUT_ARRAYS}
+    if len(arrays["cls"]) != len(feature_ids):
+        raise RuntimeError(f"head outputs of {len(arrays['cls'])} features for {len(feature_ids)} feature ids")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, feature_id=np.asarray(feature_ids, np.int64), **arrays)
+    os.replace(tmp, path)
+
+
+def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int, *, chunk: int = 1024) -> None:
+    """Write ``head_outputs.zarr`` from the blocks' parts, one part in memory at a time.
+
+    Parameters
+    ----------
+    root
+        The group's path (``RunLayout.head_outputs``); replaced.
+    parts
+        Every block's part; together they cover features ``0 .. n_features - 1``.
+    n_features
+        Rows of the store.
+    chunk
+        Features per zarr chunk.
+    """
+    import shutil
+
+    import zarr
+
+    shutil.rmtree(root, ignore_errors=True)
+    group = zarr.open_group(str(root), mode="w")
+    arrays: dict = {}
+    seen = 0
+    for part in parts:
+        with np.load(part) as data:
+            ids = data["feature_id"]
+            for name in HEAD_OUTPUT_ARRAYS:
+                values = data[name]
+                if name not in arrays:
+                    dims = ("feature", "layer", "head", "dim") if values.ndim == 4 else ("feature", "hidden")
+                    arrays[name] = group.create_array(name, shape=(n_features, *values.shape[1:]), dtype="float16",
+                                                      chunks=(chunk, *values.shape[1:]), dimension_names=dims,
+                                                      fill_value=np.nan)
+                arrays[name].oindex[ids] = values
+            seen += len(ids)
+    if seen != n_features:
+        raise RuntimeError(f"head outputs: the parts hold {seen} features, the store {n_features}")
+    group.attrs.update({"n_features": int(n_features), "complete": True})
+
+
+def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled head outputs and the last layer's [CLS] state of some features.
+
+    Parameters
+    ----------
+    root
+        ``head_outputs.zarr``.
+    pooling
+        ``cls`` or ``context_mean``.
+    feature_ids : numpy.ndarray of int, shape (feature,)
+
+    Returns
+    -------
+    heads : numpy.ndarray, shape (feature, layer, head, dim)
+        float32.
+    last : numpy.ndarray, shape (feature, hidden)
+        float32.
+    """
+    import zarr
+
+    group = zarr.open_group(str(root), mode="r")
+    if not group.attrs.get("complete"):
+        raise DataError(f"{root}: unfinished head outputs; re-run 'attnclust run' (extract) to write them")
+    ids = np.asarray(feature_ids, np.int64)
+    order = np.argsort(ids)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(ids))
+    heads = np.asarray(group[pooling].oindex[ids[order]], np.float32)[back]
+    last = np.asarray(group["last_cls"].oindex[ids[order]], np.float32)[back]
+    return heads, last
+
+
+# --- labels ----------------------------------------------------------------------------------------------------
+
+def question_word(question: str) -> str:
+    """The question's first word among :data:`QWORDS` (case-insensitive), else ``other``."""
+    found = _QWORD.search(question or "")
+    return found.group(1).lower() if found else "other"
+
+
+def probe_labels(examples: pd.DataFrame, *, tasks: Sequence[str], labels: Sequence[str] = (),
+                 predictions: pd.DataFrame | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """One label column per task, one row per example.
+
+    Parameters
+    ----------
+    examples : pandas.DataFrame
+        ``examples.parquet``: ``id``, ``question``, ``is_impossible`` and the data file's extra columns.
+    tasks
+        Built-in tasks among ``answerable``, ``qword``, ``correct``.
+    labels
+        Extra columns of ``examples`` to probe.
+    predictions : pandas.DataFrame, optional
+        ``predictions.parquet`` (``example_id``, ``f1``): needed by ``correct``.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        ``example_id`` and one column per task that has labels (text; missing values are ``None``).
+    skipped : list of str
+        One line per task without labels, saying why.
+
+    Raises
+    ------
+    DataError
+        A column named in ``labels`` is not in ``examples``.
+    """
+    out = pd.DataFrame({"example_id": examples["id"].astype(str).to_numpy()})
+    skipped = []
+    for task in tasks:
+        if task == "answerable":
+            out[task] = np.where(examples["is_impossible"].to_numpy(bool), "unanswerable", "answerable")
+        elif task == "qword":
+            words = examples["question"].map(question_word)
+            counts = words.value_counts()
+            rare = counts.index[counts < MIN_CLASS_EXAMPLES]
+            out[task] = words.where(~words.isin(rare), "other").to_numpy()
+        elif task == "correct":
+            if predictions is None:
+                skipped.append("probe correct: skipped (no predictions.parquet: the qa stage did not run)")
+                continue
+            f1 = predictions.set_index(predictions["example_id"].astype(str))["f1"]
+            score = out["example_id"].map(f1)
+            out[task] = np.where(score.isna(), None, np.where(score >= 0.5, "right", "wrong"))
+    for name in labels:
+        if name not in examples.columns:
+            raise DataError(f"probe.labels: column {name!r} is not in examples.parquet (the data file's records "
+                            f"carry no such field); list fields the records have, or remove it")
+        values = examples[name]
+        out[name] = np.where(values.isna(), None, values.astype(str))
+    return out, skipped
+
+
+# --- the probe -------------------------------------------------------------------------------------------------
+
+def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float = 1e-9):
+    """L2-regularised binary logistic regressions on one design, fitted together by Newton steps (IRLS).
+
+    Minimises ``sum_i log(1 + exp(-s_i (x_i . w + b))) + |w|^2 / (2 c)`` (the intercept is not penalised), the
+    objective of ``sklearn.linear_model.LogisticRegression(C=c)``, for every row of ``targets``.
+
+    Parameters
+    ----------
+    x : torch.Tensor, shape (sample, dim)
+        float64 design (standardised), shared by every problem.
+    targets : torch.Tensor, shape (problem, sample)
+        0/1 targets, one problem per row.
+    c
+        Inverse regularisation strength.
+    iterations, tol
+        At most this many Newton steps; stop when no coefficient moves more than ``tol``.
+
+    Returns
+    -------
+    torch.Tensor, shape (problem, dim + 1)
+        Coefficients, the intercept last.
+    """
+    import torch
+
+    xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # (sample, dim + 1)
+    d = xb.shape[1]
+    theta = torch.zeros(targets.shape[0], d, dtype=x.dtype)
+    reg = torch.full((d,), 1.0 / c, dtype=x.dtype)
+    reg[-1] = 1e-10  # the intercept is not penalised (a tiny ridge keeps the step defined)
+    for _ in range(iterations):
+        p = torch.sigmoid(theta @ xb.T)  # (problem, sample)
+        grad = (p - targets) @ xb + theta * reg
+        weight = p * (1 - p)
+        hess = (weight.unsqueeze(1) * xb.T.unsqueeze(0)) @ xb + torch.diag(reg)  # (problem, dim + 1, dim + 1)
+        step = torch.linalg.solve(hess, grad.unsqueeze(-1)).squeeze(-1)
+        theta = theta - step
+        if float(step.abs().max()) < tol:
+            break
+    return theta
+
+
+def predict_logistic(x, theta, n_classes: int):
+    """Class predictions of :func:`fit_logistic`'s coefficients.
+
+    Parameters
+    ----------
+    x : torch.Tensor, shape (sample, dim)
+    theta : torch.Tensor, shape (label set, problem, dim + 1)
+        One problem for two classes (class 1 against 0); one per class (one-vs-rest) for more.
+    n_classes
+
+    Returns
+    -------
+    torch.Tensor of int64, shape (label set, sample)
+    """
+    import torch
+
+    xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+    scores = theta @ xb.T  # (label set, problem, sample)
+    if n_classes == 2:
+        return (scores[:, 0] > 0).long()
+    return scores.argmax(dim=1)
+
+
+def _one_vs_rest(codes, n_classes: int):
+    """(label set, sample) class codes -> (label set, problem, sample) 0/1 targets."""
+    import torch
+
+    if n_classes == 2:
+        return codes.unsqueeze(1).double()
+    return (codes.unsqueeze(1) == torch.arange(n_classes).view(1, -1, 1)).double()
+
+
+def _fit_predict(x_train, codes_train, x_test, n_classes: int):
+    """Fit every label set of ``codes_train`` on ``x_train`` (standardised here); predict train and test."""
+    import torch
+
+    mean, std = x_train.mean(dim=0), x_train.std(dim=0, unbiased=False)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    xtr, xte = (x_train - mean) / std, (x_test - mean) / std
+    targets = _one_vs_rest(codes_train, n_classes)
+    sets, problems, n = targets.shape
+    theta = fit_logistic(xtr, targets.reshape(sets * problems, n)).reshape(sets, problems, -1)
+    return predict_logistic(xtr, theta, n_classes), predict_logistic(xte, theta, n_classes)
+
+
+def probe_fold_ids(codes: np.ndarray, groups: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, int]:
+    """Cross-validation folds that keep each example's features together.
+
+    Parameters
+    ----------
+    codes : numpy.ndarray of int, shape (feature,)
+        Class codes (one per feature; all features of an example share it).
+    groups : numpy.ndarray of int, shape (feature,)
+        Example of each feature.
+    seed
+        Shuffling seed of ``StratifiedGroupKFold``.
+
+    Returns
+    -------
+    fold : numpy.ndarray of int, shape (feature,)
+        The test fold of each feature.
+    n_folds : int
+        ``min(5, examples of the rarest class)``; below 2 there are no folds (``fold`` is all -1).
+    """
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    per_example = pd.Series(codes).groupby(groups).first()
+    n_folds = int(min(MAX_FOLDS, per_example.value_counts().min())) if per_example.nunique() > 1 else 0
+    fold = np.full(len(codes), -1, dtype=np.int64)
+    if n_folds < 2:
+        return fold, n_folds
+    splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    for f, (_, test) in enumerate(splitter.split(np.zeros(len(codes)), codes, groups)):
+        fold[test] = f
+    return fold, n_folds
+
+
+def probe_heads(heads: np.ndarray, codes: np.ndarray, groups: np.ndarray, *, permutations: int, top_k: int,
+                last: np.ndarray | None = None, seed: int = 0,
+                on_head: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, dict]:
+    """Cross-validated probe accuracy, majority baseline and permutation p-value of every head for one task.
+
+    Parameters
+    ----------
+    heads : numpy.ndarray, shape (feature, layer, head, dim)
+        Pooled head outputs.
+    codes : numpy.ndarray of int, shape (feature,)
+        Class codes ``0 .. n_classes - 1`` (at least two classes; an example's features share one).
+    groups : numpy.ndarray of int, shape (feature,)
+        Example of each feature: folds and permutations move whole examples.
+    permutations
+        Refits on permuted labels per head.
+    top_k
+        Heads concatenated for the top-k representation.
+    last : numpy.ndarray, shape (feature, hidden), optional
+        The last layer's [CLS] hidden state, probed by the same folds.
+    seed
+        Seed of the folds and permutations.
+    on_head
+        Called as ``on_head(done, total)`` after each head.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        One row per (layer, head): ``layer``, ``head``, ``accuracy``, ``baseline``, ``p``, ``q``, ``n``.
+    summary : dict
+        ``folds``, ``n``, ``examples``, ``classes``, ``baseline``, ``top_k``, ``top_k_accuracy``,
+        ``last_layer_accuracy`` (``None`` without ``last``), ``top_k_heads`` (per fold) and ``selection``.
+        With fewer than two folds possible, ``table`` is empty and ``summary["skipped"]`` says why.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # these small solves run several times faster on one thread than on contended ones
+    try:
+        return _probe_heads(heads, codes, groups, permutations=permutations, top_k=top_k, last=last, seed=seed,
+                            on_head=on_head)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, on_head) -> tuple[pd.DataFrame, dict]:
+    import torch
+
+    from .roles import bh_qvalues
+
+    codes = np.asarray(codes, np.int64)
+    groups = np.asarray(groups, np.int64)
+    n, n_layers, n_heads, _ = heads.shape
+    n_classes = int(codes.max()) + 1
+    fold, n_folds = probe_fold_ids(codes, groups, seed=seed)
+    examples = len(np.unique(groups))
+    summary = {"folds": n_folds, "n": int(n), "examples": examples, "classes": n_classes, "top_k": top_k}
+    if n_folds < 2:
+        rarest = int(pd.Series(codes).groupby(groups).first().value_counts().min())
+        summary["skipped"] = (f"the rarest class has {rarest} example(s); two folds need at least 2 per class"
+                              if n_classes > 1 else "one class only")
+        return pd.DataFrame(columns=["layer", "head", "accuracy", "baseline", "p", "q", "n"]), summary
+    rng = np.random.default_rng(seed)
+    _, ex = np.unique(groups, return_inverse=True)
+    ex_codes = pd.Series(codes).groupby(ex).first().to_numpy()
+    label_sets = np.stack([codes] + [rng.permutation(ex_codes)[ex] for _ in range(permutations)])
+    label_sets_t = torch.from_numpy(label_sets)
+    x_all = torch.from_numpy(np.ascontiguousarray(heads, dtype=np.float64)).reshape(n, n_layers * n_heads, -1)
+    correct = np.zeros((n_layers * n_heads, permutations + 1))
+    train_acc = np.zeros((n_folds, n_layers * n_heads))
+    base_correct = 0
+    splits = [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(n_folds)]
+    for tr, te in splits:
+        majority = np.bincount(codes[tr], minlength=n_classes).argmax()
+        base_correct += int((codes[te] == majority).sum())
+    for h in range(n_layers * n_heads):
+        for f, (tr, te) in enumerate(splits):
+            pred_tr, pred_te = _fit_predict(x_all[tr, h], label_sets_t[:, tr], x_all[te, h], n_classes)
+            correct[h] += (pred_te == label_sets_t[:, te]).sum(dim=1).numpy()
+            train_acc[f, h] = float((pred_tr[0] == label_sets_t[0, tr]).double().mean())
+        if on_head is not None:
+            on_head(h + 1, n_layers * n_heads)
+    accuracy = correct[:, 0] / n
+    p = (1 + (correct[:, 1:] >= correct[:, :1]).sum(axis=1)) / (1 + permutations)
+    table = pd.DataFrame({
+        "layer": np.repeat(np.arange(n_layers), n_heads).astype(np.int16),
+        "head": np.tile(np.arange(n_heads), n_layers).astype(np.int16),
+        "accuracy": accuracy, "baseline": base_correct / n, "p": p, "q": bh_qvalues(p), "n": n})
+    k = min(top_k, n_layers * n_heads)
+    top_correct, last_correct, chosen = 0, 0, []
+    observed = label_sets_t[:1]
+    for f, (tr, te) in enumerate(splits):
+        best = np.argsort(-train_acc[f], kind="stable")[:k]
+        chosen.append([f"L{b // n_heads}H{b % n_heads}" for b in best])
+        xs = x_all[:, best].reshape(n, -1)
+        _, pred = _fit_predict(xs[tr], observed[:, tr], xs[te], n_classes)
+        top_correct += int((pred[0] == observed[0, te]).sum())
+        if last is not None:
+            xl = torch.from_numpy(np.ascontiguousarray(last, dtype=np.float64))
+            _, pred = _fit_predict(xl[tr], observed[:, tr], xl[te], n_classes)
+            last_correct += int((pred[0] == observed[0, te]).sum())
+    summary.update({"baseline": base_correct / n, "top_k_accuracy": top_correct / n,
+                    "last_layer_accuracy": None if last is None else last_correct / n, "top_k_heads": chosen,
+                    "selection": "top-k heads chosen inside each training fold by their accuracy on the training "
+                                 "folds; the held-out fold takes no part"})
+    return table, summary
+
+
+def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame, example_ids: np.ndarray, *,
+                tasks: Sequence[str], pooling: str, permutations: int, top_k: int, seed: int = 0,
+                on_head: Callable[[str, int, int], None] | None = None) -> tuple[pd.DataFrame, dict]:
+    """The ``probe`` analysis over every task: ``probes.parquet``'s rows and ``probes_summary.json``.
+
+    Parameters
+    ----------
+    heads : numpy.ndarray, shape (feature, layer, head, dim)
+        Pooled head outputs of the probed features.
+    last : numpy.ndarray, shape (feature, hidden), optional
+        Their last layer's [CLS] hidden state.
+    labels : pandas.DataFrame
+        :func:`probe_labels`' table (``example_id`` and one column per task).
+    example_ids : numpy.ndarray of str, shape (feature,)
+        Each feature's example.
+    tasks
+        Columns of ``labels`` to probe, in order.
+    pooling, permutations, top_k, seed
+        As in the ``probe`` settings (``pooling`` is recorded in the table).
+    on_head
+        ``on_head(task, done, total)`` after each head.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        :data:`PROBE_COLUMNS`, one row per (task, layer, head).
+    summary : dict
+        ``tasks`` (task -> :func:`probe_heads`' summary plus ``class_names``), ``skipped`` (one line per task
+        skipped, saying why), ``notes`` (one line per task probed with fewer than 5 folds), ``pooling``,
+        ``permutations``.
+    """
+    example_ids = np.asarray(example_ids).astype(str)
+    rows, summary = [], {"tasks": {}, "skipped": [], "notes": [], "pooling": pooling, "permutations": permutations}
+    by_id = labels.set_index("example_id")
+    for task in tasks:
+        values = pd.Series(example_ids).map(by_id[task])
+        keep = values.notna().to_numpy()
+        if keep.sum() < 4:
+            summary["skipped"].append(f"probe {task}: skipped ({int(keep.sum())} labelled features; too few)")
+            continue
+        names, codes = np.unique(values[keep].astype(str).to_numpy(), return_inverse=True)
+        if len(names) < 2:
+            summary["skipped"].append(f"probe {task}: skipped (one class only: {names[0]!r})")
+            continue
+        _, groups = np.unique(example_ids[keep], return_inverse=True)
+        table, info = probe_heads(heads[keep], codes, groups, permutations=permutations, top_k=top_k,
+                                  last=None if last is None else last[keep], seed=seed,
+                                  on_head=None if on_head is None else lambda d, t, task=task: on_head(task, d, t))
+        if "skipped" in info:
+            summary["skipped"].append(f"probe {task}: skipped ({info['skipped']})")
+            continue
+        info["class_names"] = names.tolist()
+        if info["folds"] < MAX_FOLDS:
+            summary["notes"].append(f"probe {task}: {info['folds']} folds, not {MAX_FOLDS} (its rarest class has "
+                                    f"{info['folds']} questions)")
+        summary["tasks"][task] = info
+        table.insert(0, "task", task)
+        rows.append(table.assign(examples=info["examples"], folds=info["folds"], classes=info["classes"],
+                                 pooling=pooling))
+    table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(PROBE_COLUMNS))
+    return table[list(PROBE_COLUMNS)], summary

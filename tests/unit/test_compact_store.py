@@ -1,0 +1,179 @@
+"""The compact store (``extract.store: compact``): kept mass per row, reconstruction, statistics and profile
+vectors against a full-store run of the same tiny model and data, the featurize stage's shortcut, fingerprint."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.config import JobConfig
+from attnclust.errors import StoreError
+from attnclust.featurize import TokenContext
+from attnclust.featurize.profile import profile_maps
+from attnclust.layout import RunLayout
+from attnclust.pipeline import run_job
+from attnclust.stages import SerialExecutor
+from attnclust.stages.extract import ExtractStage, prepare_inputs
+from attnclust.store import compact_maps, create_attention_store, open_attention_store
+
+
+def _run(tmp_path, tiny_bert_dir, small_squad, name, stages=("extract",), featurize=None, **extract):
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)},
+                               "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"batch_size": 3, "features_per_task": 3, **extract},
+                               **({"featurize": featurize} if featurize else {})})
+    layout = RunLayout(tmp_path / name)
+    run_job(cfg, layout.root, stages=stages, executor=SerialExecutor(), progress=False)
+    return cfg, layout
+
+
+@pytest.fixture
+def both(tmp_path, tiny_bert_dir, small_squad):
+    _, full = _run(tmp_path, tiny_bert_dir, small_squad, "full", stages=("extract", "featurize"))
+    cfg, compact = _run(tmp_path, tiny_bert_dir, small_squad, "compact", stages=("extract", "featurize"),
+                        store="compact")
+    return cfg, full, compact
+
+
+def _brute_force_count(row: np.ndarray, mass: float) -> int:
+    """Keys needed, largest first, until the running sum reaches ``mass`` of the row (a plain loop)."""
+    total, running = float(row.sum()), 0.0
+    for i, w in enumerate(sorted(row.tolist(), reverse=True)):
+        running += w
+        if running >= mass * total:
+            return i + 1
+    return len(row)
+
+
+def _check_row(exact_row: np.ndarray, stored_row: np.ndarray, mass: float, cap: int | None = None) -> None:
+    """A compact row: its nonzero keys are the fewest largest weights reaching ``mass`` (brute force), each
+    within 1/510 of the exact weight (1/255 below 1/510), and nothing else is stored."""
+    kept = np.flatnonzero(stored_row)
+    need = _brute_force_count(exact_row, mass)
+    assert len(kept) == (need if cap is None else min(need, cap))
+    if cap is None or need <= cap:
+        assert exact_row[kept].sum() >= mass * exact_row.sum() - 1e-6
+    assert exact_row[kept].min() >= np.delete(exact_row, kept).max(initial=0) - 1e-7
+    np.testing.assert_allclose(stored_row[kept] / 255, exact_row[kept], atol=1 / 255 + 1e-7)
+    big = exact_row[kept] >= 1 / 510
+    np.testing.assert_allclose(stored_row[kept][big] / 255, exact_row[kept][big], atol=1 / 510 + 1e-7)
+
+
+def test_compact_maps_keep_the_fewest_largest_weights_holding_the_mass():
+    import torch
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 3, 30, 30)) * np.array([0.1, 2.0, 6.0])[None, :, None, None]
+    maps = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)   # diffuse, medium and peaked heads
+    stored = compact_maps(torch.from_numpy(maps.astype(np.float32)), mass=0.9)
+    assert stored.shape == maps.shape and stored.dtype == torch.uint8
+    for idx in np.ndindex(*maps.shape[:3]):
+        _check_row(maps[idx].astype(np.float32), stored[idx].numpy(), 0.9)
+
+
+def test_a_key_cap_bounds_the_kept_keys():
+    import torch
+
+    maps = torch.full((1, 10, 10), 0.1)   # uniform: 0.95 would need 10 keys
+    stored = compact_maps(maps, mass=0.95, max_keys=4)
+    assert ((stored > 0).sum(-1) == 4).all() and (stored[stored > 0] == 26).all()
+
+
+def test_read_map_reconstruction_keeps_the_mass_and_is_zero_elsewhere(both):
+    cfg, full, compact = both
+    a, b = open_attention_store(full.attention), open_attention_store(compact.attention)
+    assert (a.mode, b.mode) == ("full", "compact") and b.attrs["compact"]["mass"] == cfg.extract.compact_mass
+    assert b.attention.dtype == np.uint8 and b.attention.shape == a.attention.shape and b.blocks() == a.blocks()
+    mass = cfg.extract.compact_mass
+    for f in range(b.n_features):
+        n = int(b.seq_len[f])
+        exact = a.read_map(f, 1, 2)                    # float16: within 1e-3 of the exact weights
+        approx = b.read_map(f, 1, 2)
+        assert approx.shape == (n, n)
+        for q in range(n):
+            kept = np.flatnonzero(approx[q])
+            assert exact[q, kept].sum() >= mass * exact[q].sum() - 3e-3
+            np.testing.assert_allclose(approx[q, kept], exact[q, kept], atol=1 / 255 + 1e-3)
+    block = b.read_block(0, b.n_features)
+    n = int(b.seq_len[4])
+    np.testing.assert_array_equal(block[4, 1, 2, :n, :n], b.read_map(4, 1, 2))
+    assert not block[4, :, :, n:].any()
+
+
+def test_statistics_and_profile_match_a_full_store_run(both):
+    from attnclust.stages.featurize import open_embedding
+
+    _, full, compact = both
+    sa, sb = pd.read_parquet(full.map_stats), pd.read_parquet(compact.map_stats)
+    cols = [c for c in sa.columns if c not in ("feature_id", "layer", "head")]
+    np.testing.assert_allclose(sb[cols].to_numpy(), sa[cols].to_numpy(), atol=1e-2)
+    ea = np.asarray(open_embedding(full.root)["embedding"][:])
+    eb = np.asarray(open_embedding(compact.root)["embedding"][:])
+    assert ea.shape == eb.shape and ea.shape[1] == 17
+    np.testing.assert_allclose(eb, ea, atol=1e-2)
+
+
+def test_stored_profile_is_the_profile_of_the_exact_maps(tmp_path, tiny_bert_dir, small_squad):
+    """Independent of the featurize stage: profile_maps on the maps of an unbatched forward."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    cfg, out = _run(tmp_path, tiny_bert_dir, small_squad, "c", store="compact")
+    store = open_attention_store(out.attention)
+    feats = prepare_inputs(cfg)["features"]
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
+    for _, feat in feats.iloc[[0, -1]].iterrows():
+        with torch.inference_mode():
+            att = model(input_ids=torch.tensor([list(feat["input_ids"])]),
+                        token_type_ids=torch.tensor([list(feat["segment_ids"])]), output_attentions=True).attentions
+        maps = torch.stack(att, 1)[0].numpy()          # (layer, head, query, key)
+        L, H, n, _ = maps.shape
+        ctx = TokenContext.from_tokens([list(feat["tokens"])], [list(feat["segment_ids"])], maps_per_row=L * H)
+        ref = profile_maps(maps.reshape(L * H, n, n), ctx).reshape(L, H, -1)
+        f = int(feat["feature_id"])
+        np.testing.assert_allclose(store.read_profile(f, f + 1)[0], ref, atol=1e-4)
+
+
+def test_settings_are_in_the_fingerprint_and_pooled_reads_the_reconstruction(tmp_path, tiny_bert_dir, small_squad):
+    keys = ExtractStage().keys(JobConfig())
+    for key in ("extract.store", "extract.compact_mass", "extract.compact_max_keys"):
+        assert key in keys
+    _, out = _run(tmp_path, tiny_bert_dir, small_squad, "p", stages=("extract", "featurize"), store="compact",
+                  compact_mass=0.8, compact_max_keys=3, featurize={"method": "pooled", "grid": 4})
+    store = open_attention_store(out.attention)
+    assert store.attrs["compact"] == {"mass": 0.8, "max_keys": 3}
+    assert int((np.asarray(store.attention[:]) > 0).sum(-1).max()) == 3
+    from attnclust.stages.featurize import open_embedding
+
+    emb = np.asarray(open_embedding(out.root)["embedding"][:])
+    assert emb.shape == (store.n_features * store.n_layers * store.n_heads, 16) and np.isfinite(emb).all()
+
+
+def test_full_store_has_no_profile_and_a_compact_store_without_one_is_refused(tmp_path):
+    import shutil
+
+    seq = np.array([3, 4], np.int32)
+    full = create_attention_store(tmp_path / "f.zarr", seq_len=seq, num_layers=1, num_heads=2,
+                                  features_per_task=2, attrs={})
+    assert full.mode == "full" and full.profile is None
+    with pytest.raises(StoreError, match="full store holds no precomputed profile"):
+        full.read_profile(0, 1)
+    compact = create_attention_store(tmp_path / "c.zarr", seq_len=seq, num_layers=1, num_heads=2,
+                                     features_per_task=2, attrs={}, mode="compact")
+    opened = open_attention_store(compact.path, require_complete=False)
+    assert opened.mode == "compact" and opened.profile.shape == (2, 1, 2, 17) and opened.scale == pytest.approx(1 / 255)
+    shutil.rmtree(compact.path / "profile")
+    with pytest.raises(StoreError, match="missing array 'profile'.*compact store"):
+        open_attention_store(compact.path, require_complete=False)
+
+
+def test_featurize_refuses_profile_vectors_of_another_version(tmp_path):
+    from attnclust.stages.base import RunContext
+    from attnclust.stages.featurize import FeaturizeStage
+
+    layout = RunLayout(tmp_path / "run")
+    create_attention_store(layout.attention, seq_len=np.array([3], np.int32), num_layers=1, num_heads=1,
+                           features_per_task=1, attrs={"profile": {"featurizer": "profile", "version": 1}},
+                           mode="compact")
+    ctx = RunContext(layout=layout, cfg=JobConfig(), job_id="t", backend="cpu", executor=None, progress=False)
+    with pytest.raises(StoreError, match="profile vectors of version 1.*extract --force"):
+        FeaturizeStage().check(ctx)

@@ -1,0 +1,190 @@
+"""The probe analysis on planted head outputs: a head carrying the label is found, noise heads are not."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.analysis.probes import (
+    fit_logistic,
+    probe_fold_ids,
+    probe_heads,
+    probe_labels,
+    probe_table,
+    question_word,
+)
+from attnclust.errors import DataError
+
+
+def planted(rng, *, n_examples=80, n_classes=2, shift=3.0, layers=2, heads=3, dim=4, carrier=(1, 2)):
+    """Head outputs (feature, layer, head, dim) of 1-3 features per example; only ``carrier`` sees the label."""
+    per_example = rng.integers(1, 4, n_examples)
+    groups = np.repeat(np.arange(n_examples), per_example)
+    labels = rng.permutation(np.arange(n_examples) % n_classes)
+    codes = labels[groups]
+    x = rng.normal(size=(len(groups), layers, heads, dim))
+    x[:, carrier[0], carrier[1], :n_classes] += shift * np.eye(n_classes)[codes]
+    return x, codes, groups
+
+
+def test_planted_head_is_found_and_noise_heads_are_not():
+    rng = np.random.default_rng(0)
+    x, codes, groups = planted(rng)
+    table, summary = probe_heads(x, codes, groups, permutations=199, top_k=2, last=x[:, 1].reshape(len(x), -1))
+    carrier = table[(table["layer"] == 1) & (table["head"] == 2)].iloc[0]
+    noise = table.drop(index=carrier.name)
+    assert carrier["accuracy"] > 0.95 and carrier["q"] < 0.05
+    assert (noise["q"] > 0.05).all()
+    assert (noise["accuracy"] - noise["baseline"]).abs().max() < 0.2
+    assert summary["folds"] == 5 and summary["n"] == len(x)
+    assert summary["top_k_accuracy"] > 0.9  # the carrier is chosen in every fold
+    assert all("L1H2" in chosen for chosen in summary["top_k_heads"])
+
+
+def test_three_classes_one_vs_rest():
+    rng = np.random.default_rng(1)
+    x, codes, groups = planted(rng, n_examples=90, n_classes=3, carrier=(0, 1))
+    table, summary = probe_heads(x, codes, groups, permutations=5, top_k=1)
+    best = table.sort_values("accuracy").iloc[-1]
+    assert (int(best["layer"]), int(best["head"])) == (0, 1) and best["accuracy"] > 0.9
+    assert summary["classes"] == 3 and summary["last_layer_accuracy"] is None
+
+
+def test_folds_never_split_an_example_and_shrink_for_a_rare_class():
+    rng = np.random.default_rng(2)
+    _, codes, groups = planted(rng, n_examples=40)
+    fold, n_folds = probe_fold_ids(codes, groups)
+    assert n_folds == 5 and set(fold) == set(range(5))
+    assert (pd.Series(fold).groupby(groups).nunique() == 1).all()
+    rare = np.where(groups < 3, 1, 0)  # 3 examples of class 1: three folds
+    fold, n_folds = probe_fold_ids(rare, groups)
+    assert n_folds == 3 and (pd.Series(fold).groupby(groups).nunique() == 1).all()
+    table, summary = probe_heads(rng.normal(size=(len(groups), 1, 1, 2)), np.where(groups < 1, 1, 0), groups,
+                                 permutations=3, top_k=1)
+    assert table.empty and "1 example" in summary["skipped"]
+
+
+def test_permutation_p_value_matches_a_brute_force_loop():
+    """Refit with scikit-learn on the same folds and the same permuted labels, count, and compare."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    rng = np.random.default_rng(3)
+    x, codes, groups = planted(rng, n_examples=30, shift=0.8, layers=1, heads=2, dim=3, carrier=(0, 0))
+    permutations, seed = 9, 7
+    table, _ = probe_heads(x, codes, groups, permutations=permutations, top_k=1, seed=seed)
+    fold, n_folds = probe_fold_ids(codes, groups, seed=seed)
+    perm_rng = np.random.default_rng(seed)
+    _, ex = np.unique(groups, return_inverse=True)
+    ex_codes = pd.Series(codes).groupby(ex).first().to_numpy()
+    label_sets = [codes] + [perm_rng.permutation(ex_codes)[ex] for _ in range(permutations)]
+    for h in range(2):
+        accuracies = []
+        for y in label_sets:
+            hits = 0
+            for f in range(n_folds):
+                tr, te = fold != f, fold == f
+                scaler = StandardScaler().fit(x[tr, 0, h])
+                model = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(scaler.transform(x[tr, 0, h]), y[tr])
+                hits += int((model.predict(scaler.transform(x[te, 0, h])) == y[te]).sum())
+            accuracies.append(hits / len(y))
+        p = (1 + sum(a >= accuracies[0] for a in accuracies[1:])) / (1 + permutations)
+        assert table["accuracy"].iloc[h] == pytest.approx(accuracies[0])
+        assert table["p"].iloc[h] == pytest.approx(p)
+
+
+def test_fit_logistic_reaches_scikit_learns_optimum():
+    import torch
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(200, 5))
+    y = (x @ rng.normal(size=5) + rng.normal(size=200) > 0).astype(int)
+    theta = fit_logistic(torch.from_numpy(x), torch.from_numpy(y[None].astype(float)))[0].numpy()
+    ref = LogisticRegression(C=1.0, tol=1e-12, max_iter=10000).fit(x, y)
+    np.testing.assert_allclose(theta[:-1], ref.coef_[0], atol=1e-6)
+    assert theta[-1] == pytest.approx(ref.intercept_[0], abs=1e-6)
+
+
+def test_labels_from_examples_and_predictions():
+    examples = pd.DataFrame({"id": ["a", "b", "c"], "question": ["Who won?", "In which year", "Name it"],
+                             "is_impossible": [False, True, False], "topic": ["x", None, "y"]})
+    assert [question_word(q) for q in examples["question"]] == ["who", "which", "other"]
+    table, skipped = probe_labels(examples, tasks=("answerable", "correct"), labels=("topic",))
+    assert table["answerable"].tolist() == ["answerable", "unanswerable", "answerable"]
+    assert table["topic"].iloc[[0, 2]].tolist() == ["x", "y"] and pd.isna(table["topic"].iloc[1])
+    assert skipped == ["probe correct: skipped (no predictions.parquet: the qa stage did not run)"]
+    predictions = pd.DataFrame({"example_id": ["a", "b", "c"], "f1": [1.0, 0.2, 0.5]})
+    table, skipped = probe_labels(examples, tasks=("correct",), predictions=predictions)
+    assert table["correct"].tolist() == ["right", "wrong", "right"] and not skipped
+    with pytest.raises(DataError, match="probe.labels: column 'genre'"):
+        probe_labels(examples, tasks=(), labels=("genre",))
+
+
+def test_probe_table_skips_a_one_class_task_in_one_line():
+    rng = np.random.default_rng(5)
+    x, codes, groups = planted(rng, n_examples=40)
+    ids = np.array([f"e{g}" for g in groups])
+    labels = pd.DataFrame({"example_id": [f"e{i}" for i in range(40)],
+                           "planted": np.where(pd.Series(codes).groupby(groups).first().to_numpy() == 1, "y", "n"),
+                           "same": "one"})
+    table, summary = probe_table(x, None, labels, ids, tasks=("planted", "same"), pooling="cls", permutations=3,
+                                 top_k=2)
+    assert set(table["task"]) == {"planted"} and len(table) == 6
+    assert summary["skipped"] == ["probe same: skipped (one class only: 'one')"] and summary["notes"] == []
+    assert summary["tasks"]["planted"]["class_names"] == ["n", "y"]
+
+
+def test_extra_fields_of_the_data_file_are_kept_as_label_columns(tmp_path):
+    import json
+
+    from attnclust.data import extra_columns, read_squad
+
+    ctx = "Paris is the capital of France."
+    records = [{"id": "q1", "question": "What is Paris?", "context": ctx, "topic": "geo", "level": 1,
+                "answers": {"text": ["the capital of France"], "answer_start": [9]}},
+               {"id": "q2", "question": "Who?", "context": ctx, "answers": {"text": [], "answer_start": []},
+                "level": "hard", "nested": {"not": "kept"}}]
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps(records))
+    columns = extra_columns(read_squad(path))
+    assert columns == {"topic": ["geo", None], "level": ["1", "hard"]}
+
+
+def test_probes_section_shows_the_planted_head_against_the_baseline():
+    from types import SimpleNamespace
+
+    from attnclust.report.probes_section import probes_section
+
+    rng = np.random.default_rng(6)
+    x, codes, groups = planted(rng, n_examples=60)
+    ids = np.array([f"e{g}" for g in groups])
+    labels = pd.DataFrame({"example_id": [f"e{i}" for i in range(60)],
+                           "planted": pd.Series(codes).groupby(groups).first().map({0: "n", 1: "y"}).to_numpy()})
+    table, summary = probe_table(x, x[:, 0].reshape(len(x), -1), labels, ids, tasks=("planted",), pooling="cls",
+                                 permutations=5, top_k=2)
+    table.attrs["summary"] = summary
+    context = probes_section(SimpleNamespace(probes=table))
+    (task,) = context["tasks"]
+    assert task["task"] == "planted" and task["best"][0]["head"] == "L1H2"
+    assert task["figure"]["src"].startswith("data:image/png;base64,")
+    assert probes_section(SimpleNamespace(probes=None)) is None
+
+
+def test_report_says_in_one_line_why_probes_are_skipped(tmp_path, capsys):
+    from attnclust.config import load_job
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+    from attnclust.stages.report import PROBE_SKIPPED
+    from attnclust.synthetic import write_planted_store
+
+    planted_store = write_planted_store(tmp_path / "run", rng=np.random.default_rng(0), n_features=6, n_layers=2,
+                                        n_heads=2, lengths=(8, 40), features_per_task=3)
+    base = ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2", "syntax.conllu=null"]
+    run_job(load_job(None, base), planted_store.root, stages=("featurize", "cluster", "report"),
+            executor=SerialExecutor(), progress=True)
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("probe: skipped (the run has no head_outputs.zarr") for line in out)
+    assert not (planted_store.root / "probes.parquet").exists()
+    run_job(load_job(None, [*base, "probe.enabled=false"]), planted_store.root, stages=("report",),
+            executor=SerialExecutor(), progress=True, force=True)
+    assert PROBE_SKIPPED in capsys.readouterr().out.splitlines()
