@@ -3,6 +3,7 @@
 Routes (GET and HEAD only)::
 
     /                     the run's report.html (also /report.html)
+    /favicon.ico          204 No Content (browsers ask for it; a 404 would be a console error)
     /exports/NAME         a figure written by ``attnclust export`` (exports/ is attnclust's own folder)
     /api/heads            heads.parquet as a JSON list of records (NaN -> null)
     /api/search?q=TEXT    questions whose text contains TEXT (case-insensitive) or whose id starts with it,
@@ -397,6 +398,8 @@ class _Handler(BaseHTTPRequestHandler):
             app = self.app
             if path in ("/", "/report.html"):
                 self._send(HTTPStatus.OK, app.read_file(app.layout.report.name), _TYPES[".html"])
+            elif path == "/favicon.ico":  # browsers ask for one; the report has none: "no content", not an error
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
             elif path == "/api/heads":
                 self._send(HTTPStatus.OK, app.heads_json(), "application/json")
             elif path == "/api/search":

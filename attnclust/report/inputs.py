@@ -77,6 +77,13 @@ class ReportInputs:
     syntax : pandas.DataFrame, optional
         ``syntax.parquet`` (:func:`attnclust.analysis.syntax.syntax_table`): ``relation``, ``direction``,
         ``layer``, ``head``, ``accuracy``, ``baseline``, ``baseline_offset``, ``n``; the report's "Syntax" section.
+    explorer : dict, optional
+        The interactive page's sampled maps (:func:`attnclust.report.interactive.build_explorer`): the head
+        panels' example maps, the UMAP sample and the per-question view; without it the grid's head panels show
+        the heads table only and the question view is left out.
+    probes : pandas.DataFrame, optional
+        ``probes.parquet`` (:func:`attnclust.analysis.probes.probe_table`), its summary in ``attrs["summary"]``;
+        the report's "Probes" section.
 
     Raises
     ------
@@ -101,6 +108,8 @@ class ReportInputs:
     pruning: pd.DataFrame | None = None
     head_layout: pd.DataFrame | None = None
     syntax: pd.DataFrame | None = None
+    explorer: dict | None = None
+    probes: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:
         for name, table, cols in (("maps", self.maps, MAP_COLUMNS), ("heads", self.heads, HEAD_COLUMNS),
@@ -160,6 +169,10 @@ class ReportInputs:
             if missing:
                 raise DataError(f"report input syntax: missing column(s) {', '.join(missing)}; "
                                 f"required: {', '.join(SYNTAX_COLUMNS)}")
+        if self.explorer is not None and not (isinstance(self.explorer, dict)
+                                              and {"questions", "head_examples", "umap"} <= set(self.explorer)):
+            raise DataError("report input explorer: expected the mapping of attnclust.report.interactive."
+                            "build_explorer (questions, head_examples, umap)")
         if isinstance(self.notes, str):
             raise DataError("report input notes: got a single string; pass a tuple of strings, e.g. (note,)")
         if isinstance(self.max_tokens_shown, bool) or not isinstance(self.max_tokens_shown, (int, np.integer)) \

@@ -89,7 +89,8 @@ def render_report(inputs: ReportInputs, *, on_step: Callable[[str, int, int, str
     -------
     str
         The HTML document: every registered section (:data:`~attnclust.report.registry.REPORT_SECTIONS`) in
-        order, images inline as base64 PNG, no script and no external resource.
+        order, images inline as base64 PNG, the page's script (``templates/report.js``) and its data inline, no
+        external resource.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing", category=UserWarning)

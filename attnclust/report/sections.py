@@ -2,8 +2,9 @@
 
 Each function takes the :class:`~attnclust.report.inputs.ReportInputs` and returns its template's context (or
 ``None`` to leave the section out). Numbers are formatted here or with the ``fmt`` filter; pictures are PNG
-data URIs; text is escaped by the templates. Page order: summary, notes, layer x head grid, cluster cards, UMAP,
-per-cluster statistics, head analyses, choice of k, question answering, settings.
+data URIs; text is escaped by the templates. Page order: summary, notes, layer x head grid (with the head panel,
+the page's data and script), cluster cards, UMAP, per-question view, per-cluster statistics, head analyses, choice
+of k, question answering, settings.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from markupsafe import Markup
 
 from ..analysis.atlas import DEFAULT_MIN_STABILITY, LENGTH_BUCKETS
 from ..analysis.heads import HEAD_ANALYSES
@@ -25,24 +27,49 @@ from .figures import (
     head_heatmap_figure,
     head_layout_figure,
     head_matrix,
+    k_score_figure,
     mean_map_figure,
     medoid_figure,
     null_odds_figure,
     png_data_uri,
-    k_score_figure,
     umap_figure,
     umap_points,
 )
 from .formatting import PERCENT_UNIT, column_units, fmt, fmt_id, hex_color, short, unit_label
 from .inputs import ReportInputs
-from .registry import report_section
+from .interactive import grid_colours, head_panels, json_script
+from .registry import environment, report_section
 
-__all__ = ["GRID_TEXT_MAX", "HEAD_MAP_PAIRS", "NO_ROLE", "QA_EXAMPLES_SHOWN", "UMAP_OFF_SENTENCE", "UNSTABLE_LABEL",
-           "cluster_cards", "cluster_stats", "clusters_by_size", "clusters_in_report_order", "grid",
-           "head_analysis_heatmaps", "head_map", "importance_section", "is_unstable", "k_choice", "length_rows",
-           "length_warning_text",
-           "notes", "qa", "role_categories", "run_length_shares", "settings", "stats_table", "summary",
-           "syntax_section", "umap"]
+__all__ = [
+    "GRID_TEXT_MAX",
+    "HEAD_MAP_PAIRS",
+    "NO_ROLE",
+    "QA_EXAMPLES_SHOWN",
+    "UMAP_OFF_SENTENCE",
+    "UNSTABLE_LABEL",
+    "cluster_cards",
+    "cluster_stats",
+    "clusters_by_size",
+    "clusters_in_report_order",
+    "grid",
+    "head_analysis_heatmaps",
+    "head_map",
+    "importance_section",
+    "is_unstable",
+    "k_choice",
+    "length_rows",
+    "length_warning_text",
+    "notes",
+    "qa",
+    "question_view",
+    "role_categories",
+    "run_length_shares",
+    "settings",
+    "stats_table",
+    "summary",
+    "syntax_section",
+    "umap",
+]
 
 GRID_TEXT_MAX = 16
 """Cluster id and purity are written in the grid cells when layers and heads are both at most this."""
@@ -264,7 +291,8 @@ def notes(inputs: ReportInputs) -> dict[str, Any] | None:
 
 @report_section("grid", title="Layer × head grid", order=300, template="grid.html.j2", nav="Heads")
 def grid(inputs: ReportInputs) -> dict[str, Any]:
-    """The layer x head table: each head's dominant cluster (colour) and purity (opacity, and text when small).
+    """The layer x head table: each head's dominant cluster (colour) and purity (opacity, and text when small),
+    or its role or importance (the ``#grid-color`` switch); the head panel, the page's data and its script.
 
     Parameters
     ----------
@@ -273,8 +301,10 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
     Returns
     -------
     dict
-        The context of ``grid.html.j2``: ``heads`` (column labels), ``rows`` (``layer``, ``cells``), ``legend``
-        and ``text`` (whether cells show their numbers).
+        The context of ``grid.html.j2``: ``heads`` (column labels), ``rows`` (``layer``, ``cells`` with their
+        colours per mode), ``legend`` and ``other_legends``, ``modes`` (``cluster``, then ``role`` / ``importance``
+        when the heads table has them), ``text`` (whether cells show their numbers), ``data`` (the JSON of the head
+        panels and :attr:`ReportInputs.explorer`) and ``script`` (``templates/report.js``).
     """
     palette = cluster_palette(len(inputs.clusters))
     g = head_grid(inputs.heads)
@@ -284,6 +314,9 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
         if "pattern_type" in r:
             text = f"{r['pattern_type']}: {text}"
         descr[int(r["cluster"])] = f"{text} ({UNSTABLE_LABEL})" if is_unstable(r) else text
+    heads = inputs.heads
+    roles = role_categories(heads["roles"]) if "roles" in heads.columns else None
+    colours = grid_colours(heads, palette, roles)
     text = len(g.layers) <= GRID_TEXT_MAX and len(g.heads) <= GRID_TEXT_MAX
     rows = []
     for i, layer in enumerate(g.layers):
@@ -293,18 +326,29 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
             if c < 0:
                 cells.append({"cluster": None, "title": f"L{layer} H{head}: no data"})
                 continue
-            rgb = palette[c][:3] if c < len(palette) else np.array([0.73, 0.73, 0.73])
-            alpha = 0.25 + 0.75 * (0.0 if math.isnan(p) else min(max(p, 0.0), 1.0))
-            lum = float(np.dot(alpha * rgb + (1 - alpha), [0.299, 0.587, 0.114]))
-            r, gg, b = (int(round(255 * v)) for v in rgb)
+            modes = colours["cells"][(int(layer), int(head))]
             pct = "–" if math.isnan(p) else f"{100 * p:.0f}%"
-            cells.append({"cluster": c, "pct": pct,
+            bg, fg = modes["cluster"]
+            cells.append({"cluster": c, "pct": pct, "layer": int(layer), "head": int(head),
                           "title": f"L{layer} H{head}: cluster {c} ({pct}) {descr.get(c, '')}",
-                          "style": f"background:rgba({r},{gg},{b},{alpha:.2f});"
-                                   f"color:{'#fff' if lum < 0.45 else '#000'}"})
+                          "style": f"background:{bg};color:{fg}",
+                          "modes": [{"mode": m, "bg": v[0], "fg": v[1]} for m, v in modes.items()]})
         rows.append({"layer": layer, "cells": cells})
     legend = [{"cluster": c, "color": _color(c, palette), "description": short(descr[c], 110)} for c in sorted(descr)]
-    return {"heads": list(g.heads), "rows": rows, "legend": legend, "text": text}
+    other = {m: [{"color": col, "label": lab} for col, lab in items]
+             for m, items in colours["legends"].items() if m != "cluster"}
+    data = {"heads": head_panels(heads), "palette": [_color(c, palette) for c in range(len(palette))],
+            "descr": {str(c): d for c, d in descr.items()}, "explorer": inputs.explorer}
+    return {"heads": list(g.heads), "rows": rows, "legend": legend, "text": text, "modes": ["cluster", *other],
+            "other_legends": other, "data": Markup(json_script(data)), "script": Markup(_page_script())}
+
+
+def _page_script() -> str:
+    """``templates/report.js``, checked to be safe inline."""
+    source = environment().loader.get_source(environment(), "report.js")[0]
+    if "</script" in source.lower():  # pragma: no cover - guards edits of the template
+        raise ValueError("templates/report.js must not contain '</script'")
+    return source
 
 
 @report_section("clusters", title="Clusters", order=400, template="clusters.html.j2")
@@ -384,7 +428,37 @@ def umap(inputs: ReportInputs) -> dict[str, Any]:
         notes_.append(f"Drawn: {idx.size:,} of {len(maps):,} maps"
                       + (" (random subsample)" if idx.size == MAX_SCATTER_POINTS else "")
                       + (f"; {dropped:,} maps have no UMAP coordinates" if dropped else "") + ".")
-    return {"src": src, "off": UMAP_OFF_SENTENCE, "notes": notes_}
+    explorer = inputs.explorer or {}
+    sample = explorer.get("umap")
+    interactive = None if not sample else {
+        "n_points": f"{len(sample['x']):,}", "total": f"{int(sample['total']):,}",
+        "n_features": f"{int(sample['features']):,}",
+        "n_questions": len(explorer.get("questions") or [])}
+    return {"src": src, "off": UMAP_OFF_SENTENCE, "notes": notes_, "interactive": interactive}
+
+
+@report_section("question-view", title="Per-question view", order=550, template="question_view.html.j2",
+                nav="Questions")
+def question_view(inputs: ReportInputs) -> dict[str, Any] | None:
+    """Pick an embedded question, a layer and a head: that head's map over the question's tokens, the gold answer
+    marked, the model's answer and whether it is right (the page's script draws it from the embedded maps).
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``question_view.html.j2``: ``questions`` (``id``, ``question``), ``layers``, ``heads``,
+        ``n``; ``None`` when the report has no embedded questions (:attr:`ReportInputs.explorer`).
+    """
+    explorer = inputs.explorer or {}
+    questions = explorer.get("questions") or []
+    if not questions:
+        return None
+    return {"questions": [{"id": q["id"], "question": q["question"]} for q in questions], "n": len(questions),
+            "layers": list(range(int(explorer["layers"]))), "heads": list(range(int(explorer["heads"])))}
 
 
 @report_section("stats", title="Per-cluster statistics", order=600, template="stats.html.j2", nav="Statistics")

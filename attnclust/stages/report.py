@@ -17,17 +17,23 @@ import pandas as pd
 
 from ..analysis.atlas import stats_block
 from ..analysis.heads import analysis_versions
+from ..config import BUNDLED_CONLLU
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
-__all__ = ["SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage"]
+__all__ = ["PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage"]
 
 SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
 """Settings of the ``syntax`` analysis; part of the report's fingerprint when the analysis is on."""
 SYNTAX_SKIPPED = "syntax: skipped (set syntax.conllu to a CoNLL-U file of gold parses, or syntax.spacy_model)"
 """The line printed when the ``syntax`` analysis is off."""
+PROBE_KEYS = ("probe.enabled", "probe.tasks", "probe.labels", "probe.pooling", "probe.top_k", "probe.permutations",
+              "probe.max_features")
+"""Settings of the ``probe`` analysis; part of the report's fingerprint when the analysis is on."""
+PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
+"""The line printed when the ``probe`` analysis is off."""
 
 
 class ReportStage(Stage):
@@ -43,7 +49,7 @@ class ReportStage(Stage):
         """:attr:`reads`, plus ``cluster.min_stability`` where the configuration has that setting, plus
         :data:`SYNTAX_KEYS` when the syntax analysis is on (off, they leave earlier runs' fingerprints alone)."""
         return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ()) + (
-            SYNTAX_KEYS if _syntax_on(cfg) else ())
+            SYNTAX_KEYS if _syntax_on(cfg) else ()) + (PROBE_KEYS if _probe_on(cfg) else ())
 
     def identity(self, ctx: RunContext) -> dict:
         """The registered head analyses' versions, report sections and the head map's version (a new one
@@ -57,7 +63,7 @@ class ReportStage(Stage):
         if conllu is not None:  # edited gold parses re-render the report
             import hashlib
 
-            path = Path(conllu).expanduser()
+            path = ctx.cfg.syntax.conllu_path()  # ``bundled``: the packaged file
             identity["syntax_parses"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() \
                 else "missing"
         return identity
@@ -70,7 +76,7 @@ class ReportStage(Stage):
         if syntax.conllu is not None:
             from ..analysis.parses import read_conllu
 
-            read_conllu(Path(syntax.conllu).expanduser())
+            read_conllu(syntax.conllu_path())
         elif syntax.spacy_model is not None:
             from ..analysis.parses import spacy_parses
 
@@ -79,7 +85,7 @@ class ReportStage(Stage):
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         """The joined tables, the head map, the syntax table and its parse cache, and the HTML report."""
         return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.head_layout,
-                layout.table("syntax"), layout.parses, layout.report)
+                layout.table("syntax"), layout.parses, layout.probes, layout.probes_summary, layout.report)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Blocks only for a store without ``map_stats.parquet`` (written by another tool): its statistics."""
@@ -117,6 +123,7 @@ class ReportStage(Stage):
                                for name, rec in ctx.records.items()}}
         with StepBars("report", progress=ctx.progress) as bars:
             syntax = _syntax(ctx, features, bars)
+            probes = _probes(ctx, features, bars)
             with bars.step("atlas tables"):
                 maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k,
                                                     min_stability=_min_stability(cfg), importance=importance,
@@ -126,18 +133,28 @@ class ReportStage(Stage):
             head_layout = compute_head_layout(open_attention_store(layout.attention),
                                               random_state=cfg.cluster.random_state, on_step=bars)
             atomic_write_parquet(head_layout, layout.head_layout)
+            with bars.step("interactive sample"):
+                from ..report.interactive import build_explorer
+
+                explorer = build_explorer(open_attention_store(layout.attention), features, maps,
+                                          predictions=predictions, random_state=cfg.cluster.random_state,
+                                          examples=pd.read_parquet(layout.examples) if layout.examples.exists()
+                                          else None)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
                 clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
-                head_layout=head_layout, syntax=syntax)
+                head_layout=head_layout, syntax=syntax, explorer=explorer, probes=probes)
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)
         record = {"report": str(path), "clusters": k}
         if syntax is not None:
             record["syntax"] = {key: syntax.attrs[key] for key in ("sentences", "unmatched", "features", "arcs")}
+        if probes is not None:
+            record["probe"] = {task: {k_: info[k_] for k_ in ("n", "folds", "top_k_accuracy", "last_layer_accuracy")}
+                               for task, info in probes.attrs["summary"]["tasks"].items()}
         return record
 
 
@@ -160,6 +177,12 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
         layout.remove(layout.table("syntax"))  # never a table of an earlier configuration
         ctx.note(SYNTAX_SKIPPED)
         return None
+    if cfg.syntax.conllu == BUNDLED_CONLLU and cfg.data.path is not None:
+        layout.remove(layout.table("syntax"))
+        ctx.note(f"syntax: skipped (syntax.conllu: {BUNDLED_CONLLU} parses sentences of the bundled sample only, and "
+                 f"data.path is {cfg.data.path}; set syntax.conllu to a CoNLL-U file of your contexts, or "
+                 f"syntax.spacy_model)")
+        return None
     if "offsets" not in features.columns:
         layout.remove(layout.table("syntax"))
         ctx.note(f"syntax: skipped ({layout.features.name} has no token offsets to align parses with: the store "
@@ -167,7 +190,7 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
         return None
     conllu, model = cfg.syntax.conllu, cfg.syntax.spacy_model
     with bars.step("syntax parses"):
-        parses = load_parses(layout, conllu=None if conllu is None else Path(conllu).expanduser(),
+        parses = load_parses(layout, conllu=cfg.syntax.conllu_path(),
                              spacy_model=None if conllu is not None else model)
     if cfg.syntax.max_features is not None:
         features = features.iloc[:cfg.syntax.max_features]
@@ -177,17 +200,70 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
         from ..analysis.parses import read_conllu
 
         found = int(parses["sentence"].nunique())
-        unmatched = len(read_conllu(Path(conllu).expanduser())) - found
+        unmatched = len(read_conllu(cfg.syntax.conllu_path())) - found
     else:
         found, unmatched = len(parses.drop_duplicates(["context_key", "sentence"])), 0
     table.attrs.update({
-        "source": f"gold CoNLL-U {Path(conllu).name}" if conllu is not None else f"spaCy {model}",
+        "source": f"gold CoNLL-U {cfg.syntax.conllu_path().name}" if conllu is not None else f"spaCy {model}",
         "sentences": found, "unmatched": unmatched, "features": len(features),
         "arcs": int(table.groupby("relation")["n"].max().sum())})
     ctx.note(f"syntax: {found} parsed sentence(s) found in the contexts"
              + (f" ({unmatched} of the file in none)" if unmatched else "")
              + f", {table.attrs['arcs']:,} arcs over {len(features):,} features -> {layout.table('syntax').name}")
     return table
+
+def _probe_on(cfg) -> bool:
+    probe = getattr(cfg, "probe", None)
+    return probe is not None and probe.enabled
+
+
+def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataFrame | None:
+    """The ``probe`` analysis (``probes.parquet``, ``probes_summary.json``), or ``None`` with one line saying why.
+
+    The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are probed;
+    the table's ``attrs["summary"]`` holds ``probes_summary.json``.
+    """
+    from ..analysis.probes import probe_labels, probe_table, read_head_outputs
+    from ..store import atomic_write_json
+
+    layout, cfg = ctx.layout, ctx.cfg
+    layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration
+    if not _probe_on(cfg):
+        ctx.note(PROBE_SKIPPED)
+        return None
+    if not layout.head_outputs.exists() or not layout.examples.exists():
+        ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "
+                 f"re-run extract with --force, or set probe.enabled=false)")
+        return None
+    examples = pd.read_parquet(layout.examples)
+    predictions = pd.read_parquet(layout.predictions) if "qa" in ctx.records and layout.predictions.exists() \
+        else None
+    tasks = (*cfg.probe.tasks, *cfg.probe.labels)
+    labels, skipped = probe_labels(examples, tasks=cfg.probe.tasks, labels=cfg.probe.labels, predictions=predictions)
+    per_example = features.groupby("example_id").size().reindex(examples["id"].astype(str)).fillna(0)
+    if cfg.probe.max_features is not None:
+        per_example = per_example[per_example.cumsum() <= cfg.probe.max_features]
+    chosen = features[features["example_id"].astype(str).isin(per_example.index)].sort_values("feature_id")
+    heads, last = read_head_outputs(layout.head_outputs, cfg.probe.pooling, chosen["feature_id"].to_numpy())
+    tasks = [t for t in tasks if t in labels.columns]
+    table, summary = probe_table(heads, last, labels, chosen["example_id"].to_numpy(), tasks=tasks,
+                                 pooling=cfg.probe.pooling, permutations=cfg.probe.permutations,
+                                 top_k=cfg.probe.top_k, seed=cfg.cluster.random_state,
+                                 on_head=lambda task, done, total: bars(f"probe {task}", done, total, "heads"))
+    summary["skipped"] = skipped + summary["skipped"]
+    summary["features"], summary["examples"] = len(chosen), len(per_example)
+    for line in summary["skipped"] + summary["notes"]:
+        ctx.note(line)
+    atomic_write_parquet(table, layout.probes)
+    atomic_write_json(layout.probes_summary, summary)
+    done = ", ".join(f"{t} {info['top_k_accuracy']:.2f} top-{info['top_k']} vs "
+                     + (f"{info['last_layer_accuracy']:.2f}" if info["last_layer_accuracy"] is not None else "-")
+                     + " last layer" for t, info in summary["tasks"].items())
+    ctx.note(f"probe: {len(summary['tasks'])} task(s) over {len(chosen):,} features ({cfg.probe.pooling})"
+             + (f": {done}" if done else "") + f" -> {layout.probes.name}")
+    table.attrs["summary"] = summary
+    return table
+
 
 def _min_stability(cfg) -> float:
     """``cluster.min_stability``, or the atlas' default where the configuration does not have that setting."""

@@ -73,6 +73,10 @@ def test_root_serves_the_report(server, run_dir):
     assert body == RunLayout(run_dir).report.read_bytes()
 
 
+def test_favicon_is_no_content_not_an_error(server):
+    assert get(server, "/favicon.ico")[::2] == (204, b"")  # a 404 shows as a console error in the browser
+
+
 def test_map_api_returns_the_full_length_map_of_the_store(server, run_dir):
     store = open_attention_store(RunLayout(run_dir).attention)
     features = read_features(run_dir)

@@ -165,7 +165,10 @@ def test_registered_text_is_escaped() -> None:
         REPORT_SECTIONS.pop(names[0], None)
         STATISTICS.pop(names[1], None)
         HEAD_ANALYSES.pop(names[2], None)
-    assert "<script" not in report.lower()
+    # the only scripts are the page's own (its JSON data escapes "<" as \u003c); the evil text never runs
+    assert re.findall(r"<script\b[^>]*>", report.lower()) == ['<script type="application/json" id="attnclust-data">',
+                                                             "<script>"]
+    assert "<script>alert(1)" not in report.lower()
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
     for text in (f"<h2>Evil {escaped}</h2>", f"<p>content {escaped}</p>", f"stat {escaped}", f"heads {escaped}",
                  f">Evil {escaped}</a>"):
@@ -222,8 +225,8 @@ def test_builtin_sections_come_from_the_registry_in_order() -> None:
     from attnclust.report import sections_in_order
 
     names = [s.name for s in sections_in_order()]
-    assert names == ["summary", "notes", "grid", "clusters", "umap", "stats", "head_analyses", "head_map", "importance",
-                     "syntax", "k", "qa", "settings"]
+    assert names == ["summary", "notes", "grid", "clusters", "umap", "question-view", "stats", "head_analyses",
+                     "head_map", "importance", "syntax", "probes", "k", "qa", "settings"]
     report = render_report(_inputs())
     nav = re.search(r"<nav>(.*?)</nav>", report).group(1)
     assert re.findall(r'href="#(\w+)"', nav) == ["grid", "clusters", "umap", "stats", "settings"]

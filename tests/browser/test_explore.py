@@ -1,0 +1,132 @@
+"""``attnclust explore`` as a real process: the report in Chromium over HTTP, the map API from the page, the
+loopback-only binding, and traversal attempts over raw HTTP. (Route-by-route checks of the server in-process are in
+tests/unit/test_explore.py.)"""
+
+from __future__ import annotations
+
+import http.client
+import ipaddress
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from browsing import read_table
+
+SECRET = "attnclust-browser-secret-9d27e1"
+
+
+@pytest.fixture(scope="module")
+def secret_link(demo_run):
+    """A secret file beside the run directory and a link inside the run pointing at it (removed afterwards)."""
+    secret = demo_run.parent / "secret.txt"
+    with open(secret, "x") as fh:  # never overwrites a file of the same name
+        fh.write(SECRET)
+    link = demo_run / "leak.txt"
+    link.symlink_to(secret)
+    try:
+        yield link
+    finally:
+        link.unlink()
+        secret.unlink()
+
+
+@pytest.fixture(scope="module")
+def server(demo_run, secret_link):
+    """``attnclust explore RUN --port 0`` in its own process group: ``(host, port)`` read from its first line."""
+    proc = subprocess.Popen([sys.executable, "-m", "attnclust.cli", "explore", str(demo_run), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        line = proc.stdout.readline()  # printed once the socket listens; EOF if the process died
+        found = re.search(r"at http://([\d.]+):(\d+)/", line)
+        if not found:
+            proc.kill()
+            pytest.fail(f"explore did not start: {line!r} {proc.stderr.read()[-2000:]}")
+        yield found.group(1), int(found.group(2))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def raw_get(host: str, port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.request("GET", path)  # the path goes out as written: no normalisation of ".." as browsers do
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_report_loads_over_http_without_errors(page, server):
+    host, port = server
+    origin = f"http://{host}:{port}"
+    page.goto(origin + "/", wait_until="load")
+    page.wait_for_load_state("networkidle")
+    assert page.title()
+    elsewhere = [u for u in page.watch.requests if not u.startswith((origin + "/", "data:", "blob:"))]
+    assert elsewhere == []
+    assert page.watch.errors == []
+
+
+def test_map_api_from_the_page_returns_the_longest_feature_whole(page, server, demo_run):
+    features = read_table(demo_run, "features")
+    f = int(features["seq_len"].idxmax())
+    row = features.loc[f]
+    host, port = server
+    page.goto(f"http://{host}:{port}/", wait_until="load")
+    data = page.evaluate("async (url) => { const r = await fetch(url); return {status: r.status, "
+                         "body: await r.json()}; }", f"/api/map?feature={int(row['feature_id'])}&layer=5&head=11")
+    assert data["status"] == 200
+    body = data["body"]
+    assert body["seq_len"] == row["seq_len"] == len(body["tokens"]) == len(body["weights"])
+    assert body["tokens"] == list(row["tokens"])
+    assert all(len(w) == row["seq_len"] for w in body["weights"])
+
+
+def other_addresses() -> list[str]:
+    """This machine's IPv4 addresses other than 127.0.0.1 (the host name's and those of ``ip -4 addr``)."""
+    found = set()
+    try:
+        found.add(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr"], check=False, capture_output=True, text=True,
+                             timeout=10).stdout
+        found.update(re.findall(r"inet (\d+\.\d+\.\d+\.\d+)", out))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return sorted(a for a in found if ipaddress.ip_address(a) != ipaddress.ip_address("127.0.0.1"))
+
+
+def test_server_is_not_reachable_on_other_addresses(server):
+    host, port = server
+    assert host == "127.0.0.1"
+    with socket.create_connection((host, port), timeout=10):
+        pass  # reachable where it should be
+    addresses = other_addresses()
+    if not addresses:
+        pytest.skip("this machine has no IPv4 address but 127.0.0.1 to try")
+    for address in addresses:
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=5).close()
+
+
+@pytest.mark.parametrize("path", ["/../secret.txt", "/%2e%2e/secret.txt", "/%2E%2E%2Fsecret.txt",
+                                  "/..%5csecret.txt", "/leak.txt", "/../run/report.html"])
+def test_traversal_attempts_are_refused(server, path):
+    status, body = raw_get(*server, path)
+    assert status in (403, 404), (status, body[:200])
+    assert SECRET.encode() not in body
