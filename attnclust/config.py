@@ -52,6 +52,7 @@ StoreMode = Literal["full", "compact"]
 Placement = Literal["knn", "umap"]
 ProbeTask = Literal["answerable", "qword", "correct"]
 ProbePooling = Literal["cls", "context_mean"]
+ProbeNull = Literal["pooled", "per_head"]
 BUNDLED_CONLLU = "bundled"
 """``syntax.conllu`` value naming the gold parses packaged with the bundled sample data."""
 
@@ -606,6 +607,9 @@ class ProbeConfig(_Model):
         compared with the last layer's [CLS] hidden state.
     permutations
         Label permutations (whole examples permuted) for each head's p-value.
+    null
+        ``pooled`` (every head's permuted accuracies form one null for the task: p down to 1/(1 + heads x
+        permutations)) or ``per_head`` (a head's own permutations only).
     max_features
         Probe the features of the first questions (whole questions, in file order) up to this many; ``None``: all.
     """
@@ -618,6 +622,7 @@ class ProbeConfig(_Model):
     pooling: ProbePooling = _choice("cls", ProbePooling)
     top_k: int = _int(8, 1)
     permutations: int = _int(20, 1, 10000)
+    null: ProbeNull = _choice("pooled", ProbeNull)
     max_features: int | None = _int(2000, 10, fix="or null to use every feature")
 
     @field_validator("labels")

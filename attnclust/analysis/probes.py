@@ -8,11 +8,11 @@ attention output projection), pooled per feature at [CLS] (``cls``) and over the
 The ``probe`` analysis fits, per (task, layer, head), an L2-regularised logistic regression (C = 1, on features
 standardised with the training folds' mean and deviation; several classes one-vs-rest, the highest decision value
 wins) on that head's pooled output and reports its cross-validated accuracy over features. Folds keep each
-example's features together (scikit-learn's ``StratifiedGroupKFold``: a ``GroupKFold`` by example that also balances
-the classes): 5 folds, or as many as the rarest class has examples. The baseline predicts the training folds'
-majority class. The p-value compares the accuracy with ``probe.permutations`` refits on labels permuted across
-whole examples, ``p = (1 + #{permuted >= observed}) / (1 + permutations)``; q-values are Benjamini-Hochberg over the
-heads of a task (:func:`attnclust.analysis.roles.bh_qvalues`).
+example's features together and balance the classes over examples (scikit-learn's ``StratifiedKFold`` on one label
+per example: then shuffling labels among the examples of a fold is an exact null): 5 folds, or as many as the rarest class has examples. The baseline predicts the training folds'
+majority class. The p-value compares the accuracy with ``probe.permutations`` refits per head on labels shuffled
+among whole examples within each fold (:func:`permuted_labels`), pooled over the heads of the task by default
+(:func:`permutation_p_values`); q-values are Benjamini-Hochberg over the heads of a task (:func:`attnclust.analysis.roles.bh_qvalues`).
 
 The fits are Newton steps (IRLS) batched over the permutations and classes of a head (:func:`fit_logistic`): the
 same optimum as ``sklearn.linear_model.LogisticRegression(C=1)`` (the tests compare them), at a cost that allows
@@ -295,7 +295,7 @@ def _fit_predict(x_train, codes_train, x_test, n_classes: int):
 
 
 def probe_fold_ids(codes: np.ndarray, groups: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, int]:
-    """Cross-validation folds that keep each example's features together.
+    """Cross-validation folds that keep each example's features together, stratified over examples.
 
     Parameters
     ----------
@@ -304,7 +304,7 @@ def probe_fold_ids(codes: np.ndarray, groups: np.ndarray, *, seed: int = 0) -> t
     groups : numpy.ndarray of int, shape (feature,)
         Example of each feature.
     seed
-        Shuffling seed of ``StratifiedGroupKFold``.
+        Shuffling seed of ``StratifiedKFold``.
 
     Returns
     -------
@@ -313,21 +313,84 @@ def probe_fold_ids(codes: np.ndarray, groups: np.ndarray, *, seed: int = 0) -> t
     n_folds : int
         ``min(5, examples of the rarest class)``; below 2 there are no folds (``fold`` is all -1).
     """
-    from sklearn.model_selection import StratifiedGroupKFold
+    from sklearn.model_selection import StratifiedKFold
 
-    per_example = pd.Series(codes).groupby(groups).first()
-    n_folds = int(min(MAX_FOLDS, per_example.value_counts().min())) if per_example.nunique() > 1 else 0
+    _, ex = np.unique(groups, return_inverse=True)
+    per_example = np.asarray(codes)[np.unique(ex, return_index=True)[1]]
+    counts = np.bincount(per_example)
+    n_folds = int(min(MAX_FOLDS, counts[counts > 0].min())) if (counts > 0).sum() > 1 else 0
     fold = np.full(len(codes), -1, dtype=np.int64)
     if n_folds < 2:
         return fold, n_folds
-    splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-    for f, (_, test) in enumerate(splitter.split(np.zeros(len(codes)), codes, groups)):
-        fold[test] = f
-    return fold, n_folds
+    ex_fold = np.empty(len(per_example), dtype=np.int64)
+    splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    for f, (_, test) in enumerate(splitter.split(np.zeros(len(per_example)), per_example)):
+        ex_fold[test] = f
+    return ex_fold[ex], n_folds
+
+
+def permuted_labels(codes: np.ndarray, groups: np.ndarray, fold: np.ndarray, permutations: int, *,
+                    seed: int = 0) -> np.ndarray:
+    """Label sets for the permutation null: whole examples' labels shuffled among the examples of the same fold.
+
+    Shuffling within folds keeps each fold's class counts, so a permuted fit sees the same stratified folds as the
+    real one. Shuffling across folds would unbalance them, which pushes a chance-level probe *below* the
+    majority baseline and makes the null too easy to beat.
+
+    Parameters
+    ----------
+    codes, groups, fold : numpy.ndarray of int, shape (feature,)
+        Class, example and fold of each feature (an example's features share all three).
+    permutations
+        Label sets to draw.
+    seed
+        Seed of the shuffles.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (permutation, feature)
+    """
+    rng = np.random.default_rng(seed)
+    _, ex = np.unique(groups, return_inverse=True)
+    first = np.unique(ex, return_index=True)[1]
+    ex_codes, ex_fold = codes[first], fold[first]
+    members = [np.flatnonzero(ex_fold == f) for f in np.unique(ex_fold)]
+    out = np.empty((permutations, len(codes)), dtype=np.asarray(codes).dtype)
+    for i in range(permutations):
+        shuffled = ex_codes.copy()
+        for m in members:
+            shuffled[m] = ex_codes[rng.permutation(m)]
+        out[i] = shuffled[ex]
+    return out
+
+
+def permutation_p_values(observed: np.ndarray, permuted: np.ndarray, *, null: str = "pooled") -> np.ndarray:
+    """One-sided permutation p-values of each head's score.
+
+    Parameters
+    ----------
+    observed : numpy.ndarray, shape (head,)
+        Each head's score on the true labels.
+    permuted : numpy.ndarray, shape (head, permutation)
+        Its scores on permuted labels.
+    null
+        ``per_head``: ``(1 + #{own permuted >= observed}) / (1 + permutations)``; ``pooled``: the same count over
+        every head's permuted scores, ``/ (1 + heads x permutations)``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (head,)
+    """
+    if null == "per_head":
+        return (1 + (permuted >= observed[:, None]).sum(axis=1)) / (1 + permuted.shape[1])
+    if null != "pooled":
+        raise ValueError(f"null={null!r}: expected 'pooled' or 'per_head'")
+    pool = np.sort(permuted.ravel())
+    return (1 + pool.size - np.searchsorted(pool, observed, side="left")) / (1 + pool.size)
 
 
 def probe_heads(heads: np.ndarray, codes: np.ndarray, groups: np.ndarray, *, permutations: int, top_k: int,
-                last: np.ndarray | None = None, seed: int = 0,
+                last: np.ndarray | None = None, seed: int = 0, null: str = "pooled",
                 on_head: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, dict]:
     """Cross-validated probe accuracy, majority baseline and permutation p-value of every head for one task.
 
@@ -343,6 +406,11 @@ def probe_heads(heads: np.ndarray, codes: np.ndarray, groups: np.ndarray, *, per
         Refits on permuted labels per head.
     top_k
         Heads concatenated for the top-k representation.
+    null
+        ``pooled``: a head's p-value counts the permuted accuracies of *every* head of the task at or above its
+        own, ``p = (1 + #) / (1 + heads x permutations)``: all heads share the labels, folds and output size, so
+        their null distributions are alike, and a few permutations per head reach p well below 1/72;
+        ``per_head``: only the head's own permutations, ``p >= 1 / (1 + permutations)``.
     last : numpy.ndarray, shape (feature, hidden), optional
         The last layer's [CLS] hidden state, probed by the same folds.
     seed
@@ -365,12 +433,12 @@ def probe_heads(heads: np.ndarray, codes: np.ndarray, groups: np.ndarray, *, per
     torch.set_num_threads(1)  # these small solves run several times faster on one thread than on contended ones
     try:
         return _probe_heads(heads, codes, groups, permutations=permutations, top_k=top_k, last=last, seed=seed,
-                            on_head=on_head)
+                            null=null, on_head=on_head)
     finally:
         torch.set_num_threads(threads)
 
 
-def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, on_head) -> tuple[pd.DataFrame, dict]:
+def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null, on_head) -> tuple[pd.DataFrame, dict]:
     import torch
 
     from .roles import bh_qvalues
@@ -387,10 +455,7 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, on_he
         summary["skipped"] = (f"the rarest class has {rarest} example(s); two folds need at least 2 per class"
                               if n_classes > 1 else "one class only")
         return pd.DataFrame(columns=["layer", "head", "accuracy", "baseline", "p", "q", "n"]), summary
-    rng = np.random.default_rng(seed)
-    _, ex = np.unique(groups, return_inverse=True)
-    ex_codes = pd.Series(codes).groupby(ex).first().to_numpy()
-    label_sets = np.stack([codes] + [rng.permutation(ex_codes)[ex] for _ in range(permutations)])
+    label_sets = np.concatenate([codes[None], permuted_labels(codes, groups, fold, permutations, seed=seed)])
     label_sets_t = torch.from_numpy(label_sets)
     x_all = torch.from_numpy(np.ascontiguousarray(heads, dtype=np.float64)).reshape(n, n_layers * n_heads, -1)
     correct = np.zeros((n_layers * n_heads, permutations + 1))
@@ -408,7 +473,7 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, on_he
         if on_head is not None:
             on_head(h + 1, n_layers * n_heads)
     accuracy = correct[:, 0] / n
-    p = (1 + (correct[:, 1:] >= correct[:, :1]).sum(axis=1)) / (1 + permutations)
+    p = permutation_p_values(correct[:, 0], correct[:, 1:], null=null)
     table = pd.DataFrame({
         "layer": np.repeat(np.arange(n_layers), n_heads).astype(np.int16),
         "head": np.tile(np.arange(n_heads), n_layers).astype(np.int16),
@@ -435,7 +500,7 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, on_he
 
 def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame, example_ids: np.ndarray, *,
                 tasks: Sequence[str], pooling: str, permutations: int, top_k: int, seed: int = 0,
-                on_head: Callable[[str, int, int], None] | None = None) -> tuple[pd.DataFrame, dict]:
+                null: str = "pooled", on_head: Callable[[str, int, int], None] | None = None) -> tuple[pd.DataFrame, dict]:
     """The ``probe`` analysis over every task: ``probes.parquet``'s rows and ``probes_summary.json``.
 
     Parameters
@@ -450,7 +515,7 @@ def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame
         Each feature's example.
     tasks
         Columns of ``labels`` to probe, in order.
-    pooling, permutations, top_k, seed
+    pooling, permutations, top_k, seed, null
         As in the ``probe`` settings (``pooling`` is recorded in the table).
     on_head
         ``on_head(task, done, total)`` after each head.
@@ -479,7 +544,7 @@ def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame
             continue
         _, groups = np.unique(example_ids[keep], return_inverse=True)
         table, info = probe_heads(heads[keep], codes, groups, permutations=permutations, top_k=top_k,
-                                  last=None if last is None else last[keep], seed=seed,
+                                  last=None if last is None else last[keep], seed=seed, null=null,
                                   on_head=None if on_head is None else lambda d, t, task=task: on_head(task, d, t))
         if "skipped" in info:
             summary["skipped"].append(f"probe {task}: skipped ({info['skipped']})")

@@ -65,6 +65,7 @@ def probes_section(inputs: ReportInputs) -> dict[str, Any] | None:
                                                                unit=PERCENT_UNIT, annotate=annotate))}})
     if not tasks and not summary.get("skipped"):
         return None
-    return {"tasks": tasks, "skipped": summary.get("skipped", []) + summary.get("notes", []), "pooling": summary.get("pooling", "cls"),
-            "permutations": summary.get("permutations"), "selection": next(
+    return {"tasks": tasks, "skipped": summary.get("skipped", []) + summary.get("notes", []),
+            "pooling": summary.get("pooling", "cls"), "permutations": summary.get("permutations"),
+            "pooled": summary.get("null", "per_head") == "pooled", "selection": next(
                 (info.get("selection") for info in (summary.get("tasks") or {}).values()), "")}

@@ -30,7 +30,7 @@ SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
 SYNTAX_SKIPPED = "syntax: skipped (set syntax.conllu to a CoNLL-U file of gold parses, or syntax.spacy_model)"
 """The line printed when the ``syntax`` analysis is off."""
 PROBE_KEYS = ("probe.enabled", "probe.tasks", "probe.labels", "probe.pooling", "probe.top_k", "probe.permutations",
-              "probe.max_features")
+              "probe.null", "probe.max_features")
 """Settings of the ``probe`` analysis; part of the report's fingerprint when the analysis is on."""
 PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
 """The line printed when the ``probe`` analysis is off."""
@@ -248,6 +248,7 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
     tasks = [t for t in tasks if t in labels.columns]
     table, summary = probe_table(heads, last, labels, chosen["example_id"].to_numpy(), tasks=tasks,
                                  pooling=cfg.probe.pooling, permutations=cfg.probe.permutations,
+                                 null=cfg.probe.null,
                                  top_k=cfg.probe.top_k, seed=cfg.cluster.random_state,
                                  on_head=lambda task, done, total: bars(f"probe {task}", done, total, "heads"))
     summary["skipped"] = skipped + summary["skipped"]

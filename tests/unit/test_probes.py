@@ -7,6 +7,7 @@ import pytest
 from attnclust.analysis.probes import (
     fit_logistic,
     probe_fold_ids,
+    permuted_labels,
     probe_heads,
     probe_labels,
     probe_table,
@@ -40,6 +41,21 @@ def test_planted_head_is_found_and_noise_heads_are_not():
     assert all("L1H2" in chosen for chosen in summary["top_k_heads"])
 
 
+def test_a_pooled_null_reaches_q_below_005_with_few_permutations():
+    """Four of 24 heads carry the label: 9 permutations per head give p >= 1/10 on their own, so no head passes;
+    pooled over the 216 permuted fits, each carrier's p is 1/217 and its BH q 24/(4 x 217) = 0.028."""
+    rng = np.random.default_rng(5)
+    x, codes, groups = planted(rng, layers=4, heads=6, carrier=(0, 0))
+    carriers = [(0, 0), (1, 3), (2, 5), (3, 1)]
+    for layer, head in carriers[1:]:
+        x[:, layer, head, :2] += 3.0 * np.eye(2)[codes]
+    own, _ = probe_heads(x, codes, groups, permutations=9, top_k=2, null="per_head")
+    assert own["p"].min() == pytest.approx(0.1) and own["q"].min() > 0.05
+    pooled, _ = probe_heads(x, codes, groups, permutations=9, top_k=2)
+    hit = pooled.set_index(["layer", "head"])["q"] < 0.05
+    assert sorted(hit[hit].index) == sorted(carriers)
+
+
 def test_three_classes_one_vs_rest():
     rng = np.random.default_rng(1)
     x, codes, groups = planted(rng, n_examples=90, n_classes=3, carrier=(0, 1))
@@ -63,22 +79,36 @@ def test_folds_never_split_an_example_and_shrink_for_a_rare_class():
     assert table.empty and "1 example" in summary["skipped"]
 
 
-def test_permutation_p_value_matches_a_brute_force_loop():
-    """Refit with scikit-learn on the same folds and the same permuted labels, count, and compare."""
+def test_permuted_labels_move_whole_examples_within_their_fold():
+    rng = np.random.default_rng(6)
+    _, codes, groups = planted(rng, n_examples=40)
+    fold, _ = probe_fold_ids(codes, groups)
+    sets = permuted_labels(codes, groups, fold, 50, seed=1)
+    assert sets.shape == (50, len(codes)) and not (sets == codes).all(axis=1).any()
+    first = np.unique(groups, return_index=True)[1]  # one feature per example
+    for labels in sets:
+        assert (pd.Series(labels).groupby(groups).nunique() == 1).all()  # an example keeps one label
+        for f in np.unique(fold):  # each fold keeps its class counts over examples
+            assert np.array_equal(np.bincount(labels[first][fold[first] == f], minlength=2),
+                                  np.bincount(codes[first][fold[first] == f], minlength=2))
+
+
+def test_permutation_p_values_match_a_brute_force_loop():
+    """Refit with scikit-learn on the same folds and the same permuted labels, count, and compare: per head (its
+    own permutations) and pooled (every head's permutations)."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     rng = np.random.default_rng(3)
     x, codes, groups = planted(rng, n_examples=30, shift=0.8, layers=1, heads=2, dim=3, carrier=(0, 0))
     permutations, seed = 9, 7
-    table, _ = probe_heads(x, codes, groups, permutations=permutations, top_k=1, seed=seed)
+    per_head, _ = probe_heads(x, codes, groups, permutations=permutations, top_k=1, seed=seed, null="per_head")
+    pooled, _ = probe_heads(x, codes, groups, permutations=permutations, top_k=1, seed=seed)
     fold, n_folds = probe_fold_ids(codes, groups, seed=seed)
-    perm_rng = np.random.default_rng(seed)
-    _, ex = np.unique(groups, return_inverse=True)
-    ex_codes = pd.Series(codes).groupby(ex).first().to_numpy()
-    label_sets = [codes] + [perm_rng.permutation(ex_codes)[ex] for _ in range(permutations)]
+    label_sets = [codes, *permuted_labels(codes, groups, fold, permutations, seed=seed)]
+    accuracies = []
     for h in range(2):
-        accuracies = []
+        accuracies.append([])
         for y in label_sets:
             hits = 0
             for f in range(n_folds):
@@ -86,10 +116,13 @@ def test_permutation_p_value_matches_a_brute_force_loop():
                 scaler = StandardScaler().fit(x[tr, 0, h])
                 model = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(scaler.transform(x[tr, 0, h]), y[tr])
                 hits += int((model.predict(scaler.transform(x[te, 0, h])) == y[te]).sum())
-            accuracies.append(hits / len(y))
-        p = (1 + sum(a >= accuracies[0] for a in accuracies[1:])) / (1 + permutations)
-        assert table["accuracy"].iloc[h] == pytest.approx(accuracies[0])
-        assert table["p"].iloc[h] == pytest.approx(p)
+            accuracies[h].append(hits / len(y))
+    for h in range(2):
+        own = (1 + sum(a >= accuracies[h][0] for a in accuracies[h][1:])) / (1 + permutations)
+        every = (1 + sum(a >= accuracies[h][0] for acc in accuracies for a in acc[1:])) / (1 + 2 * permutations)
+        assert per_head["accuracy"].iloc[h] == pooled["accuracy"].iloc[h] == pytest.approx(accuracies[h][0])
+        assert per_head["p"].iloc[h] == pytest.approx(own)
+        assert pooled["p"].iloc[h] == pytest.approx(every)
 
 
 def test_fit_logistic_reaches_scikit_learns_optimum():
