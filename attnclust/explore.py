@@ -8,9 +8,13 @@ Routes (GET and HEAD only)::
     /api/heads            heads.parquet as a JSON list of records (NaN -> null)
     /api/search?q=TEXT    questions whose text contains TEXT (case-insensitive) or whose id starts with it,
                           with their features; ``limit`` (default 20, at most 200)
+    /api/features?sort=longest|id[&limit=N]
+                          features (no maps) with their example id, question, span and seq_len, the longest first
+                          (``longest``, ties by id) or by id; ``limit`` as for search (the page's "longest" button)
     /api/map?feature=F&layer=L&head=H[&format=json|png]
-                          one map at its full true length, read from attention.zarr, with its tokens; JSON weights
-                          are rounded to :data:`MAP_DECIMALS` decimals; ``format=png`` draws it with matplotlib
+                          one map at its full true length, read from attention.zarr, with its tokens and the gold
+                          answer's token span (``answer``, or null); JSON weights are rounded to
+                          :data:`MAP_DECIMALS` decimals; ``format=png`` draws it with matplotlib
 
 What it refuses: every path that is not one of those routes (404), any path holding ``..`` or ``.`` segments,
 backslashes, NUL or encoded slashes, before or after percent-decoding (403), and any file that is, or lies under,
@@ -47,6 +51,8 @@ MAP_DECIMALS = 5
 SEARCH_LIMIT = 20
 """Results of ``/api/search`` unless ``limit`` asks for another number (at most :data:`SEARCH_MAX`)."""
 SEARCH_MAX = 200
+FEATURE_SORTS = ("longest", "id")
+"""Orders ``/api/features`` accepts in ``sort``."""
 _EXPORT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -223,6 +229,35 @@ class ExploreApp:
                                          for f, s, n in zip(rows["feature_id"], rows["span"], rows["seq_len"])]})
         return {"q": q, "total": len(hit), "results": results}
 
+    def questions(self) -> dict[str, str]:
+        """Question text by example id (``""`` where ``examples.parquet`` has none)."""
+        table = self._search_table()
+        return dict(zip(table["example_id"], table["question"]))
+
+    def feature_list(self, sort: str = "longest", limit: int = SEARCH_LIMIT) -> dict:
+        """Features without their maps, the longest first (ties by id) or by id.
+
+        Parameters
+        ----------
+        sort : {"longest", "id"}
+        limit : int
+            At most this many results.
+
+        Returns
+        -------
+        dict
+            ``{"sort", "total", "results": [{"feature_id", "example_id", "question", "span", "seq_len"}]}``.
+        """
+        features = self.features.reset_index(drop=True)
+        order = (features.sort_values(["seq_len", "feature_id"], ascending=[False, True]) if sort == "longest"
+                 else features.sort_values("feature_id"))
+        questions = self.questions()
+        results = [{"feature_id": int(f), "example_id": str(e), "question": questions.get(str(e), ""),
+                    "span": int(s), "seq_len": int(n)}
+                   for f, e, s, n in zip(order["feature_id"][:limit], order["example_id"][:limit],
+                                         order["span"][:limit], order["seq_len"][:limit])]
+        return {"sort": sort, "total": len(features), "results": results}
+
     def map_index(self, feature: str | None, layer: str | None, head: str | None) -> tuple[int, int, int]:
         """Check the query's ``feature``, ``layer`` and ``head`` against the store.
 
@@ -259,13 +294,18 @@ class ExploreApp:
 
     def map_json(self, feature: int, layer: int, head: int) -> dict:
         """``/api/map`` as JSON: ``feature``, ``layer``, ``head``, ``example_id``, ``seq_len``, ``tokens``,
-        ``segment_ids`` and ``weights`` (query rows of key weights, rounded to :data:`MAP_DECIMALS`)."""
+        ``segment_ids``, ``question``, ``answer`` (the gold answer's inclusive token span ``[start, end]``, or
+        ``null`` when it is not in this feature or the run has no answer positions) and ``weights`` (query rows of
+        key weights, rounded to :data:`MAP_DECIMALS`)."""
         import numpy as np
 
         weights, tokens = self.read_map(feature, layer, head)
         row = self.features.loc[feature]
+        a, b = int(row.get("answer_start_token", -1)), int(row.get("answer_end_token", -1))
         return {"feature": feature, "layer": layer, "head": head, "example_id": str(row["example_id"]),
                 "seq_len": len(tokens), "tokens": tokens, "segment_ids": [int(s) for s in row["segment_ids"]],
+                "question": self.questions().get(str(row["example_id"]), ""),
+                "answer": [a, b] if 0 <= a <= b < len(tokens) else None,
                 "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist()}
 
     def map_png(self, feature: int, layer: int, head: int) -> bytes:
@@ -349,6 +389,14 @@ def _check_path(raw: str) -> str:
     return unquote(path)
 
 
+def _limit(value: str | None) -> int:
+    """The ``limit`` query parameter (default :data:`SEARCH_LIMIT`), or :class:`Refused` (400)."""
+    limit = value or str(SEARCH_LIMIT)
+    if not re.fullmatch(r"\d{1,4}", limit) or not 1 <= int(limit) <= SEARCH_MAX:
+        raise Refused(HTTPStatus.BAD_REQUEST, f"limit={limit!r}: expected an integer in 1..{SEARCH_MAX}")
+    return int(limit)
+
+
 def _host_name(header: str) -> str:
     """The host of a ``Host`` header without its port (``[::1]:8000`` -> ``[::1]``)."""
     header = header.strip()
@@ -403,10 +451,14 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/api/heads":
                 self._send(HTTPStatus.OK, app.heads_json(), "application/json")
             elif path == "/api/search":
-                limit = arg("limit") or str(SEARCH_LIMIT)
-                if not limit.isdigit() or not 1 <= int(limit) <= SEARCH_MAX:
-                    raise Refused(HTTPStatus.BAD_REQUEST, f"limit={limit!r}: expected an integer in 1..{SEARCH_MAX}")
-                self._send(HTTPStatus.OK, _json_bytes(app.search(arg("q") or "", int(limit))), "application/json")
+                limit = _limit(arg("limit"))
+                self._send(HTTPStatus.OK, _json_bytes(app.search(arg("q") or "", limit)), "application/json")
+            elif path == "/api/features":
+                sort = arg("sort") or "longest"
+                if sort not in FEATURE_SORTS:
+                    raise Refused(HTTPStatus.BAD_REQUEST, f"sort={sort!r}: expected one of {', '.join(FEATURE_SORTS)}")
+                self._send(HTTPStatus.OK, _json_bytes(app.feature_list(sort, _limit(arg("limit")))),
+                           "application/json")
             elif path == "/api/map":
                 fmt = arg("format") or "json"
                 if fmt not in ("json", "png"):

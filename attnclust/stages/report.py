@@ -18,6 +18,7 @@ import pandas as pd
 from ..analysis.atlas import stats_block
 from ..analysis.heads import analysis_versions
 from ..config import BUNDLED_CONLLU
+from ..errors import DataError
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
@@ -190,8 +191,16 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
         return None
     conllu, model = cfg.syntax.conllu, cfg.syntax.spacy_model
     with bars.step("syntax parses"):
-        parses = load_parses(layout, conllu=cfg.syntax.conllu_path(),
-                             spacy_model=None if conllu is not None else model)
+        try:
+            parses = load_parses(layout, conllu=cfg.syntax.conllu_path(),
+                                 spacy_model=None if conllu is not None else model)
+        except DataError:
+            if conllu != BUNDLED_CONLLU:
+                raise
+            layout.remove(layout.table("syntax"))  # the bundled parses fit only some of the sample's contexts
+            ctx.note(f"syntax: skipped (none of the sentences of syntax.conllu: {BUNDLED_CONLLU} is in this run's "
+                     f"contexts; with data.max_examples, keep more of the bundled sample)")
+            return None
     if cfg.syntax.max_features is not None:
         features = features.iloc[:cfg.syntax.max_features]
     table = syntax_table(layout, parses, features, progress=lambda done, total: bars("syntax heads", done, total,

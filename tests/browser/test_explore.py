@@ -130,3 +130,39 @@ def test_traversal_attempts_are_refused(server, path):
     status, body = raw_get(*server, path)
     assert status in (403, 404), (status, body[:200])
     assert SECRET.encode() not in body
+
+
+def test_head_panel_loads_the_longest_feature_at_full_length(page, server, demo_run):
+    features = read_table(demo_run, "features")
+    longest = features.loc[features["seq_len"].idxmax()]
+    n = int(longest["seq_len"])
+    assert n == len(longest["tokens"]) == 384  # the demo's longest question fills the model's width
+    host, port = server
+    page.set_viewport_size({"width": 420, "height": 800})
+    page.goto(f"http://{host}:{port}/", wait_until="load")
+    page.locator("#grid [data-layer='2'][data-head='7']").first.click()
+    assert page.locator("#head-panel-title").inner_text().startswith("L2H7")
+    page.locator("#panel-longest").click()
+    view = page.locator(".hp-any .map-view")
+    view.wait_for()
+    assert f"Feature {int(longest['feature_id'])} " in view.locator("figcaption").inner_text()
+    labels = view.locator(".tok").all_text_contents()
+    assert len(labels) == n and labels == [str(t) for t in longest["tokens"]]
+    a, b = int(longest.get("answer_start_token", -1)), int(longest.get("answer_end_token", -1))
+    assert view.locator(".tok.answer").count() == (b - a + 1 if 0 <= a <= b else 0)
+    box = view.locator(".mv-box")
+    widths = box.evaluate("b => [b.scrollWidth, b.clientWidth]")
+    assert widths[0] > widths[1]  # the 384-token map scrolls inside its own box ...
+    assert page.evaluate("document.documentElement.scrollWidth") <= 420  # ... and does not widen the page
+    page.locator("#panel-search").fill(str(longest["example_id"]))
+    page.locator(f"#panel-results .hp-feature[data-feature='{int(longest['feature_id'])}']").first.wait_for()
+    assert page.watch.errors == []
+
+
+def test_file_page_has_no_server_controls_and_makes_no_request(page, demo_run):
+    page.goto((demo_run / "report.html").as_uri(), wait_until="load")
+    page.locator("#grid [data-layer][data-head]").first.click()
+    assert page.locator("#panel-longest").count() == 0 and page.locator("#panel-search").count() == 0
+    assert "attnclust explore DIR" in page.locator(".hp-any").inner_text()
+    assert [u for u in page.watch.requests if not u.startswith(("file:", "data:", "blob:"))] == []
+    assert page.watch.errors == []

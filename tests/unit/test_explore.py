@@ -153,3 +153,43 @@ def test_a_directory_that_is_not_a_finished_run_is_refused(tmp_path, capsys):
 def test_a_link_to_a_file_outside_is_refused_as_a_link(server):
     status, _, body = get(server, "/exports/leak.png")
     assert status == 403 and "symbolic link" in json.loads(body)["error"]
+
+
+def test_features_api_lists_the_longest_feature_first(server, run_dir):
+    features = read_features(run_dir)
+    status, ctype, body = get(server, "/api/features?sort=longest&limit=3")
+    data = json.loads(body)
+    assert status == 200 and ctype == "application/json" and data["total"] == len(features)
+    lengths = [len(t) for t in features["tokens"]]  # counted from the tokens, not the seq_len column
+    longest = max(range(len(features)), key=lambda i: (lengths[i], -int(features["feature_id"].iloc[i])))
+    first = data["results"][0]
+    assert len(data["results"]) == 3
+    assert first["feature_id"] == int(features["feature_id"].iloc[longest]) and first["seq_len"] == max(lengths)
+    assert [r["seq_len"] for r in data["results"]] == sorted((r["seq_len"] for r in data["results"]), reverse=True)
+    example = str(features["example_id"].iloc[longest])
+    expected_question = QUESTION if example == str(features["example_id"].unique()[3]) else \
+        f"Question number {list(map(str, features['example_id'].unique())).index(example)}?"
+    assert first["example_id"] == example and first["question"] == expected_question
+    status, _, body = get(server, "/api/features?sort=id&limit=200")
+    assert status == 200 and [r["feature_id"] for r in json.loads(body)["results"]] == \
+        sorted(int(f) for f in features["feature_id"])[:200]
+
+
+def test_map_api_gives_the_question_and_the_answer_span(server, run_dir):
+    features = read_features(run_dir)
+    status, _, body = get(server, "/api/map?feature=0&layer=0&head=0")
+    data = json.loads(body)
+    assert status == 200 and {"feature", "layer", "head", "example_id", "seq_len", "tokens", "segment_ids",
+                              "weights", "question", "answer"} <= set(data)
+    row = features.set_index("feature_id").loc[0]
+    a, b = (int(row["answer_start_token"]), int(row["answer_end_token"])) if "answer_start_token" in row else (-1, -1)
+    assert data["answer"] == ([a, b] if a >= 0 else None)
+    assert data["question"].startswith(("Question number", QUESTION))
+
+
+@pytest.mark.parametrize("query, match", [("sort=shortest", "sort"), ("limit=0", "limit"), ("limit=201", "limit"),
+                                          ("sort=longest&limit=x", "limit"), ("limit=-1", "limit")])
+def test_bad_features_parameters_are_400_with_one_line(server, query, match):
+    status, ctype, body = get(server, "/api/features?" + query)
+    assert status == 400 and ctype == "application/json"
+    assert body.count(b"\n") == 1 and match in json.loads(body)["error"]

@@ -80,6 +80,15 @@ def test_bundled_parses_with_another_data_file_are_skipped_with_one_line(planted
     assert not layout.table("syntax").exists()
 
 
+def test_bundled_parses_matching_no_context_are_skipped_with_one_line(planted_syntax, capsys):  # noqa: F811
+    layout = planted_syntax[0]  # planted contexts: none of the bundled sample's sentences
+    _run(layout, "syntax.conllu=bundled", progress=True)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("syntax: skipped")]
+    assert lines == ["syntax: skipped (none of the sentences of syntax.conllu: bundled is in this run's contexts; "
+                     "with data.max_examples, keep more of the bundled sample)"]
+    assert not layout.table("syntax").exists()
+
+
 def test_a_malformed_conllu_is_refused_in_one_line_before_any_work(planted_syntax, tmp_path, capsys):  # noqa: F811
     layout = planted_syntax[0]
     bad = tmp_path / "bad.conllu"

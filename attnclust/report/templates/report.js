@@ -1,11 +1,15 @@
 /* attnclust report: the grid's head panel, the UMAP explorer, the per-question view and the cluster cards' links.
    Data: the JSON in #attnclust-data (attnclust/report/interactive.py). Maps are uint8 (weight * 255), zlib-deflated
-   and base64-encoded; DecompressionStream("deflate") inflates them. No request leaves the page. */
+   and base64-encoded; DecompressionStream("deflate") inflates them. No request leaves the page. Served by
+   `attnclust explore DIR` (http/https only: on file:// no request is made at all), the head panel also loads any
+   map at full length from the server's /api/search, /api/features and /api/map. */
 (function () {
   "use strict";
   var DATA = null, EXP = null, HEADS = {}, inflated = {}, thumbs = null;
   var CELL_SIZES = [4, 7, 10, 14, 20], DEFAULT_CELL = 3, LABEL_W = 84, LABEL_H = 64;
   var lastFocus = null;
+  var API = null; /* null: no server; else a promise of the longest feature ({feature_id, seq_len, ...}) */
+  var SERVED = location.protocol === "http:" || location.protocol === "https:";
 
   function el(tag, attrs, text) {
     var node = document.createElement(tag);
@@ -182,6 +186,7 @@
       facts.appendChild(shares);
       body.appendChild(facts);
     }
+    body.appendChild(anyMapControls(layer, head));
     if (point !== undefined && EXP && EXP.umap) {
       var U = EXP.umap, qi = U.question[point], exid = U.example_ids[U.example[point]];
       var sel = el("div", { "class": "hp-selected" });
@@ -207,6 +212,91 @@
     }
     panel.hidden = false;
     document.getElementById("head-panel-close").focus();
+  }
+
+  /* ---------------------------------------------------------------- any map from the explore server */
+  function getJson(url) {
+    return fetch(url, { headers: { Accept: "application/json" } }).then(function (r) {
+      return r.json().then(function (body) {
+        if (!r.ok) { throw new Error(body && body.error ? body.error : "HTTP " + r.status); }
+        return body;
+      });
+    });
+  }
+
+  /* The map of one feature for (layer, head) from /api/map, drawn by mapView (weights scaled to 0..255 as the
+     embedded maps are). */
+  function apiMapInto(container, feature, layer, head) {
+    var token = (container.loadToken = (container.loadToken || 0) + 1);
+    container.textContent = "";
+    var slot = placeholder("Loading feature " + feature + " (L" + layer + "H" + head + ")…");
+    container.appendChild(slot);
+    return getJson("/api/map?feature=" + feature + "&layer=" + layer + "&head=" + head).then(function (m) {
+      if (token !== container.loadToken) { return; }
+      var n = m.seq_len, values = new Uint8Array(n * n);
+      for (var r = 0; r < n; r++) {
+        for (var c = 0; c < n; c++) {
+          values[r * n + c] = Math.max(0, Math.min(255, Math.round(m.weights[r][c] * 255)));
+        }
+      }
+      var q = { n: n, tokens: m.tokens, answer: m.answer, pred: null };
+      container.replaceChild(mapView(q, values, "Feature " + m.feature + " (example " + m.example_id + "), L" +
+        layer + "H" + head + (m.question ? " on “" + m.question + "”" : "") + " (" + n + " tokens)"), slot);
+    }, function (err) {
+      if (token === container.loadToken) { slot.textContent = "The map could not be loaded: " + err.message; }
+    });
+  }
+
+  /* The head panel's "any question" block: a search over /api/search and a "longest feature" button. */
+  function anyMapControls(layer, head) {
+    var box = el("div", { "class": "hp-any" });
+    box.appendChild(el("h4", {}, "Any question"));
+    if (!API) {
+      box.appendChild(el("p", { "class": "muted" }, "Run `attnclust explore DIR` to load any map."));
+      return box;
+    }
+    var bar = el("div", { "class": "hp-any-bar" });
+    var label = el("label", { "for": "panel-search" }, "Question text or id ");
+    var input = el("input", { type: "search", id: "panel-search", autocomplete: "off",
+      "aria-controls": "panel-results" });
+    var longest = el("button", { type: "button", id: "panel-longest" }, "Longest feature");
+    label.appendChild(input);
+    bar.appendChild(label); bar.appendChild(longest);
+    var results = el("ul", { id: "panel-results", "class": "hp-results", "aria-live": "polite" });
+    var view = el("div", { "class": "hp-any-map" });
+    box.appendChild(bar); box.appendChild(results); box.appendChild(view);
+    var timer = null, asked = 0;
+    function search() {
+      var mine = ++asked;
+      getJson("/api/search?limit=10&q=" + encodeURIComponent(input.value)).then(function (body) {
+        if (mine !== asked) { return; }
+        results.textContent = "";
+        if (!body.results.length) { results.appendChild(el("li", { "class": "muted" }, "No question matches.")); }
+        body.results.forEach(function (r) {
+          var li = el("li", {}, (r.question || "(no question text)") + " [" + r.example_id + "] ");
+          r.features.forEach(function (f) {
+            var b = el("button", { type: "button", "class": "hp-feature", "data-feature": f.feature_id },
+              "feature " + f.feature_id + " (" + f.seq_len + " tokens)");
+            b.addEventListener("click", function () { apiMapInto(view, f.feature_id, layer, head); });
+            li.appendChild(b);
+          });
+          results.appendChild(li);
+        });
+        if (body.total > body.results.length) {
+          results.appendChild(el("li", { "class": "muted" }, (body.total - body.results.length) +
+            " more: refine the search."));
+        }
+      }, function (err) { if (mine === asked) { results.textContent = "Search failed: " + err.message; } });
+    }
+    input.addEventListener("input", function () { clearTimeout(timer); timer = setTimeout(search, 250); });
+    input.addEventListener("keydown", function (ev) {
+      if (ev.key === "Enter") { ev.preventDefault(); clearTimeout(timer); search(); }
+    });
+    longest.addEventListener("click", function () {
+      API.then(function (f) { return apiMapInto(view, f.feature_id, layer, head); },
+        function (err) { view.textContent = "The longest feature could not be found: " + err.message; });
+    });
+    return box;
   }
 
   function closeHead() {
@@ -347,6 +437,13 @@
     DATA = JSON.parse(node.textContent);
     EXP = DATA.explorer;
     DATA.heads.forEach(function (h) { HEADS[h.layer + "," + h.head] = h; });
+    if (SERVED) {
+      API = getJson("/api/features?sort=longest&limit=1").then(function (body) {
+        if (!body.results || !body.results.length) { throw new Error("the run has no features"); }
+        return body.results[0];
+      });
+      API.catch(function () { API = null; });  /* not served by `attnclust explore`: the panel shows the hint */
+    }
     setupGrid();
     setupUmap();
     setupQuestions();
