@@ -221,6 +221,15 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
              + f", {table.attrs['arcs']:,} arcs over {len(features):,} features -> {layout.table('syntax').name}")
     return table
 
+
+def _qa_head_trained(layout: RunLayout) -> bool:
+    """Whether ``qa_scores.json`` says the model's QA head was trained (missing or unreadable: assumed so)."""
+    try:
+        return bool(json.loads(layout.qa_scores.read_text()).get("head_trained", True))
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
 def _probe_on(cfg) -> bool:
     probe = getattr(cfg, "probe", None)
     return probe is not None and probe.enabled
@@ -247,8 +256,14 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
     examples = pd.read_parquet(layout.examples)
     predictions = pd.read_parquet(layout.predictions) if "qa" in ctx.records and layout.predictions.exists() \
         else None
-    tasks = (*cfg.probe.tasks, *cfg.probe.labels)
-    labels, skipped = probe_labels(examples, tasks=cfg.probe.tasks, labels=cfg.probe.labels, predictions=predictions)
+    builtin, untrained = cfg.probe.tasks, []
+    if "correct" in builtin and predictions is not None and not _qa_head_trained(layout):
+        builtin = tuple(t for t in builtin if t != "correct")
+        untrained = ["probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
+                     "it or use a SQuAD 2.0 checkpoint)"]
+    tasks = (*builtin, *cfg.probe.labels)
+    labels, skipped = probe_labels(examples, tasks=builtin, labels=cfg.probe.labels, predictions=predictions)
+    skipped = untrained + skipped
     per_example = features.groupby("example_id").size().reindex(examples["id"].astype(str)).fillna(0)
     if cfg.probe.max_features is not None:
         per_example = per_example[per_example.cumsum() <= cfg.probe.max_features]

@@ -24,6 +24,7 @@ def test_demo_job_on_packaged_minilm(tmp_path):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"report: .*report\.html", r.stdout)
+    assert "probe correct: skipped (the model's QA head is untrained" in r.stdout  # the packaged MiniLM's is
     heads = pd.read_parquet(out / "heads.parquet")
     assert len(heads) == 6 * 12
     maps = pd.read_parquet(out / "maps.parquet")
