@@ -223,14 +223,14 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
 
     The forward of batch ``i + 1`` runs while one worker thread converts batch ``i``'s maps (float16/uint8, or
     the compact rows and profile vectors of ``extract.store: compact``), computes their statistics and fills the
-    shard (``extract.overlap``); a batch's maps are cropped and cast in torch straight into the shard.
+    shard (``extract.overlap``; by default only when ``device`` is a GPU); a batch's maps are cropped and cast in torch straight into the shard.
 
     Returns
     -------
     dict
         ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes and
-        ``convert_seconds`` spent converting and filling (overlapped with the forwards unless
-        ``extract.overlap`` is false).
+        ``convert_seconds`` spent converting and filling (overlapped with the forwards when
+        ``extract.overlap`` is on).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -263,6 +263,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
                             "end_logits": end_logits[i, :m].astype(np.float32)})
 
+    overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool:
         for b0 in range(0, len(feats), bs):
@@ -274,7 +275,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             forward_s += time.perf_counter() - t0
             if pending is not None:
                 pending.result()  # at most one batch waits: two batches of maps in memory at most
-            if cfg.extract.overlap:
+            if overlap:
                 pending = pool.submit(convert, rows, result)
             else:
                 convert(rows, result)
