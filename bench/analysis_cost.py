@@ -19,7 +19,6 @@ machine}`` records, as ``python -m bench`` writes them; nothing here is a timed 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     import attnclust.analysis  # noqa: F401  (registers the analyses)
     from attnclust.analysis.heads import HEAD_ANALYSES, HeadContext
 
-    from .timing import machine, median
+    from .timing import machine, median, merge_records
 
     ap = argparse.ArgumentParser(prog="python -m bench.analysis_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--features", type=int, default=200)
@@ -108,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                             "machine": machine()})
             print(f"analysis_cost_{name:<28} {value:>10.3f} s", flush=True)
 
-    out = Path(args.out)
-    old = json.loads(out.read_text()) if out.exists() else []
-    names = {r["name"] for r in records}
-    out.write_text(json.dumps([r for r in old if r.get("name") not in names] + records, indent=2) + "\n")
+    merge_records(args.out, records)
     return 0
 
 

@@ -19,7 +19,6 @@ by default); nothing here is a timed test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -113,7 +112,7 @@ def bench_probe_cost(ctx, examples: int = 40, reps: int = 1) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Extract (or reuse ``--run``), time the two analyses, print and record the figures."""
-    from .timing import machine, median
+    from .timing import machine, median, merge_records
 
     ap = argparse.ArgumentParser(prog="python -m bench.probe_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--run", default=None, help="an existing run directory with head outputs (else one is extracted)")
@@ -137,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "loadavg_1min_at_figure": round(os.getloadavg()[0], 2)},
                         "machine": machine()})
         print(f"analysis_cost_{name:<28} {value:>10.3f} s  (load average {os.getloadavg()[0]:.2f})", flush=True)
-    out = Path(args.out)
-    old = json.loads(out.read_text()) if out.exists() else []
-    names = {r["name"] for r in records}
-    out.write_text(json.dumps([r for r in old if r.get("name") not in names] + records, indent=2) + "\n")
+    merge_records(args.out, records)
     return 0
 
 

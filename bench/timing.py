@@ -115,3 +115,15 @@ def machine() -> dict:
             "umap-learn": version("umap-learn"), "attnclust": version("attnclust"),
             "loadavg_1min_at_start": None if load is None else round(load, 2),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def merge_records(path, records: list[dict]) -> None:
+    """Write ``records`` into the results file at ``path``, replacing older records of the same names and keeping
+    the others (the standalone cost scripts add their figures to ``bench/results.json`` this way)."""
+    import json
+    from pathlib import Path
+
+    out = Path(path)
+    old = json.loads(out.read_text()) if out.exists() else []
+    names = {r["name"] for r in records}
+    out.write_text(json.dumps([r for r in old if r.get("name") not in names] + records, indent=2) + "\n")
