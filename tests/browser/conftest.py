@@ -27,9 +27,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """One headless Chromium for the whole session."""
+    """One headless Chromium per test module. Playwright's sync API keeps an event loop running on the main
+    thread while it is open; scoped to the module (``tests/browser`` is a plain directory, so "package" would be
+    the whole session), it is stopped before tests elsewhere call ``asyncio.run``, which refuses to run inside a
+    running loop."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
