@@ -18,13 +18,13 @@ with a column in the heads table gets a layer x head heatmap per column.
 
 from __future__ import annotations
 
+from . import probes_section  # noqa: F401 - importing it registers the "Probes" section
 from .figures import MAX_SCATTER_POINTS, HeadGrid, cluster_palette, head_grid, head_matrix
 from .formatting import column_units, fmt
 from .inputs import ReportInputs
 from .registry import REPORT_SECTIONS, ReportSection, environment, report_section, sections_in_order
 from .render import render_report, render_sections, write_report
 from .sections import GRID_TEXT_MAX, QA_EXAMPLES_SHOWN, UMAP_OFF_SENTENCE  # importing it registers the sections
-from . import probes_section  # noqa: F401 - importing it registers the "Probes" section
 
 __all__ = [
     "GRID_TEXT_MAX",

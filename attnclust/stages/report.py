@@ -259,8 +259,8 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
     builtin, untrained = cfg.probe.tasks, []
     if "correct" in builtin and predictions is not None and not _qa_head_trained(layout):
         builtin = tuple(t for t in builtin if t != "correct")
-        untrained = ["probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
-                     "it or use a SQuAD 2.0 checkpoint)"]
+        untrained = [("probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
+                      "it or use a SQuAD 2.0 checkpoint)")]
     tasks = (*builtin, *cfg.probe.labels)
     labels, skipped = probe_labels(examples, tasks=builtin, labels=cfg.probe.labels, predictions=predictions)
     skipped = untrained + skipped

@@ -6,8 +6,8 @@ import pytest
 
 from attnclust.analysis.probes import (
     fit_logistic,
-    probe_fold_ids,
     permuted_labels,
+    probe_fold_ids,
     probe_heads,
     probe_labels,
     probe_table,
