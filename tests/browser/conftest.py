@@ -1,7 +1,8 @@
 """Browser tests in a real Chromium (Debian's ``/usr/bin/chromium``, installed by ``.ci/setup``) through Playwright.
 
-One demo run (packaged MiniLM, 30 questions) and one browser per session. Every test here is marked ``browser``,
-and ``slow`` when it needs the demo run (the packaged MiniLM end to end). They are skipped, with the reason, only
+One run of the demo job as users run it (packaged MiniLM, all 171 questions of the bundled sample) per session,
+and one browser per test module. Every test here is marked ``browser``, and ``slow`` when it needs the demo run
+(the packaged MiniLM end to end). They are skipped, with the reason, only
 when Playwright cannot be imported or Chromium is not installed; a Chromium that is installed but does not start is
 an error.
 """
@@ -15,7 +16,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
-DEMO_EXAMPLES = 30
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,9 +49,10 @@ def browser():
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> Path:
-    """A finished run of ``jobs/demo.yaml`` over its first 30 questions, built once per session in-process on
-    the embedded Dask cluster, as users run it (its worker processes are spawned: pytest's entry point is guarded
-    by ``if __name__ == "__main__"``, so they do not re-run the session; the serial executor is 3-5x slower here).
+    """A finished run of ``jobs/demo.yaml``, the whole demo (its report is the one under test), built once per
+    session in-process on the embedded Dask cluster, as users run it (its worker processes are spawned: pytest's
+    entry point is guarded by ``if __name__ == "__main__"``, so they do not re-run the session; the serial
+    executor is 3-5x slower here).
 
     ``ATTNCLUST_BROWSER_RUN=DIR`` reuses a run built that way (read by these tests only, to iterate on them).
     """
@@ -60,8 +61,7 @@ def demo_run(tmp_path_factory) -> Path:
     if os.environ.get("ATTNCLUST_BROWSER_RUN"):
         return Path(os.environ["ATTNCLUST_BROWSER_RUN"])
     out = tmp_path_factory.mktemp("browser_demo") / "run"
-    attnclust.run(ROOT / "jobs" / "demo.yaml", out=out, overrides=[f"data.max_examples={DEMO_EXAMPLES}"],
-                  progress=False)
+    attnclust.run(ROOT / "jobs" / "demo.yaml", out=out, progress=False)
     return out
 
 
