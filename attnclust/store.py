@@ -44,6 +44,7 @@ __all__ = [
     "atomic_write_parquet",
     "check_store_tables",
     "compact_maps",
+    "quantize_uint8",
     "create_attention_store",
     "mark_store_complete",
     "open_attention_store",
@@ -212,12 +213,6 @@ class AttentionStore:
         out = torch.from_numpy(np.ascontiguousarray(values)).float().numpy()
         return out * np.float32(self.scale) if self.scale != 1.0 else out
 
-    def encode(self, maps: np.ndarray) -> np.ndarray:
-        """Float maps in [0, 1] to the stored dtype (rounded to the nearest 1/255 for a uint8 store)."""
-        if self.attention.dtype == np.uint8:
-            return np.rint(np.clip(maps, 0, 1) * 255).astype(np.uint8)
-        return np.asarray(maps, dtype=self.attention.dtype)
-
     def read_block(self, start: int, stop: int) -> np.ndarray:
         """Maps of features ``start:stop`` cropped to the block's longest true length, as float32 (approximate in
         a compact store: see :meth:`read_map`).
@@ -230,6 +225,20 @@ class AttentionStore:
         n = int(self.seq_len[start:stop].max()) if stop > start else 0
         with self._reading(start, stop):
             return self._decode(self.attention[start:stop, :, :, :n, :n])
+
+
+def quantize_uint8(weights: np.ndarray) -> np.ndarray:
+    """Attention weights in [0, 1] to uint8 ``round(255 * w)`` (a uint8 store's encoding; NaN -> 0).
+
+    Parameters
+    ----------
+    weights : numpy.ndarray, shape (..., query, key)
+
+    Returns
+    -------
+    numpy.ndarray of uint8, same shape
+    """
+    return np.rint(np.clip(np.nan_to_num(np.asarray(weights, dtype=np.float64)), 0.0, 1.0) * 255).astype(np.uint8)
 
 
 def compact_maps(maps, *, mass: float, max_keys: int | None = None):

@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..store import quantize_uint8
+
 __all__ = ["HEAD_EXAMPLES", "MAX_MAP_BYTES", "QUESTIONS_EMBEDDED", "THUMB_GRID", "UMAP_POINTS", "build_explorer",
            "char_span_tokens", "contrast_ratio", "grid_colours", "head_panels", "json_script", "pack_uint8",
-           "predicted_token_span", "quantize", "text_color", "verdict"]
+           "predicted_token_span", "text_color", "verdict"]
 
 QUESTIONS_EMBEDDED = 8
 """Questions (one feature each) whose maps of every (layer, head) are embedded at full length."""
@@ -35,20 +37,6 @@ MAX_MAP_BYTES = 16_000_000
 """Budget of the embedded questions' maps before compression (one byte per weight): a question that would go past
 it is skipped for a shorter one (the first question is always embedded). Compressed and base64-encoded, the demo's
 maps take about a quarter of this."""
-
-
-def quantize(weights: np.ndarray) -> np.ndarray:
-    """Attention weights in 0..1 to uint8 ``round(255 * w)`` (the page divides by 255).
-
-    Parameters
-    ----------
-    weights : numpy.ndarray, shape (..., query, key)
-
-    Returns
-    -------
-    numpy.ndarray of uint8, same shape
-    """
-    return np.rint(np.clip(np.nan_to_num(np.asarray(weights, dtype=np.float64)), 0.0, 1.0) * 255).astype(np.uint8)
 
 
 def pack_uint8(values: np.ndarray) -> str:
@@ -235,7 +223,7 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
             "prediction": str(pred.get("prediction") or "") if pred else None,
             "gold": [str(g) for g in pred.get("gold_answers", [])] if pred else None,
             "verdict": verdict(pred) if pred else None,
-            "maps": pack_uint8(quantize(block(fid)))})
+            "maps": pack_uint8(quantize_uint8(block(fid)))})
     order = sorted(range(len(questions)), key=lambda i: (-questions[i]["n"], i))
     payload = {"layers": n_layers, "heads": n_heads, "questions": questions,
                "head_examples": order[:n_head_examples], "umap": None}
@@ -267,7 +255,7 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
             "layer": pts["layer"].astype(int).tolist(), "head": pts["head"].astype(int).tolist(),
             "question": [qindex.get(int(f), -1) for f in pts["feature_id"]],
             "total": int(finite.sum()), "features": len(chosen), "grid": thumb_grid,
-            "thumbs": pack_uint8(quantize(thumbs / peak))}
+            "thumbs": pack_uint8(quantize_uint8(thumbs / peak))}
     return payload
 
 

@@ -131,8 +131,8 @@ def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int)
     vector (float32), before compression. Only each row's largest weights are nonzero, and the zeros compress
     away, so far less in practice (``python -m bench --only store``: ``store_compact_bytes_per_map``).
     """
-    lengths = np.asarray(seq_len, dtype=np.int64)
-    return num_layers * num_heads * (int((lengths * lengths).sum()) + len(lengths) * len(PROFILE_COMPONENTS) * 4)
+    profiles = num_layers * num_heads * len(seq_len) * len(PROFILE_COMPONENTS) * 4
+    return store_bytes(seq_len, num_layers=num_layers, num_heads=num_heads, dtype="uint8") + profiles
 
 
 def _size(n: float) -> str:

@@ -2,6 +2,7 @@ import pickle
 
 import numpy as np
 import pytest
+from test_progress import write_embedding  # the embedding store a featurize stage would leave
 
 from attnclust.cluster import assign_block, fit_clusters, place_rest
 from attnclust.config import ClusterConfig
@@ -85,17 +86,9 @@ def test_fit_refuses_mismatched_shapes():
 
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory, blobs):
-    import zarr
-
     x = blobs[0][:400]
-    n = len(x)
     root = tmp_path_factory.mktemp("store")
-    group = zarr.open_group(str(root / "embedding.zarr"), mode="w", zarr_format=3)
-    group.attrs.update({"schema": "attnclust.embedding", "complete": True})
-    group.create_array("embedding", data=x, chunks=(100, x.shape[1]))
-    group.create_array("feature_id", data=np.arange(n, dtype=np.int64), chunks=(100,))
-    group.create_array("layer", data=np.zeros(n, np.int16), chunks=(100,))
-    group.create_array("head", data=np.zeros(n, np.int16), chunks=(100,))
+    write_embedding(root, x)
     cfg = ClusterConfig(k=6, umap_sample=150, umap_neighbors=10, pca_components=None)
     return root, x, fit_clusters(x, cfg)
 
