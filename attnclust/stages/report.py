@@ -116,6 +116,7 @@ class ReportStage(Stage):
         qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
         predictions = pd.read_parquet(layout.predictions) if qa else None
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
+        examples = pd.read_parquet(layout.examples) if layout.examples.exists() else None
         ran = "importance" in ctx.records  # the importance stage ran (when skipped, it wrote nothing)
         importance = pd.read_parquet(layout.importance) if ran and layout.importance.exists() else None
         pruning = pd.read_parquet(layout.pruning) if ran and layout.pruning.exists() else None
@@ -124,7 +125,7 @@ class ReportStage(Stage):
                                for name, rec in ctx.records.items()}}
         with StepBars("report", progress=ctx.progress) as bars:
             syntax = _syntax(ctx, features, bars)
-            probes = _probes(ctx, features, bars)
+            probes = _probes(ctx, features, bars, examples=examples, qa=qa, predictions=predictions)
             with bars.step("atlas tables"):
                 maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k,
                                                     min_stability=_min_stability(cfg), importance=importance,
@@ -139,8 +140,7 @@ class ReportStage(Stage):
 
                 explorer = build_explorer(open_attention_store(layout.attention), features, maps,
                                           predictions=predictions, random_state=cfg.cluster.random_state,
-                                          examples=pd.read_parquet(layout.examples) if layout.examples.exists()
-                                          else None)
+                                          examples=examples)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
                 clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
@@ -222,23 +222,17 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
     return table
 
 
-def _qa_head_trained(layout: RunLayout) -> bool:
-    """Whether ``qa_scores.json`` says the model's QA head was trained (missing or unreadable: assumed so)."""
-    try:
-        return bool(json.loads(layout.qa_scores.read_text()).get("head_trained", True))
-    except (OSError, ValueError, AttributeError):
-        return True
-
-
 def _probe_on(cfg) -> bool:
     probe = getattr(cfg, "probe", None)
     return probe is not None and probe.enabled
 
 
-def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataFrame | None:
+def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars, *, examples: pd.DataFrame | None,
+            qa: dict | None, predictions: pd.DataFrame | None) -> pd.DataFrame | None:
     """The ``probe`` analysis (``probes.parquet``, ``probes_summary.json``), or ``None`` with one line saying why.
 
-    The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are probed;
+    ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` are the run's, as the report stage read them
+    (``None`` when absent). The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are probed;
     the table's ``attrs["summary"]`` holds ``probes_summary.json``.
     """
     from ..analysis.probes import probe_labels, probe_table, read_head_outputs
@@ -249,15 +243,12 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
     if not _probe_on(cfg):
         ctx.note(PROBE_SKIPPED)
         return None
-    if not layout.head_outputs.exists() or not layout.examples.exists():
+    if not layout.head_outputs.exists() or examples is None:
         ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "
                  f"re-run extract with --force, or set probe.enabled=false)")
         return None
-    examples = pd.read_parquet(layout.examples)
-    predictions = pd.read_parquet(layout.predictions) if "qa" in ctx.records and layout.predictions.exists() \
-        else None
     builtin, untrained = cfg.probe.tasks, []
-    if "correct" in builtin and predictions is not None and not _qa_head_trained(layout):
+    if "correct" in builtin and predictions is not None and not qa["head_trained"]:
         builtin = tuple(t for t in builtin if t != "correct")
         untrained = [("probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
                       "it or use a SQuAD 2.0 checkpoint)")]
