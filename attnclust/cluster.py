@@ -252,10 +252,14 @@ def _seeds(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 def _kmeans_labels(backend: str, z_fit: np.ndarray, z_all: np.ndarray, k: int, seed: int, n_init: int,
                    weight: np.ndarray | None = None) -> np.ndarray:
-    """Fit KMeans on ``z_fit`` (weighted by ``weight``), return its labels of ``z_all`` as int64."""
+    """Fit KMeans on ``z_fit`` (weighted by ``weight``), return its labels of ``z_all`` as int64.
+
+    A fit on a sample (stability, bootstrap): one OpenMP thread on CPU (:func:`attnclust.backend.small_fit_threads`).
+    """
     km = bk.make_kmeans(backend, n_clusters=k, random_state=int(seed), n_init=n_init)
-    km.fit(z_fit, sample_weight=weight)
-    return bk.to_numpy(km.predict(z_all)).astype(np.int64)
+    with bk.small_fit_threads(backend):
+        km.fit(z_fit, sample_weight=weight)
+        return bk.to_numpy(km.predict(z_all)).astype(np.int64)
 
 
 def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | list[int], *, n_splits: int,
@@ -438,7 +442,8 @@ def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend
         if k >= len(zs):
             continue
         km = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=2)
-        labels = bk.to_numpy(km.fit_predict(zs))
+        with bk.small_fit_threads(backend):
+            labels = bk.to_numpy(km.fit_predict(zs))
         if len(np.unique(labels)) >= 2:
             scores[k] = bk.silhouette(backend, zs, labels, random_state=cfg.random_state)
     return scores

@@ -283,3 +283,38 @@ def test_stability_settings_round_trip_and_reach_the_fingerprint():
                 "cluster.stability_tolerance", "cluster.stability_resamples", "cluster.min_stability",
                 "cluster.stability_seed"):
         assert key in ClusterStage.reads
+
+
+def test_fits_on_the_stability_sample_run_openmp_on_one_thread(monkeypatch):
+    """The thousands of short KMeans fits of k selection, bootstrap and silhouette run with one OpenMP thread (two
+    threads spin-wait for a core beside other work: 15-30x slower measured at load 4.7 on 2 cores); the final
+    fit keeps scikit-learn's own thread count."""
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_info
+
+    import attnclust.backend as bk
+
+    def openmp_threads() -> set[int]:
+        return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "openmp"}
+
+    if not openmp_threads():
+        pytest.skip("scikit-learn's OpenMP runtime is not loaded")
+    seen: list[tuple[int, set[int]]] = []
+
+    class Spy(KMeans):
+        def fit(self, x, y=None, sample_weight=None):
+            seen.append((len(x), openmp_threads()))
+            return super().fit(x, y, sample_weight)
+
+    monkeypatch.setattr(bk, "make_kmeans", lambda backend, *, n_clusters, random_state, n_init=4, max_iter=300:
+                        Spy(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter))
+    x, _, examples = planted_blobs()
+    cfg = AUTO.replace(k_max=4, stability_splits=2, stability_resamples=2, stability_sample=300,
+                       silhouette_sample=250)
+    default = openmp_threads()
+    fit_clusters(x, cfg, groups=examples)
+    sample_fits = [threads for n, threads in seen if n < len(x)]
+    final_fits = [threads for n, threads in seen if n == len(x)]
+    assert len(sample_fits) >= 2 * 3 * 2 + 2 and all(threads == {1} for threads in sample_fits)
+    assert final_fits == [default]
+    assert openmp_threads() == default
