@@ -42,6 +42,7 @@ def bench_e2e(ctx, *, n_seed_features: int, maps_timed: int | None, n_default_ex
     import torch
 
     from attnclust.backend import torch_device
+    from attnclust.featurize.resnet import resolve_precision
 
     device = torch_device(ctx.backend)
     info = ctx.inputs["model_info"]
@@ -124,6 +125,8 @@ def bench_e2e(ctx, *, n_seed_features: int, maps_timed: int | None, n_default_ex
     ctx.figure("e2e_vs_seed_same_featurizer", s_seed / s_r50, ">=", 2.6, {
         **common, "ours_seconds_per_feature": round(s_r50, 2),
         "ours_parts_median_s": parts(r50_parts, ("extract", "featurize", "cluster")),
+        "ours_precision": f"featurize.precision {cfg_r50.featurize.precision} -> "
+                          f"{resolve_precision(cfg_r50.featurize.precision, device)} (the seed arm: float32)",
         "ours": f"in-process extract -> featurize resnet50 (weights none = random init) 224 px batch 64 -> "
                 f"cluster k={k_same}, PCA 50, no UMAP; one feature per repetition (the seed's features)"})
     ctx.figure(f"e2e_vs_seed_defaults_n{n_default_examples}", seed_n / s_def, ">=", 150.0, {

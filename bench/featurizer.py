@@ -16,11 +16,12 @@ def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:
     """``featurize_resnet_vs_bare``: featurize_block (method resnet, weights none) over a store vs the bare net.
 
     The bare arm feeds the same network object (``load_resnet``: channels_last, eval) pre-made
-    (n_maps, 3, S, S) channels_last tensors in the same batch size, under inference_mode.
+    (n_maps, 3, S, S) channels_last tensors in the same batch size, under inference_mode, at the precision the
+    stage resolves ``featurize.precision`` to (the default ``auto``: bf16 autocast on a CPU with native bf16).
     """
     import torch
 
-    from attnclust.featurize.resnet import load_resnet
+    from attnclust.featurize.resnet import autocast_for, load_resnet, resolve_precision
 
     feats = features_near_median(ctx.inputs["features"], n_features)
     cfg = job_config(ctx.data_path, featurize={"method": "resnet", "arch": "resnet18", "weights": "none",
@@ -30,26 +31,28 @@ def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:
     n_maps = len(feats) * ctx.inputs["model_info"]["num_layers"] * ctx.inputs["model_info"]["num_heads"]
     fc = cfg.featurize
     net = load_resnet(fc.arch, fc.weights, "cpu")
+    precision = resolve_precision(fc.precision, "cpu")  # what the stage runs at (backend cpu)
     x = torch.rand(n_maps, 3, fc.image_size, fc.image_size).contiguous(memory_format=torch.channels_last)
     batches = [x[b0:b0 + fc.batch_size] for b0 in range(0, n_maps, fc.batch_size)]
 
     def bare(r):
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast_for(precision, "cpu"):
             for b in batches:
-                net(b)
+                net(b).float()
         return time.perf_counter() - t0
 
     times = interleave({"featurize_stage": lambda r: run_featurize(out, cfg)["seconds"], "bare": bare}, reps)
     tp = {k: n_maps / median(v) for k, v in times.items()}
     ctx.figure("featurize_resnet_vs_bare", tp["featurize_stage"] / tp["bare"], ">=", 0.9, {
         "arch": fc.arch, "weights": "none (random init: no pretrained weights on this machine; same cost)",
-        "image_size": fc.image_size, "batch_size": fc.batch_size, "maps": n_maps, "features": len(feats),
+        "image_size": fc.image_size, "batch_size": fc.batch_size, "precision": f"{fc.precision} -> {precision}",
+        "maps": n_maps, "features": len(feats),
         "seq_len": feats["seq_len"].tolist(), "repetitions": reps, "torch_threads": torch.get_num_threads(),
         "seconds": {k: [round(v, 3) for v in vs] for k, vs in times.items()},
         "maps_per_second": {k: round(v, 2) for k, v in tp.items()},
         "note": "featurize_block (read store, crop, scale per map, resize, normalise, net, write embedding.zarr) "
-                "vs the same net on pre-made channels_last tensors"})
+                "vs the same net on pre-made channels_last tensors, both at the resolved precision"})
 
 
 def bench_cluster_quality(ctx, n_per_type: int, lengths: tuple[int, int]) -> None:
@@ -69,6 +72,7 @@ def bench_cluster_quality(ctx, n_per_type: int, lengths: tuple[int, int]) -> Non
 
     from attnclust.config import load_job
     from attnclust.featurize import TokenContext, embed_with_context, get_featurizer
+    from attnclust.featurize.resnet import resolve_precision
     from attnclust.synthetic import HEAD_TYPES, planted_head_maps
 
     from .seed import SEED_SIZE, seed_featurize_maps, seed_resnet50
@@ -102,7 +106,7 @@ def bench_cluster_quality(ctx, n_per_type: int, lengths: tuple[int, int]) -> Non
         "ari": {name: round(v, 4) for name, v in scores.items()}, "maps": len(maps), "types": list(HEAD_TYPES),
         "per_type": n_per_type, "lengths": list(lengths), "noise": 0.2,
         "ours": "profile (the default) at true length with token masks; pooled 32x32; resnet = ResNet-18, "
-                "weights none, 224 px", "seed": "384-padded, per-column MinMaxScaler 0-255, 3 channels, ResNet-50 "
+                f"weights none, 224 px, precision auto -> {resolve_precision('auto', 'cpu')}", "seed": "384-padded, per-column MinMaxScaler 0-255, 3 channels, ResNet-50 "
                 "at 384 px, random init (the seed used Barlow Twins weights)",
         "clustering": "sklearn KMeans k=8, n_init=20, random_state=0 on every arm",
         "featurize_seconds": {name: round(t, 3) for name, (_, t) in arms.items()}})

@@ -3,19 +3,30 @@
 Each map is cropped to its true length, scaled to [0, 1] by its own maximum (per map, never per column),
 resized to ``image_size`` with bilinear interpolation on tensors, copied to 3 channels, ImageNet-normalised,
 and passed through the network without its classifier (512-d for resnet18/34, 2,048-d for resnet50).
+
+The forward runs at the precision ``featurize.precision`` resolves to (:func:`resolve_precision`): float16
+autocast on a GPU, bfloat16 autocast on a CPU with native bf16, float32 otherwise, unless forced; the
+preprocessing stays float32 and the vectors come back float32 whatever the precision. The resolved precision is
+part of the featurize stage's fingerprint (:meth:`ResnetFeaturizer.identity`), so vectors made in one precision
+are never served to a run that asks for another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from ..errors import BackendUnavailable, ConfigError
 
-__all__ = ["ResnetFeaturizer", "check_weights", "embed_maps", "load_resnet"]
+__all__ = ["ResnetFeaturizer", "autocast_for", "check_weights", "cpu_has_native_bf16", "embed_maps", "load_resnet",
+           "resolve_precision"]
+
+Resolved = Literal["float32", "bfloat16", "float16"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -103,13 +114,75 @@ def load_resnet(arch: str, weights: str, device: str = "cpu"):
         return net
 
 
-def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, device: str = "cpu") -> np.ndarray:
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 convolutions in hardware: oneDNN can run bf16 here
+    (``torch.ops.mkldnn._is_mkldnn_bf16_supported``) *and* the CPU has AVX512-BF16 or AMX-BF16 (x86) or BF16
+    (ARM64).
+
+    The oneDNN check alone is true on any AVX-512 CPU, where bf16 is emulated and slower than float32; the
+    instruction check (``torch.cpu.get_capabilities``) tells the native case apart.
+    """
+    import torch
+
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    caps = torch.cpu.get_capabilities()
+    return any(bool(caps.get(name, False)) for name in ("avx512_bf16", "amx_bf16", "bf16"))
+
+
+def resolve_precision(setting: str, device: str) -> Resolved:
+    """The precision the ResNet forward runs at for ``featurize.precision`` on ``device``.
+
+    Parameters
+    ----------
+    setting
+        ``auto``: ``float16`` on a GPU (``cuda``), ``bfloat16`` on a CPU with native bf16
+        (:func:`cpu_has_native_bf16`), ``float32`` otherwise. ``float32``: float32 everywhere, GPU included.
+        ``bfloat16``: bfloat16 autocast everywhere; on a CPU without native bf16 it still runs, but emulated
+        and slower than float32.
+    device
+        A torch device name (``cpu``, ``cuda``, ``cuda:1``).
+
+    Returns
+    -------
+    str
+        ``float32``, ``bfloat16`` or ``float16``.
+
+    Raises
+    ------
+    attnclust.errors.ConfigError
+        ``setting`` is none of the above.
+    """
+    if setting in ("float32", "bfloat16"):
+        return setting
+    if setting != "auto":
+        raise ConfigError(f"config featurize.precision: got {setting!r}; allowed: auto | float32 | bfloat16")
+    if device.split(":")[0] == "cuda":
+        return "float16"
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
+
+
+def autocast_for(precision: Resolved, device: str):
+    """The context the ResNet forward runs in at a resolved ``precision``: ``torch.autocast`` on the device's
+    type with that dtype, or nothing for float32."""
+    import torch
+
+    if precision == "float32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.split(":")[0], dtype=getattr(torch, precision))
+
+
+def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, device: str = "cpu",
+               precision: Resolved = "float32") -> np.ndarray:
     """Embed maps of one true length.
 
     Parameters
     ----------
     maps
         (map, query, key) float32 of one true length.
+    precision
+        A resolved precision (:func:`resolve_precision`): the network runs under :func:`autocast_for`; the
+        preprocessing stays float32.
 
     Returns
     -------
@@ -128,8 +201,9 @@ def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, devic
             peak = x.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
             x = F.interpolate(x / peak, size=(image_size, image_size), mode="bilinear", align_corners=False)
             x = ((x.expand(-1, 3, -1, -1) - mean) / std).contiguous(memory_format=torch.channels_last)
-            with torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-                out.append(net(x).float().cpu().numpy())
+            with autocast_for(precision, device):
+                y = net(x)
+            out.append(y.float().cpu().numpy())
     return np.concatenate(out, axis=0)
 
 
@@ -138,7 +212,8 @@ class ResnetFeaturizer:
 
     name = "resnet"
     version = 1
-    keys = ("featurize.arch", "featurize.weights", "featurize.image_size", "featurize.batch_size")
+    keys = ("featurize.arch", "featurize.weights", "featurize.image_size", "featurize.batch_size",
+            "featurize.precision")
 
     def dim(self, cfg) -> int:
         """2,048 for resnet50, 512 for resnet18/34."""
@@ -148,10 +223,16 @@ class ResnetFeaturizer:
         """The requested weights can be had (no silent random fallback)."""
         check_weights(cfg.arch, cfg.weights)
 
+    def identity(self, cfg, device: str = "cpu") -> dict:
+        """What this machine resolves ``featurize.precision`` to on ``device``: part of the featurize stage's
+        fingerprint and recorded with the embedding (``auto`` gives bf16 on one CPU, float32 on another)."""
+        return {"precision": resolve_precision(cfg.precision, device)}
+
     def embed(self, maps: np.ndarray, cfg, device: str = "cpu") -> np.ndarray:
-        """(map, query, key) of one length -> (map, dim) float32."""
+        """(map, query, key) of one length -> (map, dim) float32, the net at the resolved precision."""
         net = load_resnet(cfg.arch, cfg.weights, device)
-        return embed_maps(net, maps, image_size=cfg.image_size, batch_size=cfg.batch_size, device=device)
+        return embed_maps(net, maps, image_size=cfg.image_size, batch_size=cfg.batch_size, device=device,
+                          precision=resolve_precision(cfg.precision, device))
 
 
 def _register() -> None:

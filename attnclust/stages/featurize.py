@@ -160,8 +160,12 @@ class FeaturizeStage(Stage):
         return ("featurize.method", *get_featurizer(cfg.featurize.method).keys)
 
     def identity(self, ctx: RunContext) -> dict:
-        """The featurizer's version, the backend (fp16 on a GPU), and the store when it was not extracted here."""
+        """The featurizer's version, the backend (fp16 on a GPU), what the featurizer resolves on this machine
+        (resnet: the precision), and the store when it was not extracted here."""
         out = {"featurizer": get_featurizer(ctx.cfg.featurize.method).version, "backend": ctx.backend}
+        # what the featurizer resolves on this machine (resnet: precision), "featurizer precision changed" when
+        # it differs; featurizers that resolve nothing add nothing, so their fingerprints stay as they were
+        out.update({f"featurizer_{k}": v for k, v in _resolved(ctx).items()})
         if "extract" not in ctx.fingerprints:  # a store written by another tool
             store = open_attention_store(ctx.layout.attention)
             out["store"] = [store.seq_len.tolist(), list(store.attention.shape)]
@@ -210,5 +214,16 @@ class FeaturizeStage(Stage):
         """Mark the embedding complete; record the number of maps and the method."""
         import zarr
 
-        zarr.open_group(str(ctx.layout.embedding), mode="r+").attrs["complete"] = True
-        return {"maps": self.n_maps_, "method": ctx.cfg.featurize.method}
+        resolved = _resolved(ctx)
+        zarr.open_group(str(ctx.layout.embedding), mode="r+").attrs.update(
+            {"complete": True, **({"resolved": resolved} if resolved else {})})
+        return {"maps": self.n_maps_, "method": ctx.cfg.featurize.method, **resolved}
+
+
+def _resolved(ctx: RunContext) -> dict:
+    """What the featurizer resolves on this machine from its settings, by its optional ``identity(cfg, device)``
+    (resnet: ``{"precision": "bfloat16"}`` for ``auto`` on a CPU with native bf16); ``{}`` without one."""
+    from .. import backend as bk
+
+    hook = getattr(get_featurizer(ctx.cfg.featurize.method), "identity", None)
+    return {} if hook is None else dict(hook(ctx.cfg.featurize, bk.torch_device(ctx.backend)))
