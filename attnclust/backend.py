@@ -19,7 +19,7 @@ from .errors import BackendUnavailable, ConfigError
 
 __all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "make_kmeans",
            "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend", "silhouette",
-           "small_fit_threads", "to_numpy", "torch_device"]
+           "kmeans_threads", "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
                     "(cupy-cuda13x, cuml-cu13, dask-cuda), or use backend: cpu")
@@ -124,15 +124,16 @@ def make_kmeans(backend: Resolved, *, n_clusters: int, random_state: int, n_init
     return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
 
 
-def small_fit_threads(backend: Resolved):
-    """Context manager: OpenMP kernels (scikit-learn's KMeans) on one thread for fits on a small sample.
+def kmeans_threads(backend: Resolved):
+    """Context manager: scikit-learn's KMeans (its OpenMP kernels) on one thread on CPU; nothing on ``gpu``.
 
-    KMeans on a few thousand maps (split-half stability, bootstrap, silhouette: thousands of short fits) gains
-    nothing from a second OpenMP thread on a quiet machine, and loses badly beside other work: OpenMP's threads
-    spin at every barrier while they wait for a core. Measured on 2 cores (3,000 x 50 maps, k 4/10/16, 20
-    restarts each): quiet, 0.46 s on two threads vs 0.52 s on one; with two other jobs running (load 4.7),
-    4.5-10.4 s on two threads vs 0.30 s on one. BLAS stays as it is (limiting it changed nothing). On ``gpu``
-    nothing changes.
+    The cluster stage runs thousands of short KMeans fits (split-half stability, bootstrap, silhouette) and one
+    final fit on at most ``cluster.fit_sample`` maps. A second OpenMP thread gains little on a quiet machine and
+    loses badly beside other work (other Dask tasks, other jobs): OpenMP's threads spin at every barrier while
+    they wait for a core. Measured on 2 cores: 3,000 x 50 maps, k 4/10/16, 20 restarts each, quiet 0.46 s on
+    two threads vs 0.52 s on one, with two other jobs running (load 4.7) 4.5-10.4 s vs 0.30 s; the demo's
+    k selection took 269 s instead of 16 s at load ~4; a final fit on 200,000 x 17 maps (k 7, 20 restarts) 1.18 s
+    on two threads vs 1.28 s on one. BLAS is left as it is (limiting it changed nothing).
     """
     import contextlib
 
