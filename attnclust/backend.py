@@ -17,9 +17,9 @@ import numpy as np
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "make_kmeans",
-           "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend", "silhouette",
-           "kmeans_threads", "to_numpy", "torch_device"]
+__all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "kmeans_threads",
+           "make_kmeans", "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend",
+           "silhouette", "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
                     "(cupy-cuda13x, cuml-cu13, dask-cuda), or use backend: cpu")
