@@ -234,8 +234,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..models import get_model, run_forward
+    from ..models import fix_malloc_thresholds, get_model, run_forward
 
+    fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
     layout = RunLayout(root)
     loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
     feats = pd.read_parquet(layout.features, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
@@ -279,6 +280,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                 pending = pool.submit(convert, rows, result)
             else:
                 convert(rows, result)
+            del result  # (the pending convert holds its own) not alive through the next batch's forward
         if pending is not None:
             pending.result()
     fill.write()

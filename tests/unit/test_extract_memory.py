@@ -1,0 +1,83 @@
+"""Extraction's memory: glibc maps large blocks (fix_malloc_thresholds), a batch's maps are held once."""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.config import ModelConfig
+from attnclust.models import get_model, run_forward
+
+ROOT = Path(__file__).resolve().parents[2]
+GLIBC = hasattr(ctypes.CDLL(None), "mallinfo2")  # glibc >= 2.33
+
+# In a fresh process: free a 30 MiB block (glibc then raises its mmap threshold to 30 MiB), call
+# fix_malloc_thresholds() or not (argv[1]), and report how much of a live 24 MiB block was mmap-ed (mallinfo2().hblkhd).
+PROBE = """
+import ctypes, json, sys
+import numpy as np
+from attnclust.models import fix_malloc_thresholds
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Mallinfo2
+freed = np.ones(30 << 20, np.uint8)
+del freed
+applied = fix_malloc_thresholds() if sys.argv[1] == "call" else None
+before = libc.mallinfo2().hblkhd
+block = np.ones(24 << 20, np.uint8)
+print(json.dumps({"applied": applied, "mmapped": libc.mallinfo2().hblkhd - before}))
+"""
+
+
+def probe(call: bool, **env) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    proc = subprocess.run([sys.executable, "-c", PROBE, "call" if call else "no"], cwd=ROOT,
+                          env={**environ, **env}, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc thresholds (mallopt, mallinfo2)")
+def test_fix_malloc_thresholds_maps_large_blocks_again():
+    assert probe(False)["mmapped"] == 0         # glibc's raised threshold: the 24 MiB block comes from the heap
+    got = probe(True)
+    assert got["applied"] is True
+    assert got["mmapped"] >= 24 << 20           # mmap-ed now (above MALLOC_MMAP_THRESHOLD), so unmapped (given back to the OS) when freed
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc thresholds (mallopt, mallinfo2)")
+@pytest.mark.parametrize("env", [{"MALLOC_MMAP_THRESHOLD_": str(32 << 20)},
+                                 {"GLIBC_TUNABLES": f"glibc.malloc.mmap_threshold={32 << 20}"}])
+def test_fix_malloc_thresholds_leaves_the_environments_choice(env):
+    got = probe(True, **env)
+    assert got["applied"] is False
+    assert got["mmapped"] == 0                  # the environment's 32 MiB threshold still holds
+
+
+def test_run_forward_maps_are_the_models_layers_in_order(tmp_path, tiny_model):
+    import torch
+
+    from attnclust.models import batch_inputs
+
+    loaded = get_model(ModelConfig(name=str(tiny_model(tmp_path / "m", seed=3, tokenizer=False,
+                                                       num_hidden_layers=3))))
+    rng = np.random.default_rng(0)
+    lengths = [7, 5]
+    rows = pd.DataFrame({"input_ids": [rng.integers(1, 100, size=n).tolist() for n in lengths],
+                         "segment_ids": [[0] * 3 + [1] * (n - 3) for n in lengths], "seq_len": lengths})
+    out = run_forward(loaded, rows, attentions=True)
+    with torch.inference_mode():
+        ref = loaded.model(**batch_inputs(loaded.model, rows), output_attentions=True).attentions
+    assert len(ref) == 3 and out.attentions.shape == (2, 3, *ref[0].shape[1:])
+    for layer in range(3):
+        assert torch.equal(out.attentions[:, layer], ref[layer])
+    assert not out.attentions.is_inference()    # an ordinary tensor, usable outside inference mode
