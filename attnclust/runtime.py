@@ -37,17 +37,25 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
     if runtime not in ("local", "local-cuda"):
         raise AttnclustError(f"--runtime {runtime!r}: unknown; allowed: local | local-cuda")
     if scheduler is None:
-        if runtime == "local-cuda":
-            from .backend import make_local_cuda_cluster
+        import dask
 
-            cluster = make_local_cuda_cluster(n_workers=n_workers)
-        else:
-            workers = n_workers or max(1, len(os.sched_getaffinity(0)))
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address="127.0.0.1:0",
-                                   # task failures reach the driver as exceptions; what is left at ERROR in
-                                   # worker processes is shutdown noise (a heartbeat racing the scheduler's exit)
-                                   silence_logs=logging.CRITICAL)
+        from .models import malloc_environ
+
+        # the workers' malloc settings from their start (models.malloc_environ: the extract stage ~8% faster)
+        environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **malloc_environ()}
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+            if runtime == "local-cuda":
+                from .backend import make_local_cuda_cluster
+
+                cluster = make_local_cuda_cluster(n_workers=n_workers)
+            else:
+                workers = n_workers or max(1, len(os.sched_getaffinity(0)))
+                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                       dashboard_address="127.0.0.1:0",
+                                       # task failures reach the driver as exceptions; what is left at ERROR in
+                                       # worker processes is shutdown noise (a heartbeat racing the scheduler's
+                                       # exit)
+                                       silence_logs=logging.CRITICAL)
         client = Client(cluster)
         try:
             yield client

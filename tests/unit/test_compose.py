@@ -168,6 +168,14 @@ def test_cpu_profile_has_no_gpu(base):
         assert "deploy" not in base[name], name
 
 
+def test_workers_start_with_attnclusts_mmap_threshold(base):
+    """The nanny's own MALLOC_TRIM_THRESHOLD_ would otherwise pin glibc's 128 KiB mmap threshold (models.malloc_environ)."""
+    from attnclust.models import MALLOC_MMAP_THRESHOLD
+
+    for name in ("gpu-worker", "cpu-worker"):
+        assert str(base[name]["environment"]["MALLOC_MMAP_THRESHOLD_"]) == str(MALLOC_MMAP_THRESHOLD), name
+
+
 def test_every_service_is_in_one_profile(base):
     # no service starts without a profile: `--profile cpu` on a laptop never starts a GPU worker
     assert {name: svc.get("profiles") for name, svc in base.items()} == {n: [p] for n, p in PROFILES.items()}

@@ -1,0 +1,43 @@
+"""The embedded cluster's workers start with attnclust's malloc settings (models.malloc_environ), unless the
+user's environment chose its own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from attnclust.models import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, malloc_environ
+from attnclust.runtime import dask_client
+
+SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+
+
+def _worker_environ() -> dict[str, str | None]:
+    with dask_client(n_workers=1) as client:
+        return next(iter(client.run(lambda: {name: os.environ.get(name) for name in SETTINGS}).values()))
+
+
+@pytest.fixture
+def clean_environ(monkeypatch):
+    """No malloc setting in this process's environment (a nanny started earlier in the session may have left
+    Dask's there: it sets its pre-spawn environment in its own process)."""
+    for name in (*SETTINGS, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_workers_start_with_the_mmap_threshold(clean_environ):
+    seen = _worker_environ()
+    assert seen["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD)
+    assert seen["MALLOC_TRIM_THRESHOLD_"] == str(MALLOC_TRIM_THRESHOLD) != "65536"
+
+
+def test_a_users_malloc_setting_stands(clean_environ):
+    clean_environ.setenv("MALLOC_ARENA_MAX", "2")  # not a threshold: attnclust still sets its own
+    assert set(malloc_environ()) == {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+    clean_environ.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert malloc_environ() == {}
+    seen = _worker_environ()
+    assert seen["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    assert seen["MALLOC_TRIM_THRESHOLD_"] == "65536"  # Dask's own, not attnclust's
