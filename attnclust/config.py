@@ -341,7 +341,8 @@ class FeaturizeConfig(_Model):
         ``resnet`` settings; ``weights`` is ``imagenet`` (torchvision download or TORCH_HOME cache), ``none``
         (random init, for tests) or a path to a state dict.
     batch_size
-        Maps per forward pass (``resnet``).
+        Maps per ResNet forward (``resnet``), or ``auto``: 16 on a CPU, 64 on a GPU
+        (:func:`attnclust.featurize.resnet.resolve_batch_size`).
     precision
         Arithmetic of the ResNet forward (``resnet``): ``auto`` = float16 autocast on a GPU, bfloat16 autocast on
         a CPU with native bf16 (AVX512-BF16 / AMX, about 2.5x faster than float32 with cosine >= 0.9999 to the
@@ -355,8 +356,16 @@ class FeaturizeConfig(_Model):
     arch: ResnetArch = _choice("resnet18", ResnetArch)
     weights: str = _setting("imagenet", "imagenet | none | a path to a .pth state dict", pattern=_TEXT_PATTERN)
     image_size: int = _int(224, 32, 1024)
-    batch_size: int = _int(64, 1)
+    batch_size: int | Literal["auto"] = _setting("auto", "an integer >= 1 or 'auto'",
+                                                 "for example batch_size: 16 or batch_size: auto")
     precision: FeaturizePrecision = _choice("auto", FeaturizePrecision)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _positive_batch(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
+            raise PydanticCustomError("config", "batch_size below 1")  # the field's allowed text says the rest
+        return value
 
     @field_validator("method", mode="before")
     @classmethod

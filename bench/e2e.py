@@ -42,7 +42,7 @@ def bench_e2e(ctx, *, n_seed_features: int, maps_timed: int | None, n_default_ex
     import torch
 
     from attnclust.backend import torch_device
-    from attnclust.featurize.resnet import resolve_precision
+    from attnclust.featurize.resnet import resolve_batch_size, resolve_precision
 
     device = torch_device(ctx.backend)
     info = ctx.inputs["model_info"]
@@ -54,8 +54,7 @@ def bench_e2e(ctx, *, n_seed_features: int, maps_timed: int | None, n_default_ex
                         pad_id=int(getattr(ctx.model.config, "pad_token_id", 0) or 0))
     k_same = min(SEED_K, maps_per_feature)
     cfg_r50 = job_config(ctx.data_path, backend=ctx.backend,
-                         featurize={"method": "resnet", "arch": "resnet50", "weights": "none", "image_size": 224,
-                                    "batch_size": 64},
+                         featurize={"method": "resnet", "arch": "resnet50", "weights": "none", "image_size": 224},
                          cluster={"k": k_same, "umap": False})
     example_ids = ctx.inputs["examples"]["id"]
     if len(example_ids) < n_default_examples:
@@ -127,7 +126,8 @@ def bench_e2e(ctx, *, n_seed_features: int, maps_timed: int | None, n_default_ex
         "ours_parts_median_s": parts(r50_parts, ("extract", "featurize", "cluster")),
         "ours_precision": f"featurize.precision {cfg_r50.featurize.precision} -> "
                           f"{resolve_precision(cfg_r50.featurize.precision, device)} (the seed arm: float32)",
-        "ours": f"in-process extract -> featurize resnet50 (weights none = random init) 224 px batch 64 -> "
+        "ours": f"in-process extract -> featurize resnet50 (weights none = random init) 224 px, "
+                f"batch {resolve_batch_size(cfg_r50.featurize.batch_size, device)} -> "
                 f"cluster k={k_same}, PCA 50, no UMAP; one feature per repetition (the seed's features)"})
     ctx.figure(f"e2e_vs_seed_defaults_n{n_default_examples}", seed_n / s_def, ">=", 150.0, {
         **common, "questions": n_default_examples, "features": n_def, "maps": n_def * maps_per_feature,

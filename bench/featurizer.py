@@ -21,11 +21,11 @@ def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:
     """
     import torch
 
-    from attnclust.featurize.resnet import autocast_for, load_resnet, resolve_precision
+    from attnclust.featurize.resnet import autocast_for, load_resnet, resolve_batch_size, resolve_precision
 
     feats = features_near_median(ctx.inputs["features"], n_features)
     cfg = job_config(ctx.data_path, featurize={"method": "resnet", "arch": "resnet18", "weights": "none",
-                                               "image_size": 224, "batch_size": 64})
+                                               "image_size": 224})
     out = ctx.tmp / "featurize_resnet"
     run_extract(out, feats, cfg, ctx.inputs["model_info"])
     n_maps = len(feats) * ctx.inputs["model_info"]["num_layers"] * ctx.inputs["model_info"]["num_heads"]
@@ -33,7 +33,8 @@ def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:
     net = load_resnet(fc.arch, fc.weights, "cpu")
     precision = resolve_precision(fc.precision, "cpu")  # what the stage runs at (backend cpu)
     x = torch.rand(n_maps, 3, fc.image_size, fc.image_size).contiguous(memory_format=torch.channels_last)
-    batches = [x[b0:b0 + fc.batch_size] for b0 in range(0, n_maps, fc.batch_size)]
+    bs = resolve_batch_size(fc.batch_size, "cpu")  # the stage's batch (backend cpu)
+    batches = [x[b0:b0 + bs] for b0 in range(0, n_maps, bs)]
 
     def bare(r):
         t0 = time.perf_counter()
@@ -46,7 +47,8 @@ def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:
     tp = {k: n_maps / median(v) for k, v in times.items()}
     ctx.figure("featurize_resnet_vs_bare", tp["featurize_stage"] / tp["bare"], ">=", 0.9, {
         "arch": fc.arch, "weights": "none (random init: no pretrained weights on this machine; same cost)",
-        "image_size": fc.image_size, "batch_size": fc.batch_size, "precision": f"{fc.precision} -> {precision}",
+        "image_size": fc.image_size, "batch_size": f"{fc.batch_size} -> {bs}",
+        "precision": f"{fc.precision} -> {precision}",
         "maps": n_maps, "features": len(feats),
         "seq_len": feats["seq_len"].tolist(), "repetitions": reps, "torch_threads": torch.get_num_threads(),
         "seconds": {k: [round(v, 3) for v in vs] for k, vs in times.items()},

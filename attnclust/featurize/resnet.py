@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import BackendUnavailable, ConfigError
 
 __all__ = ["ResnetFeaturizer", "autocast_for", "check_weights", "cpu_has_native_bf16", "embed_maps", "load_resnet",
-           "resolve_precision"]
+           "resolve_batch_size", "resolve_precision"]
 
 Resolved = Literal["float32", "bfloat16", "float16"]
 
@@ -162,6 +162,18 @@ def resolve_precision(setting: str, device: str) -> Resolved:
     return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 
+def resolve_batch_size(setting: int | str, device: str) -> int:
+    """Maps per ResNet forward for ``featurize.batch_size`` on ``device``: ``auto`` is 16 on a CPU, 64 on a GPU.
+
+    On a CPU a small batch keeps each layer's activations in cache. Measured on 2 cores (ResNet-18, 224 px,
+    150-token maps, median of 3): bfloat16 4.1 ms per map at batch 16 vs 5.7 at 64, float32 12.4 vs 14.9. The
+    GPU keeps the batch of 64 it had before (not measured here).
+    """
+    if setting != "auto":
+        return int(setting)
+    return 64 if device.split(":")[0] == "cuda" else 16
+
+
 def autocast_for(precision: Resolved, device: str):
     """The context the ResNet forward runs in at a resolved ``precision``: ``torch.autocast`` on the device's
     type with that dtype, or nothing for float32."""
@@ -192,15 +204,18 @@ def embed_maps(net, maps: np.ndarray, *, image_size: int, batch_size: int, devic
     import torch
     import torch.nn.functional as F
 
-    mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+    # (x - mean) / std per channel as one multiply-add that writes the 3 channels straight in channels_last
+    # order: (map, H, W, 3) contiguous, permuted to a (map, 3, H, W) view (0.18 vs 0.45 ms per map in three
+    # passes: subtract, divide, copy to channels_last)
+    scale = 1 / torch.tensor(IMAGENET_STD, device=device)
+    shift = -torch.tensor(IMAGENET_MEAN, device=device) * scale
     out = []
     with torch.inference_mode():
         for b0 in range(0, len(maps), batch_size):
             x = torch.from_numpy(np.ascontiguousarray(maps[b0:b0 + batch_size])).to(device)[:, None]
             peak = x.amax(dim=(2, 3), keepdim=True).clamp_min(1e-12)
             x = F.interpolate(x / peak, size=(image_size, image_size), mode="bilinear", align_corners=False)
-            x = ((x.expand(-1, 3, -1, -1) - mean) / std).contiguous(memory_format=torch.channels_last)
+            x = torch.addcmul(shift, x[:, 0, :, :, None], scale).permute(0, 3, 1, 2)
             with autocast_for(precision, device):
                 y = net(x)
             out.append(y.float().cpu().numpy())
@@ -231,7 +246,8 @@ class ResnetFeaturizer:
     def embed(self, maps: np.ndarray, cfg, device: str = "cpu") -> np.ndarray:
         """(map, query, key) of one length -> (map, dim) float32, the net at the resolved precision."""
         net = load_resnet(cfg.arch, cfg.weights, device)
-        return embed_maps(net, maps, image_size=cfg.image_size, batch_size=cfg.batch_size, device=device,
+        return embed_maps(net, maps, image_size=cfg.image_size, batch_size=resolve_batch_size(cfg.batch_size, device),
+                          device=device,
                           precision=resolve_precision(cfg.precision, device))
 
 

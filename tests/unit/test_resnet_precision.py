@@ -160,3 +160,40 @@ def test_stage_records_the_precision_and_refuses_vectors_of_another(tmp_path):
                                          r"changed"):
         run_job(load_job(None, [*settings, "featurize.precision=bfloat16"]), planted.root, stages=("featurize",),
                 executor=SerialExecutor(), progress=False)
+
+
+@pytest.mark.parametrize("setting, device, expected", [
+    ("auto", "cpu", 16), ("auto", "cuda", 64), ("auto", "cuda:1", 64), (5, "cpu", 5), (128, "cuda", 128)])
+def test_batch_size_resolution(setting, device, expected):
+    assert rn.resolve_batch_size(setting, device) == expected
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", r"featurize\.batch_size: got 0; allowed: an integer >= 1 or 'auto'"),
+    ("many", r"featurize\.batch_size: got 'many'; allowed: an integer >= 1 or 'auto'")])
+def test_batch_size_setting_is_validated(value, message):
+    with pytest.raises(ConfigError, match=message):
+        load_job(None, [f"featurize.batch_size={value}"])
+    assert load_job(None, ["featurize.batch_size=12"]).featurize.batch_size == 12
+    assert load_job(None, []).featurize.batch_size == "auto"
+
+
+def test_embed_maps_feeds_the_net_the_normalised_image_built_pixel_by_pixel():
+    """The image the net sees, built one map and one channel at a time from the documented recipe (scaled by the
+    map's maximum, bilinear to image_size, (x - mean[c]) / std[c] in each of 3 channels): the same vectors."""
+    import torch
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(4)
+    maps = np.stack([planted_map(p, 23, rng=rng) for p in ("cls", "previous", "uniform", "next", "cls")])
+    net = rn.load_resnet("resnet18", "none")
+    got = rn.embed_maps(net, maps, image_size=48, batch_size=2)
+    images = torch.empty((len(maps), 3, 48, 48))
+    for i, m in enumerate(maps):
+        resized = F.interpolate(torch.from_numpy(m / m.max())[None, None].float(), size=(48, 48), mode="bilinear",
+                                align_corners=False)[0, 0]
+        for c in range(3):
+            images[i, c] = (resized - rn.IMAGENET_MEAN[c]) / rn.IMAGENET_STD[c]
+    with torch.inference_mode():
+        want = net(images.contiguous(memory_format=torch.channels_last)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
