@@ -41,7 +41,7 @@ GPU_WIRED = ("e2e", "scale")  # the groups that --gpu runs with backend gpu
 
 # sizes per mode
 MODES = {
-    "quick": {"dataset_examples": 400, "extract_examples": 40, "extract_reps": 3, "featurize_features": 1,
+    "quick": {"dataset_examples": 400, "extract_examples": 40, "extract_reps": 3, "featurize_features": 4,
               "featurize_reps": 3, "seed_features": 3, "seed_maps_timed": 12, "default_examples": 400,
               "default_reps": 1, "quality_per_type": 6, "scale_n": 12, "scale_reps": 1, "cluster_rows": 100_000,
               "cluster_name": "cluster_100k"},
