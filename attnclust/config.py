@@ -74,6 +74,13 @@ def _int(default: int | None, lo: int, hi: int | None = None, fix: str = "") -> 
     return _setting(default, allowed, fix, ge=lo, le=hi)
 
 
+def _auto_or_at_least(value: int | str, lo: int) -> int | str:
+    """``value`` when it is ``auto`` or an integer >= ``lo`` (a field of type ``int | Literal["auto"]``)."""
+    if value != "auto" and value < lo:
+        raise PydanticCustomError("config", f"below {lo}")  # the field's allowed text says the rest
+    return value
+
+
 def _num(default: float, lo: float | None = None, *, lo_open: bool = False, hi: float | None = None,
          allowed: str = "") -> Any:
     bounds = ([f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []) + (
@@ -363,9 +370,7 @@ class FeaturizeConfig(_Model):
     @field_validator("batch_size")
     @classmethod
     def _positive_batch(cls, value: int | str) -> int | str:
-        if value != "auto" and value < 1:
-            raise PydanticCustomError("config", "batch_size below 1")  # the field's allowed text says the rest
-        return value
+        return _auto_or_at_least(value, 1)
 
     @field_validator("method", mode="before")
     @classmethod
@@ -448,9 +453,7 @@ class ClusterConfig(_Model):
     @field_validator("k")
     @classmethod
     def _at_least_two(cls, value: int | str) -> int | str:
-        if value != "auto" and value < 2:
-            raise PydanticCustomError("config", "k below 2")  # the field's allowed text says the rest
-        return value
+        return _auto_or_at_least(value, 2)
 
     @model_validator(mode="after")
     def _k_range(self) -> ClusterConfig:
