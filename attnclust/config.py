@@ -328,7 +328,7 @@ def _featurizer_names() -> tuple[str, ...]:
     return tuple(featurizer_names())
 
 
-FeaturizePrecision = Literal["auto", "float32", "bfloat16"]
+FeaturizePrecision = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 class FeaturizeConfig(_Model):
@@ -354,7 +354,9 @@ class FeaturizeConfig(_Model):
         Arithmetic of the ResNet forward (``resnet``): ``auto`` = float16 autocast on a GPU, bfloat16 autocast on
         a CPU with native bf16 (AVX512-BF16 / AMX, about 2.5x faster than float32 with cosine >= 0.9999 to the
         float32 vectors), float32 otherwise; ``float32`` everywhere; ``bfloat16`` autocast everywhere (slow on a
-        CPU without native bf16). See :func:`attnclust.featurize.resnet.resolve_precision`.
+        CPU without native bf16); ``float16`` autocast everywhere (meant for GPUs). The driver resolves ``auto``
+        once and the tasks get the resolved value, so every worker runs what the fingerprint records. See
+        :func:`attnclust.featurize.resnet.resolve_precision`.
     """
 
     SECTION = "featurize"

@@ -139,7 +139,7 @@ def resolve_precision(setting: str, device: str) -> Resolved:
         ``auto``: ``float16`` on a GPU (``cuda``), ``bfloat16`` on a CPU with native bf16
         (:func:`cpu_has_native_bf16`), ``float32`` otherwise. ``float32``: float32 everywhere, GPU included.
         ``bfloat16``: bfloat16 autocast everywhere; on a CPU without native bf16 it still runs, but emulated
-        and slower than float32.
+        and slower than float32. ``float16``: float16 autocast everywhere (meant for GPUs).
     device
         A torch device name (``cpu``, ``cuda``, ``cuda:1``).
 
@@ -153,10 +153,11 @@ def resolve_precision(setting: str, device: str) -> Resolved:
     attnclust.errors.ConfigError
         ``setting`` is none of the above.
     """
-    if setting in ("float32", "bfloat16"):
+    if setting in ("float32", "bfloat16", "float16"):
         return setting
     if setting != "auto":
-        raise ConfigError(f"config featurize.precision: got {setting!r}; allowed: auto | float32 | bfloat16")
+        raise ConfigError(f"config featurize.precision: got {setting!r}; allowed: auto | float32 | bfloat16 | "
+                          f"float16")
     if device.split(":")[0] == "cuda":
         return "float16"
     return "bfloat16" if cpu_has_native_bf16() else "float32"
@@ -240,7 +241,8 @@ class ResnetFeaturizer:
 
     def identity(self, cfg, device: str = "cpu") -> dict:
         """What this machine resolves ``featurize.precision`` to on ``device``: part of the featurize stage's
-        fingerprint and recorded with the embedding (``auto`` gives bf16 on one CPU, float32 on another)."""
+        fingerprint, recorded with the embedding (``auto`` gives bf16 on one CPU, float32 on another), and what
+        the stage hands its tasks instead of ``auto`` (so a worker on another kind of CPU runs the same)."""
         return {"precision": resolve_precision(cfg.precision, device)}
 
     def embed(self, maps: np.ndarray, cfg, device: str = "cpu") -> np.ndarray:

@@ -208,7 +208,9 @@ class FeaturizeStage(Stage):
                                  done=done)
         device = bk.torch_device(ctx.backend)
         self.n_maps_ = store.n_features * store.n_layers * store.n_heads
-        return [(s, e, ctx.cfg.featurize, device) for s, e in store.blocks()], done
+        # the settings the driver resolved (resnet: precision), so every worker runs what the fingerprint says
+        fc = ctx.cfg.featurize.replace(**_resolved(ctx))
+        return [(s, e, fc, device) for s, e in store.blocks()], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Mark the embedding complete; record the number of maps and the method."""

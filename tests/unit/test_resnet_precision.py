@@ -25,6 +25,7 @@ from attnclust.synthetic import PATTERNS, planted_map
     ("float32", "cpu", True, "float32"),
     ("bfloat16", "cpu", False, "bfloat16"),  # forced: runs, emulated, on a CPU without native bf16
     ("bfloat16", "cuda", False, "bfloat16"),
+    ("float16", "cuda", False, "float16"),
 ])
 def test_resolution_rules(monkeypatch, setting, device, native, expected):
     monkeypatch.setattr(rn, "cpu_has_native_bf16", lambda: native)
@@ -160,6 +161,22 @@ def test_stage_records_the_precision_and_refuses_vectors_of_another(tmp_path):
                                          r"changed"):
         run_job(load_job(None, [*settings, "featurize.precision=bfloat16"]), planted.root, stages=("featurize",),
                 executor=SerialExecutor(), progress=False)
+
+
+def test_tasks_get_the_precision_the_driver_resolved(tmp_path, monkeypatch):
+    """``auto`` is resolved once, on the driver: a worker on another kind of CPU runs what the fingerprint says."""
+    from attnclust.synthetic import write_planted_store
+
+    cfg = load_job(None, ["featurize.method=resnet", "featurize.weights=none", "featurize.precision=auto"])
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        planted = write_planted_store(tmp_path / expected, rng=np.random.default_rng(0), n_features=4, n_layers=1,
+                                      n_heads=2, lengths=(8, 12), features_per_task=2)
+        monkeypatch.setattr(rn, "cpu_has_native_bf16", lambda native=native: native)
+        ctx = RunContext(layout=RunLayout(planted.root), cfg=cfg, job_id="t", backend="cpu", executor=None,
+                         progress=False, fingerprints={"extract": "0" * 16})
+        blocks, _ = FeaturizeStage().plan(ctx, set())
+        assert len(blocks) == 2 and {b[2].precision for b in blocks} == {expected}
+        assert all(b[2].replace(precision="auto") == cfg.featurize for b in blocks)
 
 
 @pytest.mark.parametrize("setting, device, expected", [
