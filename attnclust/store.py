@@ -291,6 +291,10 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     a ``profile`` array ``profile_dim`` wide; ``attrs["compact"]`` records ``mass`` and ``max_keys``; ``dtype``
     is not used. The zero runs cost almost nothing after zstd (measured: 0.0104 of raw float32 per map against
     0.0137 for ragged key-ordered uint8 weights + int16 key deltas and 0.0275 for largest-first weights + keys).
+    Its chunks are stored key-major (zarr's ``transpose`` codec) and compressed by Blosc zstd level 5 with
+    bit-shuffling: 0.00965 of raw float32 per map against 0.01163 in query-major order with zstd level 1, for
+    1.1 s instead of 0.4 s per 40 features of ~150 tokens written (2 cores; key-major zstd-1: 0.0108; the full
+    store keeps zstd-1, which is what its float16 weights compress best per second).
     """
     if dtype not in ("float16", "uint8"):
         raise ValueError(f"store dtype {dtype!r}: allowed float16 | uint8")
@@ -302,7 +306,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     if dtype == "uint8":
         attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
     zarr = _zarr()
-    from zarr.codecs import ZstdCodec
+    from zarr.codecs import BloscCodec, TransposeCodec, ZstdCodec
 
     path = Path(path)
     if path.exists():
@@ -312,11 +316,15 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
     group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
                         "store": mode, "complete": False, **attrs})
+    # compact: each chunk stored key-major (a head's [CLS]/[SEP]/punctuation columns become runs) and
+    # bit-shuffled (the kept weights are small integers: their high bit planes are zero); see the docstring
+    codecs = ({"filters": [TransposeCodec(order=(0, 1, 2, 4, 3))],
+               "compressors": BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle", typesize=1)}
+              if mode == "compact" else {"compressors": ZstdCodec(level=1)})
     attention = group.create_array(
         "attention", shape=(n, num_layers, num_heads, width, width), dtype=dtype,
         shards=(features_per_task, num_layers, num_heads, width, width),
-        chunks=(1, 1, num_heads, width, width), fill_value=0, compressors=ZstdCodec(level=1),
-        dimension_names=DIMS,
+        chunks=(1, 1, num_heads, width, width), fill_value=0, dimension_names=DIMS, **codecs,
     )
     profile = None if mode == "full" else group.create_array(
         "profile", shape=(n, num_layers, num_heads, profile_dim), dtype="float32", fill_value=0,

@@ -177,3 +177,27 @@ def test_featurize_refuses_profile_vectors_of_another_version(tmp_path):
     ctx = RunContext(layout=layout, cfg=JobConfig(), job_id="t", backend="cpu", executor=None, progress=False)
     with pytest.raises(StoreError, match="profile vectors of version 1.*extract --force"):
         FeaturizeStage().check(ctx)
+
+
+def test_compact_chunks_are_stored_key_major_and_read_back_query_major(tmp_path):
+    """The compact store's codecs (zarr transpose to key-major order, Blosc zstd bit-shuffled) are invisible to
+    readers: an asymmetric map written query-major reads back as written, in a fresh open and by read_map."""
+    import json
+
+    seq = np.array([5, 3], np.int32)
+    store = create_attention_store(tmp_path / "c.zarr", seq_len=seq, num_layers=2, num_heads=2,
+                                   features_per_task=2, attrs={}, mode="compact")
+    rng = np.random.default_rng(0)
+    block = np.zeros((2, 2, 2, 5, 5), np.uint8)
+    block[0] = rng.integers(0, 256, size=(2, 2, 5, 5))
+    block[1, :, :, :3, :3] = np.triu(rng.integers(1, 256, size=(2, 2, 3, 3)))  # zero below the diagonal
+    store.attention.with_config({"write_empty_chunks": True})[:] = block
+    meta = json.loads((store.path / "attention" / "zarr.json").read_text())
+    inner = meta["codecs"][0]["configuration"]["codecs"]
+    assert [c["name"] for c in inner] == ["transpose", "bytes", "blosc"]
+    assert inner[0]["configuration"]["order"] == [0, 1, 2, 4, 3]
+    assert inner[2]["configuration"]["shuffle"] == "bitshuffle"
+    opened = open_attention_store(store.path, require_complete=False)
+    np.testing.assert_array_equal(np.asarray(opened.attention[:]), block)
+    np.testing.assert_allclose(opened.read_map(1, 1, 0), block[1, 1, 0, :3, :3] / 255, atol=1e-7)
+    assert opened.read_map(1, 1, 0)[2, 0] == 0 and opened.read_map(1, 1, 0)[0, 2] > 0
