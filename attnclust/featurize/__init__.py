@@ -10,6 +10,10 @@ A featurizer that needs to know which keys are [CLS], [SEP] or punctuation, and 
 the optional class attribute ``uses_context = True``; it is then called as ``embed(maps, cfg, device,
 context=ctx)`` with a :class:`TokenContext` built from ``features.parquet`` (the ``tokens`` and ``segment_ids``
 columns). Featurizers without the attribute are called as before (:func:`embed_with_context`).
+
+A featurizer whose settings resolve differently from machine to machine (``resnet``'s ``precision: auto``)
+has the optional method ``identity(cfg, device) -> dict`` of setting name -> resolved value: the stage puts it in
+its fingerprint, records it with the embedding and hands the tasks the resolved settings.
 """
 
 from __future__ import annotations
