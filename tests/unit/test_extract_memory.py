@@ -51,7 +51,8 @@ def test_fix_malloc_thresholds_maps_large_blocks_again():
     assert probe(False)["mmapped"] == 0         # glibc's raised threshold: the 24 MiB block comes from the heap
     got = probe(True)
     assert got["applied"] is True
-    assert got["mmapped"] >= 24 << 20           # mmap-ed now (above MALLOC_MMAP_THRESHOLD), so unmapped (given back to the OS) when freed
+    # mmap-ed now (above MALLOC_MMAP_THRESHOLD), so unmapped (given back to the OS) when freed
+    assert got["mmapped"] >= 24 << 20
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc thresholds (mallopt, mallinfo2)")
