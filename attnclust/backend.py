@@ -17,8 +17,8 @@ import numpy as np
 
 from .errors import BackendUnavailable, ConfigError
 
-__all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "kmeans_threads",
-           "make_kmeans", "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend",
+__all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "make_kmeans",
+           "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend",
            "silhouette", "to_numpy", "torch_device"]
 
 GPU_INSTALL_HINT = ("install the GPU extra on a CUDA machine: pip install 'attnclust[gpu]' "
@@ -112,36 +112,17 @@ def _require_gpu():
 
 
 def make_kmeans(backend: Resolved, *, n_clusters: int, random_state: int, n_init: int = 4, max_iter: int = 300):
-    """A KMeans estimator with the scikit-learn interface (``fit``, ``predict``, ``cluster_centers_``)."""
+    """A KMeans estimator with the scikit-learn interface (``fit``, ``predict``, ``cluster_centers_``); on CPU
+    scikit-learn's, with OpenMP on one thread (:class:`attnclust._kmeans.OneThreadKMeans` says why)."""
     if backend == "gpu":
         _require_gpu()
         from cuml.cluster import KMeans
 
         return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter,
                       init="scalable-k-means++", output_type="numpy")
-    from sklearn.cluster import KMeans
+    from ._kmeans import OneThreadKMeans
 
-    return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
-
-
-def kmeans_threads(backend: Resolved):
-    """Context manager: scikit-learn's KMeans (its OpenMP kernels) on one thread on CPU; nothing on ``gpu``.
-
-    The cluster stage runs thousands of short KMeans fits (split-half stability, bootstrap, silhouette) and one
-    final fit on at most ``cluster.fit_sample`` maps. A second OpenMP thread gains little on a quiet machine and
-    loses badly beside other work (other Dask tasks, other jobs): OpenMP's threads spin at every barrier while
-    they wait for a core. Measured on 2 cores: 3,000 x 50 maps, k 4/10/16, 20 restarts each, quiet 0.46 s on
-    two threads vs 0.52 s on one, with two other jobs running (load 4.7) 4.5-10.4 s vs 0.30 s; the demo's
-    k selection took 269 s instead of 16 s at load ~4; a final fit on 200,000 x 17 maps (k 7, 20 restarts) 1.18 s
-    on two threads vs 1.28 s on one. BLAS is left as it is (limiting it changed nothing).
-    """
-    import contextlib
-
-    if backend == "gpu":
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="openmp")
+    return OneThreadKMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
 
 
 def fit_kmeans_distributed(client, x, *, n_clusters: int, random_state: int):

@@ -252,14 +252,10 @@ def _seeds(rng: np.random.Generator, *shape: int) -> np.ndarray:
 
 def _kmeans_labels(backend: str, z_fit: np.ndarray, z_all: np.ndarray, k: int, seed: int, n_init: int,
                    weight: np.ndarray | None = None) -> np.ndarray:
-    """Fit KMeans on ``z_fit`` (weighted by ``weight``), return its labels of ``z_all`` as int64.
-
-    On CPU with one OpenMP thread (:func:`attnclust.backend.kmeans_threads`).
-    """
+    """Fit KMeans on ``z_fit`` (weighted by ``weight``), return its labels of ``z_all`` as int64."""
     km = bk.make_kmeans(backend, n_clusters=k, random_state=int(seed), n_init=n_init)
-    with bk.kmeans_threads(backend):
-        km.fit(z_fit, sample_weight=weight)
-        return bk.to_numpy(km.predict(z_all)).astype(np.int64)
+    km.fit(z_fit, sample_weight=weight)
+    return bk.to_numpy(km.predict(z_all)).astype(np.int64)
 
 
 def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | list[int], *, n_splits: int,
@@ -442,8 +438,7 @@ def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend
         if k >= len(zs):
             continue
         km = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=2)
-        with bk.kmeans_threads(backend):
-            labels = bk.to_numpy(km.fit_predict(zs))
+        labels = bk.to_numpy(km.fit_predict(zs))
         if len(np.unique(labels)) >= 2:
             scores[k] = bk.silhouette(backend, zs, labels, random_state=cfg.random_state)
     return scores
@@ -533,8 +528,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         k = int(cfg.k)
     with _step(on_step, f"fitting KMeans k={k}"):
         kmeans = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=cfg.n_init)
-        with bk.kmeans_threads(backend):
-            kmeans.fit(z)
+        kmeans.fit(z)
     lap("kmeans")
     fitted.k_, fitted.kmeans_ = k, kmeans
     if cfg.stability_resamples is not None:
