@@ -19,7 +19,6 @@ machine}`` records, as ``python -m bench`` writes them; nothing here is a timed 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import attnclust.analysis  # noqa: F401  (registers the analyses)
     from attnclust.analysis.heads import HEAD_ANALYSES, HeadContext
 
-    from .timing import machine, median, merge_records
+    from .timing import cost_records, merge_records
 
     ap = argparse.ArgumentParser(prog="python -m bench.analysis_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--features", type=int, default=200)
@@ -98,14 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 HEAD_ANALYSES[name].compute(ctx)
                 times[name].append(time.perf_counter() - start)
-        records = []
-        for name in ANALYSES:
-            value = median(times[name])
-            records.append({"name": f"analysis_cost_{name}", "value": round(value, 4), "goal": "report", "pass": None,
-                            "settings": {**settings, "unit": "s", "seconds": [round(t, 4) for t in times[name]],
-                                         "loadavg_1min_at_figure": round(os.getloadavg()[0], 2)},
-                            "machine": machine()})
-            print(f"analysis_cost_{name:<28} {value:>10.3f} s", flush=True)
+        records = cost_records({name: times[name] for name in ANALYSES}, settings, digits=4)
 
     merge_records(args.out, records)
     return 0

@@ -112,7 +112,7 @@ def bench_probe_cost(ctx, examples: int = 40, reps: int = 1) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Extract (or reuse ``--run``), time the two analyses, print and record the figures."""
-    from .timing import machine, median, merge_records
+    from .timing import cost_records, merge_records
 
     ap = argparse.ArgumentParser(prog="python -m bench.probe_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--run", default=None, help="an existing run directory with head outputs (else one is extracted)")
@@ -128,14 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# extracted {args.examples} sample questions in {time.perf_counter() - t0:.0f} s (not a figure)",
                   flush=True)
         times, settings = time_analyses(root, reps=args.reps)
-    records = []
-    for name, values in times.items():
-        value = median(values)
-        records.append({"name": f"analysis_cost_{name}", "value": round(value, 3), "goal": "report", "pass": None,
-                        "settings": {**settings, "unit": "s", "seconds": [round(t, 3) for t in values],
-                                     "loadavg_1min_at_figure": round(os.getloadavg()[0], 2)},
-                        "machine": machine()})
-        print(f"analysis_cost_{name:<28} {value:>10.3f} s  (load average {os.getloadavg()[0]:.2f})", flush=True)
+    records = cost_records(times, settings)
     merge_records(args.out, records)
     return 0
 

@@ -117,6 +117,22 @@ def machine() -> dict:
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
+def cost_records(times: dict[str, list[float]], settings: dict, *, digits: int = 3) -> list[dict]:
+    """``analysis_cost_<name>`` report records (median seconds, every repetition, load average, machine) from
+    ``{name: [seconds, ...]}``, one printed line each: what the standalone cost scripts write."""
+    import os
+
+    records = []
+    for name, values in times.items():
+        value, load = median(values), round(os.getloadavg()[0], 2)
+        seconds = [round(t, digits) for t in values]
+        records.append({"name": f"analysis_cost_{name}", "value": round(value, digits), "goal": "report",
+                        "pass": None, "machine": machine(),
+                        "settings": {**settings, "unit": "s", "seconds": seconds, "loadavg_1min_at_figure": load}})
+        print(f"analysis_cost_{name:<28} {value:>10.3f} s  (load average {load:.2f})", flush=True)
+    return records
+
+
 def merge_records(path, records: list[dict]) -> None:
     """Write ``records`` into the results file at ``path``, replacing older records of the same names and keeping
     the others (the standalone cost scripts add their figures to ``bench/results.json`` this way)."""
