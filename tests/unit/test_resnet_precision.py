@@ -108,11 +108,14 @@ def test_bf16_vectors_agree_with_float32_and_come_back_float32():
     np.testing.assert_array_equal(dist.argmin(1), np.arange(len(PATTERNS)))
 
 
+def _context(root: Path, cfg: JobConfig, backend: str = "cpu") -> RunContext:
+    return RunContext(layout=RunLayout(root), cfg=cfg, job_id="t", backend=backend, executor=None, progress=False,
+                      fingerprints={"extract": "0" * 16})
+
+
 def _fingerprint(tmp_path, featurize: dict, backend: str = "cpu") -> dict:
-    cfg = JobConfig.from_dict({"featurize": featurize})
-    ctx = RunContext(layout=RunLayout(tmp_path / "run"), cfg=cfg, job_id="t", backend=backend, executor=None,
-                     progress=False, fingerprints={"extract": "0" * 16})
-    return fingerprint_of(FeaturizeStage(), ctx)
+    return fingerprint_of(FeaturizeStage(), _context(tmp_path / "run", JobConfig.from_dict({"featurize": featurize}),
+                                                     backend))
 
 
 def test_fingerprint_follows_the_resolved_precision(tmp_path, monkeypatch):
@@ -172,9 +175,7 @@ def test_tasks_get_the_precision_the_driver_resolved(tmp_path, monkeypatch):
         planted = write_planted_store(tmp_path / expected, rng=np.random.default_rng(0), n_features=4, n_layers=1,
                                       n_heads=2, lengths=(8, 12), features_per_task=2)
         monkeypatch.setattr(rn, "cpu_has_native_bf16", lambda native=native: native)
-        ctx = RunContext(layout=RunLayout(planted.root), cfg=cfg, job_id="t", backend="cpu", executor=None,
-                         progress=False, fingerprints={"extract": "0" * 16})
-        blocks, _ = FeaturizeStage().plan(ctx, set())
+        blocks, _ = FeaturizeStage().plan(_context(planted.root, cfg), set())
         assert len(blocks) == 2 and {b[2].precision for b in blocks} == {expected}
         assert all(b[2].replace(precision="auto") == cfg.featurize for b in blocks)
 
