@@ -1,0 +1,180 @@
+"""Files a user hands attnclust: bounded reading (regular files only, a size cap, bounded nesting and integers).
+
+Every reader of user input (the data file, the job YAML, predictions and null odds, CoNLL-U parses) goes through
+:func:`read_user_bytes`, and every JSON or YAML document of the user through :func:`load_json` /
+:func:`load_yaml`, so that a device (``/dev/zero``), a FIFO, a file of gigabytes, a document nested thousands of
+levels deep or an integer of thousands of digits is refused in one line instead of hanging, exhausting memory or
+ending in a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from typing import Any
+
+from .errors import AttnclustError, ConfigError, DataError
+
+__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "load_json", "load_yaml", "read_user_bytes"]
+
+MAX_INPUT_BYTES = 4 << 30
+"""The largest data, predictions or CoNLL-U file read (4 GiB; SQuAD 2.0's training set is 40 MB). Each is parsed
+whole in memory, at several times its size."""
+MAX_JOB_BYTES = 1 << 20
+"""The largest job YAML file read (1 MiB; a job file is a few kB)."""
+MAX_INT_DIGITS = 1000
+"""Integers of more digits are refused while parsing (no setting or field needs more than 19)."""
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else \
+        f"{n:,} bytes"
+
+
+def read_user_bytes(path: str | os.PathLike[str], where: str, *, limit: int = MAX_INPUT_BYTES,
+                    error: type[AttnclustError] = DataError, missing: str = "not found; check the path") -> bytes:
+    """The whole content of a regular file given by the user, at most ``limit`` bytes.
+
+    A symbolic link is followed (reading through one is harmless); what it ends at must be a regular file.
+    The file is opened non-blocking, so a FIFO put in its place between the check and the open cannot hang.
+
+    Parameters
+    ----------
+    path
+        The file.
+    where
+        How messages name it (``"data file x.json"``).
+    limit
+        The largest size read; a larger file is refused.
+    error
+        The error class raised.
+    missing
+        What the message says when the file does not exist.
+
+    Raises
+    ------
+    AttnclustError
+        ``error``: missing, not a regular file (a directory, FIFO, device or socket), larger than ``limit``, or
+        unreadable; one line naming the file, what it is and the fix.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{where}: {missing}") from None
+    except OSError as exc:
+        raise error(f"{where}: cannot be read ({exc.strerror or exc}); check the path and its permissions") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{where}: is a directory; give the path of a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{where}: is {_kind(st.st_mode)}, not a regular file; attnclust reads input only from "
+                    f"regular files: save the content to a file and give its path")
+    too_big = f"is larger than the {_size(limit)} attnclust reads"
+    if st.st_size > limit:
+        raise error(f"{where}: is {_size(st.st_size)}, {too_big}; use a smaller file")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # replaced since the check above
+                raise error(f"{where}: is {_kind(os.fstat(fh.fileno()).st_mode)}, not a regular file; give a file")
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{where}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+    if len(data) > limit:  # it grew since the check
+        raise error(f"{where}: {too_big}; use a smaller file")
+    return data
+
+
+def _bounded_int(where: str, error: type[AttnclustError]):
+    def parse(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+            raise error(f"{where}: holds an integer of {len(digits.lstrip('-')):,} digits (more than "
+                        f"{MAX_INT_DIGITS:,}); no field takes such a number: fix or remove it")
+        return int(digits)
+
+    return parse
+
+
+def load_json(text: str | bytes, where: str, *, error: type[AttnclustError] = DataError, **options: Any) -> Any:
+    """``json.loads`` with integers of at most :data:`MAX_INT_DIGITS` digits and nesting within the parser's limit.
+
+    ``json.JSONDecodeError`` (malformed syntax) passes through, for the caller's message with line and column.
+
+    Parameters
+    ----------
+    text
+        The document.
+    where
+        How messages name it.
+    error
+        The error class raised for a number too long or a document nested too deep.
+    options
+        Further ``json.loads`` keyword arguments (``object_pairs_hook``).
+    """
+    try:
+        return json.loads(text, parse_int=_bounded_int(where, error), **options)
+    except RecursionError:
+        raise error(f"{where}: is nested too deeply (objects or lists inside each other beyond the JSON parser's "
+                    f"limit of about {_depth_limit()} levels); no input of attnclust nests more than a few "
+                    f"levels: fix the file") from None
+
+
+def _depth_limit() -> int:
+    return sys.getrecursionlimit()
+
+
+def load_yaml(text: str, where: str, *, error: type[AttnclustError] = ConfigError) -> Any:
+    """``yaml.safe_load`` with integers of at most :data:`MAX_INT_DIGITS` digits and bounded nesting.
+
+    ``yaml.YAMLError`` (malformed syntax) passes through, for the caller's message with line and column.
+
+    Raises
+    ------
+    AttnclustError
+        ``error``: an integer too long, or nesting beyond the parser's limit.
+    """
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_bounded_loader())  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:
+        raise error(f"{where}: is nested too deeply (mappings or lists inside each other beyond the YAML "
+                    f"parser's limit of about {_depth_limit()} levels); a job file nests two levels: fix the "
+                    f"file") from None
+    except _LongInt as exc:
+        raise error(f"{where}: {exc.args[0]}") from None
+
+
+class _LongInt(Exception):
+    pass
+
+
+def _bounded_loader():
+    """A ``yaml.SafeLoader`` whose integers are bounded (built once)."""
+    global _LOADER
+    if _LOADER is None:
+        import yaml
+
+        class BoundedLoader(yaml.SafeLoader):
+            def construct_yaml_int(self, node):
+                digits = sum(ch.isdigit() for ch in str(node.value))
+                if digits > MAX_INT_DIGITS:
+                    mark = node.start_mark
+                    raise _LongInt(f"line {mark.line + 1}: an integer of {digits:,} digits (more than "
+                                   f"{MAX_INT_DIGITS:,}); no setting takes such a number: fix it")
+                return super().construct_yaml_int(node)
+
+        BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+        _LOADER = BoundedLoader
+    return _LOADER
+
+
+_LOADER = None
