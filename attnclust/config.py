@@ -104,7 +104,10 @@ def _cross(key: str, value: Any, allowed: str, fix: str = "") -> PydanticCustomE
 
 def _fail(section: str, key: str, value: Any, allowed: str, fix: str = "") -> ConfigError:
     where = (f"{section}.{key}" if section and key else section or key) or "(top level)"
-    msg = f"config {where}: got {value!r}; allowed: {allowed}"
+    long_int = isinstance(value, int) and abs(value) >= 10**60
+    shown = f"an integer of {len(str(abs(value)))} digits" if long_int else repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    msg = f"config {where}: got {shown}; allowed: {allowed}"
     return ConfigError(msg + (f"; {fix}" if fix else ""))
 
 
@@ -846,14 +849,19 @@ def load_job(path: str | Path | None = None, overrides: list[str] | None = None)
         The validated job. An unreadable file, malformed YAML (with line and column) or an invalid setting
         raises ``ConfigError``; errors in the resolved job are prefixed with ``job file PATH: ``.
     """
+    from .safeio import MAX_JOB_BYTES, load_yaml, read_user_bytes
+
     path = Path(path) if path is not None else default_job_path()
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"job file {path}: cannot read it ({exc.strerror}); check the path") from None
     source = f"job file {path}"
+    data = read_user_bytes(path, source, limit=MAX_JOB_BYTES, error=ConfigError, missing="cannot read it (no such "
+                           "file); check the path")
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); save "
+                          f"it as UTF-8") from None
+    try:
+        raw = load_yaml(text, source)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

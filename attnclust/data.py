@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import ConfigError, DataError
+from .safeio import load_json, read_user_bytes
 
 __all__ = [
     "FEATURE_COLUMNS",
@@ -62,6 +63,7 @@ FEATURE_COLUMNS = (
 _JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson"})
 _TOKENIZE_BATCH = 256
 _SHOW_CHARS = 60
+_INT64 = (-(2**63), 2**63 - 1)  # an extra field's integers are stored as int64 (examples.parquet)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,15 +278,13 @@ def _open_text(path: Any, where: str, expected: str | None = None) -> tuple[path
 
 
 def _read_text(file: pathlib.Path, where: str) -> str:
-    """Read the whole file as UTF-8 (a byte-order mark is allowed)."""
+    """Read the whole file as UTF-8 (a byte-order mark is allowed): a regular file of at most
+    :data:`attnclust.safeio.MAX_INPUT_BYTES`."""
     if not file.exists():
         raise DataError(f"{where}: not found; check the path, or leave data.path unset to use the bundled sample")
     if file.is_dir():
         raise DataError(f"{where}: is a directory; give the path of a .json or .jsonl file")
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{where}: cannot be read ({exc.strerror or exc}); check its permissions") from exc
+    raw = read_user_bytes(file, where)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -302,7 +302,7 @@ def _parse_json(text: str, file: pathlib.Path, where: str) -> list[tuple[Any, st
     Returns ``[(document, "")]`` for a JSON document, or ``[(record, " on line N"), ...]`` for JSONL.
     """
     try:
-        return [(json.loads(text), "")]
+        return [(load_json(text, where), "")]
     except json.JSONDecodeError as exc:
         whole_error = exc
     # JSON allows raw U+2028 inside strings, so split on "\n" only (json ignores a trailing "\r").
@@ -310,7 +310,7 @@ def _parse_json(text: str, file: pathlib.Path, where: str) -> list[tuple[Any, st
     jsonl = file.suffix.lower() in _JSONL_SUFFIXES
     if not jsonl and len(lines) > 1:
         try:
-            jsonl = isinstance(json.loads(lines[0][1]), dict)
+            jsonl = isinstance(load_json(lines[0][1], where), dict)
         except json.JSONDecodeError:
             jsonl = False
     if not jsonl:
@@ -321,7 +321,7 @@ def _parse_json(text: str, file: pathlib.Path, where: str) -> list[tuple[Any, st
     records = []
     for n, line in lines:
         try:
-            records.append((json.loads(line), f" on line {n}"))
+            records.append((load_json(line, f"{where} line {n}"), f" on line {n}"))
         except json.JSONDecodeError as exc:
             raise DataError(
                 f"{where}: malformed JSONL at line {n} column {exc.colno}: {exc.msg}; each line must hold one "
@@ -464,6 +464,10 @@ def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, st
         )
     extra = tuple((k, v) for k, v in rec.items() if k not in _KNOWN_FIELDS and isinstance(k, str)
                   and isinstance(v, (str, int, float, bool)))
+    for k, v in extra:
+        if type(v) is int and not _INT64[0] <= v <= _INT64[1]:
+            raise DataError(f"{label}: field {k!r} {_show(v)} is outside the 64-bit integer range (-2**63 .. "
+                            f"2**63-1); write it as a string (in quotes) or drop the field")
     example = Example(id=rid, title=title, question=question, context=context, answers=tuple(answers),
                       is_impossible=impossible, extra=extra)
     return example, label

@@ -77,9 +77,8 @@ def read_user_bytes(path: str | os.PathLike[str], where: str, *, limit: int = MA
     if not stat.S_ISREG(st.st_mode):
         raise error(f"{where}: is {_kind(st.st_mode)}, not a regular file; attnclust reads input only from "
                     f"regular files: save the content to a file and give its path")
-    too_big = f"is larger than the {_size(limit)} attnclust reads"
     if st.st_size > limit:
-        raise error(f"{where}: is {_size(st.st_size)}, {too_big}; use a smaller file")
+        raise error(f"{where}: is {_size(st.st_size)}, over the {_size(limit)} attnclust reads; use a smaller file")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as fh:
@@ -89,7 +88,7 @@ def read_user_bytes(path: str | os.PathLike[str], where: str, *, limit: int = MA
     except OSError as exc:
         raise error(f"{where}: cannot be read ({exc.strerror or exc}); check its permissions") from None
     if len(data) > limit:  # it grew since the check
-        raise error(f"{where}: {too_big}; use a smaller file")
+        raise error(f"{where}: is over the {_size(limit)} attnclust reads; use a smaller file")
     return data
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..data import _kind, _open_text, _show, _where, read_gold
 from ..errors import ConfigError, DataError
+from ..safeio import load_json
 
 __all__ = [
     "evaluate_files",
@@ -146,7 +147,7 @@ def _read_mapping(path: str | os.PathLike[str], where: str, expected: str) -> di
         return out
 
     try:
-        doc = json.loads(text, object_pairs_hook=unique)
+        doc = load_json(text, where, object_pairs_hook=unique)
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}; fix the "
                         f"syntax there (expected one object {{\"question id\": {expected}, ...}})") from exc
