@@ -502,6 +502,9 @@ def write_figure(run_dir: str | os.PathLike[str], name: str, fmt: str | None = N
         raise ConfigError(f"--figure {name!r}: unknown figure; choose one of {', '.join(figure_names())}")
     layout = finished_run(run_dir)
     target = layout.export(name, fmt) if out_path is None else out_path.absolute()
+    if layout.exports.is_symlink() and (out_path is None or target.parent.resolve() == layout.exports.resolve()):
+        raise StoreError(f"run dir {layout.root}: {layout.exports.name} is a symbolic link; attnclust does not "
+                         f"write through links inside a run directory: remove it")
     inside = target.parent.resolve().is_relative_to(layout.root)
     if inside:
         target = target.parent.resolve() / target.name

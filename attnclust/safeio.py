@@ -1,4 +1,7 @@
-"""Files a user hands attnclust: bounded reading (regular files only, a size cap, bounded nesting and integers).
+"""Files a user hands attnclust, and files attnclust writes.
+
+Reading is bounded (regular files only, a size cap, bounded nesting and integers); writing never goes through a
+symbolic link (:func:`atomic_write`, the one atomic write of the package).
 
 Every reader of user input (the data file, the job YAML, predictions and null odds, CoNLL-U parses) goes through
 :func:`read_user_bytes`, and every JSON or YAML document of the user through :func:`load_json` /
@@ -13,11 +16,14 @@ import json
 import os
 import stat
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from .errors import AttnclustError, ConfigError, DataError
+from .errors import AttnclustError, ConfigError, DataError, StoreError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "load_json", "load_yaml", "read_user_bytes"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "atomic_write", "load_json", "load_yaml",
+           "read_user_bytes", "refuse_links"]
 
 MAX_INPUT_BYTES = 4 << 30
 """The largest data, predictions or CoNLL-U file read (4 GiB; SQuAD 2.0's training set is 40 MB). Each is parsed
@@ -177,3 +183,60 @@ def _bounded_loader():
 
 
 _LOADER = None
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def refuse_links(path: str | os.PathLike[str]) -> None:
+    """Refuse to write ``path`` when it or its folder is a symbolic link (dangling or not).
+
+    attnclust writes files it owns only: a link put in the place of one of them, or in the place of the folder
+    that holds them, would make the write land wherever the link points.
+
+    Raises
+    ------
+    StoreError
+        One line naming the link and the fix.
+    """
+    path = Path(path)
+    for p, what in ((path.parent, "folder"), (path, "file")):
+        if p.is_symlink():
+            raise StoreError(f"{p}: this {what} is a symbolic link (to {os.readlink(p)}); attnclust never writes "
+                             f"through links: remove the link (or replace it by a real {what}) and re-run")
+
+
+def atomic_write(path: str | os.PathLike[str], write, *, mode: int | None = None) -> None:
+    """Call ``write(tmp_path)`` on a new temporary file beside ``path``, then rename it into place: readers never
+    see half a file, and nothing is written through a symbolic link (:func:`refuse_links`; the rename replaces
+    the name, never what a link at that name points to).
+
+    Parameters
+    ----------
+    path
+        The file to (re)place.
+    write
+        Writes the content to the temporary path it is given.
+    mode
+        Permission bits of the file (e.g. ``0o600`` for a private key: the temporary file has them from its
+        creation); default: ``0o666`` less the umask.
+    """
+    path = Path(path)
+    refuse_links(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL, mode 0600
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, _umask_mode() if mode is None else mode)
+        refuse_links(path)  # a link put there while writing
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask

@@ -11,7 +11,9 @@ mutual TLS: only holders of a certificate signed by this CA can connect. ``attnc
 
 Every certificate names ``localhost``, ``127.0.0.1`` and ``scheduler`` (the compose service) and allows both
 server and client authentication, since workers and the scheduler connect to each other in both directions.
-Private keys are written with mode 0600.
+Private keys are written with mode 0600. ``DIR`` is marked as attnclust's as a run directory is
+(``.attnclust-run.json``, written first): attnclust writes there only when it is new or empty or carries that
+mark, replaces only files it recorded there, and never writes through a symbolic link.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = ["ROLES", "security_from_dir", "write_certificates"]
 ROLES = ("scheduler", "worker", "client")
 DNS_NAMES = ("localhost", "scheduler")
 IP_ADDRESSES = ("127.0.0.1",)
+FILES = ("ca.pem", "ca-key.pem", *(f"{role}{end}" for role in ROLES for end in (".pem", "-key.pem")))
 
 
 def _key():
@@ -37,10 +40,9 @@ def _key():
 
 
 def _write(path: Path, data: bytes, mode: int) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(path, mode)  # os.open's mode is ignored for a file that already existed
+    from ..safeio import atomic_write
+
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), mode=mode)  # a key is 0600 from its creation
     return path
 
 
@@ -79,14 +81,7 @@ def write_certificates(dir: Path, *, overwrite: bool = False, days: int = 825) -
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     dir = Path(dir)
-    if dir.exists() and not dir.is_dir():
-        raise ConfigError(f"certs {dir}: exists and is not a directory; give a directory path")
-    held = [name for name in ("ca.pem", "ca-key.pem") if (dir / name).exists()]
-    if held and not overwrite:
-        raise ConfigError(f"certs {dir}: already holds a CA ({', '.join(held)}); choose an empty directory, or "
-                          f"delete the CA files (or pass overwrite=True) to replace it, which invalidates every "
-                          f"certificate it signed")
-    dir.mkdir(parents=True, exist_ok=True)
+    files = _claim(dir, overwrite)
 
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate small clock skew
     until = now + dt.timedelta(days=days)
@@ -112,8 +107,7 @@ def write_certificates(dir: Path, *, overwrite: bool = False, days: int = 825) -
         .add_extension(ca_ski, critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    written = [_write(dir / "ca-key.pem", _pem_key(ca_key), 0o600),
-               _write(dir / "ca.pem", _pem_cert(ca_cert), 0o644)]
+    written = [_write(files["ca-key.pem"], _pem_key(ca_key), 0o600), _write(files["ca.pem"], _pem_cert(ca_cert), 0o644)]
 
     sans = x509.SubjectAlternativeName([x509.DNSName(n) for n in DNS_NAMES]
                                        + [x509.IPAddress(ipaddress.ip_address(a)) for a in IP_ADDRESSES])
@@ -139,9 +133,48 @@ def write_certificates(dir: Path, *, overwrite: bool = False, days: int = 825) -
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
-        written.append(_write(dir / f"{role}-key.pem", _pem_key(key), 0o600))
-        written.append(_write(dir / f"{role}.pem", _pem_cert(cert), 0o644))
+        written.append(_write(files[f"{role}-key.pem"], _pem_key(key), 0o600))
+        written.append(_write(files[f"{role}.pem"], _pem_cert(cert), 0o644))
     return written
+
+
+def _claim(dir: Path, overwrite: bool) -> dict[str, Path]:
+    """Check, before anything is generated, that ``dir`` may receive the certificates, and mark it as attnclust's.
+
+    The ownership convention of run directories (:class:`attnclust.layout.RunLayout`): a directory that is new or
+    empty gets the marker first; an existing one must carry it, and every file replaced must be recorded in it as
+    written by attnclust. So a user's own ``worker.pem`` is never replaced, and no file is written through a
+    symbolic link (a link among the names, or the directory itself, is refused).
+    """
+    from ..errors import StoreError
+    from ..layout import RunLayout
+
+    if dir.is_symlink():
+        raise ConfigError(f"certs {dir}: is a symbolic link; give the real directory")
+    if dir.exists() and not dir.is_dir():
+        raise ConfigError(f"certs {dir}: exists and is not a directory; give a directory path")
+    files = {name: dir / name for name in FILES}
+    held = [name for name in ("ca.pem", "ca-key.pem") if os.path.lexists(files[name])]
+    if held and not overwrite:
+        raise ConfigError(f"certs {dir}: already holds a CA ({', '.join(held)}); choose an empty directory, or "
+                          f"delete the CA files (or pass overwrite=True) to replace it, which invalidates every "
+                          f"certificate it signed")
+    layout = RunLayout(dir)
+    links = [name for name, path in files.items() if path.is_symlink()]
+    if links:
+        raise ConfigError(f"certs {dir}: {links[0]} is a symbolic link; attnclust never writes through links: "
+                          f"remove it or choose an empty directory")
+    entries = sorted(p.name for p in dir.iterdir()) if dir.exists() else []
+    if entries and not layout.is_run():
+        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+        raise ConfigError(f"certs {dir}: holds files attnclust did not write ({shown}); attnclust never replaces "
+                          f"them: choose a new or empty directory")
+    try:
+        layout.claim()
+        layout.record(*files.values())
+    except StoreError as exc:
+        raise ConfigError(f"certs {dir}: {str(exc).split(': ', 1)[-1].replace('--out', 'directory')}") from None
+    return files
 
 
 def security_from_dir(dir: Path, role: str = "client"):

@@ -89,3 +89,18 @@ def test_every_figure_draws_or_says_what_the_run_lacks(run_dir, name):
         assert name in str(exc) and "\n" not in str(exc)
     else:
         assert fig.axes
+
+
+def test_nothing_is_written_into_a_folder_a_symlinked_exports_points_to(small_planted_run, tmp_path, capsys):
+    run = small_planted_run("export-link")
+    layout = RunLayout(run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    layout.exports.symlink_to(elsewhere, target_is_directory=True)
+    for more in ([], ["--out", str(layout.exports / "grid.png")], ["--out", str(elsewhere / "grid.png")]):
+        assert main(["export", str(run), "--figure", "grid", "--format", "png", *more]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"attnclust: error: run dir {layout.root.resolve()}: exports is a symbolic link; attnclust "
+                       f"does not write through links inside a run directory: remove it"]
+    assert list(elsewhere.iterdir()) == []
+    assert "exports/grid.png" not in layout.written()

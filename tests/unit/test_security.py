@@ -9,7 +9,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from attnclust.cli import main
 from attnclust.errors import ConfigError
+from attnclust.layout import MARKER, RunLayout
 from attnclust.service.security import ROLES, security_from_dir, write_certificates
 
 EXPECTED = {"ca.pem", "ca-key.pem"} | {f"{r}.pem" for r in ROLES} | {f"{r}-key.pem" for r in ROLES}
@@ -23,7 +25,8 @@ def certs(tmp_path_factory):
 
 def test_files_and_permissions(certs):
     d, written = certs
-    assert {p.name for p in written} == EXPECTED == {p.name for p in d.iterdir()}
+    assert {p.name for p in written} == EXPECTED == {p.name for p in d.iterdir()} - {MARKER, "_state"}
+    assert set(RunLayout(d).written()) >= EXPECTED  # recorded as attnclust's, as in a run directory
     for p in written:
         mode = stat.S_IMODE(p.stat().st_mode)
         if p.name.endswith("-key.pem"):
@@ -84,3 +87,49 @@ def test_security_from_dir_names_the_missing_file(tmp_path):
         security_from_dir(tmp_path / "nowhere", role="worker")
     with pytest.raises(ConfigError, match=r"security role: got 'admin'; allowed: scheduler \| worker \| client"):
         security_from_dir(tmp_path, role="admin")
+
+
+def test_a_users_own_certificate_is_never_replaced(tmp_path, capsys):
+    d = tmp_path / "certs"
+    d.mkdir()
+    (d / "worker.pem").write_text("my own certificate\n")
+    assert main(["certs", str(d)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"attnclust: error: certs {d}: holds files attnclust did not write (worker.pem); attnclust never "
+                   f"replaces them: choose a new or empty directory"]
+    assert (d / "worker.pem").read_text() == "my own certificate\n"
+    assert [p.name for p in d.iterdir()] == ["worker.pem"]
+    # in a directory attnclust made, a file the user put there later is refused too, even with overwrite=True
+    mine = tmp_path / "mine"
+    write_certificates(mine)
+    (mine / "extra.pem").write_text("user's\n")
+    write_certificates(mine, overwrite=True)  # only its own files are replaced
+    assert (mine / "extra.pem").read_text() == "user's\n"
+
+
+@pytest.mark.parametrize("dangling", [True, False])
+def test_no_key_is_written_through_a_symbolic_link(tmp_path, dangling):
+    d = tmp_path / "certs"
+    d.mkdir()
+    elsewhere = tmp_path / "elsewhere.pem"
+    if not dangling:
+        elsewhere.write_text("untouched\n")
+    (d / "worker-key.pem").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=r"certs .*: worker-key\.pem is a symbolic link; attnclust never writes "
+                                          r"through links: remove it or choose an empty directory"):
+        write_certificates(d)
+    assert elsewhere.exists() is not dangling and (dangling or elsewhere.read_text() == "untouched\n")
+    assert [p.name for p in d.iterdir()] == ["worker-key.pem"]
+    # a link put into a directory attnclust made, then overwrite: refused as well, the link's target untouched
+    mine = tmp_path / "mine"
+    write_certificates(mine)
+    (mine / "client-key.pem").unlink()
+    (mine / "client-key.pem").symlink_to(elsewhere)
+    with pytest.raises(ConfigError, match=r"client-key\.pem is a symbolic link"):
+        write_certificates(mine, overwrite=True)
+    assert elsewhere.exists() is not dangling
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "target", target_is_directory=True)
+    with pytest.raises(ConfigError, match=r"certs .*link: is a symbolic link; give the real directory"):
+        write_certificates(link)
+    assert not (tmp_path / "target").exists()

@@ -1,0 +1,47 @@
+"""Nothing is written through a symbolic link: the one atomic write refuses a link in the place of the file or of
+its folder (dangling or not), and leaves what the link points to untouched."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from attnclust.errors import StoreError
+from attnclust.safeio import atomic_write
+
+
+def write(path: Path, data: bytes = b"new", **kw) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), **kw)
+
+
+@pytest.mark.parametrize("dangling", [True, False])
+def test_a_link_in_the_place_of_the_file_is_refused(tmp_path, dangling):
+    target = tmp_path / "target"
+    if not dangling:
+        target.write_bytes(b"user's")
+    (tmp_path / "out.json").symlink_to(target)
+    with pytest.raises(StoreError, match=rf"^{tmp_path}/out\.json: this file is a symbolic link \(to {target}\); "
+                                         r"attnclust never writes through links: remove the link \(or replace it by "
+                                         r"a real file\) and re-run$"):
+        write(tmp_path / "out.json")
+    assert target.exists() is not dangling and (dangling or target.read_bytes() == b"user's")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out.json"] + ([] if dangling else ["target"]))
+
+
+def test_a_link_in_the_place_of_the_folder_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "exports").symlink_to(real, target_is_directory=True)
+    with pytest.raises(StoreError, match=r"exports: this folder is a symbolic link"):
+        write(tmp_path / "exports" / "figure.png")
+    assert list(real.iterdir()) == []
+
+
+def test_a_file_is_replaced_with_the_mode_asked(tmp_path):
+    path = tmp_path / "key.pem"
+    path.write_bytes(b"old")
+    write(path, b"secret", mode=0o600)
+    assert path.read_bytes() == b"secret" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["key.pem"]  # no temporary file left
