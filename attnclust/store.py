@@ -16,6 +16,9 @@ Store contract (documented in README; other tools rely on it)::
 
 Everything else in ``DIR`` is derived and rebuilt by the stages (paths: :mod:`attnclust.layout`). One Dask task
 owns one whole shard of ``attention`` (a block of features), so no two tasks ever write the same chunk or shard.
+Every array is complete (each chunk and shard is on disk, all-zero ones too) and attnclust writes each chunk with
+a CRC-32C checksum (:mod:`attnclust.integrity`): a missing or damaged chunk is read as an error naming the
+features it holds, never as zeros.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ SCHEMA = "attnclust.attention"
 SCHEMA_VERSION = 1
 FEATURE_COLUMNS = ("feature_id", "example_id", "span", "seq_len", "tokens", "segment_ids")
 STORE_MODES = ("full", "compact")
+DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
 
 
 def _umask_mode() -> int:
@@ -198,14 +202,14 @@ class AttentionStore:
         except (StoreError, MemoryError):
             raise
         except Exception as exc:  # zarr and its codecs raise ValueError, RuntimeError, OSError ...
-            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            from .integrity import error_text
+
             step = self.features_per_task  # a shard is the unit that is damaged and rewritten
             first, last = start // step, (stop - 1) // step
             span = f"features {first * step}..{min((last + 1) * step, self.n_features) - 1} (shard " + (
                 f"{first})" if first == last else f"{first}..{last})")
-            raise StoreError(f"store {self.path}: {span} unreadable ({type(exc).__name__}: {said}); the store "
-                             f"is damaged: re-run 'attnclust extract --force' for this output dir to rewrite "
-                             f"it") from None
+            raise StoreError(f"store {self.path}: {span} unreadable ({error_text(exc)}); the store is damaged: "
+                             f"{DAMAGE_FIX}") from None
 
     def _decode(self, values) -> np.ndarray:
         import torch  # torch's float16 -> float32 conversion is ~3x faster than NumPy's
@@ -308,6 +312,8 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     zarr = _zarr()
     from zarr.codecs import BloscCodec, TransposeCodec, ZstdCodec
 
+    from .integrity import COMPLETE, with_checksum
+
     path = Path(path)
     if path.exists():
         raise StoreError(f"store {path}: exists already; remove it first (attnclust removes only stores it wrote)")
@@ -319,19 +325,19 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     # compact: each chunk stored key-major (a head's [CLS]/[SEP]/punctuation columns become runs) and
     # bit-shuffled (the kept weights are small integers: their high bit planes are zero); see the docstring
     codecs = ({"filters": [TransposeCodec(order=(0, 1, 2, 4, 3))],
-               "compressors": BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle", typesize=1)}
-              if mode == "compact" else {"compressors": ZstdCodec(level=1)})
+               "compressors": with_checksum(BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle", typesize=1))}
+              if mode == "compact" else {"compressors": with_checksum(ZstdCodec(level=1))})
     attention = group.create_array(
         "attention", shape=(n, num_layers, num_heads, width, width), dtype=dtype,
         shards=(features_per_task, num_layers, num_heads, width, width),
-        chunks=(1, 1, num_heads, width, width), fill_value=0, dimension_names=DIMS, **codecs,
+        chunks=(1, 1, num_heads, width, width), fill_value=0, dimension_names=DIMS, config=COMPLETE, **codecs,
     )
     profile = None if mode == "full" else group.create_array(
         "profile", shape=(n, num_layers, num_heads, profile_dim), dtype="float32", fill_value=0,
-        chunks=(features_per_task, num_layers, num_heads, profile_dim), compressors=ZstdCodec(level=1),
-        dimension_names=(*DIMS[:3], "component"))
-    seq = group.create_array("seq_len", shape=(n,), dtype="int32", chunks=(max(n, 1),),
-                             dimension_names=("feature",))
+        chunks=(features_per_task, num_layers, num_heads, profile_dim), config=COMPLETE,
+        compressors=with_checksum(ZstdCodec(level=1)), dimension_names=(*DIMS[:3], "component"))
+    seq = group.create_array("seq_len", shape=(n,), dtype="int32", chunks=(max(n, 1),), config=COMPLETE,
+                             compressors=with_checksum(ZstdCodec(level=1)), dimension_names=("feature",))
     seq[:] = seq_len.astype(np.int32)
     return AttentionStore(path=path, attention=attention, seq_len=np.asarray(seq_len, np.int32),
                           attrs=dict(group.attrs), profile=profile)
@@ -345,7 +351,12 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
     if not path.exists():
         raise StoreError(f"store {path}: not found; {fix}")
     try:
-        group = zarr.open_group(str(path), mode=mode)
+        if mode == "r":  # a missing chunk or shard is an error, not zeros (integrity.py)
+            from .integrity import CONTRACT_ARRAYS, open_checked_group
+
+            group = open_checked_group(path, fix=DAMAGE_FIX, complete=CONTRACT_ARRAYS)
+        else:
+            group = zarr.open_group(str(path), mode=mode)
     except Exception as exc:  # zarr raises many types for unreadable stores
         raise StoreError(f"store {path}: not a readable zarr group ({type(exc).__name__}: {exc}); {fix}") from None
     attrs = dict(group.attrs)
@@ -367,6 +378,11 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
     except KeyError as exc:
         raise StoreError(f"store {path}: missing array {exc}; the contract needs {', '.join(map(repr, names))} "
                          f"and 'seq_len' in a {store_mode} store; {fix}") from None
+    except (ValueError, RuntimeError) as exc:  # an array's damaged zarr.json or seq_len chunk
+        from .integrity import error_text
+
+        raise StoreError(f"store {path}: arrays {', '.join(names)}, seq_len unreadable ({error_text(exc)}); the "
+                         f"store is damaged: {DAMAGE_FIX}") from None
     attention, profile = arrays["attention"], arrays.get("profile")
     if profile is not None and tuple(profile.shape[:3]) != tuple(attention.shape[:3]):
         raise StoreError(f"store {path}: profile has shape {tuple(profile.shape)}, attention "

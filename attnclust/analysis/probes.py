@@ -91,6 +91,9 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
     import shutil
 
     import zarr
+    from zarr.codecs import ZstdCodec
+
+    from ..integrity import COMPLETE, with_checksum
 
     shutil.rmtree(root, ignore_errors=True)
     group = zarr.open_group(str(root), mode="w")
@@ -105,7 +108,8 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
                     dims = ("feature", "layer", "head", "dim") if values.ndim == 4 else ("feature", "hidden")
                     arrays[name] = group.create_array(name, shape=(n_features, *values.shape[1:]), dtype="float16",
                                                       chunks=(chunk, *values.shape[1:]), dimension_names=dims,
-                                                      fill_value=np.nan)
+                                                      fill_value=np.nan, config=COMPLETE,
+                                                      compressors=with_checksum(ZstdCodec(level=0)))
                 arrays[name].oindex[ids] = values
             seen += len(ids)
     if seen != n_features:
@@ -131,17 +135,25 @@ def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tupl
     last : numpy.ndarray, shape (feature, hidden)
         float32.
     """
-    import zarr
+    from ..errors import StoreError
+    from ..integrity import open_checked_group, reading
 
-    group = zarr.open_group(str(root), mode="r")
-    if not group.attrs.get("complete"):
+    fix = "re-run 'attnclust extract --force' for this output dir to rewrite it"
+    try:  # a missing chunk raises (integrity.py), never reads as NaN or zeros
+        group = open_checked_group(root, fix=fix)
+        complete = group.attrs.get("complete")
+    except Exception as exc:  # noqa: BLE001 -- zarr raises many types for an unreadable group
+        raise StoreError(f"store {root}: not a readable zarr group ({type(exc).__name__}); {fix}") from None
+    if not complete:
         raise DataError(f"{root}: unfinished head outputs; re-run 'attnclust run' (extract) to write them")
     ids = np.asarray(feature_ids, np.int64)
     order = np.argsort(ids)
     back = np.empty_like(order)
     back[order] = np.arange(len(ids))
-    heads = np.asarray(group[pooling].oindex[ids[order]], np.float32)[back]
-    last = np.asarray(group["last_cls"].oindex[ids[order]], np.float32)[back]
+    with reading(root, f"head outputs of {len(ids)} features ({ids.min() if len(ids) else 0}.."
+                       f"{ids.max() if len(ids) else 0})", fix):
+        heads = np.asarray(group[pooling].oindex[ids[order]], np.float32)[back]
+        last = np.asarray(group["last_cls"].oindex[ids[order]], np.float32)[back]
     return heads, last
 
 

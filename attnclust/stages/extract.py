@@ -349,7 +349,7 @@ class _ShardFiller:
         # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
         self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
         if self.profile is not None:
-            self.store.profile[self.start:self.stop] = self.profile
+            self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
         self.seconds += time.perf_counter() - t0
 
 

@@ -27,6 +27,7 @@ __all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding"
            "read_block_tokens"]
 
 EMBED_SCHEMA = "attnclust.embedding"
+EMBED_FIX = "re-run 'attnclust featurize --force' for this output dir to rewrite it"
 
 
 def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_heads: int, per_task: int,
@@ -35,6 +36,9 @@ def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_he
     import shutil
 
     import zarr
+    from zarr.codecs import ZstdCodec
+
+    from ..integrity import with_checksum
 
     path = layout.embedding
     if done and path.exists():
@@ -53,22 +57,24 @@ def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_he
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
     group.attrs.update({"schema": EMBED_SCHEMA, "schema_version": 1, "method": cfg.method,
                         "settings": cfg.to_dict(), "complete": False, "num_layers": n_layers, "num_heads": n_heads})
+    checked = {"compressors": with_checksum(ZstdCodec(level=0))}  # zarr's default compressor, and a checksum
     group.create_array("embedding", shape=(n_maps, dim), dtype="float32", chunks=(chunk, dim),
-                       dimension_names=("map", "dim"))
+                       dimension_names=("map", "dim"), **checked)
     for name, dtype in (("feature_id", "int64"), ("layer", "int16"), ("head", "int16")):
-        group.create_array(name, shape=(n_maps,), dtype=dtype, chunks=(chunk,), dimension_names=("map",))
+        group.create_array(name, shape=(n_maps,), dtype=dtype, chunks=(chunk,), dimension_names=("map",), **checked)
     return set()
 
 
 def open_embedding(root: Path, *, require_complete: bool = True):
-    """The run's embedding group; raises ``StoreError`` when missing, foreign or unfinished."""
-    import zarr
+    """The run's embedding group; raises ``StoreError`` when missing, foreign or unfinished (and, reading it,
+    when a chunk is missing)."""
+    from ..integrity import open_checked_group
 
     path = RunLayout(root).embedding
     if not path.exists():
         raise StoreError(f"{path}: not found; run 'attnclust featurize' for this output dir first")
-    try:
-        group = zarr.open_group(str(path), mode="r")
+    try:  # a missing chunk is an error, not zeros (integrity.py)
+        group = open_checked_group(path, fix=EMBED_FIX)
     except Exception as exc:  # noqa: BLE001 -- zarr raises many types for unreadable stores
         raise StoreError(f"{path}: unreadable ({type(exc).__name__}); re-run 'attnclust featurize'") from None
     if group.attrs.get("schema") != EMBED_SCHEMA:
@@ -140,12 +146,16 @@ def _write_rows(layout: RunLayout, start: int, stop: int, L: int, H: int, vector
     """Write (feature, layer * head, dim) vectors of features ``start:stop`` and their index arrays."""
     import zarr
 
+    from ..integrity import COMPLETE
+
     group = zarr.open_group(str(layout.embedding), mode="r+")
     r0, r1 = start * L * H, stop * L * H
-    group["embedding"][r0:r1] = vectors.reshape(-1, vectors.shape[-1])
-    group["feature_id"][r0:r1] = np.repeat(np.arange(start, stop, dtype=np.int64), L * H)
-    group["layer"][r0:r1] = np.tile(np.repeat(np.arange(L, dtype=np.int16), H), stop - start)
-    group["head"][r0:r1] = np.tile(np.arange(H, dtype=np.int16), (stop - start) * L)
+    rows = {"embedding": vectors.reshape(-1, vectors.shape[-1]),
+            "feature_id": np.repeat(np.arange(start, stop, dtype=np.int64), L * H),
+            "layer": np.tile(np.repeat(np.arange(L, dtype=np.int16), H), stop - start),
+            "head": np.tile(np.arange(H, dtype=np.int16), (stop - start) * L)}
+    for name, values in rows.items():  # every chunk written, all-zero ones too: a missing one is damage
+        group[name].with_config(COMPLETE)[r0:r1] = values
 
 
 class FeaturizeStage(Stage):

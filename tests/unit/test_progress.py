@@ -120,8 +120,9 @@ def test_a_quiet_fit_on_a_dask_worker_sends_no_steps(tmp_path, capsys, dask_clie
 
 def test_mean_maps_bar_counts_clusters(tmp_path, capsys):
     layout = RunLayout(tmp_path)
-    create_attention_store(layout.attention, seq_len=np.array([4, 6, 5]), num_layers=1, num_heads=2,
-                           features_per_task=3, attrs={})
+    store = create_attention_store(layout.attention, seq_len=np.array([4, 6, 5]), num_layers=1, num_heads=2,
+                                   features_per_task=3, attrs={})
+    store.attention.with_config({"write_empty_chunks": True})[:] = 0  # a complete store: every shard written
     mark_store_complete(layout.attention)
     maps = pd.DataFrame({"feature_id": np.repeat(np.arange(3), 2), "layer": 0, "head": np.tile([0, 1], 3),
                          "cluster": [0, 1, 2, 0, 1, 2]})

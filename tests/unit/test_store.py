@@ -22,7 +22,8 @@ def test_store_layout_and_blocks(tmp_path):
     mark_store_complete(tmp_path / "attention.zarr")
     again = open_attention_store(tmp_path / "attention.zarr")
     np.testing.assert_array_equal(again.seq_len, [3, 5, 4])
-    assert float(np.abs(again.read_block(0, 2)).sum()) == 0.0   # unwritten = zero padding
+    with pytest.raises(StoreError, match=r"features 0\.\.1 \(chunk attention/c/0/0/0/0/0\) is missing.*extract "):
+        again.read_block(0, 2)  # a shard never written is damage, never zeros
 
 
 def test_foreign_and_broken_stores_are_refused(tmp_path):
