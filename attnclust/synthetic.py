@@ -65,6 +65,8 @@ def planted_maps(n_per_type: int, *, lengths: tuple[int, int] = (24, 96), rng: n
 
 HEAD_TYPES = ("previous", "next", "self", "cls", "sep", "punct", "block", "broad")
 """The eight head types of :func:`planted_head_map` (Clark et al. 2019; Kovaleva et al. 2019)."""
+EXTRA_HEAD_TYPES = ("local",)
+"""Head types :func:`planted_head_map` also plants on request: ``local`` (Pande et al. 2021's local sieve)."""
 
 _WORDS = ("the", "of", "river", "city", "was", "in", "king", "built", "north", "year", "which", "an", "by",
           "church", "war", "first", "people", "known", "school", "after", "water", "its", "state", "between",
@@ -147,7 +149,8 @@ def planted_head_map(kind: str, tokens: PlantedTokens, *, rng: np.random.Generat
         One of :data:`HEAD_TYPES`: ``previous`` / ``next`` (key = query -/+ 1; the first / last row attends to
         itself), ``self`` (the diagonal), ``cls`` (the first token), ``sep`` (the [SEP] tokens, equally),
         ``punct`` ('.' and ',' equally), ``block`` (uniform inside the query's own segment), ``broad`` (each row
-        a Dirichlet(4) draw over all keys: uniform-ish).
+        a Dirichlet(4) draw over all keys: uniform-ish), and of :data:`EXTRA_HEAD_TYPES` ``local`` (equal
+        weights on the keys within 2 tokens of the query, the query excluded: a band along the diagonal).
     tokens
         The sequence (its length is the map's).
     rng
@@ -179,8 +182,11 @@ def planted_head_map(kind: str, tokens: PlantedTokens, *, rng: np.random.Generat
         p = same / same.sum(1, keepdims=True)
     elif kind == "broad":
         p = rng.dirichlet(np.full(n, 4.0), size=n)
+    elif kind == "local":
+        near = (np.abs(idx[:, None] - idx[None, :]) <= 2) & (idx[:, None] != idx[None, :])
+        p = near / near.sum(1, keepdims=True)
     else:
-        raise ValueError(f"planted_head_map: unknown kind {kind!r}; allowed: {', '.join(HEAD_TYPES)}")
+        raise ValueError(f"planted_head_map: unknown kind {kind!r}; allowed: {', '.join(HEAD_TYPES + EXTRA_HEAD_TYPES)}")
     r = rng.dirichlet(np.full(n, 0.5), size=n)
     return ((1 - noise) * p + noise * r).astype(np.float32)
 
@@ -290,8 +296,8 @@ def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_feature
     return PlantedStore(root=layout.root, head_types=head_types, seq_len=seq_len, tokens=seqs)
 
 
-QA_HEAD_TYPES = (*HEAD_TYPES, "answer", "noise", "uniform")
-"""The head types of :func:`planted_qa_map`: :data:`HEAD_TYPES` plus ``answer`` (question rows attend to the gold
+QA_HEAD_TYPES = (*HEAD_TYPES, *EXTRA_HEAD_TYPES, "answer", "noise", "uniform")
+"""The head types of :func:`planted_qa_map`: :data:`HEAD_TYPES` and :data:`EXTRA_HEAD_TYPES` plus ``answer`` (question rows attend to the gold
 answer span), ``noise`` (pure Dirichlet(0.5) rows) and ``uniform``."""
 
 

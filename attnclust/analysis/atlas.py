@@ -27,10 +27,10 @@ from ..store import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
 from .stats import map_statistics, stat_columns, token_masks
 
-__all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "PATTERN_TYPES",
-           "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table", "describe_cluster", "head_table",
-           "length_buckets", "length_view", "medoid_maps", "name_clusters", "pattern_type", "read_stability",
-           "segment_chance", "segment_lift", "stats_block"]
+__all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN",
+           "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table", "describe_cluster",
+           "head_table", "is_local", "length_buckets", "length_view", "medoid_maps", "name_clusters", "pattern_type",
+           "read_stability", "segment_chance", "segment_lift", "stats_block"]
 
 KEYS = ["feature_id", "layer", "head"]
 
@@ -92,6 +92,16 @@ BROAD_MIN_ENTROPY = 0.75
 """A heterogeneous cluster whose normalised entropy is at least this is described as broad."""
 FOCUSED_MAX_ENTROPY = 0.35
 """Normalised entropy below this reads as focused when the spread tells two alike clusters apart."""
+LOCAL_MIN = 0.3
+"""``local``: at least this much of the mass within 2 tokens of the query (``to_local``, the query excluded; a
+uniform row of 100 tokens puts 4% there)."""
+LOCAL_MAX_NEIGHBOUR = 0.7
+"""``local`` needs the window's mass spread: neither the previous nor the next token holds more than this share of
+``to_local`` (a previous-token head holds nearly all of it and is named for the previous token)."""
+SEPARATING = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuation"), ("to_prev", "previous token"),
+              ("to_self", "itself"), ("to_next", "next token"), ("to_local", "nearby tokens"),
+              ("own_segment", "own segment"), ("entropy_norm", "spread"), ("confidence", "peak weight"))
+"""Statistics (all in 0..1) that tell two clusters with the same description apart, and their names."""
 
 
 def _finite(x) -> bool:
@@ -119,13 +129,35 @@ def segment_lift(means: pd.Series) -> float:
     return 0.0 if chance >= 1.0 else float((means["own_segment"] - chance) / (1.0 - chance))
 
 
+def is_local(means: pd.Series) -> bool:
+    """Whether a cluster attends to a window of nearby tokens rather than to one neighbour.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        The cluster's mean statistics (``to_local``, ``to_prev``, ``to_next``, ``to_self``).
+
+    Returns
+    -------
+    bool
+        ``to_local`` >= :data:`LOCAL_MIN`, neither neighbour holding more than :data:`LOCAL_MAX_NEIGHBOUR` of it,
+        and more mass in the window than on the token itself; False when ``to_local`` is unknown.
+    """
+    local = float(means.get("to_local", np.nan))
+    if not np.isfinite(local) or local < LOCAL_MIN:
+        return False
+    return (max(float(means["to_prev"]), float(means["to_next"])) <= LOCAL_MAX_NEIGHBOUR * local
+            and float(means["to_self"]) < local)
+
+
 def pattern_type(means: pd.Series) -> str:
     """Kovaleva et al.'s type of a cluster from its mean statistics (thresholds: the constants of this module).
 
     The first that holds: ``vertical + diagonal`` (vertical and diagonal mass both >= :data:`BOTH_MIN`, the
     strongest target of each >= :data:`NAMED_MIN`),
     ``vertical`` (mass on [CLS], [SEP] and punctuation >= :data:`VERTICAL_MIN`), ``diagonal`` (mass on the previous
-    token, the token itself and the next token >= :data:`DIAGONAL_MIN`), ``block`` (own-segment mass above chance,
+    token, the token itself and the next token >= :data:`DIAGONAL_MIN`, or a band of nearby tokens,
+    :func:`is_local`), ``block`` (own-segment mass above chance,
     :func:`segment_lift` >= :data:`BLOCK_MIN_LIFT`, and spread: ``entropy_norm`` >= :data:`BLOCK_MIN_ENTROPY`),
     else ``heterogeneous``.
 
@@ -148,7 +180,7 @@ def pattern_type(means: pd.Series) -> str:
         return "vertical + diagonal"
     if v >= VERTICAL_MIN:
         return "vertical"
-    if d >= DIAGONAL_MIN:
+    if d >= DIAGONAL_MIN or is_local(means):
         return "diagonal"
     lift = segment_lift(means)
     inside = lift >= BLOCK_MIN_LIFT if _finite(lift) else means["own_segment"] >= BLOCK_MIN_OWN_SEGMENT
@@ -173,6 +205,13 @@ def _base(means: pd.Series) -> tuple[str, str, set[str], float]:
     """(type, description, statistics named in it, strength) of one non-empty cluster."""
     kind = pattern_type(means)
     ent = float(means["entropy_norm"])
+    if kind == "diagonal" and is_local(means):
+        local = float(means["to_local"])
+        text = f"local: within ±2 tokens ({_pct(local)} of mass)"
+        extra = [t for t in _named(means, VERTICAL_TARGETS) if t[2] >= NAMED_MIN][:1]
+        if extra:
+            text += f" and {extra[0][1]} ({_pct(extra[0][2])})"
+        return kind, text, {"to_local", "to_prev", "to_next"} | {c for c, _, _ in extra}, local
     if kind in ("vertical", "diagonal", "vertical + diagonal"):
         items = ((_named(means, VERTICAL_TARGETS) if kind != "diagonal" else [])
                  + (_named(means, DIAGONAL_TARGETS) if kind != "vertical" else []))
@@ -197,7 +236,8 @@ def describe_cluster(means: pd.Series) -> str:
     """What a cluster attends to, in Clark et al.'s terms, with the share of the mass that justifies it.
 
     Targets are named ``[CLS]``, ``[SEP]``, ``punctuation``, ``previous token``, ``itself``, ``next token``; a
-    block cluster reads ``own segment, a block``, a spread-out one ``broad``. This is one cluster's description on
+    band of nearby tokens (:func:`is_local`) reads ``local: within ±2 tokens``, a block cluster ``own segment, a
+    block``, a spread-out one ``broad``. This is one cluster's description on
     its own; :func:`name_clusters` makes a run's descriptions distinct.
 
     Parameters
@@ -231,8 +271,9 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
     Clusters whose descriptions read alike (equal once shares, decimals and a leading "mixed: partly" are left
     out: ``[CLS] (45% of mass)`` and ``mixed: partly [CLS] (31% of mass)`` read alike) get, in turn and only
     while that tells some of them apart: their next strongest target (``also itself (12%)``), the layers most of
-    their maps come from (``layers 0–2``), their spread (``focused (entropy 0.21 of maximum)``) and last their
-    rank by the strength of the shared trait (``the stronger of two alike``).
+    their maps come from (``layers 0–2``), their spread (``focused (entropy 0.21 of maximum)``) and last the
+    statistic of :data:`SEPARATING` whose means differ most between them (``more [CLS] than cluster 4 (45% vs
+    31%)``; in a group of more, ``2nd most [CLS] of clusters 1, 4, 6 (38%)``).
 
     Parameters
     ----------
@@ -273,6 +314,21 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
         word = "focused" if ent < FOCUSED_MAX_ENTROPY else "broad" if ent >= BROAD_MIN_ENTROPY else "spread"
         return f"{word} (entropy {ent:.2f} of maximum)"
 
+    def separate(group: list[int]) -> dict[int, str]:
+        """What tells a group of alike clusters apart: the statistic whose means differ most across it."""
+        stats = [(c, label) for c, label in SEPARATING if c in means.columns]
+        values = {s: [float(means.loc[c, s]) for c in group] for s, _ in stats}
+        col, label = max(stats, key=lambda t: (np.nanmax(values[t[0]]) - np.nanmin(values[t[0]]), t[0]))
+        order = sorted(group, key=lambda c: (-float(means.loc[c, col]), c))
+        if len(order) == 2:
+            hi, lo = order
+            a, b = _pct(means.loc[hi, col]), _pct(means.loc[lo, col])
+            return {hi: f"more {label} than cluster {lo} ({a} vs {b})",
+                    lo: f"less {label} than cluster {hi} ({b} vs {a})"}
+        others = ", ".join(str(c) for c in sorted(group))
+        return {c: f"{'most' if i == 1 else _ordinal(i) + ' most'} {label} of clusters {others} "
+                   f"({_pct(means.loc[c, col])})" for i, c in enumerate(order, 1)}
+
     def alike() -> list[list[int]]:
         groups: dict[str, list[int]] = {}
         for c, words in parts.items():
@@ -287,13 +343,8 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
                     if extra[c]:
                         parts[c].append(extra[c])
     for group in alike():
-        order = sorted(group, key=lambda c: (-base[c][3], c))
-        for i, c in enumerate(order, 1):
-            if len(order) == 2:
-                parts[c].append("the stronger of two alike" if i == 1 else "the weaker of two alike")
-            else:
-                parts[c].append("the strongest of " if i == 1 else f"the {_ordinal(i)} strongest of ")
-                parts[c][-1] += f"{len(order)} alike"
+        for c, text in separate(group).items():
+            parts[c].append(text)
     types = ["empty" if c in empty else base[c][0] for c in ids]
     descriptions = [f"empty (cluster {c})" if c in empty else "; ".join(parts[c]) for c in ids]
     return types, descriptions

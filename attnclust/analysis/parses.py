@@ -33,8 +33,8 @@ import pandas as pd
 from ..errors import BackendUnavailable, DataError
 from ..layout import RunLayout
 
-__all__ = ["PARSE_COLUMNS", "FeatureParse", "Sentence", "align_feature", "context_key", "load_parses",
-           "match_sentences", "read_conllu", "spacy_parses"]
+__all__ = ["PARSE_COLUMNS", "POSSESSIVE_RELATIONS", "FeatureParse", "Sentence", "align_feature", "context_key",
+           "load_parses", "match_sentences", "read_conllu", "spacy_parses"]
 
 PARSE_COLUMNS = ("context_key", "sentence", "word", "form", "head", "relation", "start", "end", "source")
 """Columns of a parse table (``parses.parquet``)."""
@@ -334,9 +334,18 @@ def load_parses(layout: RunLayout, *, conllu: str | os.PathLike[str] | None = No
     return parses
 
 
+POSSESSIVE_RELATIONS = ("poss", "nmod:poss")
+"""Relations scored at the following possessive clitic (``'s``, ``s'``) when there is one, as Clark et al.'s
+evaluation does (section 4.2: the possessor's head is predicted from the clitic's attention)."""
+_CLITICS = ("'s", "s'", "’s", "s’")
+
+
 @dataclass(frozen=True)
 class FeatureParse:
     """A parse aligned to one feature's tokens.
+
+    Only sentences whose every word has a token in the feature (*whole* sentences) give arcs: a sentence cut by the
+    feature's span boundary is counted in ``cut`` and evaluated in the features where it is whole.
 
     Attributes
     ----------
@@ -344,11 +353,21 @@ class FeatureParse:
         (key,) int64: the word of each token (for :func:`attnclust.analysis.words.word_level_map`).
     dependent, head
         (arc,) int64: word index (into the word-level map) of each arc's dependent and of its gold head; arcs to
-        the root and arcs with a word outside the feature (or without a token) are left out.
+        the root are left out.
     relation
         (arc,) str: the arc's relation.
     offset
-        (arc,) int64: the gold head's position relative to the dependent, in words of the sentence.
+        (arc,) int64: the gold head's position relative to the scored word, in words of the sentence.
+    sentence
+        (arc,) int64: the arc's sentence, an index into ``sentences``.
+    scored
+        (arc,) int64: word index of the word whose prediction is scored: the dependent, or for
+        :data:`POSSESSIVE_RELATIONS` the possessive clitic right after it when there is one.
+    sentences
+        The whole sentences: for each, (word,) int64 word indices of its words in order (the candidate set of
+        its arcs' predictions).
+    cut
+        Parsed sentences of the context with some but not all of their words in the feature.
     """
 
     word_ids: np.ndarray
@@ -356,6 +375,10 @@ class FeatureParse:
     head: np.ndarray
     relation: np.ndarray
     offset: np.ndarray
+    sentence: np.ndarray
+    scored: np.ndarray
+    sentences: tuple[np.ndarray, ...]
+    cut: int
 
 
 def align_feature(tokens: Sequence[str], offsets: Sequence[Sequence[int]] | np.ndarray,
@@ -398,13 +421,33 @@ def align_feature(tokens: Sequence[str], offsets: Sequence[Sequence[int]] | np.n
     sent = words["sentence"].to_numpy(np.int64)
     wid = words["word"].to_numpy(np.int64)
     head = words["head"].to_numpy(np.int64)
-    index = {(s, w): i for i, (s, w) in enumerate(zip(sent, wid))}
-    dep_rows = np.flatnonzero((head > 0) & (where >= 0))
-    head_rows = np.array([index.get((sent[i], head[i]), -1) for i in dep_rows], np.int64)
-    keep = head_rows >= 0
-    dep_rows, head_rows = dep_rows[keep], head_rows[keep]
-    keep = where[head_rows] >= 0
-    dep_rows, head_rows = dep_rows[keep], head_rows[keep]
-    return FeatureParse(word_ids=word_ids, dependent=where[dep_rows], head=where[head_rows],
-                        relation=words["relation"].to_numpy(object)[dep_rows],
-                        offset=head[dep_rows] - wid[dep_rows])
+    forms = words["form"].to_numpy(object)
+    rels = words["relation"].to_numpy(object)
+    cols: dict[str, list] = {c: [] for c in ("dependent", "head", "relation", "offset", "sentence", "scored")}
+    whole: list[np.ndarray] = []
+    cut = 0
+    for rows in pd.Series(np.arange(len(words))).groupby(sent, sort=False).indices.values():
+        rows = rows[np.argsort(wid[rows], kind="stable")]
+        present = where[rows] >= 0
+        if not present.all():
+            cut += int(present.any())
+            continue
+        ids = where[rows]
+        if (np.diff(ids) <= 0).any():  # two parsed words inside one token: the sentence has no word-level map
+            cut += 1
+            continue
+        s = len(whole)
+        whole.append(ids)
+        pos = {int(w): i for i, w in enumerate(wid[rows])}
+        for i, r in enumerate(rows):
+            if head[r] <= 0 or int(head[r]) not in pos:
+                continue
+            scored = i + 1 if (rels[r] in POSSESSIVE_RELATIONS and i + 1 < len(rows)
+                               and forms[rows[i + 1]] in _CLITICS) else i
+            h = pos[int(head[r])]
+            for c, v in zip(cols, (ids[i], ids[h], rels[r], h - scored, s, ids[scored])):
+                cols[c].append(v)
+    return FeatureParse(word_ids=word_ids, dependent=np.asarray(cols["dependent"], np.int64),
+                        head=np.asarray(cols["head"], np.int64), relation=np.asarray(cols["relation"], object),
+                        offset=np.asarray(cols["offset"], np.int64), sentence=np.asarray(cols["sentence"], np.int64),
+                        scored=np.asarray(cols["scored"], np.int64), sentences=tuple(whole), cut=cut)

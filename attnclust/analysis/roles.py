@@ -8,6 +8,8 @@ role        score (per map statistic)            null: mass of a uniform row on 
 ==========  ===================================  ============================================================
 previous    ``to_prev``                          ``1 / n`` (rows that have a previous key)
 next        ``to_next``                          ``1 / n``
+local       ``to_local`` (keys within +-2, not   ``(keys within +-2 of each row, summed over rows) / n^2``
+            the query itself)
 self        ``to_self``                          ``1 / n``
 cls         ``to_cls`` (the first token)         ``1 / n``
 sep         ``to_sep``                           ``#separators / n``
@@ -47,14 +49,14 @@ import pandas as pd
 
 from ..errors import DataError
 from .heads import HeadContext, head_analysis
-from .stats import token_masks
+from .stats import local_keys, token_masks
 
-__all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "FDR_LEVEL", "ROLES", "ROLE_MARGIN", "bh_qvalues", "example_means", "head_roles",
-           "role_differences", "role_nulls", "role_tests"]
+__all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "FDR_LEVEL", "ROLES", "ROLE_MARGIN", "bh_qvalues", "example_means",
+           "head_roles", "role_differences", "role_nulls", "role_tests"]
 
-ROLES = ("previous", "next", "self", "cls", "sep", "punct", "block", "broad")
+ROLES = ("previous", "next", "local", "self", "cls", "sep", "punct", "block", "broad")
 """The roles tested for every head, in the order of the ``q_<role>`` columns."""
-ROLE_SCORES = {"previous": "to_prev", "next": "to_next", "self": "to_self", "cls": "to_cls", "sep": "to_sep",
+ROLE_SCORES = {"previous": "to_prev", "next": "to_next", "local": "to_local", "self": "to_self", "cls": "to_cls", "sep": "to_sep",
                "punct": "to_punct", "block": "own_segment"}
 """Mass role -> the per-map statistic that scores it."""
 ROLE_MARGIN = 0.1
@@ -92,6 +94,7 @@ def role_nulls(features: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"))
     for role in ("previous", "next", "self", "cls"):
         out[role] = 1.0 / n
+    out["local"] = local_keys(n) / n ** 2  # a uniform row's mass on its own window, averaged over the rows
     sep = punct = block = log_size = np.full(len(features), np.nan)
     if "tokens" in features.columns:
         counts = np.array([[m.sum() for m in token_masks(t, np.zeros(len(t)))[:2]] for t in features["tokens"]],

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "Statistic", "map_statistics",
+__all__ = ["LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "local_keys", "Statistic", "map_statistics",
            "stat_columns", "statistic", "statistics_versions", "token_masks"]
 
 SEP_TOKENS = frozenset({"[SEP]", "</s>", "<sep>"})
@@ -178,6 +178,39 @@ def _to_prev(b: MapBatch):
 @statistic("to_next", unit="share", description="attention mass on the next token")
 def _to_next(b: MapBatch):
     return b.diagonal_mean(1)
+
+
+LOCAL_WINDOW = 2
+"""``to_local`` counts the keys within this many tokens of the query, the query itself excluded (the local sieve
+``[t-2, t+2]`` of Pande et al. 2021)."""
+
+
+@statistic("to_local", unit="share",
+           description=f"attention mass within {LOCAL_WINDOW} tokens of the query token, the token itself excluded")
+def _to_local(b: MapBatch):
+    total = b.zeros()
+    for d in range(1, LOCAL_WINDOW + 1):
+        if d < b.n:
+            total = total + b.a.diagonal(offset=d, dim1=-2, dim2=-1).sum(-1)
+            total = total + b.a.diagonal(offset=-d, dim1=-2, dim2=-1).sum(-1)
+    return total / b.n
+
+
+def local_keys(n) -> np.ndarray:
+    """The keys within :data:`LOCAL_WINDOW` of a query, itself excluded, summed over a length-``n`` map's rows.
+
+    Parameters
+    ----------
+    n
+        Sequence length(s), any shape.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 of ``n``'s shape: ``sum over d = 1..window of 2 * max(n - d, 0)`` (for n >= 3: ``4n - 6``).
+    """
+    n = np.asarray(n, dtype=np.float64)
+    return sum(2 * np.maximum(n - d, 0) for d in range(1, LOCAL_WINDOW + 1))
 
 
 @statistic("confidence", unit="share", description="mean of each row's largest weight (Voita et al. 2019)")

@@ -1,20 +1,36 @@
-"""The ``syntax`` analysis: how often each head's most-attended word is a word's dependency head or dependent
-(Clark et al. 2019, section 4.2; Voita et al. 2019).
+"""The ``syntax`` analysis: how often each head's most-attended word is a word's dependency head, by the protocol of
+Clark et al. (2019, "What does BERT look at?", section 4.2 and their released evaluation).
 
-For every feature of the run, the attention maps are converted to words (:mod:`attnclust.analysis.words`, the words
-of the dependency parse aligned to the tokens by :func:`attnclust.analysis.parses.align_feature`). For each arc
-(dependent -> gold head, relation) a head *predicts*:
+The protocol, step by step (what the code below does, in this order):
 
-- ``dep->head``: the gold head, when the dependent's row has its largest weight on the head word;
-- ``head->dep``: the dependent, when the head word's row has its largest weight on the dependent;
+1. **Cases are whole sentences.** A parsed sentence of a context is evaluated in a feature only when every one of
+   its words has a token there (:func:`attnclust.analysis.parses.align_feature`); a sentence cut by the feature's
+   span boundary is evaluated in the features where it is whole, and counted as ``cut`` otherwise. Each
+   (feature, whole sentence) is one case set: a context read by several questions counts once per feature, since
+   each question gives other maps. Arcs to the root are not cases.
+2. **Word-level maps** as the paper's section 4.1 (:func:`attnclust.analysis.words.word_level_map`): attention
+   *to* a word split into pieces is the sum over its pieces, attention *from* it the mean over its pieces.
+3. **Candidates are the other words of the same sentence.** The map is restricted to the sentence's words (no
+   [CLS], no [SEP], no question, no other sentence), and the word itself is never a prediction (its own weight is
+   set to -inf before the argmax; Clark's code sets it to 0, the same whenever any other weight is above 0).
+4. **Two directions**, as the paper names them:
 
-the word itself is never a prediction (its own column is left out of the argmax: "the most-attended *other*
-word"). Arcs to the root are not cases. Every feature is a case of its own, so a context read by several questions
-(or in overlapping spans) counts once per feature.
+   - ``dep->head``: a dependent's predicted head is the word its own row attends to most;
+   - ``head<-dep``: the map is transposed, so a dependent's predicted head is the word that attends *to it*
+     most; a head word with several dependents can be right for all of them.
 
-The baseline of a (relation, direction) is Clark et al.'s fixed offset: always predict the word at the relation's
-most common relative position (in words of the sentence), computed on the same cases; its accuracy is that
-offset's share of the cases.
+   Both predict the same thing, the gold head of each dependent; ties in the argmax go to the first word.
+5. **Possessives**: for ``poss`` / ``nmod:poss`` followed by a clitic (``'s``), the clitic's prediction is scored,
+   as Clark et al.'s evaluation does.
+6. **Baseline**: one fixed relative offset per relation (predict the word ``offset`` words away), the best one on
+   the same cases, i.e. the relation's commonest offset; ties go to the smaller ``|offset|``, then to the negative
+   (left) one. Both directions predict a dependent's head, so they share the baseline. *Deliberate difference*:
+   Clark et al. tried offsets -3..+2 only; here every offset is tried, so a relation whose commonest offset lies
+   farther away (``punct`` often does) gets the stronger baseline, never a weaker one.
+
+A head's best relation (:func:`syntax_head_columns`) is chosen only among (relation, direction) pairs with at
+least :data:`HEAD_BEST_MIN_CASES` cases, by its gain over the baseline; a head with none has no best relation
+(missing values in ``heads.parquet``, never 0).
 """
 
 from __future__ import annotations
@@ -29,11 +45,12 @@ from ..layout import RunLayout
 from .parses import align_feature, context_key
 from .words import word_level_map
 
-__all__ = ["DIRECTIONS", "HEAD_BEST_COLUMNS", "HEAD_BEST_MIN_CASES", "SYNTAX_COLUMNS", "best_syntax_heads",
-           "syntax_head_columns", "syntax_table"]
+__all__ = ["DIRECTIONS", "HEAD_BEST_COLUMNS", "HEAD_BEST_MIN_CASES", "SYNTAX_COLUMNS", "best_offset",
+           "best_syntax_heads", "syntax_head_columns", "syntax_table"]
 
-DIRECTIONS = ("dep->head", "head->dep")
-"""``dep->head``: from the dependent to its gold head; ``head->dep``: from the head to its dependent."""
+DIRECTIONS = ("dep->head", "head<-dep")
+"""``dep->head``: the dependent's row predicts its head; ``head<-dep``: the transposed map, the word that attends
+most to the dependent is predicted as its head (Clark et al. 2019)."""
 
 SYNTAX_COLUMNS = ("relation", "direction", "layer", "head", "accuracy", "baseline", "baseline_offset", "n")
 """Columns of ``syntax.parquet``: one row per (relation, direction, layer, head)."""
@@ -41,8 +58,9 @@ SYNTAX_COLUMNS = ("relation", "direction", "layer", "head", "accuracy", "baselin
 HEAD_BEST_COLUMNS = ("syntax_best_relation", "syntax_best_direction", "syntax_best_accuracy",
                      "syntax_best_baseline", "syntax_best_gain", "syntax_best_n")
 """The ``syntax_best`` column family of ``heads.parquet`` (:func:`syntax_head_columns`)."""
-HEAD_BEST_MIN_CASES = 5
-"""A (relation, direction) with fewer cases is not a head's ``syntax_best`` (one lucky case is not a finding)."""
+HEAD_BEST_MIN_CASES = 20
+"""A (relation, direction) with fewer cases is not a head's ``syntax_best`` (a few lucky cases are not a finding);
+also the report's minimum for a relation's best head."""
 
 
 def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame, *,
@@ -72,13 +90,15 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     -------
     pandas.DataFrame
         :data:`SYNTAX_COLUMNS`, sorted by relation, direction, layer, head: ``accuracy`` (share of the ``n`` cases
-        the head predicts), ``baseline`` (the best fixed offset's share), ``baseline_offset`` (that offset, head
-        position minus dependent position for ``dep->head``, the opposite for ``head->dep``).
+        the head predicts), ``baseline`` (the best fixed offset's share), ``baseline_offset`` (that offset: gold
+        head position minus the scored word's position, in words; the same for both directions). ``attrs`` hold
+        ``whole_sentences`` (the (feature, sentence) case sets evaluated) and ``cut_sentences`` (sentences left out
+        of a feature because its span boundary cuts them).
 
     Raises
     ------
     DataError
-        ``features`` has no ``offsets``, a direction is unknown, or no arc of the parses lies in any feature.
+        ``features`` has no ``offsets``, a direction is unknown, or no arc of a whole sentence lies in any feature.
     """
     from ..store import atomic_write_parquet, open_attention_store
 
@@ -100,9 +120,10 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     features = features.set_index("feature_id", drop=False)
 
     relations: dict[str, int] = {}
-    hits: dict[str, list[np.ndarray]] = {d: [] for d in directions}  # per block: (arc, layer, head) bool
+    hits: dict[str, list[np.ndarray]] = {d: [] for d in directions}  # per case set: (arc, layer, head) bool
     rel_codes: list[np.ndarray] = []
     offsets: list[np.ndarray] = []
+    whole = cut = 0
     blocks = store.blocks()
     for b, (start, stop) in enumerate(blocks):
         aligned = {}
@@ -114,6 +135,8 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
             if words is None:
                 continue
             fp = align_feature(list(row["tokens"]), np.asarray(list(row["offsets"])).reshape(-1, 2), words)
+            cut += fp.cut
+            whole += len(fp.sentences)
             if len(fp.dependent):
                 aligned[f] = fp
         if aligned:
@@ -121,43 +144,50 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
             for f, fp in aligned.items():
                 n = int(store.seq_len[f])
                 wm = word_level_map(maps[f - start, :, :, :n, :n], fp.word_ids)
-                w = wm.shape[-1]
-                wm[..., np.arange(w), np.arange(w)] = -np.inf  # the word itself is never a prediction
-                for d in directions:
-                    src, dst = (fp.dependent, fp.head) if d == "dep->head" else (fp.head, fp.dependent)
-                    pred = wm[:, :, src, :].argmax(-1)  # (layer, head, arc)
-                    hits[d].append(np.moveaxis(pred == dst[None, None, :], -1, 0))
-                rel_codes.append(np.array([relations.setdefault(r, len(relations)) for r in fp.relation], np.int64))
-                offsets.append(fp.offset)
+                for s, ids in enumerate(fp.sentences):
+                    arcs = np.flatnonzero(fp.sentence == s)
+                    if not len(arcs):
+                        continue
+                    local = {int(w): i for i, w in enumerate(ids)}
+                    scored = np.array([local[int(w)] for w in fp.scored[arcs]], np.int64)
+                    gold = np.array([local[int(w)] for w in fp.head[arcs]], np.int64)
+                    sub = wm[:, :, ids[:, None], ids[None, :]]  # (layer, head, word, word) of this sentence
+                    sub[:, :, np.arange(len(ids)), np.arange(len(ids))] = -np.inf  # never the word itself
+                    for d in directions:
+                        pred = sub.argmax(-1) if d == "dep->head" else sub.argmax(-2)  # (layer, head, word)
+                        hits[d].append(np.moveaxis(pred[:, :, scored] == gold[None, None, :], -1, 0))
+                    rel_codes.append(np.array([relations.setdefault(r, len(relations)) for r in fp.relation[arcs]],
+                                              np.int64))
+                    offsets.append(fp.offset[arcs])
         if progress is not None:
             progress(b + 1, len(blocks))
     if not rel_codes:
-        raise DataError(f"syntax: no dependency arc of the parses lies in any feature of {layout.root} (no parsed "
-                        f"sentence of the contexts was aligned to tokens); check that the parses are of this run's "
-                        f"contexts")
+        raise DataError(f"syntax: no dependency arc of a whole parsed sentence lies in any feature of {layout.root} "
+                        f"({cut} sentence(s) cut by span boundaries; no other parsed sentence of the contexts was "
+                        f"aligned to tokens); check that the parses are of this run's contexts")
     codes = np.concatenate(rel_codes)
     offs = np.concatenate(offsets)
     names = np.array(list(relations), dtype=object)
     n_rel = len(names)
     counts = np.bincount(codes, minlength=n_rel)
+    baseline = [best_offset(offs[codes == r]) for r in range(n_rel)]
+    layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
     rows = []
     for d in directions:
         hit = np.concatenate(hits[d]).astype(np.int64)  # (arc, layer, head)
         correct = np.zeros((n_rel, n_layers, n_heads), np.int64)
         np.add.at(correct, codes, hit)
-        sign = 1 if d == "dep->head" else -1
         for r in range(n_rel):
-            values, freq = np.unique(sign * offs[codes == r], return_counts=True)
-            top = int(np.argmax(freq))
-            layer, head = np.meshgrid(np.arange(n_layers), np.arange(n_heads), indexing="ij")
+            offset, share = baseline[r]
             rows.append(pd.DataFrame({
                 "relation": names[r], "direction": d, "layer": layer.ravel(), "head": head.ravel(),
-                "accuracy": correct[r].ravel() / counts[r], "baseline": freq[top] / counts[r],
-                "baseline_offset": int(values[top]), "n": int(counts[r])}))
+                "accuracy": correct[r].ravel() / counts[r], "baseline": share, "baseline_offset": offset,
+                "n": int(counts[r])}))
     table = pd.concat(rows, ignore_index=True)
     table = table.sort_values(["relation", "direction", "layer", "head"], kind="stable").reset_index(drop=True)
     table = table.astype({"layer": np.int64, "head": np.int64, "accuracy": np.float64, "baseline": np.float64,
                           "baseline_offset": np.int64, "n": np.int64})[list(SYNTAX_COLUMNS)]
+    table.attrs.update({"whole_sentences": whole, "cut_sentences": cut})
     if write:
         path = layout.table("syntax")
         layout.record(path)
@@ -165,7 +195,26 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     return table
 
 
-def best_syntax_heads(table: pd.DataFrame, *, min_count: int = 1) -> pd.DataFrame:
+def best_offset(offsets: np.ndarray) -> tuple[int, float]:
+    """The best fixed-offset baseline of one relation: the offset that is right most often, and how often.
+
+    Parameters
+    ----------
+    offsets
+        (arc,) int: each case's gold head position minus the scored word's position, in words.
+
+    Returns
+    -------
+    tuple of (int, float)
+        The commonest offset (ties: the smaller ``|offset|``, then the negative one) and its share of the cases.
+    """
+    values, freq = np.unique(np.asarray(offsets, np.int64), return_counts=True)
+    order = np.lexsort((values > 0, np.abs(values), -freq))  # most frequent, then nearest, then left first
+    top = int(order[0])
+    return int(values[top]), float(freq[top] / freq.sum())
+
+
+def best_syntax_heads(table: pd.DataFrame, *, min_count: int = HEAD_BEST_MIN_CASES) -> pd.DataFrame:
     """The best head of every (relation, direction) of a syntax table, next to the baseline.
 
     Parameters

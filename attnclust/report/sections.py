@@ -763,7 +763,7 @@ def syntax_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``caption``), ``source``, ``sentences`` and ``features`` (from the table's ``attrs``, when there);
         ``None`` when the run has no syntax table.
     """
-    from ..analysis.syntax import best_syntax_heads
+    from ..analysis.syntax import HEAD_BEST_MIN_CASES, best_syntax_heads
 
     table = inputs.syntax
     if table is None or not len(table):
@@ -791,4 +791,5 @@ def syntax_section(inputs: ReportInputs) -> dict[str, Any] | None:
                                                     unit=PERCENT_UNIT, annotate=annotate))})
     attrs = table.attrs or {}
     return {"rows": rows, "figures": figures, "source": attrs.get("source"), "sentences": attrs.get("sentences"),
-            "features": attrs.get("features")}
+            "features": attrs.get("features"), "cut": attrs.get("cut_sentences"), "min_cases": HEAD_BEST_MIN_CASES,
+            "methods": "methods-syntax"}

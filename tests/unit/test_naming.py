@@ -40,6 +40,7 @@ EXPECTED = {
     "punct": ("punctuation", "vertical"),
     "block": ("block", "block"),
     "broad": ("broad", "heterogeneous"),
+    "local": ("local: within ±2 tokens", "diagonal"),
 }
 KINDS = tuple(EXPECTED)
 
@@ -108,6 +109,26 @@ def test_planted_descriptions_are_distinct(planted_clusters):
     assert planted_clusters["description"].nunique() == len(KINDS)
 
 
+def test_a_band_of_nearby_tokens_with_some_cls_reads_local_not_mixed():
+    """The demo's band-diagonal clusters: mass spread over the +-2 window beside a share on [CLS]."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for _ in range(6):
+        seq = planted_tokens(int(rng.integers(60, 200)), rng=rng)
+        band = planted_head_map("local", seq, rng=rng, noise=0.2)
+        cls = planted_head_map("cls", seq, rng=rng, noise=0.0)
+        a = 0.6 * band + 0.25 * cls + 0.15 * planted_head_map("broad", seq, rng=rng, noise=0.0)
+        sep, punct, seg = token_masks(list(seq.tokens), seq.segment_ids)
+        st = map_statistics(a[None, None], sep=sep, punct=punct, segment_ids=seg)
+        rows.append({s: float(st[s][0, 0]) for s in stat_columns()})
+    means = pd.DataFrame(rows).mean()
+    assert describe_cluster(means).startswith("local: within ±2 tokens (") and "[CLS] (" in describe_cluster(means)
+    assert pattern_type(means) == "diagonal"
+    previous = means.copy()
+    previous[["to_prev", "to_local"]] = [0.6, 0.62]  # one neighbour holds the window's mass: named for it
+    assert describe_cluster(previous).startswith("previous token")
+
+
 def test_two_clusters_of_one_kind_read_apart():
     # two previous-token clusters and two [CLS] clusters in the same layers: told apart by something, never equal
     maps, features = planted_run(("previous", "previous", "cls", "cls", "broad"), layers=dict.fromkeys(range(5), 2),
@@ -129,13 +150,20 @@ def test_alike_clusters_in_different_layers_say_their_layers():
     assert d[0].endswith("layer 0") and d[1].endswith("layer 5"), d
 
 
-def test_identical_clusters_are_ranked_as_a_last_resort():
+def test_clusters_alike_in_every_qualifier_say_the_statistic_that_separates_them():
     base = dict.fromkeys(stat_columns(), 0.0) | {"entropy_norm": 0.3, "own_segment": 0.5, "mean_offset": 1.0}
     means = pd.DataFrame([base | {"to_sep": 0.7}, base | {"to_sep": 0.8}, base | {"to_sep": 0.75}])
     types, descr = name_clusters(means, {0: (3, 4), 1: (3, 4), 2: (3, 4)})
     assert types == ["vertical"] * 3 and len(set(descr)) == 3
-    assert descr[1].endswith("the strongest of 3 alike") and descr[2].endswith("the 2nd strongest of 3 alike")
-    assert descr[0] == "[SEP] (70% of mass); the 3rd strongest of 3 alike"
+    assert descr[1] == "[SEP] (80% of mass); most [SEP] of clusters 0, 1, 2 (80%)"
+    assert descr[2] == "[SEP] (75% of mass); 2nd most [SEP] of clusters 0, 1, 2 (75%)"
+    assert descr[0] == "[SEP] (70% of mass); 3rd most [SEP] of clusters 0, 1, 2 (70%)"
+    # two clusters with the same main target, told apart by what differs most between them (here the spread)
+    pair = pd.DataFrame([base | {"to_cls": 0.6, "entropy_norm": 0.2}, base | {"to_cls": 0.62, "entropy_norm": 0.3}])
+    _, two = name_clusters(pair, {0: (1, 2), 1: (1, 2)})
+    assert two == ["[CLS] (60% of mass); less spread than cluster 1 (20% vs 30%)",
+                   "[CLS] (62% of mass); more spread than cluster 0 (30% vs 20%)"]
+    assert not any("alike" in d for d in descr + two)
 
 
 def test_a_weak_trait_reads_like_a_strong_one_and_both_get_their_next_trait():

@@ -274,3 +274,18 @@ def test_qa_inputs_are_checked(inputs):
         dataclasses.replace(bad, predictions=bad.predictions.drop(columns="null_odds"))
     with pytest.raises(DataError, match="report input qa"):
         dataclasses.replace(bad, qa={"scores": {}})
+
+
+def test_the_methods_page_is_the_reports_last_section_and_the_syntax_section_links_it():
+    from attnclust.report.methods_section import METHODS_PAGE, methods_anchor, methods_blocks
+
+    blocks = methods_blocks()
+    headings = [h for _, h, _ in blocks if h]
+    page = METHODS_PAGE.read_text()
+    assert headings == [ln[3:] for ln in page.splitlines() if ln.startswith("## ")]
+    assert methods_anchor("Syntax") in [a for a, _, _ in blocks]
+    html = dict((a, body) for a, _, body in blocks)[methods_anchor("Syntax")]
+    assert "head&lt;-dep" in html or "head<-dep" in html.replace("&lt;", "<")
+    assert "(syntax)=" not in "".join(body for _, _, body in blocks)  # MyST targets stay out of the report
+    template = (METHODS_PAGE.parent / "templates" / "syntax.html.j2").read_text()
+    assert 'href="#{{ methods }}"' in template

@@ -19,7 +19,14 @@ from attnclust.analysis.parses import (
     read_conllu,
     spacy_parses,
 )
-from attnclust.analysis.syntax import SYNTAX_COLUMNS, best_syntax_heads, syntax_table
+from attnclust.analysis.syntax import (
+    HEAD_BEST_MIN_CASES,
+    SYNTAX_COLUMNS,
+    best_offset,
+    best_syntax_heads,
+    syntax_head_columns,
+    syntax_table,
+)
 from attnclust.errors import BackendUnavailable, DataError
 from attnclust.layout import RunLayout
 from attnclust.store import atomic_write_parquet, open_attention_store
@@ -178,30 +185,160 @@ def planted_syntax(tmp_path):
     return layout, parses, features, conllu_path
 
 
-def test_planted_gold_head_scores_one_and_previous_head_scores_the_offset_baseline(planted_syntax):
+def _brute_force_clark(layout, parses, features, examples):
+    """Clark et al.'s syntax protocol written from the paper's description, one loop per word: the accuracy of every
+    (relation, direction, layer, head), the cases per relation and the best offset baseline's accuracy per
+    relation (the offset right most often, any offset tried). Independent of ``align_feature`` and
+    ``word_level_map``: tokens are given to words by their character offsets here."""
+    store = open_attention_store(layout.attention)
+    ctx = dict(zip(examples["id"], examples["context"]))
+    correct, cases, offsets = {}, {}, {}
+    for f, row in features.reset_index(drop=True).iterrows():
+        words = parses[parses["context_key"] == context_key(ctx[row["example_id"]])]
+        n = int(row["seq_len"])
+        maps = store.attention[f, :, :, :n, :n].astype(np.float64)
+        offs = np.asarray(list(row["offsets"])).reshape(-1, 2)
+        for _, sent in words.groupby("sentence"):
+            sent = sent.sort_values("word")
+            pieces = [[t for t in range(n) if offs[t, 0] >= 0 and offs[t, 1] > offs[t, 0] and a <= offs[t, 0] < b]
+                      for a, b in zip(sent["start"], sent["end"])]
+            if any(not p for p in pieces):  # not a whole sentence in this feature
+                continue
+            m = len(pieces)
+            for layer in range(maps.shape[0]):
+                for head in range(maps.shape[1]):
+                    a = maps[layer, head]
+                    w = np.zeros((m, m))
+                    for i in range(m):  # from word i: mean over its pieces; to word j: sum over its pieces
+                        for j in range(m):
+                            w[i, j] = np.mean([sum(a[p, q] for q in pieces[j]) for p in pieces[i]])
+                    for i, (h, rel) in enumerate(zip(sent["head"], sent["relation"])):
+                        if h == 0:
+                            continue
+                        for direction, scores in (("dep->head", w[i]), ("head<-dep", w[:, i])):
+                            best = max((j for j in range(m) if j != i), key=lambda j: (scores[j], -j))
+                            key = (rel, direction, layer, head)
+                            correct[key] = correct.get(key, 0) + int(best == h - 1)
+            for i, (h, rel) in enumerate(zip(sent["head"], sent["relation"])):
+                if h > 0:
+                    cases[rel] = cases.get(rel, 0) + 1
+                    offsets.setdefault(rel, []).append(h - 1 - i)
+    baseline = {}
+    for rel, offs_r in offsets.items():
+        baseline[rel] = max(sum(o == c for o in offs_r) for c in set(offs_r)) / len(offs_r)
+    return correct, cases, baseline
+
+
+def _examples(layout):
+    return pd.read_parquet(layout.examples)
+
+
+def test_syntax_table_equals_a_brute_force_loop_of_clarks_protocol_on_random_maps(planted_syntax):
     layout, parses, features, _ = planted_syntax
+    rng = np.random.default_rng(3)
+    store = open_attention_store(layout.attention, mode="r+")
+    for f, n in enumerate(store.seq_len):  # random row-stochastic maps in every head: no pattern to lean on
+        n = int(n)
+        maps = rng.dirichlet(np.full(n, 0.3), size=(2, 2, n)).astype(np.float16)
+        store.attention[f, :, :, :n, :n] = maps
+    table = syntax_table(layout, parses, features)
+    correct, cases, baseline = _brute_force_clark(layout, parses, features, _examples(layout))
+    assert len(table) == len(correct) == 4 * 2 * 4
+    for r in table.itertuples(index=False):
+        key = (r.relation, r.direction, r.layer, r.head)
+        assert r.n == cases[r.relation]
+        assert r.accuracy == pytest.approx(correct[key] / cases[r.relation], abs=1e-12), key
+        assert r.baseline == pytest.approx(baseline[r.relation], abs=1e-12)
+    assert table.attrs["cut_sentences"] == 0 and table.attrs["whole_sentences"] > 0
+
+
+def test_sentences_cut_by_the_span_boundary_are_not_cases_and_are_counted(planted_syntax):
+    layout, parses, features, _ = planted_syntax
+    whole = syntax_table(layout, parses, features, write=False)
+    cut_features = features.copy()
+    offs = [np.asarray(list(o)).reshape(-1, 2).copy() for o in cut_features["offsets"]]
+    last = np.flatnonzero(offs[0][:, 0] >= 0)[-3:]
+    offs[0][last] = -1  # the feature's last three context tokens fall outside its span: the last sentence is cut
+    cut_features["offsets"] = [o.tolist() for o in offs]
+    table = syntax_table(layout, parses, cut_features, write=False)
+    assert table.attrs["cut_sentences"] == 1
+    assert table.attrs["whole_sentences"] == whole.attrs["whole_sentences"] - 1
+    correct, cases, _ = _brute_force_clark(layout, parses, cut_features, _examples(layout))
+    assert table.groupby("relation")["n"].first().to_dict() == cases
+    assert table["n"].sum() < whole["n"].sum()
+
+
+def test_planted_gold_head_scores_one_in_both_directions_and_previous_head_the_offset_share(planted_syntax):
+    layout, parses, features, _ = planted_syntax
+    examples = _examples(layout)
+    store = open_attention_store(layout.attention, mode="r+")
+    for f, row in features.reset_index(drop=True).iterrows():  # head (1, 0): each head word's pieces attend
+        n = int(row["seq_len"])  # evenly to its dependents' first pieces, every other row to [CLS]
+        words = parses[parses["context_key"] == context_key(examples["context"].iloc[f])]
+        fp = align_feature(list(row["tokens"]), list(row["offsets"]), words)
+        first = np.r_[0, np.flatnonzero(np.diff(fp.word_ids)) + 1]
+        m = np.zeros((n, n), np.float32)
+        m[:, 0] = 1
+        for h in np.unique(fp.head):
+            deps = fp.dependent[fp.head == h]
+            for t in np.flatnonzero(fp.word_ids == h):
+                m[t] = 0
+                m[t, first[deps]] = 1 / len(deps)
+        store.attention[f, 1, 0, :n, :n] = m.astype(np.float16)
     table = syntax_table(layout, parses, features)
     assert list(table.columns) == list(SYNTAX_COLUMNS)
     assert set(table["relation"]) == {"prev", "next", "far", "punct"}
+    assert set(table["direction"]) == {"dep->head", "head<-dep"}
     assert pd.read_parquet(layout.table("syntax")).equals(table)
+    acc = table.set_index(["relation", "direction", "layer", "head"])["accuracy"]
+    for rel in ("prev", "next", "far", "punct"):
+        assert acc[(rel, "dep->head", 1, 1)] == 1.0  # the gold-head head
+        assert acc[(rel, "head<-dep", 1, 0)] == 1.0  # the head word spreads over its dependents (transposed)
+        assert acc[(rel, "dep->head", 1, 0)] < 1.0
+    # the previous-token head predicts offset -1, except at a sentence's first word: its previous token is outside
+    # the sentence, the restricted row is all zeros and the argmax takes the first other word (word 2)
+    arcs = parses[parses["head"] > 0]
+    hit = ((arcs["head"] - arcs["word"]) == -1) | ((arcs["word"] == 1) & (arcs["head"] == 2))
+    expected = hit.groupby(arcs["relation"]).mean()
     dep = table[table["direction"] == "dep->head"].set_index(["relation", "layer", "head"])
     for rel in ("prev", "next", "far", "punct"):
-        assert dep.loc[(rel, 1, 1), "accuracy"] == 1.0  # the gold-head head
-    assert dep.loc[("prev", 0, 0), "accuracy"] == 1.0 == dep.loc[("prev", 0, 0), "baseline"]
-    assert dep.loc[("prev", 0, 0), "baseline_offset"] == -1 and dep.loc[("next", 0, 0), "baseline_offset"] == 1
-    # the previous-token head finds the head exactly when it is the previous word: the share of offset -1
-    arcs = parses[parses["head"] > 0]
-    share = ((arcs["head"] - arcs["word"]) == -1).groupby(arcs["relation"]).mean()
-    for rel in ("prev", "next", "far", "punct"):
-        assert dep.loc[(rel, 0, 0), "accuracy"] == pytest.approx(share[rel])
+        assert dep.loc[(rel, 0, 0), "accuracy"] == pytest.approx(expected[rel])
         assert dep.loc[(rel, 0, 0), "n"] == (arcs["relation"] == rel).sum()
-    heads = table[table["direction"] == "head->dep"].set_index(["relation", "layer", "head"])
-    assert heads.loc[("next", 0, 0), "accuracy"] == 1.0  # from the head, the dependent is the previous word
-    best = best_syntax_heads(table).set_index(["relation", "direction"])
+    assert dep.loc[("prev", 0, 0), "baseline_offset"] == -1 and dep.loc[("next", 0, 0), "baseline_offset"] == 1
+    # both directions predict a dependent's head: one baseline
+    base = table.groupby("relation")[["baseline", "baseline_offset"]].nunique()
+    assert (base == 1).all().all()
+    best = best_syntax_heads(table, min_count=1).set_index(["relation", "direction"])
     assert (best.xs("dep->head", level="direction")["accuracy"] == 1.0).all()
     for rel in ("next", "far", "punct"):  # "prev" ties with the previous-token head (0, 0), which comes first
         assert tuple(best.loc[(rel, "dep->head"), ["layer", "head"]]) == (1, 1)
+    for rel in ("far", "punct"):  # for "next", the previous-token head (0, 0) attends to the dependent too
+        assert tuple(best.loc[(rel, "head<-dep"), ["layer", "head"]]) == (1, 0)
     assert tuple(best.loc[("prev", "dep->head"), ["layer", "head"]]) == (0, 0)
+
+
+@pytest.mark.parametrize("offsets, expected", [
+    ([-1, -1, 1, 1, 3], (-1, 0.4)),  # a tie of -1 and +1: the left one
+    ([2, 2, -3, -3, -3], (-3, 0.6)),
+    ([4, -4, 2, -2], (-2, 0.25)),  # all tied: the nearest, then the left one
+])
+def test_best_offset_is_the_commonest_with_documented_ties(offsets, expected):
+    assert best_offset(np.array(offsets)) == expected
+
+
+def test_best_relation_needs_the_case_minimum_and_heads_without_one_get_none():
+    rows = []
+    for layer, head in ((0, 0), (0, 1)):
+        for rel, n, acc in (("det", HEAD_BEST_MIN_CASES, 0.5), ("rare", HEAD_BEST_MIN_CASES - 1, 1.0)):
+            if (layer, head) == (0, 1) and rel == "det":
+                continue
+            rows.append({"relation": rel, "direction": "dep->head", "layer": layer, "head": head, "accuracy": acc,
+                         "baseline": 0.1, "baseline_offset": 1, "n": n})
+    table = pd.DataFrame(rows)
+    cols = syntax_head_columns(table)
+    assert cols[["layer", "head"]].values.tolist() == [[0, 0]]  # (0, 1) has only the rare relation: no row
+    assert cols["syntax_best_relation"].iloc[0] == "det" and cols["syntax_best_gain"].iloc[0] == pytest.approx(0.4)
+    assert best_syntax_heads(table)["relation"].tolist() == ["det"]
 
 
 def test_parses_are_cached_per_source_and_unmatched_files_are_refused(planted_syntax, tmp_path):
