@@ -6,6 +6,11 @@ writes, a ``plan`` of blocks, a per-block ``task`` (runs on a Dask worker or in-
 (on the driver). Its fingerprint is made of the values of the keys it reads, its version, its upstream stages'
 fingerprints and any content identity it declares (data file hash, model weights): a key a stage does not read
 never invalidates it, and a refused re-run names the key that changed, with its old and new values.
+
+A stage is complete only when its record matches *and* the outputs it recorded at the end are still there and
+open (a cheap check: parquet footers, JSON, zarr metadata and chunk files; :func:`attnclust.integrity.output_problem`).
+A selected stage whose output is missing or damaged runs again (and what depends on it is invalidated); an
+upstream stage that is not selected is refused in one line naming the output and the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..config import JobConfig
-from ..errors import JobCancelled, StoreError
+from ..errors import AttnclustError, JobCancelled, StoreError
 from ..layout import RunLayout
 
 __all__ = ["RunContext", "Stage", "check_stages", "describe_change", "fingerprint_of", "run_block", "run_stages"]
@@ -209,6 +214,19 @@ def _forget(layout: RunLayout, stage: Stage) -> None:
     layout.remove(*stage.outputs(layout))
 
 
+def _output_problem(layout: RunLayout, stage: Stage, record: dict) -> str | None:
+    """``heads.parquet missing``: the first recorded output of a finished stage that is gone or does not open.
+
+    A record written before outputs were recorded (no ``outputs`` key) is checked on the outputs that exist.
+    """
+    from ..integrity import output_problem
+
+    recorded = record.get("outputs")
+    paths = ([layout.root / rel for rel in recorded] if isinstance(recorded, list)
+             else [p for p in stage.outputs(layout) if p.exists()])
+    return next((problem for problem in map(output_problem, paths) if problem), None)
+
+
 def _downstream(stages: tuple[Stage, ...], name: str) -> list[Stage]:
     """Every stage that depends, directly or not, on ``name`` (in pipeline order)."""
     hit = {name}
@@ -218,6 +236,13 @@ def _downstream(stages: tuple[Stage, ...], name: str) -> list[Stage]:
             hit.add(stage.name)
             out.append(stage)
     return out
+
+
+def _command(stage: str) -> str:
+    """The command that runs ``stage`` (``qa`` runs with ``extract``, ``importance`` with ``run``)."""
+    from . import COMMANDS
+
+    return next((cmd for cmd, names in COMMANDS.items() if cmd != "run" and stage in names), "run")
 
 
 def check_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, ...]) -> None:
@@ -251,6 +276,14 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
             if record is not None:
                 ctx.fingerprints[stage.name] = record["fingerprint"]
                 ctx.records[stage.name] = record
+                needed = {s.name for s in _downstream(stages, stage.name)} & set(selected)
+                problem = _output_problem(layout, stage, record) if needed else None
+                if problem:
+                    command = _command(stage.name)
+                    also = "" if command == "run" else " (or 'attnclust run')"
+                    raise StoreError(f"output dir {layout.root}: stage '{stage.name}' finished but its output "
+                                     f"{problem}; re-run 'attnclust {command}'{also} for this output dir to "
+                                     f"rebuild it")
                 stage.verify(ctx)
             elif stage.provided(layout):
                 stage.verify(ctx)
@@ -263,7 +296,12 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
         fp = ctx.fingerprints[stage.name] = _digest(parts)
         started = _read_json(layout.stage_started(stage.name))
         previous = record or started
+        damaged = None
         if record is not None and record.get("fingerprint") == fp and not force_named:
+            damaged = _output_problem(layout, stage, record)
+        if damaged:
+            ctx.note(f"{stage.name}: finished before, but its output {damaged}; running it again")
+        if record is not None and record.get("fingerprint") == fp and not force_named and not damaged:
             stage.verify(ctx)
             ctx.records[stage.name] = results[stage.name] = {**record, "skipped": True}
             if ctx.on_event:
@@ -276,7 +314,7 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
                              f"overwrite it, or choose another --out")
         for later in _downstream(stages, stage.name):
             _forget(layout, later)
-        if changed or force_named:
+        if changed or force_named or damaged:
             _forget(layout, stage)
         else:
             layout.stage_record(stage.name).unlink(missing_ok=True)
@@ -293,15 +331,27 @@ def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
     if ctx.on_event:
         ctx.on_event(stage.name, "started", {})
     t0 = time.perf_counter()
-    blocks, done = stage.plan(ctx, _done_blocks(layout, stage.name, fp))
-    todo = [(b, args) for b, args in enumerate(blocks) if b not in done]
-    results = ctx.executor.map(
-        run_block, [(stage.task, str(layout.root), stage.name, fp, b, args) for b, args in todo],
-        stage=stage.name, total=len(blocks), done=len(done), progress=ctx.progress) if todo else []
-    ctx.stop_if_asked(f"finishing the {stage.name} stage")
-    record = stage.finalize(ctx, results)
+    try:
+        blocks, done = stage.plan(ctx, _done_blocks(layout, stage.name, fp))
+        todo = [(b, args) for b, args in enumerate(blocks) if b not in done]
+        results = ctx.executor.map(
+            run_block, [(stage.task, str(layout.root), stage.name, fp, b, args) for b, args in todo],
+            stage=stage.name, total=len(blocks), done=len(done), progress=ctx.progress) if todo else []
+        ctx.stop_if_asked(f"finishing the {stage.name} stage")
+        record = stage.finalize(ctx, results)
+    except AttnclustError:
+        raise
+    except (ValueError, RuntimeError) as exc:  # a chunk of an input store failed its checksum
+        from ..integrity import error_text, is_checksum_error
+
+        if not is_checksum_error(exc) or not stage.inputs:
+            raise
+        raise StoreError(f"output dir {layout.root}: stage '{stage.name}' read a damaged chunk of the output of "
+                         f"stage '{stage.inputs[-1]}' ({error_text(exc)}); re-run 'attnclust "
+                         f"{_command(stage.inputs[-1])} --force' for this output dir to rewrite it") from None
+    outputs = [layout.relative(p) for p in stage.outputs(layout) if p.exists()]  # checked when it is skipped
     record = {"fingerprint": fp, "parts": parts, "seconds": round(time.perf_counter() - t0, 3),
-              "blocks": len(blocks), "blocks_resumed": len(done), **record}
+              "blocks": len(blocks), "blocks_resumed": len(done), "outputs": outputs, **record}
     atomic_write_json(layout.stage_record(stage.name), record)
     if ctx.on_event:
         ctx.on_event(stage.name, "finished", record)
