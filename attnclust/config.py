@@ -847,7 +847,7 @@ def load_job(path: str | Path | None = None, overrides: list[str] | None = None)
     -------
     JobConfig
         The validated job. An unreadable file, malformed YAML (with line and column) or an invalid setting
-        raises ``ConfigError``; errors in the resolved job are prefixed with ``job file PATH: ``.
+        raises ``ConfigError``; errors in the resolved job are prefixed with ``job file PATH:``.
     """
     from .safeio import MAX_JOB_BYTES, load_yaml, read_user_bytes
 

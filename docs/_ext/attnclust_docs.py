@@ -1,0 +1,281 @@
+"""Sphinx extension of attnclust's documentation, and the checks that keep the references true to the code.
+
+- The directive ``attnclust-job-reference`` writes the job reference from the pydantic config models
+  (:class:`attnclust.config.JobConfig` and the section models it holds): every key with its default, what is
+  allowed and the description from the ``Parameters`` section of its model's numpydoc docstring. A key without a
+  description, or a described name that is no key, is a build warning (an error under ``sphinx-build -W``).
+- :func:`undocumented_columns` compares the parquet tables of a finished run with the output reference
+  (``docs/reference/outputs.md``): every column written must be documented there (``tests/docs`` runs it).
+
+The functions work on any pydantic model, so the tests can show that they find an undocumented key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["JobKey", "described_but_missing", "documented_columns", "documented_files", "field_descriptions",
+           "job_keys", "job_reference_rst", "setup", "undocumented_columns", "undocumented_files",
+           "undocumented_keys"]
+
+
+# --- the job reference ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobKey:
+    """One dotted key of a job file.
+
+    Attributes
+    ----------
+    key : str
+        The dotted key, e.g. ``cluster.k`` (``name`` at the top level).
+    default : str
+        The default as written in YAML (``null``, ``true``, ``[a, b]``); empty for a section.
+    allowed : str
+        What the model accepts, from the field's ``json_schema_extra["allowed"]``.
+    description : str
+        From the ``Parameters`` section of the owning model's docstring; empty when it has none.
+    section : bool
+        True when the key is a section (a nested model) rather than a setting.
+    """
+
+    key: str
+    default: str
+    allowed: str
+    description: str
+    section: bool = False
+
+
+def field_descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Name -> description from the ``Parameters`` section of ``model``'s numpydoc docstring.
+
+    A parameter line naming several settings (``arch, weights, image_size``) describes each of them; a name given
+    with a trailing ``*`` or a type after `` : `` is read without them. Descriptions are joined into one line.
+    """
+    from numpydoc.docscrape import NumpyDocString
+
+    doc = NumpyDocString(model.__doc__ or "")
+    out: dict[str, str] = {}
+    for param in doc["Parameters"]:
+        text = " ".join(line.strip() for line in param.desc).strip()
+        for name in param.name.split(","):
+            name = name.strip().lstrip("*")
+            if name:
+                out[name] = text
+    return out
+
+
+def _nested(annotation: Any) -> type[BaseModel] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def job_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[JobKey]:
+    """Every key of ``model`` (default :class:`attnclust.config.JobConfig`), walking nested models recursively.
+
+    A nested model's own key comes first (``section=True``), then its settings as ``section.setting``.
+    """
+    if model is None:
+        from attnclust.config import JobConfig
+
+        model = JobConfig
+    described = field_descriptions(model)
+    keys: list[JobKey] = []
+    for name, info in model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        nested = _nested(info.annotation)
+        default = "" if nested is not None or info.default_factory is not None else _yaml(info.default)
+        keys.append(JobKey(prefix + name, default, str(extra.get("allowed", "")), described.get(name, ""),
+                           section=nested is not None))
+        if nested is not None:
+            keys.extend(job_keys(nested, f"{prefix}{name}."))
+    return keys
+
+
+def _models(model: type[BaseModel]) -> Iterable[tuple[str, type[BaseModel]]]:
+    yield "", model
+    for name, info in model.model_fields.items():
+        nested = _nested(info.annotation)
+        if nested is not None:
+            yield from ((f"{name}.{inner}" if inner else name, m) for inner, m in _models(nested))
+
+
+def undocumented_keys(model: type[BaseModel] | None = None) -> list[str]:
+    """Dotted keys of ``model`` (default ``JobConfig``) whose docstring gives no description."""
+    return [k.key for k in job_keys(model) if not k.description]
+
+
+def described_but_missing(model: type[BaseModel] | None = None) -> list[str]:
+    """Names described in a model's ``Parameters`` section that are no field of it (documented but missing)."""
+    if model is None:
+        from attnclust.config import JobConfig
+
+        model = JobConfig
+    missing = []
+    for prefix, owner in _models(model):
+        for name in field_descriptions(owner):
+            if name not in owner.model_fields:
+                missing.append(f"{prefix}.{name}" if prefix else name)
+    return missing
+
+
+def _cell(text: str) -> str:
+    return text.replace("\n", " ").strip() or "\\-"
+
+
+def _summary(model: type[BaseModel]) -> str:
+    from numpydoc.docscrape import NumpyDocString
+
+    doc = NumpyDocString(model.__doc__ or "")
+    return "\n\n".join(part for part in (" ".join(doc["Summary"]), "\n".join(doc["Extended Summary"])) if part)
+
+
+def job_reference_rst(model: type[BaseModel] | None = None) -> str:
+    """The job reference as reStructuredText: the top-level keys, then one section per nested model."""
+    if model is None:
+        from attnclust.config import JobConfig
+
+        model = JobConfig
+    keys = job_keys(model)
+    sections = {k.key: _nested(model.model_fields[k.key].annotation) for k in keys if k.section and "." not in k.key}
+    lines: list[str] = []
+
+    def table(rows: list[JobKey]) -> None:
+        lines.extend([".. list-table::", "   :header-rows: 1", "   :widths: 22 12 22 44", "   :class: job-keys", "",
+                      "   * - key", "     - default", "     - allowed", "     - meaning"])
+        for k in rows:
+            default = f"``{k.default}``" if k.default else "\\-"
+            lines.extend([f"   * - ``{k.key}``", f"     - {default}", f"     - {_cell(k.allowed)}",
+                          f"     - {_cell(k.description)}"])
+        lines.append("")
+
+    top = [k for k in keys if "." not in k.key and not k.section]
+    title = "Top-level keys"
+    lines.extend([title, "-" * len(title), "", _summary(model), ""])
+    table(top)
+    for name, section in sections.items():
+        title = f"{name}"
+        lines.extend([f".. _job-{name}:", "", title, "-" * len(title), "", _summary(section), ""])
+        table([k for k in keys if k.key.startswith(name + ".") and not k.section])
+    return "\n".join(lines)
+
+
+# --- the output reference ---------------------------------------------------------------------------------------
+
+_HEADING = re.compile(r"^#{2,4}\s+(.*)$")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def documented_files(markdown: str) -> set[str]:
+    """File and directory names given (in backticks) in the headings of the output reference."""
+    names: set[str] = set()
+    for line in markdown.splitlines():
+        match = _HEADING.match(line)
+        if match:
+            names.update(name.strip() for name in _CODE.findall(match.group(1)))
+    return names
+
+
+def documented_columns(markdown: str) -> dict[str, list[str]]:
+    """Parquet file name -> the column names documented under its heading (first cell of each table row).
+
+    Names may hold a placeholder in angle brackets (``share_<c>``), which stands for one or more characters.
+    """
+    out: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in markdown.splitlines():
+        match = _HEADING.match(line)
+        if match:
+            files = [n for n in _CODE.findall(match.group(1)) if n.endswith(".parquet")]
+            current = []
+            for name in files:
+                current = out.setdefault(name, current)
+            continue
+        if line.startswith("|") and not set(line) <= set("|-: "):
+            first = line.strip().strip("|").split("|")[0]
+            current.extend(_CODE.findall(first))
+    return out
+
+
+def _pattern(name: str) -> re.Pattern:
+    parts = re.split(r"<[^>]+>", name)
+    return re.compile(".+".join(re.escape(p) for p in parts) + r"\Z")
+
+
+def undocumented_columns(run_dir: str | Path, markdown: str) -> list[str]:
+    """``file: column`` for every column of every ``*.parquet`` in ``run_dir`` that ``markdown`` does not document.
+
+    A table whose file has no heading in ``markdown`` is reported as ``file: (no section)``.
+    """
+    import pyarrow.parquet as pq
+
+    documented = documented_columns(markdown)
+    missing = []
+    for path in sorted(Path(run_dir).glob("*.parquet")):
+        names = documented.get(path.name)
+        if names is None:
+            missing.append(f"{path.name}: (no section)")
+            continue
+        patterns = [_pattern(n) for n in names]
+        for column in pq.read_schema(path).names:
+            if not any(p.match(column) for p in patterns):
+                missing.append(f"{path.name}: {column}")
+    return missing
+
+
+def undocumented_files(run_dir: str | Path, markdown: str) -> list[str]:
+    """Names of the files and directories at the top of ``run_dir`` that no heading of ``markdown`` names."""
+    documented = documented_files(markdown)
+    return sorted(p.name for p in Path(run_dir).iterdir() if p.name not in documented)
+
+
+# --- Sphinx -----------------------------------------------------------------------------------------------------
+
+def setup(app):
+    """Register the ``attnclust-job-reference`` directive."""
+    from docutils import nodes
+    from docutils.statemachine import StringList
+    from sphinx.util import logging
+    from sphinx.util.docutils import SphinxDirective
+    from sphinx.util.nodes import nested_parse_with_titles
+
+    logger = logging.getLogger(__name__)
+
+    class JobReference(SphinxDirective):
+        """Every job key from the config models (``.. attnclust-job-reference::``)."""
+
+        has_content = False
+
+        def run(self):
+            where = self.get_location()
+            for key in undocumented_keys():
+                logger.warning(f"job key {key!r} has no description in its config model's docstring "
+                               "(Parameters section)", location=where)
+            for key in described_but_missing():
+                logger.warning(f"job key {key!r} is described in a config model's docstring but is no field",
+                               location=where)
+            node = nodes.section()
+            node.document = self.state.document
+            nested_parse_with_titles(self.state, StringList(job_reference_rst().splitlines(), source=where),
+                                     node)
+            return node.children
+
+    app.add_directive("attnclust-job-reference", JobReference)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
