@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -204,9 +205,9 @@ def enable_numba_cache(packages: tuple[str, ...] = NUMBA_CACHED_PACKAGES, *, cac
     where = Path(cache_dir) if cache_dir is not None else numba_cache_dir()
     try:
         where.mkdir(parents=True, exist_ok=True)
-        probe = where / f".attnclust-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=where, prefix=".attnclust-write-test-")  # a new file, never a link's
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         warnings.warn(f"numba cache directory {where} is not writable ({exc.strerror or exc}); umap-learn will "
                       f"compile its numba code in every process (40-80 s); set NUMBA_CACHE_DIR to a writable "

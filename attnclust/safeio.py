@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import AttnclustError, ConfigError, DataError, StoreError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "atomic_write", "load_json", "load_yaml",
+__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "append_text", "atomic_write", "load_json", "load_yaml",
            "read_user_bytes", "refuse_links"]
 
 MAX_INPUT_BYTES = 4 << 30
@@ -240,3 +240,12 @@ def _umask_mode() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
+
+
+def append_text(path: str | os.PathLike[str], text: str) -> None:
+    """Append ``text`` (UTF-8) to ``path``, created if missing; never through a symbolic link (:func:`refuse_links`,
+    and ``O_NOFOLLOW`` against one put there meanwhile)."""
+    refuse_links(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)

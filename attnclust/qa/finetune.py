@@ -128,6 +128,9 @@ def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer)
 def _check_model_dir(layout: ModelDirLayout) -> None:
     """Refuse a directory that holds something other than our fine-tuning output."""
     out = layout.root
+    if out.is_symlink():
+        raise ConfigError(f"--out {out}: is a symbolic link; attnclust never writes through links: give the real "
+                          f"directory")
     if not out.exists():
         return
     if not out.is_dir():
@@ -135,6 +138,10 @@ def _check_model_dir(layout: ModelDirLayout) -> None:
     if not layout.is_finetune_dir() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: exists and holds files not written by 'attnclust finetune'; choose an "
                           "empty or new directory")
+    links = sorted(p.name for p in out.iterdir() if p.is_symlink())
+    if links:
+        raise ConfigError(f"--out {out}: {links[0]} is a symbolic link; attnclust never writes through links: "
+                          f"remove it or choose a new --out")
 
 
 def _file_identity(path: Path) -> list[int]:

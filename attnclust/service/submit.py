@@ -51,6 +51,7 @@ from typing import Any
 
 from ..errors import AttnclustError
 from ..layout import RunLayout
+from ..safeio import append_text
 
 __all__ = ["main", "run_driver"]
 
@@ -175,8 +176,7 @@ class _Driver:
         with self.lock:
             if self.layout is not None and self.layout.is_run():
                 self.layout.record(self.layout.service_log)
-                with open(self.layout.service_log, "a", encoding="utf-8") as fh:
-                    fh.writelines(f"{stamp}  {line}\n" for line in lines)
+                append_text(self.layout.service_log, "".join(f"{stamp}  {line}\n" for line in lines))
             self.tail.extend(lines)
 
     def update(self, **fields) -> None:

@@ -45,3 +45,42 @@ def test_a_file_is_replaced_with_the_mode_asked(tmp_path):
     write(path, b"secret", mode=0o600)
     assert path.read_bytes() == b"secret" and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["key.pem"]  # no temporary file left
+
+
+def test_appending_refuses_a_link(tmp_path):
+    from attnclust.safeio import append_text
+
+    target = tmp_path / "target"
+    target.write_text("user's\n")
+    (tmp_path / "service.log").symlink_to(target)
+    with pytest.raises(StoreError, match=r"service\.log: this file is a symbolic link"):
+        append_text(tmp_path / "service.log", "a line\n")
+    assert target.read_text() == "user's\n"
+    append_text(tmp_path / "own.log", "one\n")
+    append_text(tmp_path / "own.log", "two\n")
+    assert (tmp_path / "own.log").read_text() == "one\ntwo\n"
+
+
+@pytest.mark.parametrize("where", ["root", "entry"])
+def test_finetune_refuses_a_model_dir_with_links_before_writing(tmp_path, tiny_bert_dir, small_squad, where):
+    from attnclust.config import JobConfig
+    from attnclust.errors import ConfigError
+    from attnclust.qa import finetune_model
+
+    real = tmp_path / "real"
+    real.mkdir()
+    out = tmp_path / "model"
+    if where == "root":
+        out.symlink_to(real, target_is_directory=True)
+        message = r"--out .*model: is a symbolic link; attnclust never writes through links: give the real directory"
+    else:
+        out.mkdir()
+        (out / "_state").mkdir()
+        (out / "_state" / "finetune.started").write_text("0123456789abcdef")  # a fine-tuning began here
+        (out / ".final.tmp").symlink_to(real, target_is_directory=True)
+        message = r"--out .*model: \.final\.tmp is a symbolic link; attnclust never writes through links"
+    cfg = JobConfig.from_dict({"name": "t", "model": {"name": str(tiny_bert_dir)}, "data": {"path": str(small_squad)},
+                               "backend": "cpu", "finetune": {"max_steps": 1}})
+    with pytest.raises(ConfigError, match=message):
+        finetune_model(cfg, out, progress=False)
+    assert list(real.iterdir()) == []
