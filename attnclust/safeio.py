@@ -22,8 +22,8 @@ from typing import Any
 
 from .errors import AttnclustError, ConfigError, DataError, StoreError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "append_text", "atomic_write", "load_json", "load_yaml",
-           "read_user_bytes", "refuse_links"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "append_text", "atomic_write", "load_json",
+           "load_yaml", "read_user_bytes", "refuse_links"]
 
 MAX_INPUT_BYTES = 4 << 30
 """The largest data, predictions or CoNLL-U file read (4 GiB; SQuAD 2.0's training set is 40 MB). Each is parsed
