@@ -34,7 +34,7 @@ from ..errors import BackendUnavailable, DataError
 from ..layout import RunLayout
 
 __all__ = ["PARSE_COLUMNS", "POSSESSIVE_RELATIONS", "FeatureParse", "Sentence", "align_feature", "context_key",
-           "load_parses", "match_sentences", "read_conllu", "spacy_parses"]
+           "load_parses", "match_conllu", "match_sentences", "read_conllu", "spacy_parses"]
 
 PARSE_COLUMNS = ("context_key", "sentence", "word", "form", "head", "relation", "start", "end", "source")
 """Columns of a parse table (``parses.parquet``)."""
@@ -83,20 +83,21 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
     Raises
     ------
     DataError
-        One line naming the file and line when the file is missing, not UTF-8, or malformed (not 10 tab-separated
-        fields, IDs not 1, 2, 3 ..., a HEAD that is not a word id of the sentence, an empty DEPREL), or holds no
-        sentence.
+        One line naming the file and line when the file is missing, not a regular file, too large
+        (:data:`attnclust.safeio.MAX_INPUT_BYTES`), not UTF-8, or malformed (not 10 tab-separated fields, IDs not
+        1, 2, 3 ..., a HEAD that is not a word id of the sentence, an empty DEPREL), when a sentence is not a tree
+        (not exactly one root, a word that is its own head, a cycle of heads), or when it holds no sentence.
     """
+    from ..safeio import read_user_bytes
+
     path = Path(path)
+    raw = read_user_bytes(path, f"conllu file {path}", missing="not found; give the path of a CoNLL-U file of "
+                          "gold parses")
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"conllu file {path}: not found; give the path of a CoNLL-U file of gold parses") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"conllu file {path}: is not UTF-8 text (byte offset {exc.start}); save it as UTF-8") \
             from None
-    except OSError as exc:
-        raise DataError(f"conllu file {path}: unreadable ({exc.strerror})") from None
     sentences: list[Sentence] = []
     words: list[str] = []
     heads: list[tuple[str, int]] = []
@@ -108,10 +109,11 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
             return
         parsed = []
         for (head, line), word in zip(heads, words):
-            if not head.isdigit() or int(head) > len(words):
+            if not (head.isascii() and head.isdigit()) or int(head) > len(words):
                 raise DataError(f"conllu file {path}: line {line}: HEAD {head!r} of word {word!r} is not 0 or a word "
                                 f"id of its sentence (1..{len(words)}); fix the parse")
             parsed.append(int(head))
+        _check_tree(parsed, words, [line for _, line in heads], path)
         sentences.append(Sentence(words=tuple(words), heads=tuple(parsed), relations=tuple(rels), line=first))
         words.clear(), heads.clear(), rels.clear()
 
@@ -129,7 +131,7 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
         wid, form, head, rel = fields[0], fields[1], fields[6], fields[7]
         if "-" in wid or "." in wid:
             continue
-        if not wid.isdigit() or int(wid) != len(words) + 1:
+        if not (wid.isascii() and wid.isdigit()) or int(wid) != len(words) + 1:
             raise DataError(f"conllu file {path}: line {no}: ID {wid!r}; expected {len(words) + 1} (word ids count "
                             f"1, 2, 3 ... within a sentence; a blank line ends a sentence)")
         if not form:
@@ -147,6 +149,34 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
         raise DataError(f"conllu file {path}: holds no sentence; give a CoNLL-U file with at least one parsed "
                         f"sentence")
     return sentences
+
+
+def _check_tree(heads: list[int], words: list[str], lines: list[int], path: Path) -> None:
+    """Refuse a sentence whose heads do not form one tree: exactly one root (HEAD 0), no word its own head, and
+    from every word the chain of heads reaches the root (no cycle)."""
+    where = f"conllu file {path}: sentence at line {lines[0]}"
+    roots = [i for i, h in enumerate(heads) if h == 0]
+    if len(roots) != 1:
+        shown = "no word" if not roots else ", ".join(f"{i + 1} ({words[i]!r}, line {lines[i]})" for i in roots[:3])
+        raise DataError(f"{where}: {len(roots)} roots (HEAD 0: {shown}); a dependency tree has exactly one root: "
+                        f"fix the parse")
+    state = [0] * len(heads)  # 0: not seen, 1: on the current chain, 2: reaches the root
+    state[roots[0]] = 2
+    for start in range(len(heads)):
+        chain, i = [], start
+        while state[i] == 0:
+            state[i] = 1
+            chain.append(i)
+            i = heads[i] - 1
+            if i == chain[-1]:
+                raise DataError(f"{where}: word {i + 1} ({words[i]!r}, line {lines[i]}) is its own head; fix the "
+                                f"parse")
+        if state[i] == 1:  # came back to a word of this chain
+            cycle = chain[chain.index(i):]
+            raise DataError(f"{where}: the heads of words {' -> '.join(str(j + 1) for j in cycle)} -> {i + 1} form a "
+                            f"cycle (line {lines[i]}); every word's chain of heads must reach the root: fix the parse")
+        for j in chain:
+            state[j] = 2
 
 
 def context_key(text: str) -> str:
@@ -202,6 +232,24 @@ def match_sentences(sentences: Sequence[Sentence], contexts: Mapping[str, str], 
     frame = _parse_frame(cols)
     frame.attrs["unmatched"] = int((~found).sum())
     return frame
+
+
+def match_conllu(path: Path, sentences: Sequence[Sentence], contexts: Mapping[str, str], *,
+                 source: str = "conllu") -> pd.DataFrame:
+    """:func:`match_sentences` for the sentences of the CoNLL-U file ``path``, refusing a file of which no sentence
+    is in the contexts (the report stage's pre-flight check and :func:`load_parses`).
+
+    Raises
+    ------
+    DataError
+        None of the sentences is found: one line naming the file and the counts.
+    """
+    parses = match_sentences(sentences, contexts, source=source)
+    if parses.empty:
+        raise DataError(f"conllu file {path}: none of its {len(sentences)} sentence(s) is found in the run's "
+                        f"{len(contexts)} context(s) (words in order, separated only by whitespace); give "
+                        f"parses of these contexts")
+    return parses
 
 
 def _parse_frame(cols: dict[str, list]) -> pd.DataFrame:
@@ -318,12 +366,7 @@ def load_parses(layout: RunLayout, *, conllu: str | os.PathLike[str] | None = No
         if len(cached) and (cached["source"] == source).all():
             return cached
     if conllu is not None:
-        sentences = read_conllu(conllu)
-        parses = match_sentences(sentences, contexts, source=source)
-        if parses.empty:
-            raise DataError(f"conllu file {conllu}: none of its {len(sentences)} sentence(s) is found in the run's "
-                            f"{len(contexts)} context(s) (words in order, separated only by whitespace); give "
-                            f"parses of these contexts")
+        parses = match_conllu(conllu, read_conllu(conllu), contexts, source=source)
     else:
         parses = spacy_parses(contexts, model=spacy_model)
     parses["source"] = source  # what the cache was made from (checked on the next call)

@@ -70,14 +70,26 @@ class ReportStage(Stage):
         return identity
 
     def check(self, ctx: RunContext) -> None:
-        """With ``syntax.conllu``: the file is read and checked (one-line ``DataError`` naming the file and line);
-        with ``syntax.spacy_model`` only: spaCy and the pipeline are loaded (one-line ``BackendUnavailable``
-        naming the install step)."""
+        """With ``syntax.conllu``: the file is read and checked (one-line ``DataError`` naming the file and line)
+        and, but for the bundled parses, matched against the run's contexts (this run's data, or
+        ``examples.parquet``): a file none of whose sentences is there is refused before any stage runs or
+        anything is removed. With ``syntax.spacy_model`` only: spaCy and the pipeline are loaded (one-line
+        ``BackendUnavailable`` naming the install step)."""
         syntax = ctx.cfg.syntax
         if syntax.conllu is not None:
-            from ..analysis.parses import read_conllu
+            from ..analysis.parses import context_key, match_conllu, read_conllu
 
-            read_conllu(syntax.conllu_path())
+            sentences = read_conllu(syntax.conllu_path())
+            if syntax.conllu == BUNDLED_CONLLU:  # fits the bundled sample only; otherwise skipped with one line
+                return
+            if ctx.inputs.get("examples") is not None:  # extract runs too: this run's data
+                texts = ctx.inputs["examples"]["context"]
+            else:
+                try:
+                    texts = pd.read_parquet(ctx.layout.examples, columns=["context"])["context"]
+                except (OSError, ValueError):  # none (a store of another tool) or damaged: the stages say so
+                    return
+            match_conllu(syntax.conllu_path(), sentences, {context_key(t): t for t in dict.fromkeys(texts)})
         elif syntax.spacy_model is not None:
             from ..analysis.parses import spacy_parses
 
