@@ -85,6 +85,19 @@ def corrupt_shard(out: Path, shard: int) -> None:
     path.write_bytes(bytes(raw))
 
 
+def shard_path(out: Path, shard: int) -> Path:
+    return out / "attention.zarr" / "attention" / "c" / str(shard) / "0" / "0" / "0" / "0"
+
+
+def flip_middle(out: Path, shard: int) -> None:
+    """Flip 64 bytes in the middle of one shard (inside its inner chunks, each checksummed)."""
+    path = shard_path(out, shard)
+    raw = bytearray(path.read_bytes())
+    for i in range(len(raw) // 2 - 32, len(raw) // 2 + 32):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 def drop_feature_rows(out: Path, n: int) -> None:
     features = pd.read_parquet(out / "features.parquet")
     features.iloc[:-n].to_parquet(out / "features.parquet", index=False)
@@ -98,6 +111,15 @@ CASES = {
                                    r"unreadable \(ValueError: Stored and computed checksum do not match.*"
                                    r"extract --force"),
     "corrupted chunk, report": ("corrupt", "report", r"features 2\.\.3 \(shard 1\) unreadable.*extract --force"),
+    "64 flipped bytes mid-shard, featurize": ("flip", "featurize", r"store .*attention\.zarr: features 2\.\.3 "
+                                              r"\(shard 1\) unreadable \(ValueError: Stored and computed checksum "
+                                              r"do not match\); the store is damaged: re-run 'attnclust extract "
+                                              r"--force'"),
+    "deleted shard, featurize": ("delete", "featurize", r"stage 'extract' finished but its output attention\.zarr/"
+                                 r"attention/c/1/0/0/0/0 \(features 2\.\.3\) is missing; re-run 'attnclust extract' "
+                                 r"\(or 'attnclust run'\)"),
+    "deleted shard, report": ("delete", "report", r"attention\.zarr/attention/c/1/0/0/0/0 \(features 2\.\.3\) is "
+                              r"missing; re-run 'attnclust extract'"),
     "features.parquet short": ("short", "featurize", r"features\.parquet: \d+ rows but the store .* holds \d+ "
                                r"features.*extract --force"),
     "features.parquet short, report": ("short", "report", r"features\.parquet: \d+ rows but the store"),
@@ -120,6 +142,10 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
             shutil.copytree(finished, out, symlinks=True)
             if setup == "corrupt":
                 corrupt_shard(out, 1)
+            elif setup == "flip":
+                flip_middle(out, 1)
+            elif setup == "delete":
+                shard_path(out, 1).unlink()
             else:
                 drop_feature_rows(out, 2)
             before = {p: p.stat().st_mtime_ns for p in (out / "_state").glob("*.json")}
@@ -130,7 +156,7 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
             assert out.read_text() == "my notes"
         elif setup == "readonly":
             assert not out.exists()
-        elif setup == "corrupt":
+        elif setup in ("corrupt", "flip"):
             # the stage that met the damage and every later one are unfinished, their outputs gone
             later = {"featurize": ("featurize", "cluster", "report"), "report": ("report",)}[command]
             assert not any(stage_done(out, s) for s in later)
@@ -178,3 +204,28 @@ def test_a_disk_that_fills_up_ends_in_one_line_and_the_run_resumes_to_equal_outp
         assert r.returncode == 0, r.stderr[-3000:]
         assert json.loads((out / "_state" / "extract.json").read_text())["blocks_resumed"] >= 1
         assert_same_outputs(out, finished)
+
+
+def test_a_deleted_shard_is_one_line_in_compare_never_zero_maps(tmp_path, finished):
+    out = tmp_path / "out"
+    shutil.copytree(finished, out, symlinks=True)
+    shard_path(out, 1).unlink()
+    r = cli("compare", finished, out, "--out", tmp_path / "cmp", "--quiet")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert re.search(r"attention\.zarr: array 'attention', features 2\.\.3 \(chunk attention/c/1/0/0/0/0\) is "
+                     r"missing; the store is damaged: re-run 'attnclust extract --force'", one_error_line(r))
+
+
+@pytest.mark.parametrize("command", ["report", "run"])
+def test_a_deleted_output_is_rebuilt_by_the_command_that_wrote_it(command, tmp_path, finished, tiny_bert_dir, data):
+    out = tmp_path / "out"
+    shutil.copytree(finished, out, symlinks=True)
+    (out / "heads.parquet").unlink()
+    clusters = out / "clusters.parquet"
+    clusters.write_bytes(clusters.read_bytes()[:-64])  # a truncated footer
+    r = cli(*command_args(command, tiny_bert_dir, data, out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert re.search(r"^\s*report\s+[\d.]+ s$", r.stdout, re.MULTILINE), r.stdout  # ran, not "already complete"
+    for table in ("heads", "clusters"):
+        before = pd.read_parquet(finished / f"{table}.parquet")
+        pd.testing.assert_frame_equal(pd.read_parquet(out / f"{table}.parquet")[before.columns], before)
