@@ -172,7 +172,19 @@ def _explore(args) -> int:
     from .explore import DEFAULT_HOST, is_loopback, make_server
 
     host = args.host or DEFAULT_HOST
-    server = make_server(args.dir, host=host, port=args.port)
+    try:
+        server = make_server(args.dir, host=host, port=args.port)
+    except OSError as exc:
+        import errno
+
+        from .errors import ConfigError, os_error_line
+
+        if exc.filename is not None:  # reading the run, not binding the address
+            raise
+        if exc.errno == errno.EACCES:
+            raise ConfigError(f"--port {args.port}: permission denied (ports below 1024 need privileges); choose "
+                              f"a port above 1023 (0 picks a free one)") from None
+        raise ConfigError(f"--host {host} --port {args.port}: {os_error_line(exc)}") from None
     if not is_loopback(host):
         print(f"attnclust: warning: serving on {host}: anyone who can reach this machine can read this run "
               f"(no authentication); use the default 127.0.0.1 unless you mean it", file=sys.stderr)

@@ -11,6 +11,7 @@ import errno
 __all__ = [
     "AttnclustError",
     "BackendUnavailable",
+    "ClusterError",
     "ConfigError",
     "DataError",
     "JobCancelled",
@@ -18,6 +19,7 @@ __all__ = [
     "ModelError",
     "StoreError",
     "os_error_line",
+    "timeout_line",
 ]
 
 
@@ -45,6 +47,10 @@ class JobLocked(StoreError):
     """Another run is using the same output directory."""
 
 
+class ClusterError(AttnclustError):
+    """The embedded Dask cluster did not start, or a scheduler cannot be reached."""
+
+
 class BackendUnavailable(AttnclustError):
     """A backend (GPU) or resource (pretrained weights) was requested but is not installed or reachable."""
 
@@ -66,7 +72,13 @@ _OS_FIXES = {
     errno.EACCES: ("permission denied", "fix the permissions or choose another location"),
     errno.EPERM: ("operation not permitted", "fix the permissions or choose another location"),
     errno.EIO: ("input/output error", "check the disk, then re-run the same command"),
+    errno.EADDRINUSE: ("address already in use", "choose another port (0 picks a free one) or stop the program "
+                       "that uses it"),
+    errno.EADDRNOTAVAIL: ("not an address of this machine", "give one of this machine's addresses, e.g. 127.0.0.1"),
+    errno.ECONNREFUSED: ("connection refused", "check the address and that the server is running there"),
+    errno.ETIMEDOUT: ("connection timed out", "check the address, the network and that the server is running"),
 }
+_NETWORK = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.ECONNREFUSED, errno.ETIMEDOUT})
 
 
 def os_error_line(exc: OSError, where: str | None = None) -> str:
@@ -84,6 +96,16 @@ def os_error_line(exc: OSError, where: str | None = None) -> str:
     str
         What failed, on which path, and the fix.
     """
+    import socket
+
+    if isinstance(exc, TimeoutError) and exc.errno is None:
+        return timeout_line(exc)
+    if type(exc).__module__.split(".")[0] == "distributed":  # CommClosedError and kin (IOError subclasses)
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        return (f"a connection of the Dask cluster failed ({detail}); re-run the same command (finished blocks "
+                f"are kept), with fewer --workers on a busy machine")
+    if isinstance(exc, socket.gaierror):  # name resolution: errno is an EAI_* code, not an errno
+        return f"unknown host name ({exc.strerror or exc}); check the spelling, or give an IP address"
     code = exc.errno
     text = str(exc)
     if code is None and "No space left on device" in text:  # pyarrow's IO errors carry the errno in the text
@@ -91,4 +113,26 @@ def os_error_line(exc: OSError, where: str | None = None) -> str:
     what, fix = _OS_FIXES.get(code, (exc.strerror or text.splitlines()[0] if text else type(exc).__name__,
                                      "check the path, then re-run the same command"))
     path = exc.filename or where
+    if code in _NETWORK:
+        path = exc.filename  # about an address, not about the output directory given as ``where``
     return f"{path}: {what}; {fix}" if path else f"{what}; {fix}"
+
+
+def timeout_line(exc: BaseException) -> str:
+    """One line for a timeout of the Dask runtime (Python's ``TimeoutError`` is an ``OSError`` without a path).
+
+    Parameters
+    ----------
+    exc
+        The ``TimeoutError`` (``asyncio.TimeoutError`` is the same class) raised while starting, reaching or using
+        the Dask cluster.
+
+    Returns
+    -------
+    str
+        What timed out and the fix: not a storage problem.
+    """
+    detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else "no answer in time"
+    return (f"the Dask cluster did not answer in time ({detail}); the machine may be overloaded or the scheduler "
+            f"gone: re-run the same command when it is less busy (finished blocks are kept), with fewer --workers, "
+            f"or give --scheduler of a running cluster")

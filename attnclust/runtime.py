@@ -7,9 +7,14 @@ import logging
 import os
 from collections.abc import Iterator
 
-from .errors import AttnclustError
+from .errors import AttnclustError, ClusterError
 
-__all__ = ["dask_client"]
+__all__ = ["START_TIMEOUT", "dask_client"]
+
+START_TIMEOUT = 120.0
+"""Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
+a longer ``distributed.comm.timeouts.connect`` of the user's Dask configuration stands). Dask's default, 30 s, was
+too short on a busy 2-core machine: worker processes import their libraries before they connect."""
 
 
 @contextlib.contextmanager
@@ -41,22 +46,31 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
 
         from .models import malloc_environ
 
+        from dask.utils import parse_timedelta
+
         # the workers' malloc settings from their start (models.malloc_environ: the extract stage ~8% faster)
         environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **malloc_environ()}
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
-            if runtime == "local-cuda":
-                from .backend import make_local_cuda_cluster
+        connect = max(START_TIMEOUT, parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
+                              "distributed.comm.timeouts.connect": f"{connect:g}s"}):
+            try:
+                if runtime == "local-cuda":
+                    from .backend import make_local_cuda_cluster
 
-                cluster = make_local_cuda_cluster(n_workers=n_workers)
-            else:
-                workers = n_workers or max(1, len(os.sched_getaffinity(0)))
-                cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                       dashboard_address="127.0.0.1:0",
-                                       # task failures reach the driver as exceptions; what is left at ERROR in
-                                       # worker processes is shutdown noise (a heartbeat racing the scheduler's
-                                       # exit)
-                                       silence_logs=logging.CRITICAL)
-        client = Client(cluster)
+                    cluster = make_local_cuda_cluster(n_workers=n_workers)
+                else:
+                    workers = n_workers or max(1, len(os.sched_getaffinity(0)))
+                    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                           dashboard_address="127.0.0.1:0",
+                                           # task failures reach the driver as exceptions; what is left at ERROR
+                                           # in worker processes is shutdown noise (a heartbeat racing the
+                                           # scheduler's exit)
+                                           silence_logs=logging.CRITICAL)
+                client = Client(cluster, timeout=f"{connect:g}s")
+            except AttnclustError:
+                raise
+            except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError; "Nanny failed to start"
+                raise ClusterError(_start_failure(exc, connect)) from None
         try:
             yield client
         finally:
@@ -66,11 +80,34 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
     try:
         kwargs = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
         client = Client(**kwargs, security=security, timeout="15s")
-    except (OSError, TimeoutError, ValueError) as exc:
-        raise AttnclustError(f"--scheduler {scheduler}: cannot connect ({exc}); check the address and that "
-                             f"'dask scheduler' is running there") from None
+    except TimeoutError as exc:
+        raise ClusterError(f"--scheduler {scheduler}: no answer within 15 s ({_first_line(exc)}); check the "
+                           f"address, the network and that 'dask scheduler' is running there") from None
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"--scheduler {scheduler}: cannot connect ({_first_line(exc)}); check the address and "
+                           f"that 'dask scheduler' is running there") from None
     try:
         yield client
     finally:
         client.close()
 
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else type(exc).__name__
+
+
+def _start_failure(exc: BaseException, waited: float) -> str:
+    """One line on why the embedded cluster did not start, and what to do."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(e, TimeoutError) for e in chain):
+        return (f"the embedded Dask cluster did not start within {waited:g} s (the machine is busy?); re-run when "
+                f"it is less loaded, with fewer workers (--workers 1), or raise Dask's "
+                f"distributed.comm.timeouts.connect (e.g. DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=300s)")
+    detail = "; ".join(dict.fromkeys(_first_line(e) for e in chain))
+    return (f"the embedded Dask cluster did not start ({detail[:240]}); check the machine's free memory and "
+            f"processes, try --workers 1, or give --scheduler of a running cluster")
