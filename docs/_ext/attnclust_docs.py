@@ -4,8 +4,11 @@
   (:class:`attnclust.config.JobConfig` and the section models it holds): every key with its default, what is
   allowed and the description from the ``Parameters`` section of its model's numpydoc docstring. A key without a
   description, or a described name that is no key, is a build warning (an error under ``sphinx-build -W``).
+- The directives ``attnclust-statistics`` and ``attnclust-head-analyses`` list the registered per-map statistics
+  and head analyses (name, unit, description as declared next to their code).
 - :func:`undocumented_columns` compares the parquet tables of a finished run with the output reference
-  (``docs/reference/outputs.md``): every column written must be documented there (``tests/docs`` runs it).
+  (``docs/reference/outputs.md`` and the generated tables): every column written must be documented there
+  (``tests/docs`` runs it).
 
 The functions work on any pydantic model, so the tests can show that they find an undocumented key.
 """
@@ -20,9 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["JobKey", "described_but_missing", "documented_columns", "documented_files", "field_descriptions",
-           "job_keys", "job_reference_rst", "setup", "undocumented_columns", "undocumented_files",
-           "undocumented_keys"]
+__all__ = ["STATISTIC_TABLES", "JobKey", "described_but_missing", "documented_columns", "documented_files",
+           "field_descriptions", "generated_columns", "head_analyses", "job_keys", "job_reference_rst", "setup",
+           "statistics", "undocumented_columns", "undocumented_files", "undocumented_keys"]
 
 
 # --- the job reference ------------------------------------------------------------------------------------------
@@ -219,14 +222,48 @@ def _pattern(name: str) -> re.Pattern:
     return re.compile(".+".join(re.escape(p) for p in parts) + r"\Z")
 
 
-def undocumented_columns(run_dir: str | Path, markdown: str) -> list[str]:
+def statistics() -> list[tuple[str, str, str]]:
+    """``(name, unit, description)`` of every registered per-map statistic (:mod:`attnclust.analysis.stats`)."""
+    import attnclust.analysis  # noqa: F401 -- registers the built-in statistics and head analyses
+    from attnclust.analysis.stats import STATISTICS
+
+    return [(s.name, s.unit, s.description) for s in STATISTICS.values()]
+
+
+def head_analyses() -> list[tuple[str, tuple[str, ...], str, str]]:
+    """``(name, columns, unit, description)`` of every registered head analysis (:mod:`attnclust.analysis.heads`)."""
+    import attnclust.analysis  # noqa: F401
+    from attnclust.analysis.heads import HEAD_ANALYSES
+
+    return [(a.name, a.columns, a.unit, a.description) for a in HEAD_ANALYSES.values()]
+
+
+STATISTIC_TABLES = ("map_stats.parquet", "maps.parquet", "heads.parquet", "clusters.parquet")
+"""Tables holding one column per statistic (``heads`` and ``clusters``: their means)."""
+
+
+def generated_columns() -> dict[str, list[str]]:
+    """Columns the output reference documents through its generated tables: the registered statistics and head
+    analyses (``attnclust-statistics`` and ``attnclust-head-analyses``), each only when it has a description."""
+    stats = [name for name, _, text in statistics() if text.strip()]
+    out = {table: list(stats) for table in STATISTIC_TABLES}
+    out["heads.parquet"] += [c for _, columns, _, text in head_analyses() if text.strip() for c in columns]
+    return out
+
+
+def undocumented_columns(run_dir: str | Path, markdown: str,
+                         generated: dict[str, list[str]] | None = None) -> list[str]:
     """``file: column`` for every column of every ``*.parquet`` in ``run_dir`` that ``markdown`` does not document.
 
-    A table whose file has no heading in ``markdown`` is reported as ``file: (no section)``.
+    ``generated`` (default :func:`generated_columns`) adds the columns documented by the generated tables. A
+    table whose file has no heading in ``markdown`` is reported as ``file: (no section)``.
     """
     import pyarrow.parquet as pq
 
     documented = documented_columns(markdown)
+    for table, names in (generated_columns() if generated is None else generated).items():
+        if table in documented:
+            documented[table] = documented[table] + names
     missing = []
     for path in sorted(Path(run_dir).glob("*.parquet")):
         names = documented.get(path.name)
@@ -277,5 +314,42 @@ def setup(app):
                                      node)
             return node.children
 
+    def table(headers: list[str], rows: list[list[tuple[str, bool]]], widths: list[int]) -> nodes.table:
+        group = nodes.tgroup(cols=len(headers))
+        group.extend(nodes.colspec(colwidth=w) for w in widths)
+        head, body = nodes.thead(), nodes.tbody()
+        head += nodes.row("", *(nodes.entry("", nodes.paragraph(text=h)) for h in headers))
+        for cells in rows:
+            body += nodes.row("", *(nodes.entry("", nodes.paragraph("", "", nodes.literal(text=text) if code
+                                                                    else nodes.Text(text)))
+                                    for text, code in cells))
+        group += head
+        group += body
+        return nodes.table("", group, classes=["attnclust-generated"])
+
+    class Statistics(SphinxDirective):
+        """Every registered per-map statistic (``attnclust-statistics``)."""
+
+        def run(self):
+            rows = []
+            for name, unit, text in statistics():
+                if not text.strip():
+                    logger.warning(f"statistic {name!r} has no description", location=self.get_location())
+                rows.append([(name, True), (unit, False), (text, False)])
+            return [table(["column", "unit", "meaning"], rows, [20, 10, 70])]
+
+    class HeadAnalyses(SphinxDirective):
+        """Every registered head analysis and its columns (``attnclust-head-analyses``)."""
+
+        def run(self):
+            rows = []
+            for name, columns, unit, text in head_analyses():
+                if not text.strip():
+                    logger.warning(f"head analysis {name!r} has no description", location=self.get_location())
+                rows.append([(", ".join(columns), True), (name, False), (unit, False), (text, False)])
+            return [table(["columns", "analysis", "unit", "meaning"], rows, [30, 15, 10, 45])]
+
     app.add_directive("attnclust-job-reference", JobReference)
+    app.add_directive("attnclust-statistics", Statistics)
+    app.add_directive("attnclust-head-analyses", HeadAnalyses)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
