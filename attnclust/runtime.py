@@ -52,7 +52,7 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **malloc_environ()}
         connect = max(START_TIMEOUT, parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
-                              "distributed.comm.timeouts.connect": f"{connect:g}s"}):
+                              "distributed.comm.timeouts.connect": f"{connect:g}s"}), _workers_ignore_sigint():
             try:
                 if runtime == "local-cuda":
                     from .backend import make_local_cuda_cluster
@@ -91,6 +91,25 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
     finally:
         client.close()
 
+
+
+@contextlib.contextmanager
+def _workers_ignore_sigint() -> Iterator[None]:
+    """Worker processes started inside ignore SIGINT: a Ctrl-C in a terminal goes to the whole process group, and
+    the driver alone should answer it (it stops the run, prints one line and closes the cluster); each worker
+    would otherwise print its own KeyboardInterrupt traceback. An ignored signal stays ignored across the exec
+    that starts a worker; the driver's own handler is restored on leaving."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _first_line(exc: BaseException) -> str:
