@@ -10,7 +10,7 @@ import pandas as pd
 from .config import JobConfig, load_job
 from .errors import StoreError
 from .layout import RunLayout
-from .store import DIMS, open_attention_store, read_features
+from .store import DIMS, open_attention_store, read_features, read_table
 
 __all__ = ["Output", "open_output", "run"]
 
@@ -41,7 +41,7 @@ class Output:
         if not path.exists():
             raise StoreError(f"{path}: not found; run the stage that writes it (attnclust run ... --out "
                              f"{self.path})")
-        return pd.read_parquet(path)
+        return read_table(path, fix=f"re-run the stage that writes it (attnclust run ... --out {self.path})")
 
     @cached_property
     def attention(self):

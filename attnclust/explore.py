@@ -16,6 +16,12 @@ Routes (GET and HEAD only)::
                           answer's token span (``answer``, or null); JSON weights are rounded to
                           :data:`MAP_DECIMALS` decimals; ``format=png`` draws it with matplotlib
 
+A re-run into the same directory is noticed per request: the identity of the run on disk (the inode, mtime and
+size of its marker, its report and every stage record in ``_state/``: one ``stat`` each) is compared with that
+of the run whose tables are cached. On a change the caches are dropped and the new run is served; while the
+directory is not a finished run (a re-run in progress) requests are answered 409 with one line; and an answer
+during which the run changed is never sent (409): no answer mixes two runs.
+
 What it refuses: every path that is not one of those routes (404), any path holding ``..`` or ``.`` segments,
 backslashes, NUL or encoded slashes, before or after percent-decoding (403), and any file that is, or lies under,
 a symbolic link or resolves outside the run directory (403). Files are opened only after those checks and with
@@ -26,6 +32,7 @@ no authentication, so the command line then prints a warning.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import ipaddress
 import json
@@ -100,6 +107,11 @@ def finished_run(root: str | os.PathLike[str]) -> RunLayout:
     if missing or not layout.stage_record("report").exists():
         what = ", ".join(missing) if missing else "the report stage's record"
         raise StoreError(f"run dir {given}: not a finished run ({what} missing); {fix}")
+    from .integrity import output_problem
+
+    problem = next((p for p in map(output_problem, needed[:3]) if p), None)  # parquet footers, zarr metadata
+    if problem:
+        raise StoreError(f"run dir {given}: {problem}; re-run 'attnclust run' with --out {given} to rebuild it")
     return layout
 
 
@@ -136,13 +148,79 @@ class ExploreApp:
     """
 
     def __init__(self, root: str | os.PathLike[str]):
+        self.given = Path(root)
         self.layout = finished_run(root)
         self.root = self.layout.root  # resolved
         self._lock = threading.Lock()
+        self.identity = self.run_identity()
+        self._drop_caches()
+
+    def _drop_caches(self) -> None:
         self._store = None
         self._features = None
         self._search = None
         self._heads = None
+
+    # -- the run on disk ----------------------------------------------------------------------
+    def run_identity(self) -> tuple:
+        """What changes whenever a run writes into the directory: ``(name, inode, mtime_ns, size)`` of the
+        marker, the report and every stage record (``_state/*.json``, ``*.started``). Cheap: one ``stat`` each.
+
+        Returns
+        -------
+        tuple
+        """
+        def stat(path: Path) -> tuple:
+            try:
+                st = path.stat()
+            except OSError:
+                return (path.name, None)
+            return (path.name, st.st_ino, st.st_mtime_ns, st.st_size)
+
+        records = []
+        with contextlib.suppress(OSError), os.scandir(self.layout.state) as entries:
+            records = sorted(e.name for e in entries if e.name.endswith((".json", ".started"))
+                             and e.name != self.layout.service_state.name)
+        return (stat(self.layout.marker), stat(self.layout.report),
+                *(stat(self.layout.state / name) for name in records))
+
+    def refresh(self) -> tuple:
+        """Called before each request: when the run on disk is not the one cached, drop the caches (serve the
+        new run) or, while it is not a finished run, refuse.
+
+        Returns
+        -------
+        tuple
+            The identity the request is answered from (give it to :meth:`confirm` before answering).
+
+        Raises
+        ------
+        Refused
+            409 while the directory is not a finished run (being re-run).
+        """
+        now = self.run_identity()
+        with self._lock:
+            if now != self.identity:
+                try:
+                    finished_run(self.given)
+                except StoreError as exc:
+                    raise Refused(HTTPStatus.CONFLICT, f"{exc}; the run changed on disk since explore started "
+                                                       f"(a re-run?): reload the page when it has finished") from None
+                self.identity = now
+                self._drop_caches()
+            return now
+
+    def confirm(self, identity: tuple) -> None:
+        """Before an answer is sent: the run on disk is still the one the answer was read from.
+
+        Raises
+        ------
+        Refused
+            409 when it changed while the answer was read (it could mix two runs).
+        """
+        if self.run_identity() != identity:
+            raise Refused(HTTPStatus.CONFLICT, f"run dir {self.given}: the run changed on disk while this answer "
+                                               f"was read (a re-run?); reload the page")
 
     # -- lazily loaded data -------------------------------------------------------------------
     @property
@@ -193,9 +271,10 @@ class ExploreApp:
         """
         with self._lock:
             if self._heads is None:
-                import pandas as pd
+                from .store import read_table
 
-                heads = pd.read_parquet(self.layout.table("heads")).sort_values(["layer", "head"])
+                heads = read_table(self.layout.table("heads"), fix="re-run 'attnclust report' for this run")
+                heads = heads.sort_values(["layer", "head"])
                 self._heads = heads.to_json(orient="records").encode() + b"\n"
             return self._heads
 
@@ -415,6 +494,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Quiet: no line per request."""
 
     def _send(self, status: HTTPStatus, body: bytes, ctype: str) -> None:
+        identity, self._identity = getattr(self, "_identity", None), None
+        if identity is not None:
+            self.app.confirm(identity)  # Refused (409) when the run changed while the answer was read
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -434,6 +516,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         """Route one request; every failure becomes a one-line JSON error."""
+        self._identity = None
         try:
             if self.check_host:
                 host = _host_name(self.headers.get("Host") or "")
@@ -444,6 +527,7 @@ class _Handler(BaseHTTPRequestHandler):
             query = parse_qs(self.path.split("#", 1)[0].partition("?")[2], keep_blank_values=True)
             arg: Callable[[str], str | None] = lambda k: query.get(k, [None])[-1]
             app = self.app
+            self._identity = app.refresh()  # the run on disk is the one served, or 409
             if path in ("/", "/report.html"):
                 self._send(HTTPStatus.OK, app.read_file(app.layout.report.name), _TYPES[".html"])
             elif path == "/favicon.ico":  # browsers ask for one; the report has none: "no content", not an error

@@ -105,7 +105,9 @@ def figure_names() -> list[str]:
 def _table(layout: RunLayout, path: Path, figure: str, fix: str) -> pd.DataFrame:
     if not path.exists():
         raise DataError(f"figure {figure}: {path.name} not found in {layout.root}; {fix}")
-    return pd.read_parquet(path)
+    from .store import read_table
+
+    return read_table(path, fix=fix)
 
 
 def _heads(layout: RunLayout, figure: str) -> pd.DataFrame:

@@ -48,6 +48,7 @@ __all__ = [
     "check_store_tables",
     "compact_maps",
     "quantize_uint8",
+    "read_table",
     "create_attention_store",
     "mark_store_complete",
     "open_attention_store",
@@ -427,6 +428,33 @@ def check_store_tables(root: Path) -> None:
     if not np.array_equal(features["seq_len"].to_numpy(np.int64), store.seq_len.astype(np.int64)):
         bad = int(np.flatnonzero(features["seq_len"].to_numpy(np.int64) != store.seq_len)[0])
         raise StoreError(f"{layout.features}: seq_len of feature {bad} differs from the store's; {fix}")
+
+
+def read_table(path: Path, *, fix: str, **kwargs) -> pd.DataFrame:
+    """Read a parquet table of a run; a file that does not open (truncated, not parquet) is one line.
+
+    Parameters
+    ----------
+    path
+        The table.
+    fix
+        What to run to rebuild it (``re-run 'attnclust report' for this output dir``).
+    **kwargs
+        For :func:`pandas.read_parquet` (``columns``, ``filters``).
+
+    Raises
+    ------
+    attnclust.errors.StoreError
+        Naming the file, the reader's error and ``fix``.
+    """
+    try:
+        return pd.read_parquet(path, **kwargs)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: not found; {fix}") from None
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError; a cut file an OSError
+        from .integrity import error_text
+
+        raise StoreError(f"{path}: does not open as a parquet table ({error_text(exc)}); {fix}") from None
 
 
 def read_features(root: Path) -> pd.DataFrame:
