@@ -280,6 +280,7 @@ def compare_runs(a: str | Path, b: str | Path, *, max_features: int | None = Non
         "rank": rank, "n_features": np.full(len(mean), change.shape[0], np.int64),
     })
     roles, note = role_changes(_read_heads(a), _read_heads(b))
+    notes = tuple(n for n in (storage_note(store_a, store_b), note) if n)
     if roles is not None:
         heads = heads.merge(roles, on=["layer", "head"], how="left", validate="one_to_one")
     per_layer = heads.groupby("layer", sort=True)
@@ -288,7 +289,20 @@ def compare_runs(a: str | Path, b: str | Path, *, max_features: int | None = Non
         "change": per_layer["change"].mean().to_numpy(), "change_max": per_layer["change"].max().to_numpy(),
         "cosine": per_layer["cosine"].mean().to_numpy(), "n_heads": per_layer.size().to_numpy().astype(np.int64),
     })
-    return Comparison(heads=heads, layers=layers, a=a, b=b, notes=(note,) if note else (), seconds=seconds)
+    return Comparison(heads=heads, layers=layers, a=a, b=b, notes=notes, seconds=seconds)
+
+
+def storage_note(store_a, store_b) -> str | None:
+    """A note when the two runs store their maps differently (``float16`` vs ``uint8``, full vs compact): then part
+    of every head's change is the storage's rounding or truncation, not the model; ``None`` when they store alike.
+    """
+    kinds = [f"{store.mode} {store.attention.dtype}" for store in (store_a, store_b)]
+    if kinds[0] == kinds[1]:
+        return None
+    return (f"the runs store their maps differently (A: {kinds[0]}, B: {kinds[1]}): uint8 keeps each weight only "
+            f"to within 1/510 and a compact store only each row's largest weights, so part of every head's change "
+            f"is quantisation, not the model; compare runs extracted with the same extract.store_dtype and "
+            f"extract.store")
 
 
 def render_comparison(comparison: Comparison) -> str:

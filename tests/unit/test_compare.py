@@ -202,3 +202,30 @@ def test_max_features_is_checked(runs, tmp_path, capsys):
     a, b, _ = runs
     assert main(["compare", str(a), str(b), "--out", str(tmp_path / "c"), "--max-features", "0"]) == 2
     assert "--max-features 0; allowed: an integer >= 1" in _error_line(capsys)
+
+
+def test_a_float16_and_a_uint8_run_are_compared_with_a_note_on_quantisation(runs, tmp_path, capsys):
+    from attnclust.store import create_attention_store, mark_store_complete, quantize_uint8
+
+    a, _, _ = runs
+    q = tmp_path / "q"
+    shutil.copytree(a, q)
+    shutil.rmtree(q / "attention.zarr")
+    src = open_attention_store(a / "attention.zarr")
+    dst = create_attention_store(q / "attention.zarr", seq_len=np.asarray(src.seq_len), num_layers=src.n_layers,
+                                 num_heads=src.n_heads, features_per_task=src.features_per_task,
+                                 attrs={k: v for k, v in src.attrs.items() if k not in ("complete", "quantization")},
+                                 dtype="uint8")
+    for start, stop in src.blocks():
+        dst.attention[start:stop] = quantize_uint8(np.asarray(src.attention[start:stop], np.float32))
+    mark_store_complete(q / "attention.zarr")
+    note = ("the runs store their maps differently (A: full float16, B: full uint8): uint8 keeps each weight only "
+            "to within 1/510 and a compact store only each row's largest weights, so part of every head's change "
+            "is quantisation, not the model; compare runs extracted with the same extract.store_dtype and "
+            "extract.store")
+    result = compare_runs(a, q, progress=False)
+    assert result.notes[0] == note
+    assert 0 < result.heads["change"].max() < 0.2  # the same maps, rounded: a change everywhere (a real one: > 0.5)
+    assert compare_runs(a, a, progress=False).notes[0].startswith("roles not compared")  # alike: no such note
+    assert main(["compare", str(a), str(q), "--out", str(tmp_path / "c"), "--quiet"]) == 0
+    assert f"note: {note}" in capsys.readouterr().out.splitlines()
