@@ -476,12 +476,11 @@ def _limit(value: str | None) -> int:
     return int(limit)
 
 
-def _host_name(header: str) -> str:
-    """The host of a ``Host`` header without its port (``[::1]:8000`` -> ``[::1]``)."""
-    header = header.strip()
-    if header.startswith("["):
-        return header.split("]", 1)[0] + "]"
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+def _host_name(header: str) -> str | None:
+    """The host of a ``Host`` header without its port (``[::1]:8000`` -> ``[::1]``); ``None`` unless the header is
+    exactly a host and an optional port of ASCII digits (``127.0.0.1:8000.evil.com`` is no such header)."""
+    match = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]\s]+)(?::[0-9]{1,5})?", header.strip())
+    return match.group(1) if match else None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -519,9 +518,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._identity = None
         try:
             if self.check_host:
-                host = _host_name(self.headers.get("Host") or "")
-                if host and not is_loopback(host):
-                    raise Refused(HTTPStatus.FORBIDDEN, f"Host {host!r}: refused; this server answers only "
+                header = (self.headers.get("Host") or "").strip()
+                host = _host_name(header)
+                if header and (host is None or not is_loopback(host)):
+                    raise Refused(HTTPStatus.FORBIDDEN, f"Host {header[:80]!r}: refused; this server answers only "
                                                         f"requests for localhost")
             path = _check_path(self.path)
             query = parse_qs(self.path.split("#", 1)[0].partition("?")[2], keep_blank_values=True)

@@ -142,6 +142,21 @@ def test_a_request_for_another_host_is_refused(server):
     assert status == 403 and b"<html" not in body
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}.evil.com", "localhost:{port}.evil.com", "127.0.0.1:{port}:1",
+                                  "127.0.0.1:8²", "[::1]x:{port}", "127.0.0.1 evil.com", "localhost:"])
+def test_a_host_header_that_only_begins_with_a_loopback_name_is_refused(server, host):
+    header = host.format(port=server.server_address[1])
+    status, _, body = get(server, "/", headers={"Host": header})
+    assert status == 403, header
+    assert json.loads(body)["error"].startswith(f"Host {header!r}: refused")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "localhost", "[::1]:{port}", "127.0.0.2"])
+def test_a_loopback_host_header_is_served(server, host):
+    status, ctype, _ = get(server, "/", headers={"Host": host.format(port=server.server_address[1])})
+    assert status == 200 and ctype.startswith("text/html")
+
+
 def test_a_directory_that_is_not_a_finished_run_is_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match="not an attnclust run"):
         finished_run(tmp_path)
