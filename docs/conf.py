@@ -30,6 +30,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints", "README.md"]
 root_doc = "index"
+smartquotes = False  # quotes in descriptions stay as written (token names like '.' and ',')
 
 # MyST: ``{ref}`` targets from headings, definition lists, $math$.
 myst_enable_extensions = ["colon_fence", "deflist", "dollarmath"]
@@ -54,7 +55,8 @@ numpydoc_xref_param_type = False
 
 html_theme = "pydata_sphinx_theme"
 html_title = "attnclust"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["attnclust.css"]
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,

@@ -4,6 +4,7 @@
   (:class:`attnclust.config.JobConfig` and the section models it holds): every key with its default, what is
   allowed and the description from the ``Parameters`` section of its model's numpydoc docstring. A key without a
   description, or a described name that is no key, is a build warning (an error under ``sphinx-build -W``).
+- The directive ``attnclust-commands`` prints every ``attnclust`` subcommand's ``--help``.
 - The directives ``attnclust-statistics`` and ``attnclust-head-analyses`` list the registered per-map statistics
   and head analyses (name, unit, description as declared next to their code).
 - :func:`undocumented_columns` compares the parquet tables of a finished run with the output reference
@@ -23,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["STATISTIC_TABLES", "JobKey", "described_but_missing", "documented_columns", "documented_files",
+__all__ = ["STATISTIC_TABLES", "JobKey", "command_help", "described_but_missing", "documented_columns", "documented_files",
            "field_descriptions", "generated_columns", "head_analyses", "job_keys", "job_reference_rst", "setup",
            "statistics", "undocumented_columns", "undocumented_files", "undocumented_keys"]
 
@@ -283,6 +284,29 @@ def undocumented_files(run_dir: str | Path, markdown: str) -> list[str]:
     return sorted(p.name for p in Path(run_dir).iterdir() if p.name not in documented)
 
 
+# --- the command line -------------------------------------------------------------------------------------------
+
+def command_help() -> list[tuple[str, str, str]]:
+    """``(command, one-line help, full --help text)`` of every ``attnclust`` subcommand, from the CLI's parser."""
+    import argparse
+    import os
+
+    from attnclust.cli import _parser
+
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal's width
+    try:
+        parser = _parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        helps = {c.dest: c.help or "" for c in sub._choices_actions}
+        return [(name, helps.get(name, ""), p.format_help()) for name, p in sub.choices.items()]
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+
+
 # --- Sphinx -----------------------------------------------------------------------------------------------------
 
 def setup(app):
@@ -349,7 +373,21 @@ def setup(app):
                 rows.append([(", ".join(columns), True), (name, False), (unit, False), (text, False)])
             return [table(["columns", "analysis", "unit", "meaning"], rows, [30, 15, 10, 45])]
 
+    class Commands(SphinxDirective):
+        """Every ``attnclust`` subcommand with its ``--help`` (``attnclust-commands``)."""
+
+        def run(self):
+            out = []
+            for name, text, usage in command_help():
+                section = nodes.section(ids=[f"command-{name}"], names=[f"attnclust {name}"])
+                section += nodes.title(text=f"attnclust {name}")
+                section += nodes.paragraph(text=text[:1].upper() + text[1:] + ".")
+                section += nodes.literal_block(usage, usage, language="text")
+                out.append(section)
+            return out
+
     app.add_directive("attnclust-job-reference", JobReference)
+    app.add_directive("attnclust-commands", Commands)
     app.add_directive("attnclust-statistics", Statistics)
     app.add_directive("attnclust-head-analyses", HeadAnalyses)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
