@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a job setting, e.g. --set cluster.k=12 (repeatable)")
         p.add_argument("--scheduler", help="Dask scheduler address or scheduler JSON file (default: embedded)")
-        p.add_argument("--workers", type=int, help="workers of the embedded cluster (default: CPU cores)")
+        p.add_argument("--workers", type=integer, help="workers of the embedded cluster (default: CPU cores)")
         p.add_argument("--runtime", choices=("local", "local-cuda"), default="local",
                        help="embedded cluster: LocalCluster (default) or dask-cuda LocalCUDACluster")
         p.add_argument("--force", action="store_true",
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", required=True, help="gold data: SQuAD-v2-format file the predictions were made on")
     ev.add_argument("--predictions", required=True, help="JSON object: question id -> answer ('' = no answer)")
     ev.add_argument("--null-odds", help="JSON object: question id -> no-answer probability or odds; adds best_*")
-    ev.add_argument("--null-odds-threshold", type=float, default=1.0,
+    ev.add_argument("--null-odds-threshold", type=number, default=1.0,
                     help="a question whose null odds exceed this counts as answered 'no answer' (default 1.0, "
                          "as the official script)")
     ev.add_argument("--allow-missing", action="store_true",
@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("b", help="run directory B (e.g. the fine-tuned model's), same examples and tokenisation")
     cmp_.add_argument("--out", required=True, help="output directory: compare.parquet, compare_layers.parquet, "
                       "compare.html (new, empty, or written by attnclust before)")
-    cmp_.add_argument("--max-features", type=int, help="compare a seeded sample of this many features "
+    cmp_.add_argument("--max-features", type=integer, help="compare a seeded sample of this many features "
                       "(default: all)")
     cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
     exp = sub.add_parser("explore", help="serve a finished run on a local web server: report, map and search API")
@@ -163,9 +163,34 @@ def _compare(args) -> int:
 
 
 def _port(value: str) -> int:
-    if not value.isdigit() or int(value) > 65535:
+    if not _ascii_digits(value) or int(value) > 65535:
         raise argparse.ArgumentTypeError(f"{value!r}: expected a port number 0..65535")
     return int(value)
+
+
+def _ascii_digits(value: str) -> bool:
+    """Digits 0-9 only: Python's ``int()`` also reads other scripts' digits (``'١٢'`` -> 12), the CLI does not."""
+    return 0 < len(value) <= 18 and value.isascii() and value.isdigit()
+
+
+def integer(value: str) -> int:
+    """An argparse type: an integer written in ASCII digits (the command checks its range)."""
+    if not _ascii_digits(value.removeprefix("-")):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected an integer (digits 0-9)")
+    return int(value)
+
+
+def number(value: str) -> float:
+    """An argparse type: a finite number written in ASCII (``0.5``, ``1e-3``)."""
+    import math
+
+    try:
+        parsed = float(value) if value.isascii() else math.nan
+    except ValueError:
+        parsed = math.nan
+    if not math.isfinite(parsed):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a finite number such as 0.5 (ASCII digits)")
+    return parsed
 
 
 def _explore(args) -> int:

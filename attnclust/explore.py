@@ -354,7 +354,7 @@ class ExploreApp:
         out = []
         for name, value, n in (("feature", feature, store.n_features), ("layer", layer, store.n_layers),
                                ("head", head, store.n_heads)):
-            if value is None or not re.fullmatch(r"\d{1,9}", value.strip()) or not 0 <= int(value) < n:
+            if value is None or not re.fullmatch(r"[0-9]{1,9}", value.strip()) or not 0 <= int(value) < n:
                 raise Refused(HTTPStatus.BAD_REQUEST, f"{name}={value!r}: expected an integer in 0..{n - 1}")
             out.append(int(value))
         return out[0], out[1], out[2]
@@ -471,7 +471,7 @@ def _check_path(raw: str) -> str:
 def _limit(value: str | None) -> int:
     """The ``limit`` query parameter (default :data:`SEARCH_LIMIT`), or :class:`Refused` (400)."""
     limit = value or str(SEARCH_LIMIT)
-    if not re.fullmatch(r"\d{1,4}", limit) or not 1 <= int(limit) <= SEARCH_MAX:
+    if not re.fullmatch(r"[0-9]{1,4}", limit) or not 1 <= int(limit) <= SEARCH_MAX:
         raise Refused(HTTPStatus.BAD_REQUEST, f"limit={limit!r}: expected an integer in 1..{SEARCH_MAX}")
     return int(limit)
 

@@ -41,6 +41,8 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
             logging.getLogger(name).setLevel(logging.ERROR)
     if runtime not in ("local", "local-cuda"):
         raise AttnclustError(f"--runtime {runtime!r}: unknown; allowed: local | local-cuda")
+    if n_workers is not None and n_workers < 1:
+        raise ClusterError(f"--workers {n_workers}: expected an integer >= 1 (or leave it out: one per CPU core)")
     if scheduler is None:
         import dask
 

@@ -693,7 +693,9 @@ def cancel(client, job_id: str) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-dir", metavar="CERTDIR",
                    help="directory with the CA and client certificate (see 'attnclust certs')")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+    from ..cli import number
+
+    p.add_argument("--timeout", type=number, default=10.0, metavar="SECONDS",
                    help="how long to try to reach the scheduler (default 10)")
 
 

@@ -130,7 +130,9 @@ def test_absolute_paths_are_refused(server, outside):
                                           ("feature=abc&layer=0&head=0", "feature"),
                                           ("feature=0&layer=9&head=0", "layer"),
                                           ("feature=0&layer=0", "head"),
-                                          ("feature=0&layer=0&head=0&format=gif", "format")])
+                                          ("feature=0&layer=0&head=0&format=gif", "format"),
+                                          ("feature=%D9%A0&layer=0&head=0", "feature"),  # an Arabic-Indic 0
+                                          ("feature=0&layer=%EF%BC%90&head=0", "layer")])  # a full-width 0
 def test_bad_map_parameters_are_400_with_one_line(server, query, match):
     status, ctype, body = get(server, "/api/map?" + query)
     assert status == 400 and ctype == "application/json"

@@ -126,3 +126,26 @@ def test_explore_names_the_port_in_use_and_an_address_of_another_machine(small_p
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["attnclust: error: --host 192.0.2.1 --port 0: not an address of this machine; give one of this "
                    "machine's addresses, e.g. 127.0.0.1"]
+
+
+def test_cli_numbers_take_ascii_digits_only(capsys):
+    from attnclust.cli import integer, number
+
+    assert integer("12") == 12 and integer("-3") == -3 and number("0.5") == 0.5 and number("1e-3") == 0.001
+    for value in ("١٢", "１２", "²", "", "1_000"):
+        with pytest.raises(Exception, match=r"expected an integer \(digits 0-9\)"):
+            integer(value)
+    for value in ("١.٥", "nan", "inf", "0x1p3"):
+        with pytest.raises(Exception, match=r"expected a finite number such as 0\.5"):
+            number(value)
+    for argv, said in ((["explore", ".", "--port", "٨٠٠٠"], "'٨٠٠٠': expected a port number 0..65535"),
+                       (["run", "--workers", "٢"], "'٢': expected an integer (digits 0-9)"),
+                       (["evaluate", "--data", "d", "--predictions", "p", "--null-odds-threshold", "٠.٥"],
+                        "'٠.٥': expected a finite number such as 0.5 (ASCII digits)")):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(said)
+    with pytest.raises(ClusterError, match=r"^--workers 0: expected an integer >= 1"):
+        with runtime.dask_client(n_workers=0):
+            pass
