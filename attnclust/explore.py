@@ -256,6 +256,9 @@ class ExploreApp:
                     ex = pd.read_parquet(path, columns=["id", "question"]).astype(str)
                     table = table.merge(ex.rename(columns={"id": "example_id"}), on="example_id", how="left",
                                         suffixes=("_", ""))[["example_id", "question"]].fillna("")
+                from .report.formatting import plain_text
+
+                table["question"] = table["question"].map(plain_text)  # shown in the page: no bidi controls
                 table["_text"] = table["question"].str.lower()
                 table["_id"] = table["example_id"].str.lower()
                 self._search = table

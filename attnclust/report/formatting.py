@@ -16,8 +16,14 @@ import numpy as np
 from ..analysis.heads import HEAD_ANALYSES
 from ..analysis.stats import STATISTICS
 
-__all__ = ["BASE_UNITS", "PERCENT_UNIT", "column_units", "fmt", "fmt_id", "hex_color", "short", "unit_label"]
+__all__ = ["BASE_UNITS", "BIDI_CONTROLS", "PERCENT_UNIT", "column_units", "fmt", "fmt_id", "hex_color", "plain_text",
+           "short", "unit_label"]
 
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+"""Unicode's bidirectional formatting characters (marks, embeddings, overrides, isolates): in a question they could
+reorder how its text, and the page's text after it, is shown (a right-to-left override makes "txt.exe" look like
+"exe.txt"), so text from the data is shown without them (:func:`plain_text`)."""
+_NO_BIDI = {ord(c): None for c in BIDI_CONTROLS}
 PERCENT_UNIT = "share"
 """Values in this unit are fractions 0..1 and are written as percentages."""
 BASE_UNITS: dict[str, str] = {
@@ -109,8 +115,14 @@ def fmt_id(value: Any) -> str:
         return str(value)
 
 
+def plain_text(text: Any) -> str:
+    """``str(text)`` without the :data:`BIDI_CONTROLS`, for showing text from the user's data (questions,
+    answers) in the report and the explorer."""
+    return str(text).translate(_NO_BIDI)
+
+
 def short(text: Any, n: int) -> str:
-    """``text`` cut to at most ``n`` characters, with an ellipsis when cut.
+    """``text`` (as :func:`plain_text`) cut to at most ``n`` characters, with an ellipsis when cut.
 
     Parameters
     ----------
@@ -123,7 +135,7 @@ def short(text: Any, n: int) -> str:
     -------
     str
     """
-    s = str(text)
+    s = plain_text(text)
     return s if len(s) <= n else s[: n - 1] + "…"
 
 

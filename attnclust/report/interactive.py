@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..store import quantize_uint8
+from .formatting import plain_text
 
 __all__ = ["HEAD_EXAMPLES", "MAX_MAP_BYTES", "QUESTIONS_EMBEDDED", "THUMB_GRID", "UMAP_POINTS", "build_explorer",
            "char_span_tokens", "contrast_ratio", "grid_colours", "head_panels", "json_script", "pack_uint8",
@@ -217,11 +218,11 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
         pred_span = None if offsets is None or eid not in contexts else predicted_token_span(
             contexts[eid], str(pred.get("prediction") or ""), offsets)
         questions.append({
-            "id": eid, "question": str(pred.get("question") or asked.get(eid) or eid), "feature": fid,
+            "id": eid, "question": plain_text(pred.get("question") or asked.get(eid) or eid), "feature": fid,
             "span": int(row["span"]), "n": len(tokens), "tokens": tokens,
             "answer": [a, b] if 0 <= a <= b else None, "pred": list(pred_span) if pred_span else None,
-            "prediction": str(pred.get("prediction") or "") if pred else None,
-            "gold": [str(g) for g in pred.get("gold_answers", [])] if pred else None,
+            "prediction": plain_text(pred.get("prediction") or "") if pred else None,
+            "gold": [plain_text(g) for g in pred.get("gold_answers", [])] if pred else None,
             "verdict": verdict(pred) if pred else None,
             "maps": pack_uint8(quantize_uint8(block(fid)))})
     order = sorted(range(len(questions)), key=lambda i: (-questions[i]["n"], i))
