@@ -19,8 +19,28 @@ def run(job: str | Path | JobConfig | None = None, *, out: str | Path, overrides
         **kwargs):
     """Run a job (a YAML path, a :class:`JobConfig`, or ``None`` for the demo job) into ``out``.
 
-    Keyword arguments go to :func:`attnclust.pipeline.run_job` (``stages``, ``scheduler``, ``force``,
-    ``progress``, ``client``). Call it under ``if __name__ == "__main__":`` in scripts (worker processes).
+    Call it under ``if __name__ == "__main__":`` in scripts: the embedded Dask cluster starts worker processes.
+
+    Parameters
+    ----------
+    job : str, pathlib.Path, JobConfig or None
+        A job YAML file, a validated job, or ``None`` for the demo job (``jobs/demo.yaml``).
+    out : str or pathlib.Path
+        The output directory: new, empty, or an earlier attnclust run.
+    overrides : list of str, optional
+        ``section.key=value`` settings applied over a job file (as ``--set``); ignored for a :class:`JobConfig`.
+    **kwargs
+        Passed to :func:`attnclust.pipeline.run_job`: ``stages``, ``scheduler``, ``force``, ``progress``,
+        ``client``, ``n_workers`` ...
+
+    Returns
+    -------
+    attnclust.pipeline.JobResult
+        The output directory, the job id and each stage's record; ``.report`` is the path of ``report.html``.
+
+    Examples
+    --------
+    >>> result = attnclust.run("jobs/demo.yaml", out="runs/demo", overrides=["data.max_examples=20"])  # doctest: +SKIP
     """
     from .pipeline import run_job
 
@@ -29,7 +49,20 @@ def run(job: str | Path | JobConfig | None = None, *, out: str | Path, overrides
 
 
 class Output:
-    """An output directory opened for analysis; tables load lazily on first access."""
+    """An output directory opened for analysis; tables load lazily on first access.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The run directory (at least ``attention.zarr`` and ``features.parquet``, the store contract).
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The run directory.
+    layout : attnclust.layout.RunLayout
+        Every path of the run.
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -95,7 +128,21 @@ class Output:
         return json.loads(path.read_text())
 
     def map(self, feature_id: int, layer: int, head: int):
-        """One map at its true length, as a labelled ``xarray.DataArray`` (query, key) with token coords."""
+        """One map at its true length, as a labelled ``xarray.DataArray`` (query, key) with token coords.
+
+        Parameters
+        ----------
+        feature_id : int
+            The feature (``feature_id`` of :attr:`features`, the row of the store).
+        layer, head : int
+            The head, counted from 0.
+
+        Returns
+        -------
+        xarray.DataArray
+            (query, key) weights of the feature's ``seq_len`` tokens, with ``query_token`` and ``key_token``
+            coordinates.
+        """
         n = int(self._store.seq_len[feature_id])
         tokens = list(self.features.set_index("feature_id").at[feature_id, "tokens"])
         da_ = self.attention.isel(feature=feature_id, layer=layer, head=head, query=slice(0, n),
@@ -104,5 +151,16 @@ class Output:
 
 
 def open_output(path: str | Path) -> Output:
-    """Open an output directory (needs at least ``attention.zarr`` and ``features.parquet``)."""
+    """Open an output directory (needs at least ``attention.zarr`` and ``features.parquet``).
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A finished run's output directory, or a store written by another tool.
+
+    Returns
+    -------
+    Output
+        The run: ``attention`` as a lazy ``xarray.DataArray``, the tables as pandas ``DataFrame``.
+    """
     return Output(path)
