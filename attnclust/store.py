@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ import pandas as pd
 
 from .errors import StoreError
 from .layout import RunLayout
+from .safeio import atomic_write as _atomic_write
 
 __all__ = [
     "DIMS",
@@ -63,30 +62,9 @@ STORE_MODES = ("full", "compact")
 DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
 
 
-def _umask_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place, so readers
-    never see half a file; the temporary file is removed on any failure."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    """Write ``data`` to ``path`` through a temporary file and a rename, never through a symbolic link
+    (:func:`attnclust.safeio.atomic_write`, as every atomic write here)."""
     _atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 

@@ -84,3 +84,14 @@ def test_finetune_refuses_a_model_dir_with_links_before_writing(tmp_path, tiny_b
     with pytest.raises(ConfigError, match=message):
         finetune_model(cfg, out, progress=False)
     assert list(real.iterdir()) == []
+
+
+def test_the_run_files_written_atomically_refuse_links_too(tmp_path):
+    from attnclust.store import atomic_write_json
+
+    target = tmp_path / "user.json"
+    target.write_text("{}")
+    (tmp_path / "job.json").symlink_to(target)
+    with pytest.raises(StoreError, match=r"job\.json: this file is a symbolic link"):
+        atomic_write_json(tmp_path / "job.json", {"job_id": "x"})
+    assert target.read_text() == "{}"
