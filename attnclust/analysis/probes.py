@@ -23,7 +23,6 @@ training folds, so the held-out fold never takes part in the choice.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -68,10 +67,13 @@ def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence
               for name in HEAD_OUTPUT_ARRAYS}
     if len(arrays["cls"]) != len(feature_ids):
         raise RuntimeError(f"head outputs of {len(arrays['cls'])} features for {len(feature_ids)} feature ids")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, feature_id=np.asarray(feature_ids, np.int64), **arrays)
-    os.replace(tmp, path)
+    from ..safeio import atomic_write
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:  # a file object: np.savez would add ".npz" to the temporary name
+            np.savez(fh, feature_id=np.asarray(feature_ids, np.int64), **arrays)
+
+    atomic_write(path, write)
 
 
 def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int, *, chunk: int = 1024) -> None:

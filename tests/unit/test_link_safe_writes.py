@@ -95,3 +95,26 @@ def test_the_run_files_written_atomically_refuse_links_too(tmp_path):
     with pytest.raises(StoreError, match=r"job\.json: this file is a symbolic link"):
         atomic_write_json(tmp_path / "job.json", {"job_id": "x"})
     assert target.read_text() == "{}"
+
+
+def test_a_head_output_part_is_written_atomically_and_never_through_a_link(tmp_path):
+    import numpy as np
+
+    from attnclust.analysis.probes import save_head_output_part
+    from attnclust.models import HeadOutputs
+
+    rng = np.random.default_rng(0)
+    out = HeadOutputs(cls=rng.random((2, 1, 2, 4), np.float32), context_mean=rng.random((2, 1, 2, 4), np.float32),
+                      last_cls=rng.random((2, 8), np.float32))
+    part = tmp_path / "parts" / "head_outputs-000000.npz"
+    save_head_output_part(part, np.array([5, 6]), [out])
+    with np.load(part) as saved:
+        assert list(saved["feature_id"]) == [5, 6] and saved["cls"].shape == (2, 1, 2, 4)
+    assert sorted(p.name for p in part.parent.iterdir()) == [part.name]  # no temporary file left
+    target = tmp_path / "user.npz"
+    target.write_bytes(b"user's")
+    link = part.with_name("head_outputs-000001.npz")
+    link.symlink_to(target)
+    with pytest.raises(StoreError, match=r"this file is a symbolic link"):
+        save_head_output_part(link, np.array([5, 6]), [out])
+    assert target.read_bytes() == b"user's"
