@@ -5,7 +5,9 @@ all-zero maps; zarr 3.1 has no switch against it. Every array attnclust writes i
 chunk is written, all-zero or not (``write_empty_chunks``), and ends with a CRC-32C checksum (zarr's ``crc32c``
 codec after the compressor, in a sharded array on every inner chunk as well as on the shard index). Reading goes
 through :class:`CheckedStore`, which raises :class:`~attnclust.errors.StoreError` for a missing chunk key of a
-complete array instead of handing zarr ``None``, naming the store, the rows the chunk holds and the fix.
+complete array instead of handing zarr ``None``, naming the store, the rows the chunk holds and the fix. A
+missing *shard* file is caught that way; an inner chunk missing from a shard would need a shard index that says
+so, and the index carries its own checksum (any edit of it fails), while attnclust writes every inner chunk.
 
 An array is complete when its chunks carry the checksum (written so by attnclust) or when the store contract
 names it (``attention``, ``profile`` and ``seq_len`` of the attention store, which attnclust always wrote whole).
