@@ -295,7 +295,7 @@ def command_help() -> list[tuple[str, str, str]]:
     from attnclust.cli import _parser
 
     old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal's width
+    os.environ["COLUMNS"] = "90"  # argparse wraps to the terminal's width; 90 fits the page
     try:
         parser = _parser()
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
