@@ -38,6 +38,7 @@ __all__ = [
     "FEATURE_COLUMNS",
     "Answer",
     "Example",
+    "check_label_fields",
     "extra_columns",
     "read_gold",
     "read_squad",
@@ -104,6 +105,8 @@ class Example:
     extra
         The record's other fields whose values are text, numbers or booleans, as ``(name, value)`` pairs (labels
         a user's data carries, kept in ``examples.parquet`` for the ``probe`` analysis).
+    nested
+        Names of the record's other fields whose values are objects or lists (left out of ``extra``).
     """
 
     id: str
@@ -113,6 +116,7 @@ class Example:
     answers: tuple[Answer, ...]
     is_impossible: bool
     extra: tuple[tuple[str, Any], ...] = ()
+    nested: tuple[str, ...] = ()
 
 
 _KNOWN_FIELDS = frozenset({"id", "question", "context", "answers", "title", "is_impossible", "plausible_answers"})
@@ -137,6 +141,34 @@ def extra_columns(examples: list[Example]) -> dict[str, list]:
         if len({type(v) for v in values if v is not None}) > 1:
             columns[name] = [None if v is None else str(v) for v in values]
     return columns
+
+
+def check_label_fields(examples: list[Example], labels: Sequence[str], where: str) -> None:
+    """Check, before a run writes anything, that each field named in ``probe.labels`` is a label of the data.
+
+    Parameters
+    ----------
+    examples
+        Validated examples, e.g. from :func:`read_squad`.
+    labels
+        ``probe.labels``: names of extra fields of the records.
+    where
+        How messages name the data (``"data file x.json"``).
+
+    Raises
+    ------
+    DataError
+        A field holds objects or lists (a label must be text, a number or a boolean), or no record has it.
+    """
+    for name in labels:
+        nested = next((i for i, e in enumerate(examples) if name in e.nested), None)
+        if nested is not None:
+            raise DataError(f"{where}: probe.labels {name!r}: record {nested} ({examples[nested].id!r}) holds an "
+                            f"object or a list in {name!r}; a label must be text, a number or a boolean per "
+                            f"record: flatten it, or remove {name!r} from probe.labels")
+        if not any(name == k for e in examples for k, _ in e.extra):
+            raise DataError(f"{where}: probe.labels {name!r}: no record has this field (with text, a number or a "
+                            f"boolean); list fields the records have, or remove it from probe.labels")
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -468,8 +500,10 @@ def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, st
         if type(v) is int and not _INT64[0] <= v <= _INT64[1]:
             raise DataError(f"{label}: field {k!r} {_show(v)} is outside the 64-bit integer range (-2**63 .. "
                             f"2**63-1); write it as a string (in quotes) or drop the field")
+    nested = tuple(k for k, v in rec.items() if k not in _KNOWN_FIELDS and isinstance(k, str)
+                   and isinstance(v, (dict, list)))
     example = Example(id=rid, title=title, question=question, context=context, answers=tuple(answers),
-                      is_impossible=impossible, extra=extra)
+                      is_impossible=impossible, extra=extra, nested=nested)
     return example, label
 
 

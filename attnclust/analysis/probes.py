@@ -213,8 +213,9 @@ def probe_labels(examples: pd.DataFrame, *, tasks: Sequence[str], labels: Sequen
             out[task] = np.where(score.isna(), None, np.where(score >= 0.5, "right", "wrong"))
     for name in labels:
         if name not in examples.columns:
-            raise DataError(f"probe.labels: column {name!r} is not in examples.parquet (the data file's records "
-                            f"carry no such field); list fields the records have, or remove it")
+            raise DataError(f"probe.labels: column {name!r} is not in examples.parquet: the data file's records "
+                            f"carry no such field, or hold objects or lists in it (a label must be text, a number "
+                            f"or a boolean); list fields the records have, or remove it")
         values = examples[name]
         out[name] = np.where(values.isna(), None, values.astype(str))
     return out, skipped

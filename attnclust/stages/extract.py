@@ -55,11 +55,13 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         feature in store order), ``dropped_features`` (example id -> features dropped by
         ``data.max_features_per_example``) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
-    from ..data import extra_columns, read_squad, sample_path, tokenize_examples
+    from ..data import check_label_fields, extra_columns, read_squad, sample_path, tokenize_examples
     from ..models import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
     examples = read_squad(path, max_examples=cfg.data.max_examples)
+    if cfg.probe.enabled:
+        check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
     features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,

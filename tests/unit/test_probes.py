@@ -221,3 +221,35 @@ def test_report_says_in_one_line_why_probes_are_skipped(tmp_path, capsys):
     run_job(load_job(None, [*base, "probe.enabled=false"]), planted_store.root, stages=("report",),
             executor=SerialExecutor(), progress=True, force=True)
     assert PROBE_SKIPPED in capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("value, kind", [({"a": 1}, "object"), (["x", "y"], "list")])
+def test_a_label_field_of_objects_or_lists_is_named_as_such_before_anything_is_written(tmp_path, tiny_bert_dir,
+                                                                                       capsys, value, kind):
+    import json
+
+    from attnclust.cli import main
+
+    ctx = "Paris is the capital of France."
+    records = [{"id": "q1", "question": "What is Paris?", "context": ctx, "topic": "geo",
+                "answers": {"text": ["the capital of France"], "answer_start": [9]}},
+               {"id": "q2", "question": "Who?", "context": ctx, "answers": {"text": [], "answer_start": []},
+                "topic": value}]
+    path = tmp_path / "flat.json"
+    path.write_text(json.dumps(records))
+    out = tmp_path / "out"
+    job = tmp_path / "job.yaml"
+    job.write_text("name: t\nprobe:\n  labels: [topic]\n")
+    args = ["--data", str(path), "--out", str(out), "--set", f"model.name={tiny_bert_dir}", "--quiet"]
+    assert main(["extract", str(job), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"attnclust: error: data file {path}: probe.labels 'topic': record 1 ('q2') holds an object or a "
+                   f"list in 'topic'; a label must be text, a number or a boolean per record: flatten it, or remove "
+                   f"'topic' from probe.labels"], kind
+    job.write_text("name: t\nprobe:\n  labels: [genre]\n")
+    assert main(["extract", str(job), *args]) == 2
+    assert "probe.labels 'genre': no record has this field" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(DataError, match=r"probe\.labels: column 'topic' is not in examples\.parquet: the data file's "
+                                        r"records carry no such field, or hold objects or lists in it"):
+        probe_labels(pd.DataFrame({"id": ["q1"], "question": ["What?"]}), tasks=(), labels=("topic",))
