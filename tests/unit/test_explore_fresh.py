@@ -140,3 +140,15 @@ def test_a_truncated_heads_table_is_one_line_and_exit_2(command, planted, tmp_pa
     assert "\n" not in err
     assert err.startswith("attnclust: error: ") and "heads.parquet" in err and "re-run 'attnclust" in err
     assert not (tmp_path / "grid.png").exists()
+
+
+def test_a_deleted_shard_is_a_one_line_error_never_an_all_zero_map(served):
+    root, server = served
+    shard = root / "attention.zarr" / "attention" / "c" / "0" / "0" / "0" / "0" / "0"
+    shard.unlink()
+    status, body = get(server, MAP)
+    assert status == 500
+    assert "\n" not in body["error"] and "weights" not in body
+    assert body["error"].endswith("array 'attention', features 0..2 (chunk attention/c/0/0/0/0/0) is missing; the "
+                                  "store is damaged: re-run 'attnclust extract --force' for this output dir to "
+                                  "rewrite it")
