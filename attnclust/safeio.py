@@ -12,6 +12,7 @@ ending in a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -162,27 +163,21 @@ class _LongInt(Exception):
     pass
 
 
+@functools.cache
 def _bounded_loader():
     """A ``yaml.SafeLoader`` whose integers are bounded (built once)."""
-    global _LOADER
-    if _LOADER is None:
-        import yaml
+    import yaml
 
-        class BoundedLoader(yaml.SafeLoader):
-            def construct_yaml_int(self, node):
-                digits = sum(ch.isdigit() for ch in str(node.value))
-                if digits > MAX_INT_DIGITS:
-                    mark = node.start_mark
-                    raise _LongInt(f"line {mark.line + 1}: an integer of {digits:,} digits (more than "
-                                   f"{MAX_INT_DIGITS:,}); no setting takes such a number: fix it")
-                return super().construct_yaml_int(node)
+    class BoundedLoader(yaml.SafeLoader):
+        def construct_yaml_int(self, node):
+            digits = sum(ch.isdigit() for ch in str(node.value))
+            if digits > MAX_INT_DIGITS:
+                raise _LongInt(f"line {node.start_mark.line + 1}: an integer of {digits:,} digits (more than "
+                               f"{MAX_INT_DIGITS:,}); no setting takes such a number: fix it")
+            return super().construct_yaml_int(node)
 
-        BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
-        _LOADER = BoundedLoader
-    return _LOADER
-
-
-_LOADER = None
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+    return BoundedLoader
 
 
 # ------------------------------------------------------------------------------------------------ writing
