@@ -120,6 +120,9 @@ CASES = {
                                  r"\(or 'attnclust run'\)"),
     "deleted shard, report": ("delete", "report", r"attention\.zarr/attention/c/1/0/0/0/0 \(features 2\.\.3\) is "
                               r"missing; re-run 'attnclust extract'"),
+    "truncated head-outputs chunk, report": ("truncate", "report", r"store .*head_outputs\.zarr: head outputs of \d+ "
+                                             r"features \(\d+\.\.\d+\) unreadable \(ValueError: .*\); the store is "
+                                             r"damaged: re-run 'attnclust extract --force'"),
     "features.parquet short": ("short", "featurize", r"features\.parquet: \d+ rows but the store .* holds \d+ "
                                r"features.*extract --force"),
     "features.parquet short, report": ("short", "report", r"features\.parquet: \d+ rows but the store"),
@@ -146,6 +149,9 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
                 flip_middle(out, 1)
             elif setup == "delete":
                 shard_path(out, 1).unlink()
+            elif setup == "truncate":
+                chunk = out / "head_outputs.zarr" / "last_cls" / "c" / "0" / "0"
+                chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
             else:
                 drop_feature_rows(out, 2)
             before = {p: p.stat().st_mtime_ns for p in (out / "_state").glob("*.json")}
@@ -156,7 +162,7 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
             assert out.read_text() == "my notes"
         elif setup == "readonly":
             assert not out.exists()
-        elif setup in ("corrupt", "flip"):
+        elif setup in ("corrupt", "flip", "truncate"):
             # the stage that met the damage and every later one are unfinished, their outputs gone
             later = {"featurize": ("featurize", "cluster", "report"), "report": ("report",)}[command]
             assert not any(stage_done(out, s) for s in later)
