@@ -215,7 +215,7 @@ def _forget(layout: RunLayout, stage: Stage) -> None:
 
 
 def _output_problem(layout: RunLayout, stage: Stage, record: dict) -> str | None:
-    """``heads.parquet missing``: the first recorded output of a finished stage that is gone or does not open.
+    """``heads.parquet is missing``: the first recorded output of a finished stage that is gone or does not open.
 
     A record written before outputs were recorded (no ``outputs`` key) is checked on the outputs that exist.
     """
