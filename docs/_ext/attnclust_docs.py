@@ -8,8 +8,8 @@
 - The directives ``attnclust-statistics`` and ``attnclust-head-analyses`` list the registered per-map statistics
   and head analyses (name, unit, description as declared next to their code).
 - :func:`undocumented_columns` compares the parquet tables of a finished run with the output reference
-  (``docs/reference/outputs.md`` and the generated tables): every column written must be documented there
-  (``tests/docs`` runs it).
+  (``docs/reference/outputs.md`` and the generated tables): every column written must be documented there, and
+  :func:`documented_but_missing` finds documented columns that no table has (``tests/docs`` runs both).
 
 The functions work on any pydantic model, so the tests can show that they find an undocumented key.
 """
@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 __all__ = ["STATISTIC_TABLES", "JobKey", "command_help", "described_but_missing", "documented_columns",
-           "documented_files", "field_descriptions", "generated_columns", "head_analyses", "job_keys",
+           "documented_but_missing", "documented_files", "field_descriptions", "generated_columns", "head_analyses", "job_keys",
            "job_reference_rst", "setup", "statistics", "undocumented_columns", "undocumented_files",
            "undocumented_keys"]
 
@@ -276,6 +276,29 @@ def undocumented_columns(run_dir: str | Path, markdown: str,
         for column in pq.read_schema(path).names:
             if not any(p.match(column) for p in patterns):
                 missing.append(f"{path.name}: {column}")
+    return missing
+
+
+def documented_but_missing(run_dirs: Iterable[str | Path], markdown: str) -> list[str]:
+    """``file: column`` for every column the output reference documents that no table of ``run_dirs`` has.
+
+    Files documented under one heading share their columns: a name counts as present when any of them has it.
+    Headings none of whose files is in ``run_dirs`` are not checked (the runs did not write them).
+    """
+    import pyarrow.parquet as pq
+
+    run_dirs = [Path(d) for d in run_dirs]
+    groups: dict[int, tuple[list[str], list[str]]] = {}
+    for name, columns in documented_columns(markdown).items():
+        groups.setdefault(id(columns), (columns, []))[1].append(name)
+    missing = []
+    for columns, files in groups.values():
+        paths = [d / f for d in run_dirs for f in files if (d / f).is_file()]
+        if not paths:
+            continue
+        present = {c for p in paths for c in pq.read_schema(p).names}
+        missing.extend(f"{', '.join(files)}: {c}" for c in columns
+                       if not any(_pattern(c).match(name) for name in present))
     return missing
 
 

@@ -100,6 +100,9 @@ def test_column_checker_finds_undocumented_columns_and_files(tmp_path):
     assert ad.undocumented_columns(tmp_path, markdown, generated={}) == [
         "heads.parquet: mystery", "heads.parquet: entropy", "other.parquet: (no section)"]
     assert ad.undocumented_files(tmp_path, markdown) == ["notes.txt", "other.parquet"]
+    stale = markdown.replace("| `share_<c>` |", "| `share_<c>`, `gone` |")
+    assert ad.documented_but_missing([tmp_path], stale) == ["heads.parquet: gone"]
+    assert ad.documented_but_missing([tmp_path / "elsewhere"], stale) == []  # no heads.parquet there: not checked
 
 
 def test_a_statistic_or_head_analysis_without_description_is_undocumented(monkeypatch):
@@ -147,6 +150,10 @@ def test_every_column_and_file_of_a_run_is_documented(full_run):
     for optional in ("importance.parquet", "pruning.parquet", "syntax.parquet", "parses.parquet", "probes.parquet",
                      "exports"):
         assert (run / optional).exists(), optional  # the run above exercised every optional output
+
+
+def test_every_documented_column_is_written(full_run):
+    assert ad.documented_but_missing(full_run, OUTPUTS.read_text()) == []
 
 
 def test_every_column_and_file_of_a_comparison_is_documented(full_run):
