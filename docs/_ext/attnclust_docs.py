@@ -25,8 +25,8 @@ from typing import Any
 from pydantic import BaseModel
 
 __all__ = ["STATISTIC_TABLES", "JobKey", "command_help", "described_but_missing", "documented_columns",
-           "documented_but_missing", "documented_files", "field_descriptions", "generated_columns", "head_analyses", "job_keys",
-           "job_reference_rst", "setup", "statistics", "undocumented_columns", "undocumented_files",
+           "documented_but_missing", "documented_files", "field_descriptions", "generated_columns", "head_analyses",
+           "job_keys", "job_reference_rst", "setup", "statistics", "undocumented_columns", "undocumented_files",
            "undocumented_keys"]
 
 
