@@ -27,6 +27,17 @@ unequal sizes: k = 2, 3, 5 and 6 all score 1.0), so a tie must go up. The tolera
 true k stability falls slowly where a pattern splits the same way on both halves (a planted type by its length:
 0.98-0.99 at k = 9-12 over 8 planted types), so a wide tie walks past the drop.
 
+**Tied candidates must be separated** (issue 28). With many maps, KMeans cuts a *continuum* the same way on both
+halves, so a pattern that varies smoothly (a planted block type with the question's share of the tokens, a
+[SEP]-type with the noise level) splits as stably as two real patterns: on a planted store of 8 types over 24 heads
+the medians were 1.0 at k = 4-9, 0.996 at 10, 0.998 at 11, and the rule above took 11. So among the tied
+candidates, the largest whose partition is *separated* wins: every cluster and its nearest cluster (by centroid)
+show a density gap along the line through their centroids (:func:`valley_ratio` below
+:data:`SEPARATION_MAX_VALLEY`: a kernel density estimate at its lowest point between the two centroids, over the
+lower of its values at them; real pairs of planted types gave 0.001-0.01, continuum cuts 0.28-0.99). When no tied
+candidate is separated (real maps mostly form continua: on the demo every nearest pair at k = 7 had a ratio
+0.07-1.0), the largest tied candidate wins as before.
+
 The splits, the stability sample and the resamples below are drawn from ``stability_seed``: a fixed design, so every
 ``random_state`` (which seeds the KMeans restarts) judges the candidates on the same splits, and k changes with the
 seed only where KMeans lands elsewhere. Which examples fall in which half is the larger source of noise: on the
@@ -72,8 +83,8 @@ from .errors import ConfigError, StoreError
 from .placement import KnnPlacer
 
 __all__ = ["PLACEMENT", "FittedClusters", "OnStep", "Placement", "align_clusters", "assign_block", "best_jaccard",
-           "bootstrap_stability", "choose_k", "fit_clusters", "fit_from_store", "group_codes", "place_rest",
-           "sample_rows", "split_half_stability"]
+           "bootstrap_stability", "choose_k", "fit_clusters", "fit_from_store", "group_codes", "is_separated",
+           "place_rest", "sample_rows", "split_half_stability", "tied_candidates", "valley_ratio"]
 
 OnStep = Callable[[str, int, int, str], None]
 """``on_step(step, done, total, unit)``: ``done`` of ``total`` ``unit`` of ``step`` are finished (``done=0`` when
@@ -85,6 +96,9 @@ fitted UMAP's ``transform``)."""
 
 PLACEMENT: Placement = "knn"
 """The default :data:`Placement` (the job setting ``cluster.placement`` defaults to it too)."""
+
+SEPARATION_MAX_VALLEY = 0.2
+"""A pair of clusters is separated when :func:`valley_ratio` is below this (a density gap between them)."""
 
 DISSOLVED = 0.5
 """A cluster whose best Jaccard similarity in a resample is at most this has *dissolved* there (Hennig 2007)."""
@@ -110,6 +124,9 @@ class FittedClusters:
         Number of clusters used.
     k_scores_
         Silhouette score per candidate k, for reference (empty when k was given); k is chosen by ``k_stability_``.
+    k_separated_
+        Tied candidate k -> whether its partition of the stability sample is separated (:func:`is_separated`);
+        empty when k was given.
     k_stability_
         Split-half stability per candidate k: the ARI of each split, shape (split,), twice as many splits for a
         contender (empty when k was given).
@@ -139,6 +156,7 @@ class FittedClusters:
     umap_: Any = None
     k_scores_: dict[int, float] = field(default_factory=dict)
     k_stability_: dict[int, np.ndarray] = field(default_factory=dict)
+    k_separated_: dict[int, bool] = field(default_factory=dict)
     cluster_stability_: np.ndarray | None = None
     cluster_dissolved_: np.ndarray | None = None
     stability_maps_: int = 0
@@ -368,6 +386,90 @@ def choose_k(stability: dict[int, np.ndarray], tolerance: float) -> int:
     return max(k for k, m in median.items() if m >= round(best - tolerance, 6))
 
 
+def tied_candidates(stability: dict[int, np.ndarray], tolerance: float) -> list[int]:
+    """The candidates whose median stability is within ``tolerance`` of the best (:func:`choose_k`'s tie), sorted.
+
+    Parameters
+    ----------
+    stability, tolerance
+        As :func:`choose_k`.
+
+    Returns
+    -------
+    list of int
+    """
+    if not stability:
+        return []
+    median = {k: round(float(np.median(v)), 6) for k, v in stability.items()}
+    best = max(median.values())
+    return sorted(k for k, m in median.items() if m >= round(best - tolerance, 6))
+
+
+def valley_ratio(a: np.ndarray, b: np.ndarray) -> float:
+    """How much density lies between two clusters: on the line through their centroids, a Gaussian kernel density
+    estimate of both clusters' projections at its lowest point between the two clusters' median projections,
+    divided by the lower of its values at those medians. The bandwidth is Silverman's rule of thumb on the spread
+    *within* the clusters (``1.06 s N^(-1/5)``, ``s`` the pooled within-cluster deviation): the spread of the two
+    together would widen it by the gap itself and fill the gap in.
+
+    Parameters
+    ----------
+    a, b
+        (map, dim) the two clusters' vectors.
+
+    Returns
+    -------
+    float
+        About 0 for two clusters with a gap between them, about 1 (or more) for two halves of one continuous
+        group; 0.0 when either cluster has fewer than 3 maps or the projections do not vary.
+    """
+    from scipy.stats import gaussian_kde
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    axis = b.mean(0) - a.mean(0)
+    norm = float(np.linalg.norm(axis))
+    if len(a) < 3 or len(b) < 3 or norm == 0:
+        return 0.0
+    pa, pb = a @ (axis / norm), b @ (axis / norm)
+    both = np.r_[pa, pb]
+    within = float(np.sqrt((pa.var() * len(pa) + pb.var() * len(pb)) / len(both)))
+    if float(both.std()) == 0 or within == 0:
+        return 0.0
+    try:
+        kde = gaussian_kde(both, bw_method=1.06 * within * len(both) ** -0.2 / float(both.std(ddof=1)))
+    except np.linalg.LinAlgError:
+        return 0.0
+    density = kde(np.linspace(np.median(pa), np.median(pb), 101))
+    ends = min(density[0], density[-1])
+    return float(density.min() / ends) if ends > 0 else 0.0
+
+
+def is_separated(z: np.ndarray, labels: np.ndarray, *, max_valley: float = SEPARATION_MAX_VALLEY) -> bool:
+    """Whether every cluster of a partition has a density gap to its nearest cluster (by centroid).
+
+    Parameters
+    ----------
+    z
+        (map, dim) vectors.
+    labels
+        (map,) cluster of each vector.
+    max_valley
+        A pair is separated when its :func:`valley_ratio` is below this.
+
+    Returns
+    -------
+    bool
+    """
+    ids = np.unique(labels)
+    if len(ids) < 2:
+        return False
+    centers = np.stack([z[labels == c].mean(0) for c in ids])
+    dist = np.linalg.norm(centers[:, None] - centers[None], axis=-1)
+    np.fill_diagonal(dist, np.inf)
+    pairs = {tuple(sorted((i, int(dist[i].argmin())))) for i in range(len(ids))}
+    return all(valley_ratio(z[labels == ids[i]], z[labels == ids[j]]) < max_valley for i, j in sorted(pairs))
+
+
 def bootstrap_stability(z: np.ndarray, groups: np.ndarray | None, labels: np.ndarray, k: int, *, n_boot: int,
                         n_init: int, resample_seed: int, random_state: int, backend: str = "cpu",
                         on_step: OnStep | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -519,7 +621,14 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
             zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
             random_state=cfg.random_state + 4, refine=2 * cfg.stability_tolerance, backend=backend,
             on_step=on_step)
-        k = choose_k(fitted.k_stability_, cfg.stability_tolerance)
+        tied = tied_candidates(fitted.k_stability_, cfg.stability_tolerance)
+        if len(tied) > 1:
+            with _step(on_step, f"separation of {len(tied)} tied candidates"):
+                fitted.k_separated_ = {k: is_separated(zs, _kmeans_labels(backend, zs, zs, k, cfg.random_state + 6,
+                                                                          cfg.n_init))
+                                       for k in tied}
+        separated = [k for k in tied if fitted.k_separated_.get(k, False)]
+        k = max(separated) if separated else choose_k(fitted.k_stability_, cfg.stability_tolerance)
         lap("choose_k")
         with _step(on_step, f"silhouette of {len(fitted.k_stability_)} candidates (for reference)"):
             fitted.k_scores_ = _silhouette_scores(z, sorted(fitted.k_stability_), cfg, backend)

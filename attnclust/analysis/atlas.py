@@ -25,9 +25,9 @@ from ..featurize.pooled import pool_maps
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
-from .stats import map_statistics, stat_columns, token_masks
+from .stats import local_keys, map_statistics, stat_columns, token_masks
 
-__all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN",
+__all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN_LIFT",
            "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table", "describe_cluster",
            "head_table", "is_local", "length_buckets", "length_view", "medoid_maps", "name_clusters", "pattern_type",
            "read_stability", "segment_chance", "segment_lift", "stats_block"]
@@ -92,9 +92,10 @@ BROAD_MIN_ENTROPY = 0.75
 """A heterogeneous cluster whose normalised entropy is at least this is described as broad."""
 FOCUSED_MAX_ENTROPY = 0.35
 """Normalised entropy below this reads as focused when the spread tells two alike clusters apart."""
-LOCAL_MIN = 0.3
-"""``local``: at least this much of the mass within 2 tokens of the query (``to_local``, the query excluded; a
-uniform row of 100 tokens puts 4% there)."""
+LOCAL_MIN_LIFT = 0.15
+"""``local``: the mass within 2 tokens of the query (``to_local``, the query excluded) exceeds what a uniform row
+puts there (``local_chance``: 4% at 100 tokens, 23% at 16) by at least this fraction of the possible excess:
+``(to_local - chance) / (1 - chance)``. Without ``local_chance`` the bar is on ``to_local`` itself."""
 LOCAL_MAX_NEIGHBOUR = 0.7
 """``local`` needs the window's mass spread: neither the previous nor the next token holds more than this share of
 ``to_local`` (a previous-token head holds nearly all of it and is named for the previous token)."""
@@ -135,16 +136,20 @@ def is_local(means: pd.Series) -> bool:
     Parameters
     ----------
     means : pandas.Series
-        The cluster's mean statistics (``to_local``, ``to_prev``, ``to_next``, ``to_self``).
+        The cluster's mean statistics (``to_local``, ``to_prev``, ``to_next``, ``to_self``) and optionally
+        ``local_chance`` (a uniform row's mass in the window, averaged over the cluster's maps).
 
     Returns
     -------
     bool
-        ``to_local`` >= :data:`LOCAL_MIN`, neither neighbour holding more than :data:`LOCAL_MAX_NEIGHBOUR` of it,
-        and more mass in the window than on the token itself; False when ``to_local`` is unknown.
+        The window's lift over chance >= :data:`LOCAL_MIN_LIFT`, neither neighbour holding more than
+        :data:`LOCAL_MAX_NEIGHBOUR` of the window's mass, and more mass in the window than on the token itself;
+        False when ``to_local`` is unknown.
     """
     local = float(means.get("to_local", np.nan))
-    if not np.isfinite(local) or local < LOCAL_MIN:
+    chance = float(means.get("local_chance", 0.0))
+    chance = chance if np.isfinite(chance) else 0.0
+    if not np.isfinite(local) or chance >= 1.0 or (local - chance) / (1.0 - chance) < LOCAL_MIN_LIFT:
         return False
     return (max(float(means["to_prev"]), float(means["to_next"])) <= LOCAL_MAX_NEIGHBOUR * local
             and float(means["to_self"]) < local)
@@ -529,6 +534,10 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
     means = grouped[list(stat_columns()) + ["layer"]].mean().reindex(range(k))
     if chance is not None:
         means["segment_chance"] = maps["feature_id"].map(chance).groupby(maps["cluster"]).mean().reindex(range(k))
+    if "seq_len" in maps.columns:
+        n = maps["seq_len"].to_numpy(np.float64)
+        means["local_chance"] = pd.Series(local_keys(n) / n ** 2, index=maps.index).groupby(
+            maps["cluster"]).mean().reindex(range(k))
     medoid_rows = maps.loc[grouped["centroid_dist"].idxmin()].set_index("cluster")
     table = pd.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": size.to_numpy(np.int64),
                           "share": (size / max(len(maps), 1)).to_numpy(np.float32)})

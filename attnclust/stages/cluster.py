@@ -176,7 +176,9 @@ def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
     dict
         ``k``; ``k_selection`` (``stability`` or ``given``); ``k_stability`` (candidate k as text -> ``median``,
         ``mean``, ``std``, ``min``, ``max`` and ``splits``, the ARI of every split; empty when k was given);
-        ``k_scores`` (candidate k -> silhouette, for reference); ``stability`` (how it was measured: ``maps``,
+        ``k_scores`` (candidate k -> silhouette, for reference); ``k_separated`` (each candidate tied for the best
+        stability -> whether its clusters have density gaps to their nearest ones; empty without a tie);
+        ``stability`` (how it was measured: ``maps``,
         ``examples``, ``splits``, ``tolerance``, ``seed``, ``resamples``, ``n_init``); ``cluster_stability`` and
         ``cluster_dissolved`` (lists indexed by cluster id: the mean best bootstrap Jaccard, and the share of
         resamples in which the cluster dissolved; ``null`` for a cluster not measured; the lists are ``null`` when
@@ -196,6 +198,7 @@ def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
                                  "splits": [_number(a) for a in v]}
                         for k, v in fitted.k_stability_.items()},
         "k_scores": {str(k): v for k, v in fitted.k_scores_.items()},
+        "k_separated": {str(k): bool(v) for k, v in fitted.k_separated_.items()},
         "stability": {"maps": fitted.stability_maps_, "examples": fitted.stability_examples_,
                       "splits": cfg.stability_splits, "tolerance": cfg.stability_tolerance,
                       "seed": cfg.stability_seed, "resamples": cfg.stability_resamples, "n_init": cfg.n_init,

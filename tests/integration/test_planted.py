@@ -45,3 +45,23 @@ def test_eight_planted_types_are_recovered_and_named(tmp_path):
 def test_k_auto_finds_about_eight_types(tmp_path):
     maps, _, _, _ = atlas(tmp_path, "cluster.k=auto", "cluster.k_min=4", "cluster.k_max=12")
     assert 7 <= maps["cluster"].nunique() <= 9
+
+
+@pytest.mark.parametrize("seed, noise, lengths, shape", [
+    (0, 0.2, (16, 384), (4, 6)),  # stability alone took k = 11 here (medians 1.0 at 4-9, 0.996 at 10, 0.998 at 11)
+    (4, 0.35, (64, 384), (2, 4)),  # a type split by its noise: 9 before
+    (7, 0.3, (32, 256), (3, 8)),
+])
+def test_k_auto_finds_the_planted_eight_with_other_seeds_noise_lengths_and_heads(tmp_path, seed, noise, lengths,
+                                                                                 shape):
+    from attnclust.config import load_job
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(seed), n_features=72,
+                                  n_layers=shape[0], n_heads=shape[1], lengths=lengths, noise=noise)
+    cfg = load_job(None, ["cluster.umap=false", "cluster.stability_resamples=null", "cluster.k=auto",
+                          "cluster.k_min=4", "cluster.k_max=12"])
+    run_job(cfg, planted.root, stages=("featurize", "cluster"), executor=SerialExecutor(), progress=False)
+    labels = pd.read_parquet(planted.root / "cluster_labels.parquet")
+    assert 7 <= labels["cluster"].nunique() <= 9

@@ -316,3 +316,29 @@ def test_every_kmeans_fit_of_the_stage_runs_openmp_on_one_thread(monkeypatch):
     assert len(sample_fits) >= 2 * 3 * 2 + 2 and all(threads == {1} for threads in sample_fits)
     assert final_fits == [{1}]
     assert openmp_threads() == default
+
+
+def test_valley_ratio_tells_a_gap_from_a_cut_continuum():
+    from attnclust.cluster import is_separated, valley_ratio
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(0, 1, size=(300, 5))
+    b = rng.normal(0, 1, size=(300, 5)) + np.r_[8.0, 0, 0, 0, 0]
+    assert valley_ratio(a, b) < 0.1  # two blobs far apart: little density between them
+    slab = rng.uniform(0, 10, size=(600, 5))  # one continuous group cut in two
+    cut = slab[:, 0] < 5
+    assert valley_ratio(slab[cut], slab[~cut]) > 0.5
+    z = np.r_[a, b, slab + 40]
+    labels = np.r_[np.zeros(300), np.ones(300), np.where(cut, 2, 3)].astype(int)
+    assert not is_separated(z, labels)  # the slab's halves are each other's nearest clusters, without a gap
+    merged = np.where(labels == 3, 2, labels)
+    assert is_separated(z, merged)
+
+
+def test_tied_candidates_are_those_within_the_tolerance():
+    from attnclust.cluster import tied_candidates
+
+    stability = {4: np.array([1.0, 1.0]), 8: np.array([0.998, 1.0]), 9: np.array([0.99, 0.99]),
+                 11: np.array([0.996, 0.996])}
+    assert tied_candidates(stability, 0.005) == [4, 8, 11]
+    assert tied_candidates({}, 0.005) == []
