@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import JobLocked, StoreError
+from .safeio import atomic_write_json
 
 __all__ = ["MARKER", "MARKER_SCHEMA", "WEIGHT_FILES", "CompareLayout", "ModelDirLayout", "RunLayout",
            "StateDirectory"]
@@ -363,8 +364,6 @@ class RunLayout(StateDirectory):
                              f"location for --out") from None
 
     def _write_marker(self, data: dict) -> None:
-        from .store import atomic_write_json
-
         atomic_write_json(self.marker, data)
 
     def written(self) -> set[str]:

@@ -1,7 +1,8 @@
 """Files a user hands attnclust, and files attnclust writes.
 
 Reading is bounded (regular files only, a size cap, bounded nesting and integers); writing never goes through a
-symbolic link (:func:`atomic_write`, the one atomic write of the package).
+symbolic link (:func:`atomic_write`, the one atomic write of the package; :func:`atomic_write_bytes` and
+:func:`atomic_write_json` are its shorthands, here so that the run layout and the store can both use them).
 
 Every reader of user input (the data file, the job YAML, predictions and null odds, CoNLL-U parses) goes through
 :func:`read_user_bytes`, and every JSON or YAML document of the user through :func:`load_json` /
@@ -23,8 +24,8 @@ from typing import Any
 
 from .errors import AttnclustError, ConfigError, DataError, StoreError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "append_text", "atomic_write", "load_json",
-           "load_yaml", "read_user_bytes", "refuse_links"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "append_text", "atomic_write", "atomic_write_bytes",
+           "atomic_write_json", "load_json", "load_yaml", "read_user_bytes", "refuse_links"]
 
 MAX_INPUT_BYTES = 4 << 30
 """The largest data, predictions or CoNLL-U file read (4 GiB; SQuAD 2.0's training set is 40 MB). Each is parsed
@@ -229,6 +230,16 @@ def atomic_write(path: str | os.PathLike[str], write, *, mode: int | None = None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (:func:`atomic_write`)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, sort_keys: bool = True) -> None:
+    """Write ``obj`` as indented JSON through a temporary file and a rename (:func:`atomic_write`)."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n").encode())
 
 
 def _umask_mode() -> int:

@@ -24,7 +24,6 @@ features it holds, never as zeros.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ import pandas as pd
 from .errors import StoreError
 from .layout import RunLayout
 from .safeio import atomic_write as _atomic_write
+from .safeio import atomic_write_bytes, atomic_write_json  # re-exported: their home before safeio
 
 __all__ = [
     "DIMS",
@@ -62,20 +62,9 @@ STORE_MODES = ("full", "compact")
 DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename, never through a symbolic link
-    (:func:`attnclust.safeio.atomic_write`, as every atomic write here)."""
-    _atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
-
-
 def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
     """Write a DataFrame as parquet through a temporary file and a rename."""
     _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
-
-
-def atomic_write_json(path: Path, obj: Any, *, sort_keys: bool = True) -> None:
-    """Write ``obj`` as indented JSON through a temporary file and a rename."""
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=sort_keys, default=str) + "\n").encode())
 
 
 @dataclass(frozen=True)
