@@ -705,7 +705,7 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
     FittedClusters
         Fitted with each map's example (from ``features.parquet``) as its group.
     """
-    from .stages.featurize import open_embedding
+    from .store import open_embedding
 
     group = open_embedding(Path(out))
     emb = group["embedding"]
@@ -765,7 +765,7 @@ def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters)
         One row per map: ``feature_id``, ``layer``, ``head``, ``cluster``, ``centroid_dist``, ``umap_x``,
         ``umap_y``.
     """
-    from .stages.featurize import open_embedding
+    from .store import open_embedding
 
     group = open_embedding(Path(out))
     z = fitted.reduce(group["embedding"][r0:r1])

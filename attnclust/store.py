@@ -14,8 +14,10 @@ Store contract (documented in README; other tools rely on it)::
                             the exact maps, computed at extraction
     DIR/features.parquet    feature_id, example_id, span, seq_len, tokens, segment_ids [, offsets, ...]
 
-Everything else in ``DIR`` is derived and rebuilt by the stages (paths: :mod:`attnclust.layout`). One Dask task
-owns one whole shard of ``attention`` (a block of features), so no two tasks ever write the same chunk or shard.
+Everything else in ``DIR`` is derived and rebuilt by the stages (paths: :mod:`attnclust.layout`); the featurize
+stage's ``embedding.zarr`` is opened here (:func:`open_embedding`), below both the stage and the clustering. One
+Dask task owns one whole shard of ``attention`` (a block of features), so no two tasks ever write the same chunk or
+shard.
 Every array is complete (each chunk and shard is on disk, all-zero ones too) and attnclust writes each chunk with
 a CRC-32C checksum (:mod:`attnclust.integrity`): a missing or damaged chunk is read as an error naming the
 features it holds, never as zeros.
@@ -39,6 +41,7 @@ from .safeio import atomic_write_bytes, atomic_write_json  # re-exported: their 
 
 __all__ = [
     "DIMS",
+    "EMBED_SCHEMA",
     "SCHEMA_VERSION",
     "AttentionStore",
     "atomic_write_bytes",
@@ -51,6 +54,7 @@ __all__ = [
     "create_attention_store",
     "mark_store_complete",
     "open_attention_store",
+    "open_embedding",
     "read_features",
 ]
 
@@ -60,6 +64,9 @@ SCHEMA_VERSION = 1
 FEATURE_COLUMNS = ("feature_id", "example_id", "span", "seq_len", "tokens", "segment_ids")
 STORE_MODES = ("full", "compact")
 DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
+EMBED_SCHEMA = "attnclust.embedding"
+"""``schema`` attribute of a run's ``embedding.zarr`` (written by :mod:`attnclust.stages.featurize`)."""
+EMBED_FIX = "re-run 'attnclust featurize --force' for this output dir to rewrite it"
 
 
 def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
@@ -438,3 +445,22 @@ def read_features(root: Path) -> pd.DataFrame:
         raise StoreError(f"{path}: missing column(s) {', '.join(missing)}; the store contract needs "
                          f"{', '.join(FEATURE_COLUMNS)}")
     return df.sort_values("feature_id").reset_index(drop=True)
+
+
+def open_embedding(root: Path, *, require_complete: bool = True):
+    """The run's embedding group; raises ``StoreError`` when missing, foreign or unfinished (and, reading it,
+    when a chunk is missing)."""
+    from .integrity import open_checked_group
+
+    path = RunLayout(root).embedding
+    if not path.exists():
+        raise StoreError(f"{path}: not found; run 'attnclust featurize' for this output dir first")
+    try:  # a missing chunk is an error, not zeros (integrity.py)
+        group = open_checked_group(path, fix=EMBED_FIX)
+    except Exception as exc:  # noqa: BLE001 -- zarr raises many types for unreadable stores
+        raise StoreError(f"{path}: unreadable ({type(exc).__name__}); re-run 'attnclust featurize'") from None
+    if group.attrs.get("schema") != EMBED_SCHEMA:
+        raise StoreError(f"{path}: not an attnclust embedding store; re-run 'attnclust featurize'")
+    if require_complete and not group.attrs.get("complete", False):
+        raise StoreError(f"{path}: featurization did not finish; re-run the same command to resume it")
+    return group

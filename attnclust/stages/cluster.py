@@ -69,7 +69,7 @@ def _distributed_kmeans(client, layout: RunLayout, fitted, random_state: int):
     """Refit the final KMeans on every map across all GPU workers (k chosen on the sample stays)."""
     import dask.array as da
 
-    from .featurize import open_embedding
+    from ..store import open_embedding
 
     emb = da.from_zarr(open_embedding(layout.root)["embedding"])
     dim = fitted.pca_.n_components if fitted.pca_ is not None else emb.shape[1]
@@ -118,7 +118,7 @@ class ClusterStage(Stage):
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Fit on a sample (one task), share the fitted models, plan one labelling block per embedding chunk."""
         from ..cluster import fit_from_store
-        from .featurize import open_embedding
+        from ..store import open_embedding
 
         cfg = ctx.cfg.cluster
         emb = open_embedding(ctx.layout.root)["embedding"]

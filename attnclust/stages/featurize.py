@@ -20,14 +20,12 @@ from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
 from ..featurize import TokenContext, embed_with_context, get_featurizer
 from ..layout import RunLayout
-from ..store import open_attention_store, read_features
+from ..store import EMBED_SCHEMA, open_attention_store, open_embedding, read_features  # open_embedding: re-exported
 from .base import RunContext, Stage
 
 __all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding",
            "read_block_tokens"]
 
-EMBED_SCHEMA = "attnclust.embedding"
-EMBED_FIX = "re-run 'attnclust featurize --force' for this output dir to rewrite it"
 
 
 def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_heads: int, per_task: int,
@@ -63,25 +61,6 @@ def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_he
     for name, dtype in (("feature_id", "int64"), ("layer", "int16"), ("head", "int16")):
         group.create_array(name, shape=(n_maps,), dtype=dtype, chunks=(chunk,), dimension_names=("map",), **checked)
     return set()
-
-
-def open_embedding(root: Path, *, require_complete: bool = True):
-    """The run's embedding group; raises ``StoreError`` when missing, foreign or unfinished (and, reading it,
-    when a chunk is missing)."""
-    from ..integrity import open_checked_group
-
-    path = RunLayout(root).embedding
-    if not path.exists():
-        raise StoreError(f"{path}: not found; run 'attnclust featurize' for this output dir first")
-    try:  # a missing chunk is an error, not zeros (integrity.py)
-        group = open_checked_group(path, fix=EMBED_FIX)
-    except Exception as exc:  # noqa: BLE001 -- zarr raises many types for unreadable stores
-        raise StoreError(f"{path}: unreadable ({type(exc).__name__}); re-run 'attnclust featurize'") from None
-    if group.attrs.get("schema") != EMBED_SCHEMA:
-        raise StoreError(f"{path}: not an attnclust embedding store; re-run 'attnclust featurize'")
-    if require_complete and not group.attrs.get("complete", False):
-        raise StoreError(f"{path}: featurization did not finish; re-run the same command to resume it")
-    return group
 
 
 def read_block_tokens(layout: RunLayout, start: int, stop: int, seq_len: np.ndarray) -> tuple[list, list]:
