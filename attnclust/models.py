@@ -688,7 +688,7 @@ def _capture_hook(layer: int, n_heads: int):
 
 def _install_capture(model: Any, n_heads: int) -> None:
     """Hook every layer's attention output projection once per model; the hooks act only for a thread that asked."""
-    from .analysis.importance import attention_outputs
+    from .architecture import attention_outputs
 
     with _LOCK:
         if model not in _HOOKED:
@@ -714,7 +714,7 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
     head_outputs
         Also return each head's pooled output and the last layer's [CLS] hidden state (:class:`HeadOutputs`),
         captured by forward pre-hooks on the attention output projections
-        (:func:`attnclust.analysis.importance.attention_outputs`); ``rows`` then needs ``tokens``.
+        (:func:`attnclust.architecture.attention_outputs`); ``rows`` then needs ``tokens``.
 
     Returns
     -------

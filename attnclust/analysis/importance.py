@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..architecture import attention_outputs  # re-exported: its home before architecture.py
 from ..errors import ModelError
 
 if TYPE_CHECKING:
@@ -35,35 +36,6 @@ PRUNING_COLUMNS = ("fraction", "n_removed", "order", "seed", "f1", "exact", "bes
 """Columns of ``pruning.parquet``: one row per (order, seed, step); ``seed`` is -1 for the importance order."""
 
 _GATE_LOCK = threading.RLock()  # hooks live on a model shared by a worker's threads: one gated pass at a time
-
-
-def attention_outputs(model: Any) -> list:
-    """Each layer's attention output projection: the module whose input is the concatenated heads' context.
-
-    Parameters
-    ----------
-    model
-        A transformers question-answering model: BERT-style encoders (``encoder.layer[i].attention.output.dense``:
-        BERT, RoBERTa, ELECTRA, MiniLM ...) or DistilBERT (``transformer.layer[i].attention.out_lin``).
-
-    Returns
-    -------
-    list of torch.nn.Linear
-        One per layer, in layer order.
-
-    Raises
-    ------
-    ModelError
-        The model has neither layout.
-    """
-    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
-    with contextlib.suppress(AttributeError):
-        return [layer.attention.output.dense for layer in base.encoder.layer]
-    with contextlib.suppress(AttributeError):
-        return [layer.attention.out_lin for layer in base.transformer.layer]
-    raise ModelError(f"importance: model type {type(model).__name__}: no per-layer attention output projection "
-                     f"found; head gates support BERT-style encoders (encoder.layer[i].attention.output.dense) and "
-                     f"DistilBERT; set importance.enabled=false for this model")
 
 
 def _gate_hook(gate: torch.Tensor, layer: int, n_heads: int) -> Callable:
