@@ -7,7 +7,7 @@ them on a Dask client or in-process (:mod:`.executors`). This module is the one 
 
 from __future__ import annotations
 
-from .base import RunContext, Stage, check_stages, run_stages
+from .base import PART_COMMANDS, RunContext, Stage, check_stages, run_stages
 from .cluster import ClusterStage
 from .executors import DaskExecutor, SerialExecutor
 from .extract import ExtractStage
@@ -22,13 +22,7 @@ __all__ = ["COMMANDS", "STAGES", "DaskExecutor", "RunContext", "SerialExecutor",
 STAGES: tuple[type[Stage], ...] = (ExtractStage, QAStage, FeaturizeStage, ClusterStage, ImportanceStage, ReportStage)
 """Every stage, in the order they run."""
 
-COMMANDS: dict[str, tuple[str, ...]] = {
-    "run": tuple(s.name for s in STAGES),
-    "extract": ("extract", "qa"),
-    "featurize": ("featurize",),
-    "cluster": ("cluster",),
-    "report": ("report",),
-}
+COMMANDS: dict[str, tuple[str, ...]] = {"run": tuple(s.name for s in STAGES), **PART_COMMANDS}
 """CLI command -> the stages it runs (``extract`` also scores the model's answers: cheap, from its logits)."""
 
 

@@ -27,7 +27,17 @@ from ..config import JobConfig
 from ..errors import AttnclustError, JobCancelled, StoreError
 from ..layout import RunLayout
 
-__all__ = ["RunContext", "Stage", "check_stages", "describe_change", "fingerprint_of", "run_block", "run_stages"]
+__all__ = ["PART_COMMANDS", "RunContext", "Stage", "check_stages", "describe_change", "fingerprint_of", "run_block",
+           "run_stages"]
+
+PART_COMMANDS: dict[str, tuple[str, ...]] = {
+    "extract": ("extract", "qa"),
+    "featurize": ("featurize",),
+    "cluster": ("cluster",),
+    "report": ("report",),
+}
+"""CLI command -> the stages it runs, for each command but ``run`` (every stage: :data:`attnclust.stages.COMMANDS`);
+here, below the stage modules, so that a stage's error can name the command that reruns it."""
 
 
 def _digest(obj: Any) -> str:
@@ -240,9 +250,7 @@ def _downstream(stages: tuple[Stage, ...], name: str) -> list[Stage]:
 
 def _command(stage: str) -> str:
     """The command that runs ``stage`` (``qa`` runs with ``extract``, ``importance`` with ``run``)."""
-    from . import COMMANDS
-
-    return next((cmd for cmd, names in COMMANDS.items() if cmd != "run" and stage in names), "run")
+    return next((cmd for cmd, names in PART_COMMANDS.items() if stage in names), "run")
 
 
 def check_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, ...]) -> None:
