@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from .argtypes import integer, number, port  # integer, number: re-exported
 from .errors import AttnclustError
 
 __all__ = ["main"]
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--quiet", action="store_true", help="no progress bar")
     exp = sub.add_parser("explore", help="serve a finished run on a local web server: report, map and search API")
     exp.add_argument("dir", help="a finished run directory (e.g. runs/demo)")
-    exp.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    exp.add_argument("--port", type=port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     exp.add_argument("--host", default=None, help="address to bind (default 127.0.0.1); any other exposes the "
                      "run, unauthenticated, to the network (a warning is printed)")
     ex = sub.add_parser("export", help="write one of the report's figures as a PNG, SVG or PDF file")
@@ -160,37 +161,6 @@ def _compare(args) -> int:
         print(f"note: {note}")
     print(f"report: {result.files['compare_report'].resolve()}")
     return 0
-
-
-def _port(value: str) -> int:
-    if not _ascii_digits(value) or int(value) > 65535:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a port number 0..65535")
-    return int(value)
-
-
-def _ascii_digits(value: str) -> bool:
-    """Digits 0-9 only: Python's ``int()`` also reads other scripts' digits (``'١٢'`` -> 12), the CLI does not."""
-    return 0 < len(value) <= 18 and value.isascii() and value.isdigit()
-
-
-def integer(value: str) -> int:
-    """An argparse type: an integer written in ASCII digits (the command checks its range)."""
-    if not _ascii_digits(value.removeprefix("-")):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected an integer (digits 0-9)")
-    return int(value)
-
-
-def number(value: str) -> float:
-    """An argparse type: a finite number written in ASCII (``0.5``, ``1e-3``)."""
-    import math
-
-    try:
-        parsed = float(value) if value.isascii() else math.nan
-    except ValueError:
-        parsed = math.nan
-    if not math.isfinite(parsed):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a finite number such as 0.5 (ASCII digits)")
-    return parsed
 
 
 def _explore(args) -> int:

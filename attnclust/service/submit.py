@@ -49,6 +49,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import number
 from ..errors import AttnclustError
 from ..layout import RunLayout
 from ..safeio import append_text
@@ -693,8 +694,6 @@ def cancel(client, job_id: str) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-dir", metavar="CERTDIR",
                    help="directory with the CA and client certificate (see 'attnclust certs')")
-    from ..cli import number
-
     p.add_argument("--timeout", type=number, default=10.0, metavar="SECONDS",
                    help="how long to try to reach the scheduler (default 10)")
 
