@@ -49,6 +49,8 @@ Precision = Literal["auto", "fp32", "fp16", "bf16"]
 ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
 StoreDtype = Literal["float16", "uint8"]
 StoreMode = Literal["full", "compact"]
+ModelKind = Literal["auto", "encoder", "causal"]
+PromptStyle = Literal["plain", "short", "example"]
 Placement = Literal["knn", "umap"]
 ProbeTask = Literal["answerable", "qword", "correct"]
 ProbePooling = Literal["cls", "context_mean"]
@@ -245,13 +247,23 @@ class ModelConfig(_Model):
         directory holding a ``from_pretrained`` checkpoint.
     revision
         Hub revision (branch, tag or commit) for hub ids.
+    kind
+        ``encoder`` (a BERT-family question-answering model: answers from start/end logits), ``causal`` (a
+        decoder language model prompted to answer: :mod:`attnclust.causal`), or ``auto``: causal for ``smollm2``,
+        a ``.gguf`` file or a checkpoint whose architecture is a causal LM, encoder otherwise.
+    gguf_file
+        The GGUF file to load (transformers' GGUF loader, weights dequantised) from the hub repository or
+        directory ``name``; a path to a ``.gguf`` file as ``name`` needs none.
     """
 
     SECTION = "model"
-    name: str = _setting("minilm", "'minilm', a hub id like 'deepset/bert-base-uncased-squad2', or a local model "
-                         "directory", pattern=_TEXT_PATTERN)
+    name: str = _setting("minilm", "'minilm', 'smollm2', a hub id like 'deepset/bert-base-uncased-squad2', a local "
+                         "model directory or a .gguf file", pattern=_TEXT_PATTERN)
     revision: str | None = _setting(None, "a branch, tag or commit as text, or null",
                                     "quote a commit that YAML reads as a number")
+    kind: ModelKind = _choice("auto", ModelKind)
+    gguf_file: str | None = _setting(None, "a .gguf file name inside the hub repository or directory, or null",
+                                     pattern=_TEXT_PATTERN)
 
 
 class ExtractConfig(_Model):
@@ -293,6 +305,13 @@ class ExtractConfig(_Model):
         Also store each head's output (its context vector) pooled per feature at [CLS] and over the context
         tokens, and the last layer's [CLS] hidden state, in ``head_outputs.zarr`` (float16: ``2 x layers x heads x
         head_dim + hidden`` values a feature, 10.0 kB for MiniLM); the ``probe`` analysis reads them.
+        Encoders only: a causal model stores none.
+    prompt
+        Causal models only (:mod:`attnclust.qa.prompting`): how a question is asked. ``plain``: one instruction
+        line; ``short``: a system line asking for the shortest phrase copied from the text; ``example``: that
+        line and one worked example (the best measured on the bundled sample: bench/README.md).
+    max_new_tokens
+        Causal models only: the longest answer generated (greedy decoding), in tokens.
     """
 
     SECTION = "extract"
@@ -310,6 +329,8 @@ class ExtractConfig(_Model):
     compact_max_keys: int | None = _int(None, 1, 32767)
     overlap: bool | None = _setting(None, "true | false, or null (overlap on a GPU only)")
     head_outputs: bool = _setting(True, "true | false")
+    prompt: PromptStyle = _choice("example", PromptStyle)
+    max_new_tokens: int = _int(16, 1, 256)
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> ExtractConfig:

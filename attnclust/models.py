@@ -77,13 +77,16 @@ class LoadedModel:
         True iff the checkpoint provided the ``qa_outputs`` weights; when False the head was randomly
         initialised, with a fixed seed so that every worker gets the same head, and its answers are meaningless.
     num_layers, num_heads
-        Attention geometry: the ``layer`` and ``head`` dimensions of the maps.
+        Attention geometry: the ``layer`` and ``head`` dimensions of the maps (query heads).
+    kind
+        ``encoder`` (a QA model, above) or ``causal`` (a decoder LM: :mod:`attnclust.causal`).
     """
 
     model: Any
     head_trained: bool
     num_layers: int
     num_heads: int
+    kind: str = "encoder"
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,16 @@ class ForwardOutput:
     attentions : torch.Tensor or None, shape (feature, layer, head, query, key)
         float32 on the CPU; rows and columns past a feature's ``seq_len`` are padding. ``None`` unless asked.
     start_logits, end_logits : numpy.ndarray, shape (feature, token)
-        float32; entries past a feature's ``seq_len`` are padding.
+        float32; entries past a feature's ``seq_len`` are padding. ``None`` from a causal model.
+    token_logprobs : numpy.ndarray, shape (feature, token), or None
+        A causal model's log-probability of each token given those before it (:func:`attnclust.causal.causal_forward`).
     """
 
     attentions: torch.Tensor | None
-    start_logits: np.ndarray
-    end_logits: np.ndarray
+    start_logits: np.ndarray | None
+    end_logits: np.ndarray | None
     head_outputs: HeadOutputs | None = None
+    token_logprobs: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,13 @@ def resolve_model_path(cfg: ModelConfig) -> str:
         in its configuration: refused, never run).
     """
     name = cfg.name.strip()
+    from .causal import gguf_location
+
+    gguf = gguf_location(cfg)  # a GGUF file (e.g. the packaged 'smollm2'): its folder or hub id
+    if gguf is not None:
+        if Path(gguf).is_dir():
+            _refuse_custom_code(name, Path(gguf))
+        return gguf
     if name in PACKAGED:
         import importlib
 
@@ -223,8 +236,13 @@ def model_identity(cfg: ModelConfig) -> str:
     """
     import hashlib
 
+    from .causal import gguf_identity
+
     source = resolve_model_path(cfg)
     path = Path(source)
+    gguf = gguf_identity(cfg)
+    if gguf is not None:
+        return gguf
     if cfg.name.strip() in PACKAGED:
         from importlib import metadata
 
@@ -362,12 +380,14 @@ def get_tokenizer(cfg: ModelConfig):
             quiet_transformers()
             from transformers import AutoTokenizer
 
+            from .causal import source_kwargs
+
             source = resolve_model_path(cfg)
             cache_only = _cache_only_reason(source)
             try:
                 with _from_hub(cache_only) as hub:
                     tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True,
-                                                        trust_remote_code=False, **hub)
+                                                        trust_remote_code=False, **source_kwargs(cfg), **hub)
             except Exception as exc:
                 raise ModelError(_load_failure(cfg, source, "tokenizer", exc, cache_only=cache_only)) from None
             if not getattr(tok, "is_fast", False):
@@ -451,6 +471,10 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     """
     import torch
 
+    from .causal import load_causal_model, model_kind
+
+    if model_kind(cfg) == "causal":
+        return load_causal_model(cfg, device=device, eager=eager)
     quiet_transformers()
     from transformers import AutoModelForQuestionAnswering
 
@@ -586,7 +610,7 @@ def describe_model(cfg: ModelConfig) -> dict:
     -------
     dict
         ``source`` (what ``from_pretrained`` loads), ``identity`` (:func:`model_identity`), ``num_layers``,
-        ``num_heads`` and ``head_trained`` (:attr:`LoadedModel.head_trained`).
+        ``num_heads``, ``head_trained`` (:attr:`LoadedModel.head_trained`) and ``kind`` (``encoder`` or ``causal``).
 
     Raises
     ------
@@ -595,7 +619,7 @@ def describe_model(cfg: ModelConfig) -> dict:
     """
     loaded = get_model(cfg)
     return {"source": resolve_model_path(cfg), "identity": model_identity(cfg), "num_layers": loaded.num_layers,
-            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained}
+            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind}
 
 
 def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]]], *,

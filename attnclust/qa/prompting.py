@@ -1,0 +1,306 @@
+"""Reading comprehension by prompting a causal language model: prompts, greedy answers, features, predictions.
+
+Each SQuAD-v2 question becomes one prompt: an instruction (answer with words copied from the text, or say
+``unanswerable``), the context and the question, in the model's chat template when it has one (else as plain
+text). The model answers by greedy decoding; the prompt and its answer together are one *feature* of
+``features.parquet``, whose maps extraction takes in one teacher-forced forward pass
+(:func:`attnclust.causal.causal_forward`). Each token is labelled by its part (``instruction``, ``context``,
+``question``, ``answer``; column ``part``); context tokens carry ``[start, end)`` character offsets into the
+context, as an encoder's do, so the word and syntax tools apply; ``segment_ids`` is 1 on context tokens, 0
+elsewhere. A context too long for ``extract.max_seq_len`` (less room for the answer) is cut at a token boundary.
+
+The answer is scored by the official SQuAD 2.0 metric (:func:`predict_generated` feeds
+:func:`attnclust.qa.score_answers`): its first line, without a leading ``Answer:``, quotes and a final period, in
+the context's own spelling where it occurs there; ``unanswerable`` (or an empty answer) is the null answer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..data import FEATURE_COLUMNS
+from ..errors import DataError
+
+__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "encode_prompt", "generate_answer", "parse_answer",
+           "predict_generated", "prompt_features", "render_prompt"]
+
+PARTS = ("instruction", "context", "question", "answer")
+"""What each token of a causal feature is (column ``part``): template and instruction text, the context, the
+question, the model's answer."""
+PROMPT_COLUMNS = (*FEATURE_COLUMNS, "part", "generated")
+"""The columns of a causal model's ``features.parquet``: the store contract's, the part of each token and the
+generated answer's text."""
+NO_ANSWER = "unanswerable"
+_SHORT = ("Answer the question about the text with the shortest phrase copied exactly from the text, at most five "
+          f"words. If the text does not contain the answer, reply: {NO_ANSWER}")
+SYSTEM = {
+    "plain": f"Answer the question using words from the text. If the text does not answer it, reply: {NO_ANSWER}",
+    "short": _SHORT,
+    "example": _SHORT,
+}
+"""The instruction of each ``extract.prompt`` style."""
+EXAMPLE = ("The lighthouse at Kell Point was built in 1871 by the harbour board. Its lamp burned whale oil until "
+           "1903, when it was converted to paraffin.", "What did the lamp burn before 1903?", "whale oil")
+"""The worked example (context, question, answer) of the ``example`` style: a text of our own."""
+_CTX, _QST = "\x00attnclust-context\x00", "\x00attnclust-question\x00"  # placeholders while the template renders
+_NULL_PHRASES = frozenset({"", NO_ANSWER, "no answer", "not answerable", "cannot be answered", "none", "unknown",
+                           "not mentioned", "not in text", "not stated"})
+
+
+def _user_text(context: str, question: str) -> str:
+    return f"Text: {context}\n\nQuestion: {question}"
+
+
+def render_prompt(tokenizer: Any, style: str, context: str = _CTX, question: str = _QST) -> str:
+    """The prompt as text: the chat template's rendering (generation prompt added) or, without a template,
+    ``instruction / Text: / Question: / Answer:`` lines.
+
+    Parameters
+    ----------
+    tokenizer
+        The model's tokenizer (its ``chat_template``, if any).
+    style
+        ``plain``, ``short`` or ``example`` (``extract.prompt``).
+    context, question
+        The texts to place.
+    """
+    if style not in SYSTEM:
+        raise DataError(f"extract.prompt {style!r}: unknown; allowed: {' | '.join(SYSTEM)}")
+    system = SYSTEM[style]
+    shots = [EXAMPLE] if style == "example" else []
+    if getattr(tokenizer, "chat_template", None):
+        messages = [] if style == "plain" else [{"role": "system", "content": system}]
+        for ex_context, ex_question, ex_answer in shots:
+            messages += [{"role": "user", "content": _user_text(ex_context, ex_question)},
+                         {"role": "assistant", "content": ex_answer}]
+        ask = _user_text(context, question)
+        messages.append({"role": "user", "content": f"{system}\n\n{ask}" if style == "plain" else ask})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    lines = [system, ""]
+    for ex_context, ex_question, ex_answer in shots:
+        lines += [f"Text: {ex_context}", f"Question: {ex_question}", f"Answer: {ex_answer}", ""]
+    return "\n".join([*lines, f"Text: {context}", f"Question: {question}", "Answer:"])
+
+
+def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> dict[str, list]:
+    """Tokenise one prompt and label its tokens.
+
+    Returns
+    -------
+    dict
+        ``input_ids``, ``part`` (one of :data:`PARTS` per token), ``offsets`` (``[start, end)`` characters of the
+        context for context tokens, ``[-1, -1]`` elsewhere). A token straddling the context's edge counts as
+        context (its offsets clipped to it).
+    """
+    template = render_prompt(tokenizer, style)
+    if template.count(_CTX) != 1 or template.count(_QST) != 1:
+        raise DataError(f"extract.prompt {style!r}: the model's chat template does not place the text and the "
+                        f"question once each; use a model whose template shows message contents as given")
+    head, rest = template.split(_CTX)
+    middle, tail = rest.split(_QST)
+    text = head + context + middle + question + tail
+    c0, c1 = len(head), len(head) + len(context)
+    q0 = c1 + len(middle)
+    q1 = q0 + len(question)
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    enc = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
+    parts, offsets = [], []
+    for a, b in enc["offset_mapping"]:
+        if a < c1 and b > c0 and b > a:
+            parts.append("context")
+            offsets.append([max(a, c0) - c0, min(b, c1) - c0])
+        else:
+            parts.append("question" if a < q1 and b > q0 and b > a else "instruction")
+            offsets.append([-1, -1])
+    return {"input_ids": list(enc["input_ids"]), "part": parts, "offsets": offsets}
+
+
+def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence[int], max_new_tokens: int,
+                    device: str = "cpu") -> list[int]:
+    """Greedy decoding of the answer to one prompt.
+
+    Returns
+    -------
+    list of int
+        The generated token ids, up to (not including) the first stop token, at most ``max_new_tokens``.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids) or None,
+                              pad_token_id=stop_ids[0] if stop_ids else 0)
+    with torch.inference_mode():
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+    new = [int(t) for t in out[0, ids.shape[1]:].tolist()]
+    for k, token in enumerate(new):
+        if token in stop_ids:
+            return new[:k]
+    return new
+
+
+def _gold_tokens(offsets: list[list[int]], start: int, end: int) -> tuple[int, int]:
+    """First and last context token covering context characters ``[start, end)``, or ``(-1, -1)``."""
+    inside = [i for i, (a, b) in enumerate(offsets) if a >= 0 and b > start and a < end]
+    if not inside:
+        return -1, -1
+    ctx = [i for i, (a, _) in enumerate(offsets) if a >= 0]
+    if offsets[ctx[0]][0] > start or offsets[ctx[-1]][1] < end:
+        return -1, -1
+    return inside[0], inside[-1]
+
+
+def _fit_context(tokenizer: Any, example: Any, style: str, budget: int, label: str) -> tuple[str, dict]:
+    """The example's context, cut at a token boundary until its prompt takes at most ``budget`` tokens."""
+    context = example.context
+    for _ in range(16):
+        enc = encode_prompt(tokenizer, context, example.question, style)
+        over = len(enc["input_ids"]) - budget
+        if over <= 0:
+            return context, enc
+        ends = [b for (_, b), part in zip(enc["offsets"], enc["part"]) if part == "context"]
+        keep = len(ends) - over - 1
+        if keep < 1:
+            raise DataError(f"{label}: the prompt without its context takes {len(enc['input_ids']) - len(ends)} "
+                            f"tokens, more than extract.max_seq_len - extract.max_new_tokens = {budget}; raise "
+                            f"extract.max_seq_len or shorten the question")
+        context = context[:ends[keep - 1]]
+    raise DataError(f"{label}: the prompt does not fit in {budget} tokens; raise extract.max_seq_len")
+
+
+def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, style: str, max_new_tokens: int,
+                    max_seq_len: int, device: str = "cpu") -> pd.DataFrame:
+    """One feature per question: its prompt and the model's greedy answer (the model runs here).
+
+    Parameters
+    ----------
+    examples
+        Validated examples (:func:`attnclust.data.read_squad`); ids unique.
+    tokenizer
+        The model's fast tokenizer.
+    loaded : attnclust.models.LoadedModel
+        The causal model (:func:`attnclust.models.get_model`).
+    style
+        ``extract.prompt``.
+    max_new_tokens
+        The longest answer.
+    max_seq_len
+        Most tokens of prompt + answer; a longer context is cut.
+    device
+        Where the model runs.
+
+    Returns
+    -------
+    pandas.DataFrame
+        :data:`PROMPT_COLUMNS`, one row per example in input order (``span`` 0): the columns of
+        :func:`attnclust.data.tokenize_examples` over prompt + answer tokens, ``part`` and ``generated``.
+        ``frame.attrs["dropped_features"]`` is empty; ``frame.attrs["cut_contexts"]`` maps the id of each
+        example whose context was cut to the characters kept.
+    """
+    from ..causal import stop_token_ids
+
+    budget = max_seq_len - max_new_tokens
+    stops = stop_token_ids(tokenizer, loaded.model)
+    rows: dict[str, list] = {name: [] for name in PROMPT_COLUMNS}
+    cut: dict[str, int] = {}
+    seen: set[str] = set()
+    for k, ex in enumerate(examples):
+        label = f"example {k} ({ex.id!r})"
+        if ex.id in seen:
+            raise DataError(f"{label}: id repeats an earlier example; ids must be unique: rename or drop one")
+        seen.add(ex.id)
+        context, enc = _fit_context(tokenizer, ex, style, budget, label)
+        if len(context) < len(ex.context):
+            cut[ex.id] = len(context)
+        answer = generate_answer(loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens,
+                                 device=device)
+        ids = enc["input_ids"] + answer
+        parts = enc["part"] + ["answer"] * len(answer)
+        offsets = enc["offsets"] + [[-1, -1]] * len(answer)
+        ctx = [i for i, p in enumerate(parts) if p == "context"]
+        if not ctx:
+            raise DataError(f"{label}: context {ex.context[:40]!r} yields no tokens with this tokenizer; fix the "
+                            f"context text or drop the example")
+        a_start = a_end = -1
+        if ex.answers:
+            first = ex.answers[0]
+            a_start, a_end = _gold_tokens(offsets, first.answer_start, first.answer_start + len(first.text))
+        for name, value in (
+            ("example_id", ex.id), ("span", 0), ("seq_len", len(ids)), ("input_ids", ids),
+            ("tokens", tokenizer.convert_ids_to_tokens(ids)), ("segment_ids", [int(p == "context") for p in parts]),
+            ("offsets", offsets), ("context_start", ctx[0]), ("context_end", ctx[-1]),
+            ("answer_start_token", a_start), ("answer_end_token", a_end), ("part", parts),
+            ("generated", tokenizer.decode(answer, skip_special_tokens=True)),
+        ):
+            rows[name].append(value)
+    if not rows["example_id"]:
+        raise DataError("prompt_features: got no examples; read at least one with read_squad")
+    frame = pd.DataFrame(rows, columns=list(PROMPT_COLUMNS))
+    for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
+        frame[name] = frame[name].astype(np.int32)
+    frame.attrs["dropped_features"] = {}
+    frame.attrs["cut_contexts"] = cut
+    return frame
+
+
+def parse_answer(text: str, context: str) -> str:
+    """The answer a generated text gives: ``""`` for the null answer.
+
+    Its first non-empty line, without a leading ``Answer:``, surrounding quotes or a final period; a null phrase
+    (``unanswerable``, ``no answer``, ...) or nothing is ``""``; an answer found in the context (ignoring case) is
+    given in the context's spelling.
+    """
+    from .evaluate import normalize_answer
+
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    line = re.sub(r"^(the )?answer( is)?\s*[:\-]\s*", "", line, flags=re.IGNORECASE).strip()
+    line = line.strip("\"'`*").rstrip(".").strip()
+    said = normalize_answer(line)
+    if said in _NULL_PHRASES or said.startswith(NO_ANSWER):
+        return ""
+    at = context.lower().find(line.lower())
+    return context[at:at + len(line)] if at >= 0 and line else line
+
+
+def predict_generated(features: pd.DataFrame, logits: pd.DataFrame | None,
+                      contexts: Mapping[str, str]) -> pd.DataFrame:
+    """Predictions (:data:`attnclust.qa.PREDICTION_COLUMNS`) from a causal model's generated answers.
+
+    Parameters
+    ----------
+    features : pandas.DataFrame
+        ``feature_id``, ``example_id``, ``part`` and ``generated`` (a causal run's ``features.parquet``).
+    logits : pandas.DataFrame or None
+        ``feature_id`` and ``token_logprobs`` (a causal run's ``qa.parquet``); ``span_score`` is the mean
+        log-probability of the answer tokens (NaN without them or without answer tokens).
+    contexts
+        Example id -> context text.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per example: ``prediction`` (:func:`parse_answer`), ``best_span`` (the same), ``span_score``,
+        ``null_score`` (NaN), ``null_odds`` (1 for the null answer, -1 otherwise: the default threshold 0 keeps
+        the answers as generated), ``span_probability`` (``exp(span_score)``) and ``n_best`` (``[prediction]``).
+    """
+    from .answers import PREDICTION_COLUMNS
+
+    logprobs = {} if logits is None or "token_logprobs" not in logits.columns else \
+        dict(zip(logits["feature_id"].astype(int), logits["token_logprobs"]))
+    rows = []
+    for fid, example_id, part, generated in zip(features["feature_id"].astype(int), features["example_id"],
+                                                features["part"], features["generated"]):
+        answer = parse_answer(generated, contexts[example_id])
+        steps = np.flatnonzero(np.asarray(part) == "answer")
+        lp = logprobs.get(fid)
+        score = float(np.mean(np.asarray(lp, dtype=np.float64)[steps])) if lp is not None and len(steps) else np.nan
+        rows.append({"example_id": example_id, "prediction": answer, "best_span": answer, "span_score": score,
+                     "null_score": np.nan, "null_odds": 1.0 if not answer else -1.0,
+                     "span_probability": float(np.exp(score)) if np.isfinite(score) else np.nan,
+                     "n_best": [answer]})
+    return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))

