@@ -62,7 +62,7 @@ class PooledFeaturizer:
 
 
 def _register() -> None:
-    from . import register_featurizer
+    from .base import register_featurizer
 
     register_featurizer(PooledFeaturizer())
 

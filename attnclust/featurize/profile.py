@@ -54,7 +54,7 @@ import warnings
 
 import numpy as np
 
-from . import TokenContext
+from .base import TokenContext
 
 __all__ = ["FAR_FRACTIONS", "OFFSETS", "PROFILE_COMPONENTS", "SPREAD_WEIGHT", "ProfileFeaturizer",
            "component_weights", "profile_maps"]
@@ -368,7 +368,7 @@ class ProfileFeaturizer:
 
 
 def _register() -> None:
-    from . import register_featurizer
+    from .base import register_featurizer
 
     register_featurizer(ProfileFeaturizer())
 

@@ -254,7 +254,7 @@ class ResnetFeaturizer:
 
 
 def _register() -> None:
-    from . import register_featurizer
+    from .base import register_featurizer
 
     register_featurizer(ResnetFeaturizer())
 
