@@ -10,3 +10,4 @@ and in the report with no other edit.
 
 from . import answer  # noqa: F401, I001  (registers the "answer_attention" and "unanswerable_attention" analyses)
 from . import roles  # noqa: F401  (registers the "roles" head analysis)
+from . import sink  # noqa: F401  (registers the "sink" head analysis)

@@ -37,6 +37,12 @@ every head x role with at least two examples. The p-values of all heads x roles 
 together with Benjamini-Hochberg (:func:`bh_qvalues`); a head gets a role when its q-value is below
 :data:`FDR_LEVEL`.
 
+**Causal maps** (a decoder's features, which carry a ``part`` column: :mod:`attnclust.qa.prompting`): row ``i``
+can only attend to keys ``0..i``, so the null is the *causal* uniform row, ``1 / (i + 1)`` on each of those keys,
+averaged over the rows as the statistic is (self and first token ``H_n / n``; previous ``(H_n - 1) / (n - 1)``;
+a target set ``S``: the mean of ``|S ∩ [0, i]| / (i + 1)``); ``next`` cannot exist (never tested: NaN), and
+``broad`` divides ``exp(entropy)`` by ``exp(mean log(i + 1))``, the causal uniform map's, instead of ``n``.
+
 Needs only ``maps.parquet``'s statistics and ``features.parquet``'s tokens and segment ids, so it works on any
 store meeting the store contract. Without ``tokens`` the [SEP] and punctuation nulls are unknown, without
 ``segment_ids`` the block null: those q-values are NaN and never give a role.
@@ -51,8 +57,8 @@ from ..errors import DataError
 from .heads import HeadContext, head_analysis
 from .stats import local_keys, token_masks
 
-__all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "FDR_LEVEL", "ROLES", "ROLE_MARGIN", "bh_qvalues", "example_means",
-           "head_roles", "role_differences", "role_nulls", "role_tests"]
+__all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "FDR_LEVEL", "ROLES", "ROLE_MARGIN", "bh_qvalues",
+           "causal_role_nulls", "example_means", "head_roles", "role_differences", "role_nulls", "role_tests"]
 
 ROLES = ("previous", "next", "local", "self", "cls", "sep", "punct", "block", "broad")
 """The roles tested for every head, in the order of the ``q_<role>`` columns."""
@@ -73,7 +79,7 @@ FDR_LEVEL = 0.05
 """A role is given when its Benjamini-Hochberg q-value is below this."""
 
 
-def role_nulls(features: pd.DataFrame) -> pd.DataFrame:
+def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.DataFrame:
     """Per feature, the mass a uniform row puts on each mass role's target (the null of the test).
 
     Parameters
@@ -81,15 +87,21 @@ def role_nulls(features: pd.DataFrame) -> pd.DataFrame:
     features : pandas.DataFrame
         ``feature_id``, ``seq_len`` and, where known, ``tokens`` and ``segment_ids`` (one list per feature, at its
         true length).
+    causal
+        Uniform *causal* rows (row ``i`` uniform over keys ``0..i``: :func:`causal_role_nulls`); ``None``: when
+        ``features`` has a ``part`` column (a decoder's features).
 
     Returns
     -------
     pandas.DataFrame
         Indexed by ``feature_id``, one float64 column per role of :data:`ROLE_SCORES` and ``segment_log_size``
         (``sum over segments (m_s / n) log m_s``: the mean over rows of the log size of the row's own segment, the
-        entropy of rows uniform inside their segment); NaN where the features lack what the null needs (``tokens``
-        for sep and punct, ``segment_ids`` for block).
+        entropy of rows uniform inside their segment) and ``broad_scale`` (what ``exp(entropy)`` is divided by for
+        ``broad``: ``n``); NaN where the features lack what the null needs (``tokens`` for sep and punct,
+        ``segment_ids`` for block).
     """
+    if causal or (causal is None and "part" in features.columns):
+        return causal_role_nulls(features)
     n = features["seq_len"].to_numpy(np.float64)
     out = pd.DataFrame(index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"))
     for role in ("previous", "next", "self", "cls"):
@@ -105,6 +117,43 @@ def role_nulls(features: pd.DataFrame) -> pd.DataFrame:
         block = np.array([((c / c.sum()) ** 2).sum() if c.size else np.nan for c in sizes])
         log_size = np.array([(c / c.sum() * np.log(c)).sum() if c.size else np.nan for c in sizes])
     out["sep"], out["punct"], out["block"], out["segment_log_size"] = sep, punct, block, log_size
+    out["broad_scale"] = n
+    return out
+
+
+def causal_role_nulls(features: pd.DataFrame) -> pd.DataFrame:
+    """:func:`role_nulls` for causal maps: row ``i`` uniform over keys ``0..i`` (weight ``1 / (i + 1)`` each).
+
+    Each null is averaged over the rows the statistic averages over (``previous``: rows 1..n-1; the others: all
+    rows); ``next`` is NaN (a causal head cannot attend ahead: never tested); ``segment_log_size`` is the mean
+    over rows of the log count of keys ``0..i`` in row ``i``'s segment; ``broad_scale`` is ``exp(mean_i log(i +
+    1))``, the effective number of keys of the causal uniform map.
+    """
+    from .stats import LOCAL_WINDOW
+
+    rows = []
+    tokens = features["tokens"] if "tokens" in features.columns else [None] * len(features)
+    segments = features["segment_ids"] if "segment_ids" in features.columns else [None] * len(features)
+    for n, toks, seg in zip(features["seq_len"].astype(int), tokens, segments):
+        i = np.arange(n, dtype=np.float64)
+        w = 1.0 / (i + 1.0)  # row i's weight on each key it may see
+        row = {"previous": w[1:].mean() if n > 1 else np.nan, "next": np.nan, "self": w.mean(), "cls": w.mean(),
+               "local": (np.minimum(i, LOCAL_WINDOW) * w).sum() / n, "broad_scale": np.exp(np.log(i + 1.0).mean()),
+               "sep": np.nan, "punct": np.nan, "block": np.nan, "segment_log_size": np.nan}
+        if toks is not None:
+            sep, punct, _ = token_masks(toks, np.zeros(len(toks)))
+            row["sep"], row["punct"] = ((np.cumsum(m) * w).mean() for m in (sep, punct))
+        if seg is not None and n:
+            seg = np.asarray(seg)
+            same = np.zeros(n)  # keys 0..i in row i's own segment
+            for value in np.unique(seg):
+                mine = seg == value
+                same[mine] = np.cumsum(mine)[mine]
+            row["block"], row["segment_log_size"] = (same * w).mean(), np.log(same).mean()
+        rows.append(row)
+    out = pd.DataFrame(rows, index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"),
+                       columns=["previous", "next", "self", "cls", "local", "sep", "punct", "block",
+                                "segment_log_size", "broad_scale"], dtype=np.float64)
     return out
 
 
@@ -149,7 +198,9 @@ def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: floa
         out[role] = lift - margin
     spread = np.exp(maps["entropy"].to_numpy(np.float64) - nulls["segment_log_size"].to_numpy(np.float64))
     out["block"] = np.where(spread >= BLOCK_MIN_SPREAD, out["block"], np.where(np.isnan(spread), np.nan, -margin))
-    share = np.exp(maps["entropy"].to_numpy(np.float64)) / maps["seq_len"].to_numpy(np.float64)
+    scale = nulls["broad_scale"].to_numpy(np.float64)  # n, or a causal map's effective number of keys
+    scale = np.where(np.isfinite(scale), scale, maps["seq_len"].to_numpy(np.float64))
+    share = np.exp(maps["entropy"].to_numpy(np.float64)) / scale
     out["broad"] = share - broad_min
     return out
 

@@ -143,6 +143,7 @@ def test_a_directory_asking_for_its_own_code_is_refused_for_causal_models_too(ti
 def test_prompt_tokens_are_labelled_by_part_with_context_offsets(tiny_llama, tiny_gpt2, style):
     from transformers import AutoTokenizer
 
+    from attnclust.analysis.words import word_ids_from_offsets
     from attnclust.qa.prompting import encode_prompt
 
     context = "The river town of Elsby grew around a stone bridge built in 1412."
@@ -154,7 +155,12 @@ def test_prompt_tokens_are_labelled_by_part_with_context_offsets(tiny_llama, tin
         assert set(parts) == {"instruction", "context", "question"}
         ctx = np.flatnonzero(parts == "context")
         assert np.array_equal(ctx, np.arange(ctx[0], ctx[-1] + 1))  # one contiguous run
-        assert "".join(context[a:b] for a, b in np.array(enc["offsets"])[ctx]) == context
+        spans = np.array(enc["offsets"])[ctx]
+        ends = np.concatenate([[0], spans[:-1, 1]])
+        assert "".join(context[e:b] for e, b in zip(ends, spans[:, 1])) == context  # in order, no gaps, no overlap
+        assert all(not context[a].isspace() for a, b in spans if context[a:b].strip())  # no leading spaces
+        words = word_ids_from_offsets(spans)
+        assert words[-1] + 1 == len(context.split())  # byte-level pieces group into the context's words
         assert all(o == [-1, -1] for o, p in zip(enc["offsets"], parts) if p != "context")
         asked = tok.decode([i for i, p in zip(enc["input_ids"], parts) if p == "question"])
         assert asked.strip() == question
