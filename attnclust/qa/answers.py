@@ -22,14 +22,12 @@ import pandas as pd
 from ..config import QAConfig
 from ..errors import DataError, StoreError
 from ..layout import RunLayout
-from .evaluate import evaluate_predictions, raw_scores
+from .evaluate import PREDICTION_COLUMNS, evaluate_predictions, raw_scores  # the first re-exported
 
 __all__ = ["NULL_INDEX", "PREDICTION_COLUMNS", "feature_candidates", "gold_answers", "predict_answers",
            "predict_logits", "score_answers", "score_output", "write_predictions"]
 
 NULL_INDEX = 0  # the [CLS] token: where an unanswerable question points, in training and in prediction
-PREDICTION_COLUMNS = ("example_id", "prediction", "best_span", "span_score", "null_score", "null_odds",
-                      "span_probability", "n_best")
 
 
 def feature_candidates(start_logits: np.ndarray, end_logits: np.ndarray, context: np.ndarray, *, n_best: int,

@@ -26,6 +26,7 @@ from ..errors import ConfigError, DataError
 from ..safeio import load_json
 
 __all__ = [
+    "PREDICTION_COLUMNS",
     "evaluate_files",
     "evaluate_predictions",
     "exact_score",
@@ -35,6 +36,11 @@ __all__ = [
     "read_null_odds",
     "read_predictions",
 ]
+
+PREDICTION_COLUMNS = ("example_id", "prediction", "best_span", "span_score", "null_score", "null_odds",
+                      "span_probability", "n_best")
+"""Columns of a predictions table, which :func:`attnclust.qa.score_answers` scores: written by
+:func:`attnclust.qa.predict_answers` and by :func:`~attnclust.qa.prompting.predict_generated` (here, below both)."""
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
