@@ -95,7 +95,9 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
     dict
         ``input_ids``, ``part`` (one of :data:`PARTS` per token), ``offsets`` (``[start, end)`` characters of the
         context for context tokens, ``[-1, -1]`` elsewhere). A token straddling the context's edge counts as
-        context (its offsets clipped to it).
+        context (its offsets clipped to it); a token's leading whitespace is left out of its offsets (byte-level
+        BPE's ``Ġword``), so that words group by touching offsets as WordPiece's do
+        (:func:`attnclust.analysis.words.word_ids_from_offsets`).
     """
     template = render_prompt(tokenizer, style)
     if template.count(_CTX) != 1 or template.count(_QST) != 1:
@@ -112,8 +114,11 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
     parts, offsets = [], []
     for a, b in enc["offset_mapping"]:
         if a < c1 and b > c0 and b > a:
+            a, b = max(a, c0) - c0, min(b, c1) - c0
+            while a < b and context[a].isspace():  # byte-level BPE's leading space ("Ġword") is not the word's
+                a += 1  # (a token of spaces alone keeps an empty span at its end: it joins the next word)
             parts.append("context")
-            offsets.append([max(a, c0) - c0, min(b, c1) - c0])
+            offsets.append([a, b])
         else:
             parts.append("question" if a < q1 and b > q0 and b > a else "instruction")
             offsets.append([-1, -1])
