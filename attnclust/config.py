@@ -8,22 +8,24 @@ round-trip exactly, so the resolved configuration written to ``job.json`` can be
 
 Each setting declares what is allowed next to its type: ``Field(json_schema_extra={"allowed": ..., "fix": ...})``
 built by the helpers ``_int``, ``_num``, ``_choice`` and ``_setting``; validators that compute the allowed text
-at validation time (cross-field checks, the featurizer registry) raise ``PydanticCustomError`` carrying it.
+at validation time (cross-field checks, the featurizer registry) raise ``PydanticCustomError`` carrying it. The
+helpers and the base model that turns pydantic's errors into one ``ConfigError`` line are in
+:mod:`attnclust._settings`; this module holds the sections, the job, ``--set`` overrides and job files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ._settings import _auto_or_at_least, _choice, _cross, _int, _Model, _num, _setting, _unknown
 from .errors import ConfigError
 
 __all__ = [
@@ -64,157 +66,8 @@ _NULLS = frozenset({"", "~", "null", "Null", "NULL"})  # YAML's spellings of nul
 _BUILTIN_FEATURIZERS = ("pooled", "resnet", "profile")
 
 
-# --- declaring settings: the type's constraint and the "allowed" text in one place ---------------------------
-
-def _setting(default: Any = None, allowed: str = "", fix: str = "", **constraints: Any) -> Any:
-    extra = {"allowed": allowed, **({"fix": fix} if fix else {})}
-    return Field(default, json_schema_extra=extra, **constraints)
-
-
-def _int(default: int | None, lo: int, hi: int | None = None, fix: str = "") -> Any:
-    allowed = f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
-    return _setting(default, allowed, fix, ge=lo, le=hi)
-
-
-def _auto_or_at_least(value: int | str, lo: int) -> int | str:
-    """``value`` when it is ``auto`` or an integer >= ``lo`` (a field of type ``int | Literal["auto"]``)."""
-    if value != "auto" and value < lo:
-        raise PydanticCustomError("config", f"below {lo}")  # the field's allowed text says the rest
-    return value
-
-
-def _num(default: float, lo: float | None = None, *, lo_open: bool = False, hi: float | None = None,
-         allowed: str = "") -> Any:
-    bounds = ([f"{'>' if lo_open else '>='} {lo:g}"] if lo is not None else []) + (
-        [f"<= {hi:g}"] if hi is not None else [])
-    allowed = allowed or "a number" + (" " + " and ".join(bounds) if bounds else "")
-    low = {"gt": lo} if lo_open else {"ge": lo}
-    return _setting(default, allowed, allow_inf_nan=False, le=hi, **low)
-
-
-def _choice(default: str, options: Any) -> Any:
-    return _setting(default, " | ".join(get_args(options)))
-
-
-def _cross(key: str, value: Any, allowed: str, fix: str = "") -> PydanticCustomError:
-    """A check whose allowed text depends on other values (raised from validators, translated below)."""
-    return PydanticCustomError("config", "{key}: {allowed}",
-                               {"key": key, "value": value, "allowed": allowed, "fix": fix})
-
-
-# --- pydantic errors -> one ConfigError --------------------------------------------------------------------
-
-def _fail(section: str, key: str, value: Any, allowed: str, fix: str = "") -> ConfigError:
-    where = (f"{section}.{key}" if section and key else section or key) or "(top level)"
-    long_int = isinstance(value, int) and abs(value) >= 10**60
-    shown = f"an integer of {len(str(abs(value)))} digits" if long_int else repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    msg = f"config {where}: got {shown}; allowed: {allowed}"
-    return ConfigError(msg + (f"; {fix}" if fix else ""))
-
-
 def _unknown_section(key: Any) -> ConfigError:
-    known = sorted({"name", "backend", *JobConfig.SECTIONS})
-    return ConfigError(f"config {key}: unknown section; known: {', '.join(known)}")
-
-
-def _unknown(owner: type[_Model], key: Any) -> ConfigError:
-    if not owner.SECTION:
-        return _unknown_section(key)
-    names = ", ".join(sorted(owner.model_fields))
-    return ConfigError(f"config {owner.SECTION}.{key}: unknown setting; known settings of '{owner.SECTION}': {names}")
-
-
-@contextlib.contextmanager
-def _translated(owner: type[_Model]):
-    try:
-        yield
-    except ValidationError as exc:
-        raise _config_error(owner, exc) from None
-
-
-def _config_error(owner: type[_Model], exc: ValidationError) -> ConfigError:
-    """The first error of ``exc`` as a ConfigError naming the dotted key, the value and what is allowed."""
-    err = exc.errors(include_url=False)[0]
-    ctx = err.get("ctx") or {}
-    if isinstance(ctx.get("error"), ConfigError):  # a section given as a mapping reports through its __init__
-        return ctx["error"]
-    key = ctx.get("key") or (str(err["loc"][0]) if err["loc"] else "")
-    if err["type"] == "extra_forbidden":
-        return _unknown(owner, key)
-    field = owner.model_fields.get(key)
-    extra = field.json_schema_extra if field is not None and isinstance(field.json_schema_extra, dict) else {}
-    allowed = ctx.get("allowed") or extra.get("allowed") or err["msg"]
-    fix = ctx.get("fix") or extra.get("fix", "")
-    return _fail(owner.SECTION, key, ctx.get("value", err["input"]), allowed, fix)
-
-
-# --- the models ---------------------------------------------------------------------------------------------
-
-class _Model(BaseModel):
-    """Base of every config model: frozen, strict, unknown keys refused, errors as ``ConfigError``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    SECTION: ClassVar[str] = ""
-
-    def __init__(self, **values: Any) -> None:
-        with _translated(type(self)):
-            super().__init__(**values)
-
-    @classmethod
-    def model_validate(cls, obj: Any, **options: Any):
-        """Pydantic's ``model_validate``, raising ``ConfigError`` as construction does; prefer ``from_dict``."""
-        with _translated(cls):
-            return super().model_validate(obj, **options)
-
-    @classmethod
-    def model_validate_json(cls, data: str | bytes, **options: Any):
-        """Pydantic's ``model_validate_json``, raising ``ConfigError`` as construction does."""
-        with _translated(cls):
-            return super().model_validate_json(data, **options)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name!r}; use .replace({name}=...)")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name!r}")
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None):
-        """Build the section from a mapping as read from YAML or written by :meth:`to_dict`; ``ConfigError`` if invalid.
-
-        Parameters
-        ----------
-        raw
-            Setting name -> value; ``None`` gives the defaults. A float setting also accepts text that
-            reads as a float (YAML 1.1 reads ``3e-5``, without a dot, as a string), a tuple one a list.
-        """
-        raw = {} if raw is None else raw
-        if not isinstance(raw, dict):
-            raise ConfigError(f"config {cls.SECTION}: expected a mapping of settings, got {type(raw).__name__}")
-        unknown = [key for key in raw if key not in cls.model_fields]
-        if unknown:
-            raise _unknown(cls, unknown[0])
-        return cls(**{key: _from_yaml(cls.model_fields[key].annotation, value) for key, value in raw.items()})
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as a plain JSON-able dict (tuples become lists); ``from_dict`` reads it back equal."""
-        return self.model_dump(mode="json")
-
-    def replace(self, **changes: Any):
-        """A validated copy with ``changes`` applied; raises ``ConfigError`` like construction does."""
-        return type(self)(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
-
-
-def _from_yaml(annotation: Any, value: Any) -> Any:
-    """YAML's spelling of a value as its setting's type: text like ``3e-5`` for a float, a list for a tuple."""
-    if float in (annotation, *get_args(annotation)) and isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return float(value)
-    if isinstance(value, list) and tuple in {get_origin(a) for a in (annotation, *get_args(annotation))}:
-        return tuple(value)
-    return value
+    return _unknown(JobConfig, key)
 
 
 class DataConfig(_Model):

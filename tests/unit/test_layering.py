@@ -45,8 +45,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),
     # reading the user's data: SQuAD files, tokenisation into features
     ("data", ("attnclust.data",)),
-    # the job: every setting, validated (against the featurizer registry and the packaged sample data)
-    ("config", ("attnclust.config",)),
+    # the job: every setting, validated (against the featurizer registry and the packaged sample data); how a
+    # setting is declared and its errors told (_settings)
+    ("config", ("attnclust._settings", "attnclust.config")),
     # the names of a run's files, and the run's lock and marker
     ("layout", ("attnclust.layout",)),
     # the attention and embedding stores' contract, and reading a run's tables
