@@ -116,9 +116,11 @@ def imports_in(name: str, path: Path, modules: dict[str, Path]) -> list[Import]:
         else:
             continue
         for target in dict.fromkeys(targets):
-            if target.split(".")[0] == top and target != name:
-                while target not in modules:  # `import pkg.sub.name`-style spellings: the module that holds it
-                    target = target.rpartition(".")[0]
+            if target.split(".")[0] != top:
+                continue
+            while target and target not in modules:  # `import pkg.sub.name`: the module that holds the name
+                target = target.rpartition(".")[0]
+            if target and target != name:
                 found.append(Import(name, target, path, node.lineno))
     return found
 
