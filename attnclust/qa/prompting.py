@@ -48,6 +48,8 @@ EXAMPLE = ("The lighthouse at Kell Point was built in 1871 by the harbour board.
            "1903, when it was converted to paraffin.", "What did the lamp burn before 1903?", "whale oil")
 """The worked example (context, question, answer) of the ``example`` style: a text of our own."""
 _CTX, _QST = "\x00attnclust-context\x00", "\x00attnclust-question\x00"  # placeholders while the template renders
+_PREFIX = re.compile(r"^(?:the\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?\s*(?:is\s*:?|:|-)\s*", re.IGNORECASE)
+"""A lead-in the model puts before its answer ("The answer to this question is: ...")."""
 _NULL_PHRASES = frozenset({"", NO_ANSWER, "no answer", "not answerable", "cannot be answered", "none", "unknown",
                            "not mentioned", "not in text", "not stated"})
 
@@ -256,15 +258,15 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
 def parse_answer(text: str, context: str) -> str:
     """The answer a generated text gives: ``""`` for the null answer.
 
-    Its first non-empty line, without a leading ``Answer:``, surrounding quotes or a final period; a null phrase
-    (``unanswerable``, ``no answer``, ...) or nothing is ``""``; an answer found in the context (ignoring case) is
-    given in the context's spelling.
+    Its first non-empty line, without a lead-in (``Answer:``, ``The answer to this question is``), surrounding
+    quotes or a final period; a null phrase (``unanswerable``, ``no answer``, ...) or nothing is ``""``; an answer
+    found in the context (ignoring case) is given in the context's spelling.
     """
     from .evaluate import normalize_answer
 
     line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
-    line = re.sub(r"^(the )?answer( is)?\s*[:\-]\s*", "", line, flags=re.IGNORECASE).strip()
-    line = line.strip("\"'`*").rstrip(".").strip()
+    line = _PREFIX.sub("", line).strip()
+    line = line.rstrip(".").strip().strip("\"'`*").strip()
     said = normalize_answer(line)
     if said in _NULL_PHRASES or said.startswith(NO_ANSWER):
         return ""

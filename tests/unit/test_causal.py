@@ -173,6 +173,9 @@ def test_parse_answer_keeps_the_first_line_in_the_contexts_spelling():
     context = "Wool and Cheese were the main goods of Elsby."
     assert parse_answer(" wool and cheese.\nMore text", context) == "Wool and Cheese"
     assert parse_answer('Answer: "Elsby"', context) == "Elsby"
+    assert parse_answer('The answer to this question is: "elsby".', context) == "Elsby"
+    assert parse_answer("The answer is cheese", context) == "Cheese"
+    assert parse_answer("Answers vary", context) == "Answers vary"  # no lead-in: kept
     assert parse_answer("Unanswerable.", context) == ""
     assert parse_answer("  ", context) == ""
     assert parse_answer("copper", context) == "copper"
