@@ -1,7 +1,7 @@
 """Causal language models as a model kind: kind detection, prompts, greedy answers, teacher-forced maps, QA scores.
 
 Tiny random Llama (grouped key/value heads, a chat template) and GPT-2 (no template: plain prompts) models with a
-byte-level BPE tokenizer trained here on the bundled sample; the real SmolLM2 only in the ``slow`` test at the end.
+byte-level BPE tokenizer trained here on the bundled sample; the real SmolLM2 in tests/integration/test_llm.py.
 """
 
 from __future__ import annotations
@@ -287,25 +287,11 @@ def test_a_question_too_long_for_the_prompt_is_one_line(tiny_gpt2):
                         style="example", max_new_tokens=4, max_seq_len=24)
 
 
-@pytest.mark.slow
-def test_smollm2_answers_bundled_questions(tmp_path):
-    """The packaged SmolLM2 (30 layers x 9 query heads) over 3 bundled questions: maps and scores."""
-    pytest.importorskip("gguf")
-    from attnclust.pipeline import run_job
-    from attnclust.stages import SerialExecutor
-    from attnclust.store import open_attention_store
+def test_finetune_refuses_a_causal_model_before_writing(tiny_gpt2, tmp_path):
+    from attnclust.qa import finetune_model
 
-    cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 3},
-                               "model": {"name": "smollm2"}, "probe": {"enabled": False}})
-    try:
-        run_job(cfg, tmp_path / "run", stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
-    except ModelError as exc:
-        if "is not installed" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    store = open_attention_store(tmp_path / "run" / "attention.zarr")
-    assert store.attention.shape[:3] == (3, 30, 9)
-    scores = json.loads((tmp_path / "run" / "qa_scores.json").read_text())
-    assert scores["scores"]["total"] == 3
-    feats = pd.read_parquet(tmp_path / "run" / "features.parquet")
-    assert all("answer" in list(p) for p in feats["part"])
+    cfg = JobConfig.from_dict({"model": {"name": str(tiny_gpt2)}, "data": {"max_examples": 2}})
+    with pytest.raises(ConfigError, match=r"^finetune: model\.name '.*' is a causal language model, and fine-tuning "
+                                          r"trains an encoder's question-answering head"):
+        finetune_model(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
