@@ -190,12 +190,6 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
         layout.remove(layout.table("syntax"))  # never a table of an earlier configuration
         ctx.note(SYNTAX_SKIPPED)
         return None
-    if cfg.syntax.conllu == BUNDLED_CONLLU and cfg.data.path is not None:
-        layout.remove(layout.table("syntax"))
-        ctx.note(f"syntax: skipped (syntax.conllu: {BUNDLED_CONLLU} parses sentences of the bundled sample only, and "
-                 f"data.path is {cfg.data.path}; set syntax.conllu to a CoNLL-U file of your contexts, or "
-                 f"syntax.spacy_model)")
-        return None
     if "offsets" not in features.columns:
         layout.remove(layout.table("syntax"))
         ctx.note(f"syntax: skipped ({layout.features.name} has no token offsets to align parses with: the store "
@@ -210,8 +204,10 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
             if conllu != BUNDLED_CONLLU:
                 raise
             layout.remove(layout.table("syntax"))  # the bundled parses fit only some of the sample's contexts
-            ctx.note(f"syntax: skipped (none of the sentences of syntax.conllu: {BUNDLED_CONLLU} is in this run's "
-                     f"contexts; with data.max_examples, keep more of the bundled sample)")
+            ctx.note(f"syntax: skipped (syntax.conllu: {BUNDLED_CONLLU} parses sentences of the bundled sample, and "
+                     f"none of them is in this run's contexts; set syntax.conllu to a CoNLL-U file of your "
+                     f"contexts, or syntax.spacy_model; with the bundled sample and data.max_examples, keep more "
+                     f"of it)")
             return None
     if cfg.syntax.max_features is not None:
         features = features.iloc[:cfg.syntax.max_features]
