@@ -439,13 +439,16 @@ class ExtractStage(Stage):
     def identity(self, ctx: RunContext) -> dict:
         """The data file's content hash, the model's weights identity, the backend, the statistics' versions,
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
-        features, so the fingerprint, as they were)."""
+        features, so the fingerprint, as they were); for a causal model also the settings of its prompts and
+        answers (``extract.prompt``, ``extract.max_new_tokens``, ``model.gguf_file``), which an encoder's
+        fingerprint leaves out."""
         inputs = ctx.inputs
         capped = {"features_capped_at": ctx.cfg.data.max_features_per_example} if inputs.get("dropped_features") \
             else {}
         if inputs["model_info"].get("kind") == "causal":  # the prompts and answers are the features
-            capped.update(model_kind="causal", model_gguf_file=ctx.cfg.model.gguf_file, prompt=ctx.cfg.extract.prompt,
-                          max_new_tokens=ctx.cfg.extract.max_new_tokens)
+            capped.update({"model_kind": "causal", "model.gguf_file": ctx.cfg.model.gguf_file,
+                           "extract.prompt": ctx.cfg.extract.prompt,
+                           "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens})
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 

@@ -250,6 +250,19 @@ def test_causal_answers_are_scored_per_question(llama_run):
     assert json.loads((out / "job.json").read_text())["stages"]["extract"]["head_trained"] is True
 
 
+def test_another_prompt_is_another_extraction(llama_run):
+    from attnclust.errors import StoreError
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    out, cfg = llama_run
+    plain = cfg.replace(extract=cfg.extract.replace(prompt="plain"))
+    with pytest.raises(StoreError, match=r"stage 'extract' was run with other settings \(extract\.prompt changed\)"):
+        run_job(plain, out, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
+    again = run_job(cfg, out, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
+    assert again.stages["extract"].get("skipped")  # the same prompt: served from the run
+
+
 def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
     import torch
 
