@@ -120,6 +120,10 @@ def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch):
     with pytest.raises(ModelError, match=r"model\.kind 'encoder': .* is a GGUF file.*set model\.kind to causal"):
         model_kind(ModelConfig(name=str(tmp_path / "m.gguf"), kind="encoder"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelError, match=r"model\.gguf_file 'other\.gguf': not found in the directory"):
+        resolve_model_path(ModelConfig(name=str(tmp_path), gguf_file="other.gguf"))
+    assert resolve_model_path(ModelConfig(name=str(tmp_path), gguf_file="m.gguf")) == str(tmp_path)
+    assert model_kind(ModelConfig(name=str(tmp_path), gguf_file="m.gguf")) == "causal"
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     with pytest.raises(ModelError, match=r"loading a GGUF file needs the gguf package; pip install gguf$"):
