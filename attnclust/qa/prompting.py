@@ -134,10 +134,9 @@ def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence
     Parameters
     ----------
     spans
-        ``None``: free greedy decoding. Otherwise the answer must be a run of consecutive tokens of one of these
-        sequences (e.g. the context's tokens and the no-answer word's, :func:`context_spans`): at each step only
-        the tokens that continue such a run, or a stop token after the first, may be chosen (the greedy choice
-        among them).
+        ``None``: free greedy decoding. Otherwise ``(tokens, starts)`` pairs (:func:`context_spans`): the answer
+        must be a run of consecutive ``tokens`` that begins at one of ``starts``; at each step only the tokens
+        that continue such a run, or a stop token after the first, may be chosen (the greedy choice among them).
 
     Returns
     -------
@@ -161,10 +160,11 @@ def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence
     return new
 
 
-def _span_continuations(spans: list[list[int]], stops: list[int], prompt_len: int):
+def _span_continuations(spans: list[tuple[list[int], list[int]]], stops: list[int], prompt_len: int):
     """``prefix_allowed_tokens_fn`` for :func:`generate_answer`: the tokens that extend the answer so far into a
-    longer run of one of ``spans``, and the stop tokens once the answer is not empty."""
-    firsts = sorted({t for seq in spans for t in seq})
+    longer run of one of ``spans`` (each ``(tokens, starts)``: a run begins at one of ``starts``), and the stop
+    tokens once the answer is not empty."""
+    firsts = sorted({seq[i] for seq, starts in spans for i in starts})
 
     def allowed(batch_id: int, sofar) -> list[int]:
         done = [int(t) for t in sofar[prompt_len:].tolist()]
@@ -172,21 +172,31 @@ def _span_continuations(spans: list[list[int]], stops: list[int], prompt_len: in
         if k == 0:
             return firsts
         nxt = set(stops)
-        for seq in spans:
-            for start in range(len(seq) - k):
-                if seq[start:start + k] == done:
+        for seq, starts in spans:
+            for start in starts:
+                if start + k < len(seq) and seq[start:start + k] == done:
                     nxt.add(seq[start + k])
         return sorted(nxt)
 
     return allowed
 
 
-def context_spans(tokenizer: Any, enc: dict[str, list]) -> list[list[int]]:
-    """What a ``context``-decoded answer may be a run of: the prompt's context tokens, and the no-answer word
-    (:data:`NO_ANSWER`) tokenised with and without a leading space."""
-    context = [i for i, p in zip(enc["input_ids"], enc["part"]) if p == "context"]
-    null = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in (NO_ANSWER, f" {NO_ANSWER}")]
-    return [context, *null]
+def context_spans(tokenizer: Any, enc: dict[str, list], context: str) -> list[tuple[list[int], list[int]]]:
+    """What a ``context``-decoded answer may be: a run of the prompt's context tokens that begins at a word (a
+    token whose offsets start the context or follow whitespace or an opening quote or bracket), or the no-answer
+    word (:data:`NO_ANSWER`), tokenised with and without a leading space, from its start.
+
+    Returns
+    -------
+    list of (list of int, list of int)
+        ``(tokens, starts)``: token ids and the indices a run may begin at.
+    """
+    pairs = [(i, o) for i, p, o in zip(enc["input_ids"], enc["part"], enc["offsets"]) if p == "context"]
+    tokens = [i for i, _ in pairs]
+    starts = [k for k, (_, (a, b)) in enumerate(pairs) if b > a and (a == 0 or context[a - 1].isspace()
+                                                                    or context[a - 1] in "\"'([")]
+    nulls = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in (NO_ANSWER, f" {NO_ANSWER}")]
+    return [(tokens, starts), *((ids, [0]) for ids in nulls)]
 
 
 def _gold_tokens(offsets: list[list[int]], start: int, end: int) -> tuple[int, int]:
@@ -266,7 +276,8 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         if len(context) < len(ex.context):
             cut[ex.id] = len(context)
         answer = generate_answer(loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens,
-                                 device=device, spans=context_spans(tokenizer, enc) if decoding == "context" else None)
+                                 device=device,
+                                 spans=context_spans(tokenizer, enc, context) if decoding == "context" else None)
         ids = enc["input_ids"] + answer
         parts = enc["part"] + ["answer"] * len(answer)
         offsets = enc["offsets"] + [[-1, -1]] * len(answer)

@@ -298,13 +298,15 @@ def test_context_decoding_continues_runs_of_the_given_spans():
 
     from attnclust.qa.prompting import _span_continuations
 
-    allowed = _span_continuations([[5, 6, 7, 6, 8], [9, 10]], [0], prompt_len=2)
+    allowed = _span_continuations([([5, 6, 7, 6, 8], [0, 1, 2, 3, 4]), ([9, 10], [0]), ([11, 12], [1])], [0],
+                                  prompt_len=2)
     prompt = [1, 2]
-    assert allowed(0, torch.tensor(prompt)) == [5, 6, 7, 8, 9, 10]  # any first token, no empty answer
+    assert allowed(0, torch.tensor(prompt)) == [5, 6, 7, 8, 9, 12]  # a run's first token, no empty answer
     assert allowed(0, torch.tensor(prompt + [6])) == [0, 7, 8]
     assert allowed(0, torch.tensor(prompt + [6, 7])) == [0, 6]
     assert allowed(0, torch.tensor(prompt + [7, 6, 8])) == [0]  # the run ends: only stop
     assert allowed(0, torch.tensor(prompt + [9])) == [0, 10]
+    assert allowed(0, torch.tensor(prompt + [10])) == [0]  # 10 is no start of [9, 10]: nothing follows it
 
 
 def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
@@ -319,6 +321,7 @@ def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
     free = prompt_features(read_squad(sample_path(), max_examples=3), tok, get_model(cfg), style="short",
                            max_new_tokens=4, max_seq_len=320)
     null = [tok(w, add_special_tokens=False)["input_ids"] for w in (NO_ANSWER, f" {NO_ANSWER}")]
+    examples = {e.id: e.context for e in read_squad(sample_path(), max_examples=3)}
     changed = 0
     for row, other in zip(feats.itertuples(), free.itertuples()):
         parts = np.array(row.part)
@@ -326,8 +329,11 @@ def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
         answer = [i for i, p in zip(ids, parts) if p == "answer"]
         context = [i for i, p in zip(ids, parts) if p == "context"]
         assert answer
-        runs = [seq[s:s + len(answer)] for seq in (context, *null) for s in range(len(seq))]
-        assert answer in runs
+        offsets = [o for o, p in zip(row.offsets, parts) if p == "context"]
+        text = examples[row.example_id]
+        words = [s for s, (a, b) in enumerate(offsets) if b > a and (a == 0 or text[a - 1] in " \n\"'([")]
+        runs = [context[s:s + len(answer)] for s in words] + [seq[:len(answer)] for seq in null]
+        assert answer in runs  # a run of the context from a word's start, or the no-answer word
         changed += answer != [i for i, p in zip(other.input_ids, other.part) if p == "answer"]
     assert changed  # the random model's free answers are not runs of the context
 
