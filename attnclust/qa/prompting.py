@@ -128,7 +128,7 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
 
 
 def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence[int], max_new_tokens: int,
-                    device: str = "cpu", spans: Sequence[Sequence[int]] | None = None) -> list[int]:
+                    device: str = "cpu", spans: Sequence[tuple[list[int], list[int]]] | None = None) -> list[int]:
     """Greedy decoding of the answer to one prompt, free or restricted to spans of given token sequences.
 
     Parameters
@@ -262,6 +262,8 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
     """
     from ..causal import stop_token_ids
 
+    if decoding not in ("greedy", "context"):
+        raise DataError(f"extract.decoding {decoding!r}: unknown; allowed: greedy | context")
     budget = max_seq_len - max_new_tokens
     stops = stop_token_ids(tokenizer, loaded.model)
     rows: dict[str, list] = {name: [] for name in PROMPT_COLUMNS}
@@ -275,6 +277,9 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         context, enc = _fit_context(tokenizer, ex, style, budget, label)
         if len(context) < len(ex.context):
             cut[ex.id] = len(context)
+        if "context" not in enc["part"]:
+            raise DataError(f"{label}: context {ex.context[:40]!r} yields no tokens with this tokenizer; fix the "
+                            f"context text or drop the example")
         answer = generate_answer(loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens,
                                  device=device,
                                  spans=context_spans(tokenizer, enc, context) if decoding == "context" else None)
@@ -282,9 +287,6 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         parts = enc["part"] + ["answer"] * len(answer)
         offsets = enc["offsets"] + [[-1, -1]] * len(answer)
         ctx = [i for i, p in enumerate(parts) if p == "context"]
-        if not ctx:
-            raise DataError(f"{label}: context {ex.context[:40]!r} yields no tokens with this tokenizer; fix the "
-                            f"context text or drop the example")
         a_start = a_end = -1
         if ex.answers:
             first = ex.answers[0]
