@@ -14,6 +14,7 @@ Layout (relative to the run directory)::
     map_stats.parquet       per-map statistics (feature, layer, head)
     qa.parquet              start/end logits per feature
     head_outputs.zarr       per-head outputs pooled per feature (cls, context_mean) and the last [CLS] state
+    induction.parquet       per (layer, head) induction score of a causal model's diagnostic (analysis/induction.py)
     predictions.*           answers (parquet, the official JSON), null_odds.json, best_spans.json, qa_scores.json
     embedding.zarr          one vector per map
     cluster_labels.parquet  cluster, centroid distance and 2-D position per map; cluster_model.json
@@ -153,6 +154,11 @@ class RunLayout(StateDirectory):
     def qa_logits(self) -> Path:
         """``qa.parquet``: start/end logits of every feature."""
         return self.root / "qa.parquet"
+
+    @property
+    def induction(self) -> Path:
+        """``induction.parquet``: per (layer, head) induction score of a causal model (analysis/induction.py)."""
+        return self.root / "induction.parquet"
 
     @property
     def head_outputs(self) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..analysis.induction import INDUCTION_VERSION, write_induction
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
@@ -450,7 +451,8 @@ class ExtractStage(Stage):
                            "extract.prompt": ctx.cfg.extract.prompt,
                            "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens,
                            **({"extract.decoding": ctx.cfg.extract.decoding}
-                              if ctx.cfg.extract.decoding != "greedy" else {})})
+                              if ctx.cfg.extract.decoding != "greedy" else {}),
+                           "induction": INDUCTION_VERSION})
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
@@ -492,7 +494,7 @@ class ExtractStage(Stage):
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         """The store, its tables and parts."""
         return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
-                layout.head_outputs, layout.qa_logits)
+                layout.head_outputs, layout.qa_logits, layout.induction)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Write ``examples.parquet``, create (or keep, when resuming) the store; one block per shard."""
@@ -516,6 +518,14 @@ class ExtractStage(Stage):
                                                                range(len(blocks))], len(inputs["features"]))
         else:
             ctx.layout.remove(ctx.layout.head_outputs)
+        induction = {}
+        if inputs["model_info"].get("kind") == "causal":  # the induction diagnostic (analysis/induction.py)
+            from .. import backend as bk
+
+            induction = {"induction_seconds": round(write_induction(ctx.layout, ctx.cfg,
+                                                                    device=bk.torch_device(ctx.backend)), 3)}
+        else:
+            ctx.layout.remove(ctx.layout.induction)
         seconds = time.perf_counter() - self.t0_
         features = inputs["features"]
         info = inputs["model_info"]
@@ -525,4 +535,4 @@ class ExtractStage(Stage):
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
-                "data_path": inputs["data_path"]}
+                "data_path": inputs["data_path"], **induction}

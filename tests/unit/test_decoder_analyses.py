@@ -1,0 +1,170 @@
+"""Decoder head analyses wired into a run: the induction diagnostic of a tiny random Llama, retrieval heads and
+the answer steps' mass on the gold span on a planted causal store with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.analysis.heads import HeadContext
+from attnclust.errors import DataError
+from attnclust.analysis.induction import INDUCTION_LENGTH, induction_inputs, measure_induction, read_induction
+from attnclust.analysis.retrieval import decoder_heads, feature_copy_steps
+from attnclust.layout import RunLayout
+from attnclust.store import atomic_write_parquet, create_attention_store, mark_store_complete
+
+HEADS = ("retrieval", "sink", "uniform", "gold")
+
+
+def causal_uniform(n: int) -> np.ndarray:
+    a = np.tril(np.ones((n, n)))
+    return a / a.sum(1, keepdims=True)
+
+
+def planted_feature(rng, *, copy_from: int, gold: int | None, fid: int):
+    """One causal feature: 3 instruction, 12 context, 3 question tokens, then a 3-token answer copying context
+    tokens ``copy_from .. copy_from + 2``; the gold span is context tokens ``gold .. gold + 2`` (None: no answer)."""
+    ids = rng.choice(np.arange(10, 400), size=18, replace=False).tolist()
+    parts = ["instruction"] * 3 + ["context"] * 12 + ["question"] * 3
+    ids += ids[3 + copy_from:3 + copy_from + 3]
+    parts += ["answer"] * 3
+    start = -1 if gold is None else 3 + gold
+    return {"feature_id": fid, "example_id": f"q{fid}", "span": 0, "seq_len": len(ids), "input_ids": ids,
+            "tokens": [f"t{i}" for i in ids], "segment_ids": [int(p == "context") for p in parts], "part": parts,
+            "answer_start_token": start, "answer_end_token": -1 if gold is None else start + 2}
+
+
+def planted_maps(f: dict, *, right: bool) -> np.ndarray:
+    """(layer 1, head 4, n, n): a retrieval head (one-hot on the copied token at each copy step), a sink, a
+    uniform head, and a head whose answer steps look only at the gold span in right answers (uniform otherwise)."""
+    n = f["seq_len"]
+    rows, sources = feature_copy_steps(f["part"], f["input_ids"])
+    maps = np.stack([causal_uniform(n)] * 4)
+    maps[0, rows] = 0.0
+    maps[0, rows, sources] = 1.0
+    maps[1] = 0.0
+    maps[1, :, 0] = 1.0
+    s, e = f["answer_start_token"], f["answer_end_token"]
+    if right and s >= 0:
+        first = f["part"].index("answer")
+        maps[3, first - 1:] = 0.0
+        maps[3, first - 1:, s:e + 1] = 1.0 / (e - s + 1)
+    return maps[None]
+
+
+@pytest.fixture(scope="module")
+def planted_causal(tmp_path_factory):
+    """Six features: 3 answered right (copying the gold span), 2 wrong (copying elsewhere), 1 unanswerable."""
+    rng = np.random.default_rng(0)
+    plan = [(4, 4, True), (0, 0, True), (7, 7, True), (1, 6, False), (8, 2, False), (5, None, False)]
+    feats = [planted_feature(rng, copy_from=c, gold=g, fid=i) for i, (c, g, _) in enumerate(plan)]
+    maps = [planted_maps(f, right=r) for f, (_, _, r) in zip(feats, plan)]
+    root = tmp_path_factory.mktemp("planted_causal") / "run"
+    layout = RunLayout(root)
+    root.mkdir(parents=True)
+    seq_len = np.array([f["seq_len"] for f in feats], np.int32)
+    store = create_attention_store(layout.attention, seq_len=seq_len, num_layers=1, num_heads=4,
+                                   features_per_task=2, attrs={"model": "planted causal", "max_seq_len": 21,
+                                                               "num_layers": 1, "num_heads": 4})
+    store.attention[:] = np.stack(maps).astype(np.float16)
+    mark_store_complete(layout.attention)
+    features = pd.DataFrame(feats)
+    atomic_write_parquet(features, layout.features)
+    predictions = pd.DataFrame({"example_id": [f["example_id"] for f in feats],
+                                "f1": [1.0 if r else 0.0 for *_, r in plan]})
+    table = pd.DataFrame({"feature_id": np.repeat(np.arange(len(feats)), 4), "layer": 0,
+                          "head": np.tile(np.arange(4), len(feats))})
+    return layout, features, predictions, table, maps
+
+
+def context(planted, features=None, predictions="given") -> HeadContext:
+    layout, feats, preds, table, _ = planted
+    return HeadContext(maps=table, features=feats if features is None else features, layout=layout, k=1,
+                       extra={} if predictions is None else {"predictions": preds})
+
+
+def test_copy_steps_of_a_feature_point_at_the_copied_context_tokens(planted_causal):
+    f = planted_causal[1].iloc[0]
+    rows, sources = feature_copy_steps(f["part"], f["input_ids"])
+    assert rows.tolist() == [17, 18, 19] and sources.tolist() == [7, 8, 9]
+    again = feature_copy_steps(f["part"], f["tokens"])  # strings where a store has no ids
+    assert [a.tolist() for a in again] == [rows.tolist(), sources.tolist()]
+    with pytest.raises(ValueError, match="one run after the prompt"):
+        feature_copy_steps(["answer", "context", "answer"], [1, 1, 1])
+
+
+def test_the_planted_retrieval_head_scores_one_and_the_others_zero(planted_causal):
+    out = decoder_heads(context(planted_causal)).set_index("head")
+    assert out.loc[0, "retrieval"] == pytest.approx(1.0)
+    assert out.loc[1, "retrieval"] == pytest.approx(0.0) and out.loc[2, "retrieval"] == pytest.approx(0.0)
+    assert out["retrieval_head"].tolist() == [True, False, False, bool(out.loc[3, "retrieval"] > 0.1)]
+    by_string = decoder_heads(context(planted_causal, features=planted_causal[1].drop(columns="input_ids")))
+    pd.testing.assert_series_equal(by_string["retrieval"], out["retrieval"].reset_index(drop=True))
+
+
+def test_answer_step_mass_on_the_gold_span_is_split_by_right_and_wrong(planted_causal):
+    _, feats, _, _, maps = planted_causal
+    out = decoder_heads(context(planted_causal)).set_index("head")
+    assert out.loc[3, "answer_step_mass_right"] == pytest.approx(1.0, abs=1e-3)
+
+    def uniform_mass(f) -> float:  # what a uniform causal head's answer steps put on a 3-token span
+        rows = np.arange(f["part"].index("answer") - 1, f["seq_len"])
+        return float(np.mean(3.0 / (rows + 1)))
+
+    wrong = [f for f in feats.to_dict("records") if f["answer_start_token"] >= 0][3:]
+    assert len(wrong) == 2
+    want = np.mean([uniform_mass(f) for f in wrong])
+    assert out.loc[3, "answer_step_mass_wrong"] == pytest.approx(want, abs=2e-3)
+    assert out.loc[2, "answer_step_mass_right"] == pytest.approx(want, abs=2e-3)  # same lengths throughout
+    assert out.loc[1, "answer_step_mass"] == pytest.approx(0.0)  # the sink never looks at the context
+    assert out.loc[3, "answer_step_mass"] == pytest.approx((3 * 1.0 + 2 * want) / 5, abs=2e-3)
+    unknown = decoder_heads(context(planted_causal, predictions=None))
+    assert unknown["answer_step_mass_right"].isna().all() and unknown["answer_step_mass"].notna().all()
+
+
+def test_encoder_runs_get_empty_decoder_columns(planted_causal):
+    feats = planted_causal[1].drop(columns="part")
+    out = decoder_heads(context(planted_causal, features=feats))
+    assert out["retrieval"].isna().all() and out["answer_step_mass_right"].isna().all()
+    assert not out["retrieval_head"].any() and len(out) == 4
+
+
+def test_induction_diagnostic_of_a_tiny_llama_has_one_score_per_head(tmp_path):
+    from transformers import AutoTokenizer
+
+    from attnclust.config import ModelConfig
+    from attnclust.models import get_model
+
+    from test_causal import save_tiny_causal
+
+    path = save_tiny_causal(tmp_path / "llama")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids, start = induction_inputs(tokenizer, n_sequences=3, length=INDUCTION_LENGTH)
+    assert ids.shape == (3, 1 + 2 * INDUCTION_LENGTH) and start == 1
+    assert (ids[:, 0] == tokenizer.bos_token_id).all()
+    assert (ids[:, 1:1 + INDUCTION_LENGTH] == ids[:, 1 + INDUCTION_LENGTH:]).all()
+    assert not set(ids[:, 1:].ravel()) & set(tokenizer.all_special_ids)
+    assert (induction_inputs(tokenizer, n_sequences=3)[0] == ids).all()  # seeded
+    table = measure_induction(get_model(ModelConfig(name=str(path))), tokenizer)
+    assert len(table) == 2 * 4 and not table.duplicated(["layer", "head"]).any()
+    assert table["induction_score"].between(0.0, 1.0).all()
+    with pytest.raises(DataError, match="ordinary tokens"):
+        induction_inputs(tokenizer, length=10_000)
+
+
+def test_the_induction_analysis_joins_the_table_or_gives_nan(planted_causal, tmp_path):
+    from attnclust.analysis.heads import HEAD_ANALYSES
+
+    layout = RunLayout(tmp_path)
+    table = planted_causal[3]
+    ctx = HeadContext(maps=table, features=planted_causal[1], layout=layout, k=1)
+    assert read_induction(layout) is None
+    assert HEAD_ANALYSES["induction"].compute(ctx)["induction"].isna().all()
+    atomic_write_parquet(pd.DataFrame({"layer": 0, "head": [0, 1, 2, 3], "induction_score": [0.9, 0.1, 0.0, 0.2]}),
+                         layout.induction)
+    got = HEAD_ANALYSES["induction"].compute(ctx)
+    assert got.set_index("head")["induction"].tolist() == [0.9, 0.1, 0.0, 0.2]
+    atomic_write_parquet(pd.DataFrame({"layer": [0], "head": [0]}), layout.induction)
+    with pytest.raises(DataError, match="lacks column"):
+        HEAD_ANALYSES["induction"].compute(ctx)
