@@ -359,3 +359,15 @@ def test_finetune_refuses_a_causal_model_before_writing(tiny_gpt2, tmp_path):
                                           r"trains an encoder's question-answering head"):
         finetune_model(cfg, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_causal_extraction_writes_the_induction_diagnostic(llama_run):
+    out, _ = llama_run
+    table = pd.read_parquet(out / "induction.parquet")
+    assert sorted(zip(table["layer"], table["head"])) == [(layer, head) for layer in range(2) for head in range(4)]
+    assert table["induction_score"].between(0.0, 1.0).all()
+    from attnclust.layout import RunLayout
+
+    record = json.loads(RunLayout(out).stage_record("extract").read_text())
+    assert "induction.parquet" in record["outputs"] and record["induction_seconds"] >= 0
+    assert "induction.parquet" in json.loads((out / ".attnclust-run.json").read_text())["written"]
