@@ -10,6 +10,7 @@ and in the report with no other edit.
 
 from . import answer  # noqa: F401, I001  (registers the "answer_attention" and "unanswerable_attention" analyses)
 from . import induction  # noqa: F401  (registers the "induction" head analysis)
+from . import modes  # noqa: F401  (registers the "modes" head analysis)
 from . import retrieval  # noqa: F401  (registers the "retrieval" and "answer_step_attention" analyses)
 from . import roles  # noqa: F401  (registers the "roles" head analysis)
 from . import sink  # noqa: F401  (registers the "sink" head analysis)

@@ -1,0 +1,333 @@
+"""What predicts a right answer: per head, the modes of its maps across questions, tested against correctness.
+
+After AP-MAE (Katzy et al. 2026): each head is clustered on its own, across inputs, into a few *modes*, and a
+classifier on a question's mode predicts whether the model answered it right. Here, per (layer, head):
+
+1. **One vector per question**: the head's vector in ``embedding.zarr`` (the run's featurizer; for ``profile``,
+   length-invariant behaviour fractions) of the question's *first* feature (its lowest ``feature_id``), so a mode
+   describes a map the head made, not an average of windows.
+2. **Modes** (:func:`fit_modes`): KMeans with ``k`` in ``2 .. MODE_K_MAX`` (at most one mode per
+   :data:`MIN_MODE_QUESTIONS` questions), ``k`` chosen by the silhouette; labels take no part, so the modes are
+   fitted once on all questions.
+3. **Classifier** (:func:`mode_correct`): per mode, the majority class (right / wrong) of the training folds'
+   questions in that mode; a mode with no training question, or a tie, predicts the training folds' majority.
+   Folds are :func:`attnclust.analysis.probes.probe_fold_ids` over questions (stratified, ``min(5, rarest
+   class)``); ``mode_baseline`` predicts the training folds' majority class.
+4. **Test**: ``mode_p = (1 + #{permuted >= observed}) / (1 + permutations)`` over :data:`MODE_PERMUTATIONS`
+   label sets shuffled among the questions of each fold
+   (:func:`attnclust.analysis.probes.permuted_labels`: each fold keeps its class counts, and the modes do not
+   depend on the labels, so the null is exact); ``mode_q`` is Benjamini-Hochberg over the tested heads
+   (:func:`attnclust.analysis.roles.bh_qvalues`).
+
+Right is the official SQuAD F1 of the model's answer at least :data:`attnclust.analysis.answer.RIGHT_MIN_F1`. The
+analysis is skipped (NaN columns and one line saying why, :func:`modes_skip_reason`) without predictions, when the
+model's QA head is untrained (its right / wrong is noise), or when a class has fewer than
+:data:`MIN_CLASS_QUESTIONS` questions. At most :data:`MAX_QUESTIONS` questions are used (a seeded sample).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from .answer import RIGHT_MIN_F1
+from .heads import HeadContext, head_analysis
+
+__all__ = ["MAX_QUESTIONS", "MIN_CLASS_QUESTIONS", "MIN_MODE_QUESTIONS", "MODE_COLUMNS", "MODE_K_MAX",
+           "MODE_PERMUTATIONS", "fit_modes", "mode_correct", "mode_table", "modes_skip_reason", "question_vectors",
+           "right_labels"]
+
+log = logging.getLogger(__name__)
+
+MODE_COLUMNS = ("mode_k", "mode_accuracy", "mode_baseline", "mode_p", "mode_q")
+"""The columns of the ``modes`` analysis in ``heads.parquet``."""
+MODE_K_MAX = 4
+"""At most this many modes per head."""
+MIN_MODE_QUESTIONS = 4
+"""At most one mode per this many questions (``k <= n // 4``)."""
+MIN_CLASS_QUESTIONS = 5
+"""Both right and wrong need at least this many questions (five folds, one of each class per test fold)."""
+MODE_PERMUTATIONS = 9999
+"""Label permutations per head: with 270 heads, a head alone below the null still reaches ``q`` near 0.03."""
+MAX_QUESTIONS = 1000
+"""At most this many questions are read (a seeded sample when there are more)."""
+
+
+def modes_skip_reason(qa: dict | None, predictions: pd.DataFrame | None, example_ids=None) -> str | None:
+    """Why the ``modes`` analysis cannot run on a run, or ``None`` when it can.
+
+    Parameters
+    ----------
+    qa : dict, optional
+        ``qa_scores.json`` (``head_trained``).
+    predictions : pandas.DataFrame, optional
+        ``predictions.parquet`` (``example_id``, ``f1``).
+    example_ids : array-like of str, optional
+        The questions that have maps; all predictions' questions when omitted.
+
+    Returns
+    -------
+    str or None
+        One line starting with ``modes: skipped``.
+    """
+    if predictions is None or "f1" not in predictions.columns:
+        return "modes: skipped (no predictions.parquet: the qa stage did not run, so right / wrong is unknown)"
+    if qa is not None and not qa.get("head_trained", True):
+        return ("modes: skipped (the model's QA head is untrained, so right / wrong is noise: fine-tune it or use "
+                "a SQuAD 2.0 checkpoint)")
+    right = right_labels(predictions, example_ids)
+    n_right, n_wrong = int(right.sum()), int((~right).sum())
+    if min(n_right, n_wrong) < MIN_CLASS_QUESTIONS:
+        return (f"modes: skipped ({n_right} right and {n_wrong} wrong question(s); each class needs at least "
+                f"{MIN_CLASS_QUESTIONS}: use more questions (data.max_examples))")
+    return None
+
+
+def right_labels(predictions: pd.DataFrame, example_ids=None) -> pd.Series:
+    """Per question, whether the model answered it right (official F1 >= ``RIGHT_MIN_F1``).
+
+    Parameters
+    ----------
+    predictions : pandas.DataFrame
+        ``example_id``, ``f1``.
+    example_ids : array-like of str, optional
+        Keep these questions only (in this order, those with a score).
+
+    Returns
+    -------
+    pandas.Series of bool
+        Indexed by ``example_id`` (str); questions without a finite F1 are left out.
+    """
+    f1 = pd.Series(predictions["f1"].to_numpy(np.float64), index=predictions["example_id"].astype(str))
+    f1 = f1[~f1.index.duplicated()]
+    if example_ids is not None:
+        f1 = f1.reindex(pd.Index(np.asarray(example_ids).astype(str)).unique())
+    f1 = f1[np.isfinite(f1.to_numpy())]
+    return f1 >= RIGHT_MIN_F1
+
+
+def question_vectors(layout, features: pd.DataFrame, example_ids) -> tuple[np.ndarray, np.ndarray]:
+    """Each question's first feature's vectors from ``embedding.zarr``.
+
+    Parameters
+    ----------
+    layout : RunLayout
+        The run (``embedding.zarr`` is read through :func:`attnclust.store.open_embedding`).
+    features : pandas.DataFrame
+        ``feature_id``, ``example_id``.
+    example_ids : array-like of str
+        The questions wanted.
+
+    Returns
+    -------
+    ids : numpy.ndarray of str, shape (question,)
+        The questions that have a feature, in the order of ``example_ids``.
+    vectors : numpy.ndarray of float64, shape (question, layer, head, dim)
+    """
+    from ..store import open_embedding
+
+    first = features.assign(example_id=features["example_id"].astype(str)).groupby("example_id")["feature_id"].min()
+    first = first.reindex(pd.Index(np.asarray(example_ids).astype(str))).dropna().astype(np.int64)
+    group = open_embedding(layout.root)
+    n_layers, n_heads = int(group.attrs["num_layers"]), int(group.attrs["num_heads"])
+    feature_of_map = np.asarray(group["feature_id"][:], np.int64)
+    rows = np.flatnonzero(np.isin(feature_of_map, first.to_numpy()))
+    embedding = np.asarray(group["embedding"].oindex[rows], np.float64)
+    layer = np.asarray(group["layer"].oindex[rows], np.int64)
+    head = np.asarray(group["head"].oindex[rows], np.int64)
+    position = pd.Series(np.arange(len(first)), index=first.to_numpy())
+    q = position.reindex(feature_of_map[rows]).to_numpy(np.int64)
+    out = np.full((len(first), n_layers, n_heads, embedding.shape[1]), np.nan)
+    out[q, layer, head] = embedding
+    return first.index.to_numpy(str), out
+
+
+def fit_modes(x: np.ndarray, *, k_max: int = MODE_K_MAX, min_per_mode: int = MIN_MODE_QUESTIONS,
+              seed: int = 0) -> np.ndarray:
+    """One head's modes: KMeans on its question vectors, ``k`` chosen by the silhouette.
+
+    Parameters
+    ----------
+    x : numpy.ndarray, shape (question, dim)
+    k_max, min_per_mode
+        ``k`` in ``2 .. min(k_max, question // min_per_mode)``.
+    seed
+        KMeans' ``random_state``.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (question,)
+        Mode ids ``0 .. k - 1``; all 0 when fewer than two distinct vectors or ``k`` below 2.
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import silhouette_score
+
+    n = len(x)
+    distinct = len(np.unique(np.round(x, 9), axis=0))
+    top = min(k_max, n // min_per_mode, distinct)
+    best, best_score = np.zeros(n, np.int64), -np.inf
+    for k in range(2, top + 1):
+        with warnings.catch_warnings():  # near-duplicate vectors: fewer distinct clusters than k
+            warnings.simplefilter("ignore")
+            labels = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(x)
+        if len(np.unique(labels)) < 2:
+            continue
+        score = silhouette_score(x, labels)
+        if score > best_score:
+            best, best_score = labels.astype(np.int64), score
+    return np.unique(best, return_inverse=True)[1].astype(np.int64)
+
+
+def mode_correct(modes: np.ndarray, label_sets: np.ndarray, fold: np.ndarray) -> np.ndarray:
+    """Held-out questions each label set gets right from its mode (per mode, the training folds' majority).
+
+    Parameters
+    ----------
+    modes : numpy.ndarray of int, shape (question,)
+    label_sets : numpy.ndarray of int (0/1), shape (label set, question)
+        The true labels and permuted ones.
+    fold : numpy.ndarray of int, shape (question,)
+        Test fold of each question.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (label set,)
+        Correct held-out predictions over all folds.
+    """
+    one_hot = (modes[:, None] == np.arange(int(modes.max()) + 1)[None]).astype(np.float32)  # (question, mode)
+    labels = label_sets.astype(np.float32)
+    correct = np.zeros(len(label_sets), np.int64)
+    for f in np.unique(fold):
+        train, test = fold != f, fold == f
+        ones = labels[:, train] @ one_hot[train]  # (set, mode): right answers per mode among training questions
+        total = one_hot[train].sum(axis=0)  # (mode,)
+        overall = labels[:, train].sum(axis=1, keepdims=True) * 2 > train.sum()  # (set, 1): majority class 1
+        predict = np.where(ones * 2 > total, 1, np.where(ones * 2 < total, 0, overall))  # tie / empty: majority
+        predicted = predict[:, modes[test]]  # (set, test question)
+        correct += (predicted == label_sets[:, test]).sum(axis=1)
+    return correct
+
+
+def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MODE_PERMUTATIONS,
+               seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """Every head's modes tested against right / wrong.
+
+    Parameters
+    ----------
+    vectors : numpy.ndarray, shape (question, layer, head, dim)
+        One vector per question and head (:func:`question_vectors`).
+    right : numpy.ndarray of bool, shape (question,)
+        Whether the model answered each question right.
+    permutations
+        Label sets of the null, shared by the heads.
+    seed
+        Seed of the folds, the permutations and KMeans.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        One row per (``layer``, ``head``): :data:`MODE_COLUMNS`; NaN for a head with a missing vector.
+    summary : dict
+        ``questions``, ``right``, ``wrong``, ``folds``, ``permutations``.
+
+    Raises
+    ------
+    ValueError
+        A class has fewer than two questions (no folds).
+    """
+    from .probes import permuted_labels, probe_fold_ids
+    from .roles import bh_qvalues
+
+    codes = np.asarray(right, bool).astype(np.int64)
+    n, n_layers, n_heads, _ = vectors.shape
+    groups = np.arange(n)
+    fold, n_folds = probe_fold_ids(codes, groups, seed=seed)
+    if n_folds < 2:
+        raise ValueError(f"mode_table: {int(codes.sum())} right and {int(n - codes.sum())} wrong questions; "
+                         f"each class needs at least 2")
+    label_sets = np.concatenate([codes[None], permuted_labels(codes, groups, fold, permutations, seed=seed)])
+    baseline = mode_correct(np.zeros(n, np.int64), codes[None], fold)[0] / n
+    rows = []
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            x = vectors[:, layer, head]
+            if not np.isfinite(x).all():
+                rows.append((layer, head, np.nan, np.nan, np.nan, np.nan))
+                continue
+            modes = fit_modes(x, seed=seed)
+            correct = mode_correct(modes, label_sets, fold)
+            p = (1 + int((correct[1:] >= correct[0]).sum())) / (1 + permutations)
+            rows.append((layer, head, int(modes.max()) + 1, correct[0] / n, baseline, p))
+    table = pd.DataFrame(rows, columns=["layer", "head", "mode_k", "mode_accuracy", "mode_baseline", "mode_p"])
+    table["mode_q"] = bh_qvalues(table["mode_p"].to_numpy(np.float64))
+    table = table.astype({c: np.float64 for c in MODE_COLUMNS})
+    summary = {"questions": int(n), "right": int(codes.sum()), "wrong": int(n - codes.sum()), "folds": n_folds,
+               "permutations": int(permutations)}
+    return table, summary
+
+
+def _read_qa(layout) -> dict | None:
+    path = getattr(layout, "qa_scores", None)
+    if path is None or not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def modes(ctx: HeadContext, *, permutations: int = MODE_PERMUTATIONS, max_questions: int = MAX_QUESTIONS
+          ) -> pd.DataFrame:
+    """The ``modes`` analysis of a run: :func:`mode_table` over its questions, or NaN columns and one log line.
+
+    Parameters
+    ----------
+    ctx : HeadContext
+        ``maps`` (its heads), ``features``, ``layout`` (``embedding.zarr``, ``qa_scores.json``) and
+        ``extra["predictions"]``.
+    permutations, max_questions
+        :data:`MODE_PERMUTATIONS`, :data:`MAX_QUESTIONS`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (``layer``, ``head``) of ``ctx.maps`` with :data:`MODE_COLUMNS` (float64).
+    """
+    heads = ctx.maps[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
+    empty = heads.assign(**{c: np.nan for c in MODE_COLUMNS})
+    predictions = ctx.extra.get("predictions")
+    asked = ctx.maps["example_id"].astype(str).unique()
+    reason = modes_skip_reason(_read_qa(ctx.layout), predictions, asked)
+    if reason is None:
+        path = getattr(ctx.layout, "embedding", None)
+        if path is None or not path.exists():
+            reason = "modes: skipped (the run has no embedding.zarr: run 'attnclust featurize' first)"
+    if reason is not None:
+        log.info(reason)
+        return empty
+    right = right_labels(predictions, asked)
+    if len(right) > max_questions:
+        keep = np.sort(np.random.default_rng(0).choice(len(right), size=max_questions, replace=False))
+        right = right.iloc[keep]
+    ids, vectors = question_vectors(ctx.layout, ctx.features, right.index)
+    table, summary = mode_table(vectors, right.reindex(ids).to_numpy(bool), permutations=permutations)
+    found = int((table["mode_q"] < 0.05).sum())
+    log.info(f"modes: {summary['questions']} questions ({summary['right']} right, {summary['wrong']} wrong), "
+             f"{summary['folds']} folds; {found} head(s) whose mode predicts correctness (q < 0.05)")
+    keys = ["layer", "head"]
+    out = heads.merge(table.astype({"layer": np.int64, "head": np.int64}).astype(
+        {"layer": heads["layer"].dtype, "head": heads["head"].dtype}), on=keys, how="left")
+    return out[[*keys, *MODE_COLUMNS]]
+
+
+@head_analysis("modes", columns=MODE_COLUMNS, unit="share",
+               description=f"per head, its question vectors clustered into modes (KMeans, k <= {MODE_K_MAX} by "
+                           f"silhouette; AP-MAE, Katzy et al. 2026) and each mode's majority class predicting "
+                           f"whether the model answered right (F1 >= {RIGHT_MIN_F1:g}): held-out accuracy, majority "
+                           f"baseline, permutation p and Benjamini-Hochberg q over heads")
+def _modes(ctx: HeadContext) -> pd.DataFrame:
+    return modes(ctx)
