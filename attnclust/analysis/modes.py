@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -146,6 +145,50 @@ def question_vectors(layout, features: pd.DataFrame, example_ids) -> tuple[np.nd
     return first.index.to_numpy(str), out
 
 
+def _kmeans(x: np.ndarray, k: int, rng: np.random.Generator, *, restarts: int = 4,
+            iterations: int = 100) -> np.ndarray:
+    """Lloyd's KMeans with k-means++ seeding, the best of ``restarts`` by inertia: labels (question,).
+
+    A few NumPy lines instead of scikit-learn's estimator: a head's fit is a few dozen points, where the estimator's
+    per-call overhead (checks, thread pools) is most of the cost, and a run fits thousands of them.
+    """
+    best, best_inertia = np.zeros(len(x), np.int64), np.inf
+    for _ in range(restarts):
+        centers = x[[rng.integers(len(x))]]
+        for _ in range(1, k):  # k-means++: the next seed with probability proportional to the squared distance
+            d2 = ((x[:, None] - centers[None]) ** 2).sum(-1).min(axis=1)
+            if d2.sum() <= 0:
+                break
+            centers = np.vstack([centers, x[rng.choice(len(x), p=d2 / d2.sum())]])
+        labels = np.zeros(len(x), np.int64)
+        for step in range(iterations):
+            d2 = ((x[:, None] - centers[None]) ** 2).sum(-1)
+            new = d2.argmin(axis=1)
+            if step and np.array_equal(new, labels):
+                break
+            labels = new
+            centers = np.stack([x[labels == c].mean(axis=0) if (labels == c).any() else centers[c]
+                                for c in range(len(centers))])
+        inertia = float(((x - centers[labels]) ** 2).sum())
+        if inertia < best_inertia:
+            best, best_inertia = labels, inertia
+    return best
+
+
+def _silhouette(distance: np.ndarray, labels: np.ndarray) -> float:
+    """Mean silhouette (Rousseeuw 1987) from a (question, question) distance matrix; 0 for a singleton's point."""
+    k = int(labels.max()) + 1
+    member = labels[:, None] == np.arange(k)[None]  # (question, mode)
+    size = member.sum(axis=0)
+    sums = distance @ member  # (question, mode): summed distance to each mode's questions
+    own = size[labels] - 1
+    a = np.where(own > 0, sums[np.arange(len(labels)), labels] / np.maximum(own, 1), 0.0)
+    other = np.where(member | (size[None] == 0), np.inf, sums / np.maximum(size[None], 1))
+    b = other.min(axis=1)
+    score = np.where(own > 0, (b - a) / np.maximum(np.maximum(a, b), 1e-300), 0.0)
+    return float(score.mean())
+
+
 def fit_modes(x: np.ndarray, *, k_max: int = MODE_K_MAX, min_per_mode: int = MIN_MODE_QUESTIONS,
               seed: int = 0) -> np.ndarray:
     """One head's modes: KMeans on its question vectors, ``k`` chosen by the silhouette.
@@ -156,30 +199,30 @@ def fit_modes(x: np.ndarray, *, k_max: int = MODE_K_MAX, min_per_mode: int = MIN
     k_max, min_per_mode
         ``k`` in ``2 .. min(k_max, question // min_per_mode)``.
     seed
-        KMeans' ``random_state``.
+        Seed of the KMeans restarts.
 
     Returns
     -------
     numpy.ndarray of int, shape (question,)
         Mode ids ``0 .. k - 1``; all 0 when fewer than two distinct vectors or ``k`` below 2.
     """
-    from sklearn.cluster import KMeans
-    from sklearn.metrics import silhouette_score
-
+    x = np.asarray(x, np.float64)
     n = len(x)
     distinct = len(np.unique(np.round(x, 9), axis=0))
     top = min(k_max, n // min_per_mode, distinct)
     best, best_score = np.zeros(n, np.int64), -np.inf
+    if top < 2:
+        return best
+    distance = np.sqrt(np.maximum(((x[:, None] - x[None]) ** 2).sum(-1), 0))
+    rng = np.random.default_rng(seed)
     for k in range(2, top + 1):
-        with warnings.catch_warnings():  # near-duplicate vectors: fewer distinct clusters than k
-            warnings.simplefilter("ignore")
-            labels = KMeans(n_clusters=k, n_init=3, random_state=seed).fit_predict(x)
-        if len(np.unique(labels)) < 2:
+        labels = np.unique(_kmeans(x, k, rng), return_inverse=True)[1].astype(np.int64)
+        if labels.max() < 1:
             continue
-        score = silhouette_score(x, labels)
+        score = _silhouette(distance, labels)
         if score > best_score:
-            best, best_score = labels.astype(np.int64), score
-    return np.unique(best, return_inverse=True)[1].astype(np.int64)
+            best, best_score = labels, score
+    return best
 
 
 def mode_correct(modes: np.ndarray, label_sets: np.ndarray, fold: np.ndarray) -> np.ndarray:
@@ -198,17 +241,20 @@ def mode_correct(modes: np.ndarray, label_sets: np.ndarray, fold: np.ndarray) ->
     numpy.ndarray of int, shape (label set,)
         Correct held-out predictions over all folds.
     """
-    one_hot = (modes[:, None] == np.arange(int(modes.max()) + 1)[None]).astype(np.float32)  # (question, mode)
-    labels = label_sets.astype(np.float32)
-    correct = np.zeros(len(label_sets), np.int64)
-    for f in np.unique(fold):
-        train, test = fold != f, fold == f
-        ones = labels[:, train] @ one_hot[train]  # (set, mode): right answers per mode among training questions
-        total = one_hot[train].sum(axis=0)  # (mode,)
-        overall = labels[:, train].sum(axis=1, keepdims=True) * 2 > train.sum()  # (set, 1): majority class 1
-        predict = np.where(ones * 2 > total, 1, np.where(ones * 2 < total, 0, overall))  # tie / empty: majority
-        predicted = predict[:, modes[test]]  # (set, test question)
-        correct += (predicted == label_sets[:, test]).sum(axis=1)
+    k = int(modes.max()) + 1
+    folds = np.unique(fold)
+    f_index = np.searchsorted(folds, fold)
+    cell = (f_index * k + modes)[:, None] == np.arange(len(folds) * k)[None]  # (question, fold x mode)
+    ones = (label_sets.astype(np.float32) @ cell.astype(np.float32)).reshape(len(label_sets), len(folds), k)
+    total = cell.sum(axis=0).reshape(len(folds), k)  # questions per (fold, mode)
+    train_ones = ones.sum(axis=1, keepdims=True) - ones  # (set, fold, mode): right answers among training questions
+    train_total = total.sum(axis=0, keepdims=True) - total
+    n_train = train_total.sum(axis=1)  # (fold,)
+    overall = train_ones.sum(axis=2) * 2 > n_train  # (set, fold): the training folds' majority is "right"
+    predict = np.where(train_ones * 2 > train_total, True,
+                       np.where(train_ones * 2 < train_total, False, overall[:, :, None]))  # tie / empty: majority
+    correct = np.where(predict, ones, total - ones).sum(axis=(1, 2))
+    correct = np.rint(correct).astype(np.int64)
     return correct
 
 
