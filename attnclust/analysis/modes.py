@@ -22,7 +22,9 @@ classifier on a question's mode predicts whether the model answered it right. He
 Right is the official SQuAD F1 of the model's answer at least :data:`attnclust.analysis.answer.RIGHT_MIN_F1`. The
 analysis is skipped (NaN columns and one line saying why, :func:`modes_skip_reason`) without predictions, when the
 model's QA head is untrained (its right / wrong is noise), or when a class has fewer than
-:data:`MIN_CLASS_QUESTIONS` questions. At most :data:`MAX_QUESTIONS` questions are used (a seeded sample).
+:data:`MIN_CLASS_QUESTIONS` questions. At most :data:`MAX_QUESTIONS` questions are used (a seeded sample). It is
+registered as three head analyses, one unit each, sharing one computation: ``modes`` (``mode_k``),
+``mode_accuracy`` (``mode_accuracy``, ``mode_baseline``) and ``mode_test`` (``mode_p``, ``mode_q``).
 """
 
 from __future__ import annotations
@@ -370,10 +372,32 @@ def modes(ctx: HeadContext, *, permutations: int = MODE_PERMUTATIONS, max_questi
     return out[[*keys, *MODE_COLUMNS]]
 
 
-@head_analysis("modes", columns=MODE_COLUMNS, unit="share",
-               description=f"per head, its question vectors clustered into modes (KMeans, k <= {MODE_K_MAX} by "
-                           f"silhouette; AP-MAE, Katzy et al. 2026) and each mode's majority class predicting "
-                           f"whether the model answered right (F1 >= {RIGHT_MIN_F1:g}): held-out accuracy, majority "
-                           f"baseline, permutation p and Benjamini-Hochberg q over heads")
+_CACHE = "_modes_table"
+_DESCRIPTION = (f"per head, its question vectors clustered into modes (KMeans, k <= {MODE_K_MAX} by silhouette; "
+                f"AP-MAE, Katzy et al. 2026) and each mode's majority class predicting whether the model answered "
+                f"right (F1 >= {RIGHT_MIN_F1:g})")
+
+
+def _cached(ctx: HeadContext) -> pd.DataFrame:
+    """:func:`modes` once per context (three registered analyses, one unit each, share it)."""
+    if _CACHE not in ctx.extra:
+        ctx.extra[_CACHE] = modes(ctx)
+    return ctx.extra[_CACHE]
+
+
+@head_analysis("modes", columns=("mode_k",), unit="modes", description=f"{_DESCRIPTION}: the number of modes")
 def _modes(ctx: HeadContext) -> pd.DataFrame:
-    return modes(ctx)
+    return _cached(ctx)[["layer", "head", "mode_k"]]
+
+
+@head_analysis("mode_accuracy", columns=("mode_accuracy", "mode_baseline"), unit="share",
+               description=f"{_DESCRIPTION}: held-out accuracy over questions and the majority-class baseline")
+def _mode_accuracy(ctx: HeadContext) -> pd.DataFrame:
+    return _cached(ctx)[["layer", "head", "mode_accuracy", "mode_baseline"]]
+
+
+@head_analysis("mode_test", columns=("mode_p", "mode_q"), unit="p / q-value",
+               description=f"{_DESCRIPTION}: permutation p-value ({MODE_PERMUTATIONS:,} label shuffles within folds) "
+                           f"and Benjamini-Hochberg q over heads")
+def _mode_test(ctx: HeadContext) -> pd.DataFrame:
+    return _cached(ctx)[["layer", "head", "mode_p", "mode_q"]]
