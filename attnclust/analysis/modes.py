@@ -306,10 +306,10 @@ def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MO
             if not np.isfinite(x).all():
                 rows.append((layer, head, np.nan, np.nan, np.nan, np.nan))
                 continue
-            modes = fit_modes(x, seed=seed)
-            correct = mode_correct(modes, label_sets, fold)
+            assigned = fit_modes(x, seed=seed)
+            correct = mode_correct(assigned, label_sets, fold)
             p = (1 + int((correct[1:] >= correct[0]).sum())) / (1 + permutations)
-            rows.append((layer, head, int(modes.max()) + 1, correct[0] / n, baseline, p))
+            rows.append((layer, head, int(assigned.max()) + 1, correct[0] / n, baseline, p))
     table = pd.DataFrame(rows, columns=["layer", "head", "mode_k", "mode_accuracy", "mode_baseline", "mode_p"])
     table["mode_q"] = bh_qvalues(table["mode_p"].to_numpy(np.float64))
     table = table.astype({c: np.float64 for c in MODE_COLUMNS})
