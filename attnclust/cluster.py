@@ -125,8 +125,8 @@ class FittedClusters:
     k_scores_
         Silhouette score per candidate k, for reference (empty when k was given); k is chosen by ``k_stability_``.
     k_separated_
-        Tied candidate k -> whether its partition of the stability sample is separated (:func:`is_separated`);
-        empty when k was given.
+        Tied candidate k -> whether its partition of the stability sample is separated (:func:`is_separated`),
+        for the candidates checked (from the largest down to the first separated one); empty without a tie.
     k_stability_
         Split-half stability per candidate k: the ARI of each split, shape (split,), twice as many splits for a
         contender (empty when k was given).
@@ -381,9 +381,7 @@ def choose_k(stability: dict[int, np.ndarray], tolerance: float) -> int:
     if not stability:
         raise ConfigError("config cluster.k auto: every candidate k collapsed to one cluster; the maps are all "
                           "alike, give k explicitly")
-    median = {k: round(float(np.median(v)), 6) for k, v in stability.items()}
-    best = max(median.values())
-    return max(k for k, m in median.items() if m >= round(best - tolerance, 6))
+    return max(tied_candidates(stability, tolerance))
 
 
 def tied_candidates(stability: dict[int, np.ndarray], tolerance: float) -> list[int]:
@@ -621,14 +619,16 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
             zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
             random_state=cfg.random_state + 4, refine=2 * cfg.stability_tolerance, backend=backend,
             on_step=on_step)
+        k = choose_k(fitted.k_stability_, cfg.stability_tolerance)  # the largest tied candidate
         tied = tied_candidates(fitted.k_stability_, cfg.stability_tolerance)
-        if len(tied) > 1:
+        if len(tied) > 1:  # the largest separated one, checked from the top down; none: the largest tied
             with _step(on_step, f"separation of {len(tied)} tied candidates"):
-                fitted.k_separated_ = {k: is_separated(zs, _kmeans_labels(backend, zs, zs, k, cfg.random_state + 6,
-                                                                          cfg.n_init))
-                                       for k in tied}
-        separated = [k for k in tied if fitted.k_separated_.get(k, False)]
-        k = max(separated) if separated else choose_k(fitted.k_stability_, cfg.stability_tolerance)
+                for candidate in reversed(tied):
+                    labels = _kmeans_labels(backend, zs, zs, candidate, cfg.random_state + 6, cfg.n_init)
+                    fitted.k_separated_[candidate] = is_separated(zs, labels)
+                    if fitted.k_separated_[candidate]:
+                        k = candidate
+                        break
         lap("choose_k")
         with _step(on_step, f"silhouette of {len(fitted.k_stability_)} candidates (for reference)"):
             fitted.k_scores_ = _silhouette_scores(z, sorted(fitted.k_stability_), cfg, backend)

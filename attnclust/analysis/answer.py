@@ -240,9 +240,7 @@ def answer_attention(ctx: HeadContext, *, max_features: int = MAX_FEATURES) -> p
 
 def _cached(ctx: HeadContext) -> pd.DataFrame:
     """:func:`answer_attention` once per context (two registered analyses share it)."""
-    if _CACHE not in ctx.extra:
-        ctx.extra[_CACHE] = answer_attention(ctx)
-    return ctx.extra[_CACHE]
+    return ctx.shared(_CACHE, answer_attention)
 
 
 @head_analysis("answer_attention", columns=ANSWER_COLUMNS, unit="ratio",

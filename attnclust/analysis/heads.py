@@ -72,6 +72,13 @@ class HeadContext:
     k: int
     extra: dict = field(default_factory=dict)
 
+    def shared(self, key: str, compute: Callable[[HeadContext], Any]) -> Any:
+        """``compute(self)`` once per context, kept in :attr:`extra` under ``key``: several registered analyses
+        that share one pass over the store (or one fit) call it with the same key."""
+        if key not in self.extra:
+            self.extra[key] = compute(self)
+        return self.extra[key]
+
 
 HEAD_ANALYSES: dict[str, HeadAnalysis] = {}
 """Registered head analyses by name, in registration order."""

@@ -380,9 +380,7 @@ _DESCRIPTION = (f"per head, its question vectors clustered into modes (KMeans, k
 
 def _cached(ctx: HeadContext) -> pd.DataFrame:
     """:func:`modes` once per context (three registered analyses, one unit each, share it)."""
-    if _CACHE not in ctx.extra:
-        ctx.extra[_CACHE] = modes(ctx)
-    return ctx.extra[_CACHE]
+    return ctx.shared(_CACHE, modes)
 
 
 @head_analysis("modes", columns=("mode_k",), unit="modes", description=f"{_DESCRIPTION}: the number of modes")

@@ -177,9 +177,7 @@ def decoder_heads(ctx: HeadContext, *, max_features: int = MAX_FEATURES) -> pd.D
 
 def _cached(ctx: HeadContext) -> pd.DataFrame:
     """:func:`decoder_heads` once per context (two registered analyses share its pass over the store)."""
-    if _CACHE not in ctx.extra:
-        ctx.extra[_CACHE] = decoder_heads(ctx)
-    return ctx.extra[_CACHE]
+    return ctx.shared(_CACHE, decoder_heads)
 
 
 @head_analysis("retrieval", columns=RETRIEVAL_COLUMNS, unit="share",

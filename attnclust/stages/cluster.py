@@ -176,8 +176,9 @@ def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
     dict
         ``k``; ``k_selection`` (``stability`` or ``given``); ``k_stability`` (candidate k as text -> ``median``,
         ``mean``, ``std``, ``min``, ``max`` and ``splits``, the ARI of every split; empty when k was given);
-        ``k_scores`` (candidate k -> silhouette, for reference); ``k_separated`` (each candidate tied for the best
-        stability -> whether its clusters have density gaps to their nearest ones; empty without a tie);
+        ``k_scores`` (candidate k -> silhouette, for reference); ``k_separated`` (the candidates tied for the best
+        stability that were checked, from the largest down to the first separated one -> whether its clusters have
+        density gaps to their nearest ones; empty without a tie);
         ``stability`` (how it was measured: ``maps``,
         ``examples``, ``splits``, ``tolerance``, ``seed``, ``resamples``, ``n_init``); ``cluster_stability`` and
         ``cluster_dissolved`` (lists indexed by cluster id: the mean best bootstrap Jaccard, and the share of
