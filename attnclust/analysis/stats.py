@@ -90,33 +90,61 @@ class MapBatch:
         Attention cropped to the feature's true length ``n`` (any leading dims work).
     sep, punct : numpy.ndarray of bool, shape (key,)
     segment_ids : numpy.ndarray of int, shape (key,)
+    rows : dict, optional
+        Row sums of these maps computed elsewhere in one pass (the extract stage's, shared with the ``profile``
+        vectors), each (..., query) float32 (NumPy or torch): ``mass`` (..., query, 2 + segments) as
+        :attr:`mass`, ``entropy`` ``-sum A log A`` (nats), ``peak`` the largest weight, ``distance``
+        ``sum A |query - key|``. The statistics then read these instead of the maps.
     """
 
-    def __init__(self, maps, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray):
+    def __init__(self, maps, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray, rows: dict | None = None):
         import torch
 
         self.a = maps.float()
         self.n = int(self.a.shape[-1])
         self.lead = tuple(self.a.shape[:-2])
-        self.sep = torch.from_numpy(np.array(sep, bool))
-        self.punct = torch.from_numpy(np.array(punct, bool))
-        self.seg = torch.from_numpy(np.array(segment_ids, dtype=np.int64))
+        device = self.a.device
+        self.sep = torch.from_numpy(np.array(sep, bool)).to(device)
+        self.punct = torch.from_numpy(np.array(punct, bool)).to(device)
+        self.seg = torch.from_numpy(np.array(segment_ids, dtype=np.int64)).to(device)
+        self.rows = {}
+        for name, values in (rows or {}).items():  # (map, ...) from a flat pass -> (layer, head, ...)
+            t = torch.as_tensor(values, device=device)
+            self.rows[name] = t.reshape(*self.lead, *(t.shape[-2:] if name == "mass" else t.shape[-1:]))
 
     def zeros(self):
         """A (layer, head) tensor of zeros (for statistics undefined at length 1)."""
         import torch
 
-        return torch.zeros(self.lead)
+        return torch.zeros(self.lead, device=self.a.device)
 
     @cached_property
     def mass(self):
-        """(..., query, 2 + segments): mass on [SEP], on punctuation, and on each segment, per query row."""
+        """(..., query, 2 + segments): mass on [SEP], on punctuation, and on each segment (in increasing id),
+        per query row."""
         import torch
 
         segments = torch.unique(self.seg)
-        masks = torch.stack([self.sep, self.punct, *[self.seg == s for s in segments]], dim=1).float()
         self._segments = segments
+        if "mass" in self.rows:
+            return self.rows["mass"]
+        masks = torch.stack([self.sep, self.punct, *[self.seg == s for s in segments]], dim=1).float()
         return self.a @ masks
+
+    @cached_property
+    def peak(self):
+        """(..., query): each row's largest weight."""
+        return self.rows["peak"] if "peak" in self.rows else self.a.amax(-1)
+
+    @cached_property
+    def distance(self):
+        """(..., query): ``sum_j A |query - j|``, the distance a row reaches on average."""
+        import torch
+
+        if "distance" in self.rows:
+            return self.rows["distance"]
+        idx = torch.arange(self.n, device=self.a.device)
+        return (self.a * (idx[:, None] - idx[None, :]).abs().float()).sum(-1)
 
     @cached_property
     def own_segment_mass(self):
@@ -129,6 +157,8 @@ class MapBatch:
         """(...): mean over query rows of ``-sum_j A log A`` (nats, 0 log 0 = 0)."""
         import torch
 
+        if "entropy" in self.rows:
+            return self.rows["entropy"].mean(-1)
         plogp = torch.log(self.a.clamp_min(1e-30)).mul_(self.a)
         return -plogp.sum(-1).mean(-1)
 
@@ -215,7 +245,7 @@ def local_keys(n) -> np.ndarray:
 
 @statistic("confidence", unit="share", description="mean of each row's largest weight (Voita et al. 2019)")
 def _confidence(b: MapBatch):
-    return b.a.amax(-1).mean(-1)
+    return b.peak.mean(-1)
 
 
 @statistic("own_segment", unit="share",
@@ -226,13 +256,11 @@ def _own_segment(b: MapBatch):
 
 @statistic("mean_offset", unit="tokens", description="expected distance |query - key| under the row's weights")
 def _mean_offset(b: MapBatch):
-    import torch
-
-    offsets = (torch.arange(b.n)[:, None] - torch.arange(b.n)[None, :]).abs().float()
-    return (b.a * offsets).sum(-1).mean(-1)
+    return b.distance.mean(-1)
 
 
-def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray) -> dict[str, np.ndarray]:
+def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray,
+                   rows: dict | None = None) -> dict[str, np.ndarray]:
     """Every registered statistic of every map of one feature.
 
     Parameters
@@ -244,6 +272,8 @@ def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.
         (key,) boolean masks of separator and punctuation tokens.
     segment_ids
         (key,) segment of each token.
+    rows
+        Row sums of the same maps computed in one pass elsewhere (see :class:`MapBatch`), or ``None``.
 
     Returns
     -------
@@ -257,5 +287,5 @@ def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.
     if a.shape[-2] != n or len(sep) != n or len(punct) != n or len(segment_ids) != n:
         raise ValueError(f"map_statistics: maps {tuple(a.shape[-2:])} and masks ({len(sep)}, {len(punct)}, "
                          f"{len(segment_ids)}) must all have the feature's length")
-    batch = MapBatch(a, sep, punct, segment_ids)
-    return {name: s.compute(batch).numpy().astype(np.float32) for name, s in STATISTICS.items()}
+    batch = MapBatch(a, sep, punct, segment_ids, rows)
+    return {name: s.compute(batch).cpu().numpy().astype(np.float32) for name, s in STATISTICS.items()}

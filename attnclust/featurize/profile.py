@@ -57,7 +57,7 @@ import numpy as np
 from .base import TokenContext
 
 __all__ = ["FAR_FRACTIONS", "OFFSETS", "PROFILE_COMPONENTS", "SPREAD_WEIGHT", "ProfileFeaturizer",
-           "component_weights", "profile_maps"]
+           "component_weights", "profile_maps", "profile_tensor"]
 
 OFFSETS = 3
 """Relative offsets ``-OFFSETS .. +OFFSETS`` get one component each."""
@@ -86,27 +86,25 @@ def _length_constants(n: int, offsets: int, far: tuple[float, ...], device):
 
     Returns
     -------
-    index : torch.Tensor
-        (entry,) int64 flat ``query * n + key`` indices of the diagonals ``-offsets .. offsets``, one after the
-        other, each in query order.
     sizes : list of int
-        The number of entries of each diagonal.
+        The number of entries of each offset diagonal ``-offsets .. offsets``.
     beyond : torch.Tensor
-        (query, key, far) float32 indicator of ``|query - key| > f n``.
+        (query, key, far + 1) float32: the indicators of ``|query - key| > f n``, then ``|query - key|`` itself
+        (its row sums give the mean distance a row reaches, a per-map statistic; the profile does not use it).
     """
     import torch
 
-    qs = [np.arange(max(0, -d), max(max(0, -d), n - max(0, d))) for d in range(-offsets, offsets + 1)]
-    index = np.concatenate([q * n + q + d for q, d in zip(qs, range(-offsets, offsets + 1))]).astype(np.int64)
+    sizes = [max(0, n - abs(d)) for d in range(-offsets, offsets + 1)]
     idx = torch.arange(n, device=device)
     dist = (idx[:, None] - idx[None, :]).abs()
-    beyond = torch.stack([dist > f * n for f in far], dim=-1).float()
-    return torch.from_numpy(index).to(device), [len(q) for q in qs], beyond
+    beyond = torch.stack([*(dist > f * n for f in far), dist], dim=-1).float()
+    return sizes, beyond
 
 
-def _as_float32(maps: np.ndarray, device):
-    """(map, query, key) maps as a float32 torch tensor on ``device``, sharing float32 input's memory (the
-    profile only reads it); float16, float64 and uint8 are converted by torch (faster than NumPy for float16)."""
+def _as_tensor(maps: np.ndarray):
+    """(map, query, key) NumPy maps as a CPU torch tensor sharing their memory (the profile only reads it):
+    float32, float16, float64 and uint8 as they are (each batch is converted to float32 by torch, faster than
+    NumPy for float16), other dtypes converted to float32 first."""
     import torch
 
     maps = np.ascontiguousarray(maps)
@@ -114,8 +112,7 @@ def _as_float32(maps: np.ndarray, device):
         maps = maps.astype(np.float32)
     with warnings.catch_warnings():  # read-only input (a memory map, a zarr read) is fine: nothing writes to it
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        t = torch.from_numpy(maps)
-    return t.to(device=device, dtype=torch.float32)
+        return torch.from_numpy(maps)
 
 
 def _key_masks(context: TokenContext) -> np.ndarray:
@@ -149,7 +146,7 @@ def _batches(row: np.ndarray, step: int, min_run: int | None) -> list[tuple[int,
     return [(int(b0), int(b1), r) for b0, b1, r in batches]
 
 
-def _row_sums(a, masks, index, beyond, scratch, keyed=None) -> tuple[np.ndarray, ...]:
+def _row_sums(a, masks, offsets, beyond, scratch, keyed=None) -> tuple[np.ndarray, ...]:
     """The passes over one batch of maps: per-row sums of the raw (not renormalised) weights.
 
     Four or five passes read the maps and none writes them: the key masks (row sums, [CLS], [SEP], punctuation,
@@ -160,10 +157,12 @@ def _row_sums(a, masks, index, beyond, scratch, keyed=None) -> tuple[np.ndarray,
     Parameters
     ----------
     a
-        (map, query, key) float32 tensor, read only.
+        (map, query, key) float32 tensor, read only (a strided view is fine: nothing reshapes it).
     masks
         (map, key, mask) float32 from :func:`_key_masks`, one per map (unused when ``keyed`` is given).
-    index, beyond
+    offsets
+        The diagonals ``-offsets .. offsets`` are gathered.
+    beyond
         From :func:`_length_constants`.
     scratch
         A float32 tensor of ``a``'s shape that the function overwrites.
@@ -174,20 +173,19 @@ def _row_sums(a, masks, index, beyond, scratch, keyed=None) -> tuple[np.ndarray,
     Returns
     -------
     tuple of numpy.ndarray
-        float32 ``mass`` (map, query, mask) the row sums under each key mask, ``far`` (map, query, far) under
-        each far indicator, ``diagonal`` (map, entry) the weights on the offset diagonals, ``peak`` (map, query)
+        float32 ``mass`` (map, query, mask) the row sums under each key mask, ``far`` (map, query, far + 1)
+        under each far indicator and weighted by ``|query - key|``, ``diagonal`` (map, entry) the weights on the offset diagonals, ``peak`` (map, query)
         the row maxima and ``alog2a`` (map, query) ``sum A log2 A`` (``0 log 0 = 0``).
     """
     import torch
 
-    b, n, _ = a.shape
     by_query = a.transpose(0, 1)  # (query, map, key): one product per query, over the batch
     if keyed is not None:
         both = torch.bmm(by_query, keyed).transpose(0, 1)  # (map, query, mask + far)
         mass, far = both.split([keyed.shape[-1] - beyond.shape[-1], beyond.shape[-1]], dim=-1)
     else:
         mass, far = torch.bmm(a, masks), torch.bmm(by_query, beyond).transpose(0, 1)
-    diagonal = a.reshape(b, n * n).index_select(1, index)
+    diagonal = torch.cat([a.diagonal(d, dim1=1, dim2=2) for d in range(-offsets, offsets + 1)], dim=1)
     peak = a.amax(-1)
     # log2 is several times faster than log on CPU; a zero weight gives 0 * -inf = nan, and nansum drops it
     alog2a = torch.log2(a, out=scratch).mul_(a).nansum(-1)
@@ -217,7 +215,7 @@ def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes)
             offsets[:, j] = np.einsum("mq,mq->m", diagonal[:, e0:e0 + size], scale[:, q0:q0 + size]) / size
         e0 += size
     where = (weight @ mass[..., 1:5])[:, 0]  # [CLS], [SEP], punctuation, last
-    far_cols = (weight @ far)[:, 0]
+    far_cols = (weight @ far[..., :-1])[:, 0]  # the last column is the distance (a statistic's)
 
     own_share = np.take_along_axis(count / n, segment, -1)  # (map, query): keys in the query's own segment
     own = np.clip(np.take_along_axis(mass[..., 5:], segment[..., None], -1)[..., 0] * scale, 0, 1)
@@ -246,7 +244,7 @@ def component_weights(offsets: int = OFFSETS, far: tuple[float, ...] = FAR_FRACT
 def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offsets: int = OFFSETS,
                  far: tuple[float, ...] = FAR_FRACTIONS, weighted: bool = True, excess: bool = True,
                  device: str = "cpu") -> np.ndarray:
-    """Profile vectors of maps of one true length.
+    """Profile vectors of maps of one true length (NumPy maps: :func:`profile_tensor` on a view of them).
 
     Parameters
     ----------
@@ -279,11 +277,55 @@ def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offse
     ValueError
         Maps that are not square, or a context for other maps or another length.
     """
-    import torch
-
     maps = np.asarray(maps)
     if maps.ndim != 3 or maps.shape[1] != maps.shape[2]:
         raise ValueError(f"profile_maps: maps must be (map, query, key) with query == key, got {maps.shape}")
+    return profile_tensor(_as_tensor(maps), context, offsets=offsets, far=far, weighted=weighted, excess=excess,
+                          device=device)
+
+
+def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = OFFSETS,
+                   far: tuple[float, ...] = FAR_FRACTIONS, weighted: bool = True, excess: bool = True,
+                   device=None, return_rows: bool = False):
+    """Profile vectors of maps of one true length, given as a torch tensor (the one implementation:
+    :func:`profile_maps` goes through it, and the extract stage calls it on each feature's maps in the
+    forward's batch, on the model's device).
+
+    Parameters
+    ----------
+    maps : torch.Tensor
+        (map, query, key) attention of one true length ``n``, float32 (or float16, bfloat16, float64, uint8:
+        read as float32 batch by batch). Only read, never copied when float32 on ``device``: a strided view
+        (such as the maps of one feature cropped out of a padded batch, reshaped to (map, query, key)) works.
+    context, offsets, far, weighted, excess
+        As in :func:`profile_maps`.
+    device
+        torch device the arithmetic runs on; ``None``: the device ``maps`` is on.
+    return_rows
+        Also return the row sums the vectors were computed from (for per-map statistics of the same maps
+        without reading them again).
+
+    Returns
+    -------
+    vectors : numpy.ndarray
+        (map, dim) float32 (see :func:`profile_maps`).
+    rows : dict of numpy.ndarray
+        Only with ``return_rows``: float32 sums of each row's raw weights, (map, query) or (map, query, column):
+        ``mass`` under the key masks (all keys, [CLS], [SEP], punctuation, last, then each segment in
+        increasing id), ``far`` beyond each of ``far``, ``distance`` ``sum A |query - key|``, ``peak`` the
+        row maximum and ``alog2a`` ``sum A log2 A``.
+
+    Raises
+    ------
+    ValueError
+        Maps that are not square, or a context for other maps or another length.
+    """
+    import torch
+
+    if maps.ndim != 3 or maps.shape[1] != maps.shape[2]:
+        raise ValueError(f"profile_tensor: maps must be (map, query, key) with query == key, got "
+                         f"{tuple(maps.shape)}")
+    device = maps.device if device is None else torch.device(device)
     m, n = maps.shape[0], maps.shape[-1]
     dim = 2 * offsets + 1 + 7 + len(far)
     if m == 0:
@@ -297,36 +339,44 @@ def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offse
     count = key_masks[..., 5:].sum(1, dtype=np.float64)  # (row, segment)
     row = np.asarray(ctx.row, np.int64)
     masks, rows = torch.from_numpy(key_masks).to(device), torch.from_numpy(row).to(device)
-    index, sizes, beyond = _length_constants(n, offsets, far, device)
+    sizes, beyond = _length_constants(n, offsets, far, device)
     # On the CPU, a run of maps that share a mask row (the layer x head maps of one feature) gets one product per
     # query for the masks and the far mass together, the fastest way; other maps, and all on a GPU, a product per
     # map for the masks and one per query for the far mass. One CPU thread (a Dask worker's): batches of a dozen
-    # or two maps. Several: 16 MB batches, and runs only when they fill half of one; every torch operation
-    # synchronises the threads, and on a loaded machine each one can wait for a scheduler slice.
-    on_cpu = torch.device(device).type == "cpu"
+    # or two maps. Several: 16 MB batches, and runs only when they fill half of one (or are all the maps: one
+    # feature's, from the extract stage); every torch operation synchronises the threads, and on a loaded
+    # machine each one can wait for a scheduler slice.
+    on_cpu = device.type == "cpu"
     step = max(1, (_BATCH_FLOATS if on_cpu else _BATCH_FLOATS_GPU) // (n * n))
     if on_cpu and torch.get_num_threads() == 1:
         step, min_run = min(step, _BATCH_MAPS_ONE_THREAD), _MIN_RUN
     else:
-        min_run = max(_MIN_RUN, step // 2) if on_cpu else None
+        min_run = (1 if row.min() == row.max() else max(_MIN_RUN, step // 2)) if on_cpu else None
     scratch = torch.empty((min(step, m), n, n), dtype=torch.float32, device=device)
     keyed = torch.cat([masks.new_zeros(n, n, masks.shape[-1]), beyond], dim=-1) if on_cpu else None
-    out, keyed_row = [], None
+    out, keyed_row, kept = [], None, []
     with torch.inference_mode():
         for b0, b1, shared in _batches(row, step, min_run):
-            a = _as_float32(maps[b0:b1], device)
+            a = maps[b0:b1].to(device=device, dtype=torch.float32)
             if shared is None:
-                sums = _row_sums(a, masks[rows[b0:b1]], index, beyond, scratch[:b1 - b0])
+                sums = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0])
             else:
                 if shared != keyed_row:  # (query, key, mask + far): this mask row for every query, its far keys
                     keyed_row = shared
                     keyed[..., :masks.shape[-1]] = masks[shared]
-                sums = _row_sums(a, None, index, beyond, scratch[:b1 - b0], keyed)
+                sums = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes))
+            if return_rows:
+                kept.append(sums)
     vectors = np.concatenate(out)
     if excess:
         vectors = _excess_over_uniform(vectors, key_masks[row], offsets)
-    return vectors * component_weights(offsets, far) if weighted else vectors
+    vectors = vectors * component_weights(offsets, far) if weighted else vectors
+    if not return_rows:
+        return vectors
+    mass, reach, _, peak, alog2a = (np.concatenate(parts) for parts in zip(*kept))
+    return vectors, {"mass": mass, "far": reach[..., :-1], "distance": reach[..., -1], "peak": peak,
+                     "alog2a": alog2a}
 
 
 def _excess_over_uniform(vectors: np.ndarray, masks: np.ndarray, offsets: int) -> np.ndarray:

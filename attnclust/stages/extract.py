@@ -31,7 +31,7 @@ from ..store import atomic_write_parquet, create_attention_store, mark_store_com
 from .base import RunContext, Stage
 
 PROFILE_VERSION = _Profile.version
-"""Version of the ``profile`` vectors a compact store holds (checked by the featurize stage)."""
+"""Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
 __all__ = ["ExtractStage", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
            "prepare_inputs", "shard_features", "store_bytes"]
@@ -241,15 +241,17 @@ def _worker_threads() -> int | None:
 def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu") -> dict:
     """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
 
-    The forward of batch ``i + 1`` runs while one worker thread converts batch ``i``'s maps (float16/uint8, or
-    the compact rows and profile vectors of ``extract.store: compact``), computes their statistics and fills the
-    shard (``extract.overlap``; by default only when ``device`` is a GPU); a batch's maps are cropped and cast in torch straight into the shard.
+    Each batch's maps are converted where the forward left them, feature by feature on views of the batch
+    (:class:`_ShardFiller`): one pass of row sums gives the ``profile`` vectors and the statistics, then the maps
+    are cast straight into the shard (float16/uint8, or the compact rows of ``extract.store: compact``). With
+    ``extract.overlap`` (by default only when ``device`` is a GPU) one worker thread converts batch ``i`` while
+    the forward of batch ``i + 1`` runs.
 
     Returns
     -------
     dict
         ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes and
-        ``convert_seconds`` spent converting and filling (overlapped with the forwards when
+        ``convert_seconds`` spent on profile vectors, statistics, conversion and the shard write (overlapped with the forwards when
         ``extract.overlap`` is on).
     """
     from concurrent.futures import ThreadPoolExecutor
@@ -280,10 +282,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         start_logits, end_logits = result.start_logits, result.end_logits
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
-            maps = attn[i, :, :, :m, :m]
-            fill(row, maps)
-            sep, punct, seg = token_masks(row.tokens, row.segment_ids)
-            stat_rows.append(map_statistics(maps, sep=sep, punct=punct, segment_ids=seg))
+            stat_rows.append(fill(row, attn[i, :, :, :m, :m]))
             if causal:  # the answer's log-probabilities (qa/prompting.py scores the generated text)
                 qa_rows.append({"feature_id": row.feature_id,
                                 "token_logprobs": result.token_logprobs[i, :m].astype(np.float32)})
@@ -330,9 +329,11 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
 class _ShardFiller:
     """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
 
-    The maps are cast by torch straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store
-    each row's largest weights (:func:`~attnclust.store.compact_maps`) plus the ``profile`` featurizer's
-    vectors of the exact maps.
+    For each feature, in torch where its maps are (the forward's batch) and without copying them: one pass of
+    row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.featurize.profile.profile_tensor`,
+    stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
+    then the maps are cast straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store each
+    row's largest weights (:func:`~attnclust.store.compact_maps`).
     """
 
     def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, cfg: JobConfig, device: str):
@@ -345,38 +346,46 @@ class _ShardFiller:
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
         self.quantise = dtype == torch.uint8
         self.compact = store.attrs.get("compact") if store.mode == "compact" else None
-        self.profile = None if self.compact is None else \
-            np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
+        self.profile = np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
 
-    def __call__(self, row, maps) -> None:
-        """Put one feature's exact maps, (layer, head, query, key) float32 at its true length, into the shard."""
+    def __call__(self, row, maps) -> dict[str, np.ndarray]:
+        """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
+        batch), into the shard and its profile vectors into :attr:`profile`; return its statistics."""
+        import math
+
+        from ..featurize import TokenContext
+        from ..featurize.profile import profile_tensor
+
         t0 = time.perf_counter()
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
+        layers, heads = maps.shape[:2]
+        tokens, segments = list(row.tokens), list(row.segment_ids)
+        context = TokenContext.from_tokens([tokens], [segments], maps_per_row=layers * heads)
+        vectors, sums = profile_tensor(maps.reshape(layers * heads, m, m), context, return_rows=True)
+        self.profile[j] = vectors.reshape(layers, heads, -1)
+        sep, punct, seg = token_masks(tokens, segments)
+        mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
+        rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
+                "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
+        stats = map_statistics(maps, sep=sep, punct=punct, segment_ids=seg, rows=rows)
         if self.compact is not None:
-            from ..featurize import TokenContext
-            from ..featurize.profile import profile_maps
             from ..store import compact_maps
 
             self.shard[j, :, :, :m, :m] = compact_maps(maps, mass=float(self.compact["mass"]),
                                                        max_keys=self.compact["max_keys"]).cpu()
-            layers, heads = maps.shape[:2]
-            context = TokenContext.from_tokens([list(row.tokens)], [list(row.segment_ids)],
-                                               maps_per_row=layers * heads)
-            flat = np.asarray(maps.reshape(layers * heads, m, m).cpu())
-            self.profile[j] = profile_maps(flat, context, device=self.device).reshape(layers, heads, -1)
         elif self.quantise:
             self.shard[j, :, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
         else:
             self.shard[j, :, :, :m, :m] = maps.cpu()  # cast to float16 in the copy
         self.seconds += time.perf_counter() - t0
+        return stats
 
     def write(self) -> None:
-        """Write the whole shard (and the profile vectors of a compact store) for features ``start:stop``."""
+        """Write the whole shard and its profile vectors for features ``start:stop``."""
         t0 = time.perf_counter()
         # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
         self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
-        if self.profile is not None:
-            self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
+        self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
         self.seconds += time.perf_counter() - t0
 
 
@@ -406,8 +415,7 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         profile_dim=len(PROFILE_COMPONENTS),
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
-               **({"profile": {"featurizer": "profile", "version": PROFILE_VERSION}}
-                  if cfg.extract.store == "compact" else {}),
+               "profile": {"featurizer": "profile", "version": PROFILE_VERSION},
                **({"model_kind": "causal"} if model_info.get("kind") == "causal" else {})},
     )
     return store.blocks(), set()

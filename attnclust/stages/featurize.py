@@ -5,9 +5,11 @@
 so no two tasks share a chunk. The featurizer is looked up in the registry (:mod:`attnclust.featurize`); one
 that declares ``uses_context`` also gets the token masks of its maps, read from ``features.parquet``.
 
-On a compact store (``extract.store: compact``) ``profile`` reads the vectors the extract task computed from
-the exact maps (no map is read); any other featurizer works on the reconstructed maps, which keep only each
-row's largest weights (``extract.compact_mass`` of the row), and the stage says so in one note.
+``profile`` reads the vectors the extract task computed from the exact maps whenever the store holds them at
+this featurizer's version (:func:`stored_profile`: every store attnclust writes; no map is read). Other stores
+(a full store of another tool or an older attnclust) are featurized from their maps. On a compact store
+(``extract.store: compact``) any other featurizer works on the reconstructed maps, which keep only each row's
+largest weights (``extract.compact_mass`` of the row), and the stage says so in one note.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from ..store import EMBED_SCHEMA, open_attention_store, open_embedding, read_fea
 from .base import RunContext, Stage
 
 __all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding",
-           "read_block_tokens"]
+           "read_block_tokens", "stored_profile"]
+
+
+def stored_profile(store, method: str) -> bool:
+    """Whether featurizing ``store`` with ``method`` copies the ``profile`` vectors computed at extraction: the
+    method is ``profile`` and the store holds vectors of this featurizer's version (attribute ``profile``)."""
+    if method != "profile" or store.profile is None:
+        return False
+    return (store.attrs.get("profile") or {}).get("version") == get_featurizer("profile").version
 
 
 
@@ -96,14 +106,14 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
     """Featurize the maps of features ``start:stop`` (one store shard) into rows of ``embedding``.
 
     A featurizer that declares ``uses_context`` also gets the token masks of each map's feature
-    (:class:`~attnclust.featurize.TokenContext`, from ``features.parquet``). On a compact store ``profile``
-    copies the vectors computed at extraction.
+    (:class:`~attnclust.featurize.TokenContext`, from ``features.parquet``). ``profile`` copies the vectors
+    computed at extraction when the store holds them (:func:`stored_profile`).
     """
     layout = RunLayout(root)
     store = open_attention_store(layout.attention, require_complete=True)
     featurizer = get_featurizer(cfg.method)
     L, H = store.n_layers, store.n_heads
-    if store.mode == "compact" and cfg.method == "profile":  # computed from the exact maps at extraction
+    if stored_profile(store, cfg.method):  # computed from the exact maps at extraction
         _write_rows(layout, start, stop, L, H, store.read_profile(start, stop).reshape(stop - start, L * H, -1))
         return {"block": block, "maps": (stop - start) * L * H}
     maps = store.read_block(start, stop)  # (feature, layer, head, q, k) cropped to the block's longest

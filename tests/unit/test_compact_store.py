@@ -148,15 +148,19 @@ def test_settings_are_in_the_fingerprint_and_pooled_reads_the_reconstruction(tmp
     assert emb.shape == (store.n_features * store.n_layers * store.n_heads, 16) and np.isfinite(emb).all()
 
 
-def test_full_store_has_no_profile_and_a_compact_store_without_one_is_refused(tmp_path):
+def test_a_full_store_without_profile_opens_and_a_compact_store_without_one_is_refused(tmp_path):
     import shutil
 
     seq = np.array([3, 4], np.int32)
     full = create_attention_store(tmp_path / "f.zarr", seq_len=seq, num_layers=1, num_heads=2,
                                   features_per_task=2, attrs={})
-    assert full.mode == "full" and full.profile is None
+    assert full.mode == "full" and full.profile.shape == (2, 1, 2, 17)   # attnclust writes it in every store
+    bare = create_attention_store(tmp_path / "b.zarr", seq_len=seq, num_layers=1, num_heads=2,
+                                  features_per_task=2, attrs={}, profile_dim=None)   # as another tool writes it
+    opened_bare = open_attention_store(bare.path, require_complete=False)
+    assert opened_bare.mode == "full" and opened_bare.profile is None
     with pytest.raises(StoreError, match="full store holds no precomputed profile"):
-        full.read_profile(0, 1)
+        opened_bare.read_profile(0, 1)
     compact = create_attention_store(tmp_path / "c.zarr", seq_len=seq, num_layers=1, num_heads=2,
                                      features_per_task=2, attrs={}, mode="compact")
     opened = open_attention_store(compact.path, require_complete=False)
