@@ -34,7 +34,7 @@ PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
 __all__ = ["ExtractStage", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
-           "prepare_inputs", "shard_features", "store_bytes"]
+           "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes"]
 
 
 def file_sha256(path: Path) -> str:
@@ -326,6 +326,41 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             "forward_seconds": forward_s, "convert_seconds": fill.seconds}
 
 
+def profile_and_statistics(maps, tokens: list, segment_ids: list) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The ``profile`` vectors and the per-map statistics of one feature's maps from one pass over them.
+
+    Parameters
+    ----------
+    maps : torch.Tensor
+        (layer, head, query, key) float32 exact attention at the feature's true length ``n``, on any device; a
+        view cropped out of the forward's padded batch is read in place (never copied).
+    tokens, segment_ids
+        The feature's ``n`` tokens and segment ids.
+
+    Returns
+    -------
+    vectors : numpy.ndarray
+        (layer, head, component) float32: :func:`~attnclust.featurize.profile.profile_tensor` of the maps.
+    statistics : dict
+        :func:`~attnclust.analysis.stats.map_statistics` of the maps, the row sums they share with the profile
+        (masses, entropy, largest weight, distance) taken from the profile's pass.
+    """
+    import math
+
+    from ..featurize import TokenContext
+    from ..featurize.profile import profile_tensor
+
+    layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
+    context = TokenContext.from_tokens([tokens], [segment_ids], maps_per_row=layers * heads)
+    vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), context, return_rows=True)
+    sep, punct, seg = token_masks(tokens, segment_ids)
+    mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
+    rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
+            "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
+    return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=sep, punct=punct, segment_ids=seg,
+                                                              rows=rows)
+
+
 class _ShardFiller:
     """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
 
@@ -351,23 +386,9 @@ class _ShardFiller:
     def __call__(self, row, maps) -> dict[str, np.ndarray]:
         """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
         batch), into the shard and its profile vectors into :attr:`profile`; return its statistics."""
-        import math
-
-        from ..featurize import TokenContext
-        from ..featurize.profile import profile_tensor
-
         t0 = time.perf_counter()
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
-        layers, heads = maps.shape[:2]
-        tokens, segments = list(row.tokens), list(row.segment_ids)
-        context = TokenContext.from_tokens([tokens], [segments], maps_per_row=layers * heads)
-        vectors, sums = profile_tensor(maps.reshape(layers * heads, m, m), context, return_rows=True)
-        self.profile[j] = vectors.reshape(layers, heads, -1)
-        sep, punct, seg = token_masks(tokens, segments)
-        mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
-        rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
-                "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
-        stats = map_statistics(maps, sep=sep, punct=punct, segment_ids=seg, rows=rows)
+        self.profile[j], stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids))
         if self.compact is not None:
             from ..store import compact_maps
 

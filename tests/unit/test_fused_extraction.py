@@ -1,0 +1,180 @@
+"""The extract stage's fused pass against the separate computations it replaced: the ``profile`` vectors and the
+per-map statistics from one set of row sums on a view of the forward's padded batch (vs ``profile_maps`` on a
+copy, loops over rows, and ``map_statistics`` reading the maps), the compact rows (vs the sort-and-scatter
+``compact_maps`` it replaced, kept here as the reference), and the featurize stage reading the stored vectors of
+a full store (vs featurizing its maps). Planted maps and real maps of the packaged MiniLM."""
+
+import shutil
+
+import numpy as np
+import pytest
+from test_profile import brute_force_profile
+
+from attnclust.analysis.stats import map_statistics, token_masks
+from attnclust.featurize import TokenContext
+from attnclust.featurize.profile import profile_maps, profile_tensor
+from attnclust.stages.extract import profile_and_statistics
+from attnclust.store import compact_maps
+from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_tokens
+
+
+def reference_compact_maps(maps, *, mass: float, max_keys: int | None = None):
+    """``compact_maps`` as it was: a full sort of each row, the running sum, a scatter back (the reference)."""
+    import torch
+
+    a = maps.float()
+    values, index = torch.sort(a, dim=-1, descending=True)
+    count = (values.cumsum(-1) < mass * a.sum(-1, keepdim=True)).sum(-1, keepdim=True) + 1
+    if max_keys is not None:
+        count.clamp_(max=max_keys)
+    keep = torch.arange(a.shape[-1], device=a.device) < count
+    q = values.mul_(255).round_().clamp_(1, 255).mul_(keep).to(torch.uint8)
+    return torch.zeros_like(q).scatter_(-1, index, q)
+
+
+def _planted_batch():
+    """One feature of 2 layers x 4 heads of planted types at n = 37, inside a padded batch of width 50 whose
+    padding (rows and keys beyond 37) holds random weights that no result may read."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    seq = planted_tokens(37, rng=rng)
+    maps = np.stack([planted_head_map(kind, seq, rng=rng, noise=0.2) for kind in HEAD_TYPES]).reshape(2, 4, 37, 37)
+    batch = torch.from_numpy(rng.random((2, 2, 4, 50, 50)).astype(np.float32))
+    batch[1, :, :, :37, :37] = torch.from_numpy(maps.astype(np.float32))
+    return batch, [(1, 37, list(seq.tokens), list(seq.segment_ids))]
+
+
+@pytest.fixture(scope="module")
+def minilm_batch():
+    """Real maps: the packaged MiniLM on three question/context pairs padded into one batch."""
+    import torch
+
+    from attnclust.config import ModelConfig
+    from attnclust.models import get_model, get_tokenizer
+
+    cfg = ModelConfig(name="minilm")
+    tok, model = get_tokenizer(cfg), get_model(cfg).model
+    enc = tok(["Where did the cat go?", "Who?", "What is it, then?"],
+              ["The cat went to the market near the river, quickly, and came back at noon.", "Nobody.",
+               "It is a short test, with a comma."], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        attn = torch.stack(model(**enc, output_attentions=True).attentions, 1).clone()
+    features = []
+    for i, m in enumerate(enc["attention_mask"].sum(1).tolist()):
+        ids = enc["input_ids"][i, :m].tolist()
+        features.append((i, m, tok.convert_ids_to_tokens(ids), enc["token_type_ids"][i, :m].tolist()))
+    return torch.tensor(attn.numpy()), features
+
+
+@pytest.mark.parametrize("source", ["planted", "minilm"])
+def test_fused_profile_and_statistics_equal_the_separate_computations(source, request):
+    batch, features = _planted_batch() if source == "planted" else request.getfixturevalue("minilm_batch")
+    for i, n, tokens, segments in features:
+        view = batch[i, :, :, :n, :n]                      # as the extract stage hands it: a view of the batch
+        L, H = view.shape[:2]
+        vectors, stats = profile_and_statistics(view, tokens, segments)
+        exact = np.ascontiguousarray(view.numpy())
+        ctx = TokenContext.from_tokens([tokens], [segments], maps_per_row=L * H)
+        np.testing.assert_allclose(vectors, profile_maps(exact.reshape(L * H, n, n), ctx).reshape(L, H, -1),
+                                   atol=1e-6)
+        sep, punct, seg = token_masks(tokens, segments)
+        alone = map_statistics(exact, sep=sep, punct=punct, segment_ids=seg)   # each statistic reads the maps
+        assert set(stats) == set(alone)
+        for name in alone:
+            np.testing.assert_allclose(stats[name], alone[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        plain = profile_tensor(view.reshape(L * H, n, n), ctx, weighted=False, excess=False)
+        for k in range(0, L * H, 3):                       # loops over rows and keys, on a few maps
+            r = ctx.row[k]
+            want = brute_force_profile(exact.reshape(L * H, n, n)[k], ctx.cls[r], ctx.sep[r], ctx.punct[r],
+                                       ctx.segment_ids[r])
+            np.testing.assert_allclose(plain[k], want, atol=2e-5)
+
+
+def test_row_sums_of_the_profile_pass_equal_loops():
+    import torch
+
+    rng = np.random.default_rng(1)
+    n = 9
+    maps = torch.from_numpy(rng.dirichlet(np.full(n, 0.5), size=(3, n)).astype(np.float32))
+    maps[1, 2] = 0                                         # an all-zero row
+    _, rows = profile_tensor(maps, return_rows=True)
+    a = maps.numpy().astype(np.float64)
+    for k in range(3):
+        for q in range(n):
+            np.testing.assert_allclose(rows["distance"][k, q], sum(a[k, q, j] * abs(q - j) for j in range(n)),
+                                       atol=1e-5)
+            np.testing.assert_allclose(rows["peak"][k, q], a[k, q].max(), atol=1e-7)
+            np.testing.assert_allclose(rows["alog2a"][k, q], sum(w * np.log2(w) for w in a[k, q] if w > 0),
+                                       atol=1e-5)
+            np.testing.assert_allclose(rows["mass"][k, q, 0], a[k, q].sum(), atol=1e-6)
+
+
+@pytest.mark.parametrize("source", ["planted", "minilm"])
+def test_compact_maps_equal_the_sort_and_scatter_reference(source, request):
+    batch, features = _planted_batch() if source == "planted" else request.getfixturevalue("minilm_batch")
+    for i, n, _, _ in features:
+        view = batch[i, :, :, :n, :n]
+        for mass, cap in ((0.95, None), (0.5, None), (0.9, 5), (1.0, None)):
+            got = compact_maps(view, mass=mass, max_keys=cap)
+            assert got.dtype == reference_compact_maps(view, mass=mass).dtype
+            assert (got == reference_compact_maps(view, mass=mass, max_keys=cap)).all(), (mass, cap)
+
+
+def test_compact_maps_break_ties_at_the_cut_as_the_reference():
+    """Equal weights at the cut (uniform rows, two levels): the lowest keys are kept, as the reference's (stable,
+    on a CPU) sort keeps them."""
+    import torch
+
+    rows = torch.full((4, 10, 10), 0.1)
+    rows[1, :, 3] = 0.19
+    rows[1, :, 4] = 0.01
+    rows[2, :, ::2] = 0.15
+    rows[2, :, 1::2] = 0.05
+    rows[3] = 0
+    rows[3, :, 7] = 1
+    for mass, cap in ((0.95, None), (0.5, None), (0.42, 3), (1.0, None)):
+        got = compact_maps(rows, mass=mass, max_keys=cap)
+        assert (got == reference_compact_maps(rows, mass=mass, max_keys=cap)).all(), (mass, cap)
+    kept = np.flatnonzero(compact_maps(rows[:1], mass=0.45)[0, 0].numpy())   # 5 of 10 equal weights
+    np.testing.assert_array_equal(kept, np.arange(5))
+
+
+def _run(root, tiny_bert_dir, small_squad, stages, force=False):
+    from attnclust.config import JobConfig
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)}, "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"batch_size": 3, "features_per_task": 3}})
+    run_job(cfg, root, stages=stages, executor=SerialExecutor(), progress=False, force=force, force_named=force)
+
+
+def test_featurize_reads_the_stored_vectors_of_a_full_store_as_it_would_read_the_maps(tmp_path, tiny_bert_dir,
+                                                                                     small_squad):
+    import zarr
+
+    from attnclust.layout import RunLayout
+    from attnclust.stages.featurize import open_embedding, stored_profile
+    from attnclust.store import open_attention_store
+
+    layout = RunLayout(tmp_path / "run")
+    _run(layout.root, tiny_bert_dir, small_squad, ("extract", "featurize"))
+    store = open_attention_store(layout.attention)
+    assert store.mode == "full" and stored_profile(store, "profile") and not stored_profile(store, "pooled")
+    stored = np.asarray(open_embedding(layout.root)["embedding"][:])
+    L, H = store.n_layers, store.n_heads
+    np.testing.assert_array_equal(stored, store.read_profile(0, store.n_features).reshape(-1, stored.shape[1]))
+
+    zarr.open_group(str(layout.attention), mode="r+").attrs["profile"] = {"featurizer": "profile", "version": 1}
+    assert not stored_profile(open_attention_store(layout.attention), "profile")   # another version: maps read
+    _run(layout.root, tiny_bert_dir, small_squad, ("featurize",), force=True)
+    from_maps = np.asarray(open_embedding(layout.root)["embedding"][:])
+    assert from_maps.shape == stored.shape == (store.n_features * L * H, 17)
+    np.testing.assert_allclose(stored, from_maps, atol=2e-3)   # exact float32 maps vs their float16 copies
+    assert np.abs(stored - from_maps).max() > 0                # (so the maps were read)
+
+    shutil.rmtree(layout.attention / "profile")                # a store written before profiles were stored
+    assert open_attention_store(layout.attention).profile is None
+    _run(layout.root, tiny_bert_dir, small_squad, ("featurize",), force=True)
+    np.testing.assert_array_equal(np.asarray(open_embedding(layout.root)["embedding"][:]), from_maps)
