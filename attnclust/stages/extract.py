@@ -364,7 +364,9 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list) -> tuple[np.nd
 class _ShardFiller:
     """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
 
-    For each feature, in torch where its maps are (the forward's batch) and without copying them: one pass of
+    For each feature, in torch on the task's device (on a CPU on views of the forward's batch, never copied; a
+    GPU task moves each feature's maps there once, as :func:`~attnclust.models.run_forward` hands its batch
+    over in host memory): one pass of
     row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.featurize.profile.profile_tensor`,
     stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
     then the maps are cast straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store each
@@ -388,6 +390,7 @@ class _ShardFiller:
         batch), into the shard and its profile vectors into :attr:`profile`; return its statistics."""
         t0 = time.perf_counter()
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
+        maps = maps.to(self.device)  # on a GPU the row sums and compact rows run there (no copy on a CPU)
         self.profile[j], stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids))
         if self.compact is not None:
             from ..store import compact_maps
