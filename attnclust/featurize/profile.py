@@ -174,8 +174,9 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None) -> tuple[np.ndarra
     -------
     tuple of numpy.ndarray
         float32 ``mass`` (map, query, mask) the row sums under each key mask, ``far`` (map, query, far + 1)
-        under each far indicator and weighted by ``|query - key|``, ``diagonal`` (map, entry) the weights on the offset diagonals, ``peak`` (map, query)
-        the row maxima and ``alog2a`` (map, query) ``sum A log2 A`` (``0 log 0 = 0``).
+        under each far indicator and weighted by ``|query - key|``, ``diagonal`` (map, entry) the weights on the
+        offset diagonals, ``peak`` (map, query) the row maxima and ``alog2a`` (map, query) ``sum A log2 A``
+        (``0 log 0 = 0``).
     """
     import torch
 

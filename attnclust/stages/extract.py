@@ -251,8 +251,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     -------
     dict
         ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes and
-        ``convert_seconds`` spent on profile vectors, statistics, conversion and the shard write (overlapped with the forwards when
-        ``extract.overlap`` is on).
+        ``convert_seconds`` spent on profile vectors, statistics, conversion and the shard write (overlapped
+        with the forwards when ``extract.overlap`` is on).
     """
     from concurrent.futures import ThreadPoolExecutor
 
