@@ -383,7 +383,9 @@ class _ShardFiller:
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
         self.quantise = dtype == torch.uint8
         self.compact = store.attrs.get("compact") if store.mode == "compact" else None
-        self.profile = np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
+        # a full store created before attnclust stored profile vectors (resumed) has no array for them
+        self.profile = None if store.profile is None else \
+            np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
 
     def __call__(self, row, maps) -> dict[str, np.ndarray]:
         """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
@@ -391,7 +393,9 @@ class _ShardFiller:
         t0 = time.perf_counter()
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
         maps = maps.to(self.device)  # on a GPU the row sums and compact rows run there (no copy on a CPU)
-        self.profile[j], stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids))
+        vectors, stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids))
+        if self.profile is not None:
+            self.profile[j] = vectors
         if self.compact is not None:
             from ..store import compact_maps
 
@@ -409,7 +413,8 @@ class _ShardFiller:
         t0 = time.perf_counter()
         # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
         self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
-        self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
+        if self.profile is not None:
+            self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
         self.seconds += time.perf_counter() - t0
 
 
