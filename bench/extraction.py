@@ -134,7 +134,7 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     ctx.figure("extract_vs_forward", tp["extract_stage"] / tp["bare_sorted"], ">=", 0.85, {
         **common, **last_rep("extract_stage"),
         "note": "extract stage (in-process extract_block on planned features, with zarr + parquet writes; "
-                "the job's defaults: on CPU, conversion, statistics and shard filling after each forward) vs bare "
+                "the job's defaults: on CPU, profile vectors, statistics, conversion and shard filling after each forward) vs bare "
                 "model(**batch, output_attentions=True) on the same length-sorted batches"})
     ctx.figure("extract_overlapped_vs_forward", tp["extract_overlapped"] / tp["bare_sorted"], None, None, {
         **common, **last_rep("extract_overlapped"),
