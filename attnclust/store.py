@@ -283,13 +283,14 @@ def _zarr():
 def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, num_heads: int,
                            features_per_task: int, attrs: dict, dtype: str = "float16", mode: str = "full",
                            compact_mass: float = 0.95, compact_max_keys: int | None = None,
-                           profile_dim: int | None = 17) -> AttentionStore:
+                           profile_dim: int | None = None) -> AttentionStore:
     """Create the attention store (``path`` must not exist) with one shard per ``features_per_task`` features.
 
     The query/key width is the longest true length (not ``max_seq_len``); padding beyond each feature's own
     length stays zero (the fill value, never written). ``dtype="uint8"`` stores ``round(255 * weight)``
     (max error 1/510) with ``attrs["quantization"] = {"dtype": "uint8", "scale": 1/255}``. A ``profile`` array
-    ``profile_dim`` wide is created in every mode (``None``: none, a full store only).
+    ``profile_dim`` wide is created when it is given (the extract stage gives it in every mode); a compact store
+    always has one (17 wide unless given).
 
     ``mode="compact"`` stores uint8 maps that keep only each row's largest weights (:func:`compact_maps`), and
     a ``profile`` array ``profile_dim`` wide; ``attrs["compact"]`` records ``mass`` and ``max_keys``; ``dtype``
@@ -332,8 +333,8 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         shards=(features_per_task, num_layers, num_heads, width, width),
         chunks=(1, 1, num_heads, width, width), fill_value=0, dimension_names=DIMS, config=COMPLETE, **codecs,
     )
-    if profile_dim is None and mode == "compact":
-        raise ValueError("store mode 'compact': a profile array is part of it; give profile_dim")
+    if profile_dim is None and mode == "compact":  # part of a compact store
+        profile_dim = 17
     profile = None if profile_dim is None else group.create_array(
         "profile", shape=(n, num_layers, num_heads, profile_dim), dtype="float32", fill_value=0,
         chunks=(features_per_task, num_layers, num_heads, profile_dim), config=COMPLETE,

@@ -153,10 +153,11 @@ def test_a_full_store_without_profile_opens_and_a_compact_store_without_one_is_r
 
     seq = np.array([3, 4], np.int32)
     full = create_attention_store(tmp_path / "f.zarr", seq_len=seq, num_layers=1, num_heads=2,
-                                  features_per_task=2, attrs={})
-    assert full.mode == "full" and full.profile.shape == (2, 1, 2, 17)   # attnclust writes it in every store
+                                  features_per_task=2, attrs={}, profile_dim=17)   # as the extract stage does
+    assert full.mode == "full" and open_attention_store(full.path, require_complete=False).profile.shape == \
+        (2, 1, 2, 17)
     bare = create_attention_store(tmp_path / "b.zarr", seq_len=seq, num_layers=1, num_heads=2,
-                                  features_per_task=2, attrs={}, profile_dim=None)   # as another tool writes it
+                                  features_per_task=2, attrs={})   # as another tool writes it
     opened_bare = open_attention_store(bare.path, require_complete=False)
     assert opened_bare.mode == "full" and opened_bare.profile is None
     with pytest.raises(StoreError, match="full store holds no precomputed profile"):

@@ -110,7 +110,6 @@ def test_output_problem_checks_zarr_metadata_and_chunk_files(tmp_path):
     store = create_attention_store(path, seq_len=np.array([2, 3, 3]), num_layers=1, num_heads=2,
                                    features_per_task=2, attrs={})
     store.attention[:] = np.ones(store.attention.shape, np.float16)
-    store.profile[:] = np.zeros(store.profile.shape, np.float32)   # attnclust writes it in every store
     mark_store_complete(path)
     assert output_problem(path) is None
     shard = path / "attention" / "c" / "1" / "0" / "0" / "0" / "0"
