@@ -4,7 +4,9 @@ The driver reads and checks the data and the model before anything is written (:
 prints the store's projected size and refuses one that would not fit (:meth:`ExtractStage.check`), orders
 features by length (so a batch pads little) and plans one block per shard of the store; each block, on a
 Dask worker, loads the model once per process, runs its features in length-grouped batches, writes its whole
-shard (no other task touches it), its per-map statistics and QA logits as parquet parts. The driver never holds
+shard (no other task touches it) with the maps' ``profile`` vectors, its per-map statistics and QA logits as
+parquet parts (the vectors and the statistics from one pass over each feature's maps: :func:`profile_and_statistics`).
+The driver never holds
 attention maps. The stage's fingerprint holds the data file's content hash and the model's weights identity,
 so an edited file or a re-trained model is never served from an old extraction.
 """
