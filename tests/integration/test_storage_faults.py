@@ -77,12 +77,18 @@ def stage_done(out: Path, stage: str) -> bool:
 
 
 def corrupt_shard(out: Path, shard: int) -> None:
-    """Flip bytes inside one shard of the attention store (its data and its checksummed index)."""
+    """Flip bytes inside one shard of the attention store (its data and its checksummed index), and in the chunk
+    of ``profile`` vectors of the same features (which the featurize stage reads instead of the maps)."""
     path = out / "attention.zarr" / "attention" / "c" / str(shard) / "0" / "0" / "0" / "0"
-    raw = bytearray(path.read_bytes())
-    for i in (len(raw) - 5, len(raw) - 6):  # inside the shard index, which carries a crc32c checksum
-        raw[i] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    for path in (path, profile_chunk(out, shard)):
+        raw = bytearray(path.read_bytes())
+        for i in (len(raw) - 5, len(raw) - 6):  # inside the shard index / chunk checksum (crc32c)
+            raw[i] ^= 0xFF
+        path.write_bytes(bytes(raw))
+
+
+def profile_chunk(out: Path, shard: int) -> Path:
+    return out / "attention.zarr" / "profile" / "c" / str(shard) / "0" / "0" / "0"
 
 
 def shard_path(out: Path, shard: int) -> Path:
@@ -90,12 +96,14 @@ def shard_path(out: Path, shard: int) -> Path:
 
 
 def flip_middle(out: Path, shard: int) -> None:
-    """Flip 64 bytes in the middle of one shard (inside its inner chunks, each checksummed)."""
-    path = shard_path(out, shard)
-    raw = bytearray(path.read_bytes())
-    for i in range(len(raw) // 2 - 32, len(raw) // 2 + 32):
-        raw[i] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    """Flip 64 bytes in the middle of one shard (inside its inner chunks, each checksummed), and of the chunk of
+    ``profile`` vectors of the same features."""
+    for path in (shard_path(out, shard), profile_chunk(out, shard)):
+        raw = bytearray(path.read_bytes())
+        half = min(32, len(raw) // 4)
+        for i in range(len(raw) // 2 - half, len(raw) // 2 + half):
+            raw[i] ^= 0xFF
+        path.write_bytes(bytes(raw))
 
 
 def drop_feature_rows(out: Path, n: int) -> None:
