@@ -92,15 +92,18 @@ def growth_ratio(seconds: list[float], features: list[int]) -> tuple[float, list
 # ------------------------------------------------------------------------------------------ process tree memory
 class TreeRSS:
     """Sample the summed RSS of a process and its descendants every ``interval`` seconds, with wall-clock times
-    (``time.time()``, comparable with file mtimes); ``samples`` is a list of ``(t, bytes)``."""
+    (``time.time()``, comparable with file mtimes); ``samples`` is a list of ``(t, bytes)``. Every
+    ``pss_every``-th sample also sums PSS (``pss_samples``): RSS counts a page shared by N processes (torch's
+    libraries, the model mapped by each worker) N times, PSS once in all."""
 
-    def __init__(self, pid: int, interval: float = SAMPLE_S):
-        self.pid, self.interval = pid, interval
+    def __init__(self, pid: int, interval: float = SAMPLE_S, pss_every: int = 5):
+        self.pid, self.interval, self.pss_every = pid, interval, pss_every
         self.samples: list[tuple[float, int]] = []
+        self.pss_samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def tree_rss(self) -> int:
+    def tree_memory(self, pss: bool = False) -> int:
         import psutil
 
         try:
@@ -111,16 +114,22 @@ class TreeRSS:
         total = 0
         for p in procs:
             try:
-                total += p.memory_info().rss
+                total += p.memory_full_info().pss if pss else p.memory_info().rss
             except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                 continue
         return total
 
     def _run(self) -> None:
+        i = 0
         while not self._stop.is_set():
-            rss = self.tree_rss()
+            rss = self.tree_memory()
             if rss:
                 self.samples.append((time.time(), rss))
+            if i % self.pss_every == 0:
+                pss = self.tree_memory(pss=True)
+                if pss:
+                    self.pss_samples.append((time.time(), pss))
+            i += 1
             self._stop.wait(self.interval)
 
     def start(self) -> TreeRSS:
@@ -188,6 +197,7 @@ def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run"
             **{k: rec[k] for k in ("skipped", "skipped_reason") if k in rec}}
     extract = json.loads((state / "extract.json").read_text()) if (state / "extract.json").exists() else {}
     return {"command": cmd, "wall_s": wall, "peak_rss": sampler.peak(), "rss_samples": len(sampler.samples),
+            "peak_pss": max((m for _, m in sampler.pss_samples), default=None),
             "stages": stages, "features": extract.get("features"), "examples": extract.get("examples"),
             "maps": extract.get("maps"),
             "disk_bytes": _tree_bytes(out, allocated=True), "store": store_mode(out),
@@ -234,9 +244,12 @@ def report_interactive_s(report: Path, reps: int = TTI_REPS) -> dict:
             "interactive_reps": [round(x, 3) for x in ready], "load_reps": [round(x, 3) for x in load]}
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never through a proxy
+
+
 def _get(url: str) -> float:
     t0 = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as resp:
+    with _DIRECT.open(url, timeout=60) as resp:
         resp.read()
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}")
@@ -330,9 +343,10 @@ def _geometry(run: Path) -> tuple[int, int]:
 
 def _print_arm(label: str, res: dict) -> None:
     gb = 1e9
+    pss = "-" if res["peak_pss"] is None else f"{res['peak_pss'] / gb:.2f}"
     print(f"# squad_dev {label}: {res['features']} features, {res['wall_s']:.1f} s wall, peak RSS "
-          f"{res['peak_rss'] / gb:.2f} GB (tree), disk {res['disk_bytes'] / gb:.3f} GB, store {res['store']}",
-          flush=True)
+          f"{res['peak_rss'] / gb:.2f} GB (tree; PSS {pss} GB), disk {res['disk_bytes'] / gb:.3f} GB, "
+          f"store {res['store']}", flush=True)
     for name, st in res["stages"].items():
         rss = "-" if st["peak_rss"] is None else f"{st['peak_rss'] / gb:.2f} GB"
         print(f"#   {name:<10} {st['seconds'] or 0:8.1f} s  peak RSS {rss:>8}  wrote {st['bytes'] / 1e6:9.1f} MB"
@@ -398,8 +412,10 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
     fig("disk_gb", dev["disk_bytes"] / 1e9, "disk_gb", {**common, "store_bytes": dev["store_bytes"],
         "note": "allocated blocks of the run directory at the end"}, judged=at_dev)
     fig("peak_rss_gb", dev["peak_rss"] / 1e9, "peak_rss_gb", {**common, "sample_s": SAMPLE_S,
+        "peak_pss_gb": None if dev["peak_pss"] is None else dev["peak_pss"] / 1e9,
         "note": "summed RSS of the CLI process and its descendants (Dask nanny, workers); shared pages count "
-                "once per process"}, judged=at_dev)
+                "once per process (peak_pss_gb: summed PSS, sampled every 5th time, counts them once)"},
+        judged=at_dev)
     fig("report_mb", dev["report_bytes"] / 1e6, "report_mb", common, judged=at_dev)
     fig("report_interactive_s", dev["report"]["interactive_s"], "report_interactive_s",
         {**common, **dev["report"], "note": "navigation -> load -> click on a grid cell -> head panel visible"},
