@@ -164,8 +164,9 @@ def _tree_bytes(path: Path, *, allocated: bool = False) -> int:
 
 
 def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run") -> dict:
-    """``python -m attnclust COMMAND --out OUT --set data.path=DATA --set ...`` in a child, its tree's RSS sampled;
-    returns wall seconds, peak RSS and the per-stage records (seconds, peak RSS, bytes written)."""
+    """``python -m attnclust.cli COMMAND --out OUT --quiet --set data.path=DATA --set ...`` in a child, its tree's
+    RSS sampled; returns wall seconds, peak RSS and the per-stage records (seconds, peak RSS, bytes written), the
+    store mode the run used and the job's ``extract.store`` setting that chose it."""
     sets = [f"data.path={data}", *([f"backend={ctx.backend}"] if ctx.backend == "gpu" else []), *sets]
     cmd = [sys.executable, "-m", "attnclust.cli", command, "--out", str(out), "--quiet"]
     for s in sets:
@@ -196,11 +197,13 @@ def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run"
             "outputs": rec.get("outputs", []),
             **{k: rec[k] for k in ("skipped", "skipped_reason") if k in rec}}
     extract = json.loads((state / "extract.json").read_text()) if (state / "extract.json").exists() else {}
+    job = json.loads((out / "job.json").read_text()) if (out / "job.json").exists() else {}
     return {"command": cmd, "wall_s": wall, "peak_rss": sampler.peak(), "rss_samples": len(sampler.samples),
             "peak_pss": max((m for _, m in sampler.pss_samples), default=None),
             "stages": stages, "features": extract.get("features"), "examples": extract.get("examples"),
             "maps": extract.get("maps"),
             "disk_bytes": _tree_bytes(out, allocated=True), "store": store_mode(out),
+            "store_setting": job.get("config", {}).get("extract", {}).get("store"),
             "store_bytes": _tree_bytes(out / "attention.zarr")}
 
 
@@ -346,7 +349,7 @@ def _print_arm(label: str, res: dict) -> None:
     pss = "-" if res["peak_pss"] is None else f"{res['peak_pss'] / gb:.2f}"
     print(f"# squad_dev {label}: {res['features']} features, {res['wall_s']:.1f} s wall, peak RSS "
           f"{res['peak_rss'] / gb:.2f} GB (tree; PSS {pss} GB), disk {res['disk_bytes'] / gb:.3f} GB, "
-          f"store {res['store']}", flush=True)
+          f"store {res['store']} (extract.store: {res['store_setting']})", flush=True)
     for name, st in res["stages"].items():
         rss = "-" if st["peak_rss"] is None else f"{st['peak_rss'] / gb:.2f} GB"
         print(f"#   {name:<10} {st['seconds'] or 0:8.1f} s  peak RSS {rss:>8}  wrote {st['bytes'] / 1e6:9.1f} MB"
@@ -405,7 +408,7 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
         ctx.figure(f"squad_dev_{name}", value, op if judged else None, goal if judged else None,
                    {**extra, **settings})
 
-    common = {"store_mode": dev["store"], "features": dev["features"], "examples": dev["examples"],
+    common = {"store_mode": dev["store"], "store_setting": dev["store_setting"], "features": dev["features"], "examples": dev["examples"],
               "job": "jobs/demo.yaml (the default job), data.path = generated SQuAD v2 (bench/squadgen.py)"}
     fig("e2e_min", dev["wall_s"] / 60, "e2e_min", {**common, "stages": dev["stages"], "wall_s": dev["wall_s"],
         "note": "the CLI child from start to exit: imports, Dask start-up, every stage"}, judged=at_dev)
