@@ -408,7 +408,8 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
         ctx.figure(f"squad_dev_{name}", value, op if judged else None, goal if judged else None,
                    {**extra, **settings})
 
-    common = {"store_mode": dev["store"], "store_setting": dev["store_setting"], "features": dev["features"], "examples": dev["examples"],
+    common = {"store_mode": dev["store"], "store_setting": dev["store_setting"], "features": dev["features"],
+              "examples": dev["examples"],
               "job": "jobs/demo.yaml (the default job), data.path = generated SQuAD v2 (bench/squadgen.py)"}
     fig("e2e_min", dev["wall_s"] / 60, "e2e_min", {**common, "stages": dev["stages"], "wall_s": dev["wall_s"],
         "note": "the CLI child from start to exit: imports, Dask start-up, every stage"}, judged=at_dev)
