@@ -141,8 +141,12 @@ class TreeRSS:
         self._thread.join()
 
     def peak(self, t0: float = -math.inf, t1: float = math.inf) -> int:
-        """Largest sample within ``[t0, t1]`` (0 when none fell there)."""
-        return max((rss for t, rss in self.samples if t0 <= t <= t1), default=0)
+        """Largest sample within ``[t0, t1]``; when none fell there (a stage shorter than the gap between two
+        samples on a busy machine), the sample nearest to the interval; 0 without samples."""
+        inside = [rss for t, rss in self.samples if t0 <= t <= t1]
+        if inside:
+            return max(inside)
+        return min(self.samples, key=lambda s: min(abs(s[0] - t0), abs(s[0] - t1)), default=(0.0, 0))[1]
 
 
 # ------------------------------------------------------------------------------------------------ the CLI child
@@ -191,8 +195,7 @@ def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run"
         t_end = record_path.stat().st_mtime
         stages[name] = {
             "seconds": rec.get("seconds"),
-            # widened by one interval: a stage shorter than the sampling interval still gets its nearest samples
-            "peak_rss": (sampler.peak(t_start - SAMPLE_S, t_end + SAMPLE_S) if t_start is not None else None),
+            "peak_rss": sampler.peak(t_start, t_end) if t_start is not None else None,
             "bytes": sum(_tree_bytes(out / rel) for rel in rec.get("outputs", [])),
             "outputs": rec.get("outputs", []),
             **{k: rec[k] for k in ("skipped", "skipped_reason") if k in rec}}

@@ -66,3 +66,15 @@ def test_growth_ratio_of_planted_costs():
 def test_growth_ratio_needs_two_arms():
     with pytest.raises(ValueError, match="at least two arms"):
         growth_ratio([1.0], [10])
+
+
+def test_stage_peak_is_the_largest_sample_inside_else_the_nearest():
+    from bench.squad_dev import TreeRSS
+
+    sampler = TreeRSS(pid=0)
+    sampler.samples = [(0.0, 5), (1.0, 9), (2.0, 7), (3.0, 4), (10.0, 8)]
+    assert sampler.peak() == 9
+    assert sampler.peak(1.5, 3.5) == 7
+    assert sampler.peak(5.0, 6.0) == 4  # nothing inside: the nearest sample (t = 3.0)
+    assert sampler.peak(8.5, 9.0) == 8
+    assert TreeRSS(pid=0).peak(0.0, 1.0) == 0
