@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe")
+ON_REQUEST = ("squad_dev",)  # groups run only when --only names them (the dev rehearsal takes ~15 minutes)
 # what each group of the --gpu arm would measure (printed as skipped where no GPU is usable); ``None``: not a
 # GPU figure, with the reason
 GPU_FIGURES = {
@@ -36,19 +37,27 @@ GPU_FIGURES = {
     "cluster": ["cluster_100k_gpu (quick) / cluster_1m_gpu", "placement_speedup_gpu"],
     "estimates": (None, "estimates are not measurements"),
     "probe": (None, "the syntax and probe analyses run on the CPU driver"),
+    "squad_dev": [f"squad_dev_{name}_gpu" for name in (
+        "e2e_min", "disk_gb", "peak_rss_gb", "report_mb", "report_interactive_s", "explore_map_p95_ms",
+        "explore_search_p95_ms", "growth_<stage>", "bertbase_projected_min", "bertbase_store_gb",
+        "bertbase_other_store_gb")],
 }
-GPU_WIRED = ("e2e", "scale")  # the groups that --gpu runs with backend gpu
+GPU_WIRED = ("e2e", "scale", "squad_dev")  # the groups that --gpu runs with backend gpu
 
 # sizes per mode
 MODES = {
     "quick": {"dataset_examples": 400, "extract_examples": 40, "extract_reps": 3, "featurize_features": 4,
               "featurize_reps": 3, "seed_features": 3, "seed_maps_timed": 12, "default_examples": 400,
               "default_reps": 1, "quality_per_type": 6, "scale_n": 12, "scale_reps": 1, "cluster_rows": 100_000,
-              "cluster_name": "cluster_100k"},
+              "cluster_name": "cluster_100k", "squad_dev_small": 150, "squad_dev_mid": 400,
+              "squad_dev_questions": 1200, "squad_dev_bert_features": 50},
     "full": {"dataset_examples": 2000, "extract_examples": 96, "extract_reps": 5, "featurize_features": 4,
              "featurize_reps": 5, "seed_features": 3, "seed_maps_timed": None, "default_examples": 400,
              "default_reps": 2, "quality_per_type": 30, "scale_n": 25, "scale_reps": 2, "cluster_rows": 1_000_000,
-             "cluster_name": "cluster_1m"},
+             "cluster_name": "cluster_1m",
+             # the dev rehearsal's arms in questions: ~1k and ~4k features (1.03 features per question), then dev
+             "squad_dev_small": 970, "squad_dev_mid": 3875, "squad_dev_questions": 11_873,
+             "squad_dev_bert_features": 200},
 }
 
 
@@ -171,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", action="store_true",
                     help="the GPU arm (backend: gpu); where no GPU is usable, lists the figures it skips and exits 0")
     ap.add_argument("--only", default=",".join(FIGURES),
-                    help=f"comma-separated groups to run (default all): {','.join(FIGURES)}")
+                    help=f"comma-separated groups to run (default all of {','.join(FIGURES)}); also on request: "
+                         f"{','.join(ON_REQUEST)}")
     ap.add_argument("--out", default=None,
                     help="results JSON path (default bench/results.json; bench/results_gpu.json with --gpu)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -179,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"override one size of the mode (names: {', '.join(MODES['quick'])})")
     args = ap.parse_args(argv)
     groups = [g.strip() for g in args.only.split(",") if g.strip()]
-    unknown = [g for g in groups if g not in FIGURES]
+    unknown = [g for g in groups if g not in (*FIGURES, *ON_REQUEST)]
     if unknown:
-        ap.error(f"--only {unknown[0]!r}: unknown group; groups are {', '.join(FIGURES)}")
+        ap.error(f"--only {unknown[0]!r}: unknown group; groups are {', '.join((*FIGURES, *ON_REQUEST))}")
     if "store" in groups and "extract" not in groups:
         groups.insert(0, "extract")
     backend = "cpu"
@@ -249,6 +259,12 @@ def main(argv: list[str] | None = None) -> int:
             from .probe_cost import bench_probe_cost
 
             bench_probe_cost(ctx)
+        if "squad_dev" in groups:  # the dev rehearsal: the CLI in children (bench/squad_dev.py)
+            from .squad_dev import bench_squad_dev
+
+            arm_keys = ("squad_dev_small", "squad_dev_mid", "squad_dev_questions")
+            bench_squad_dev(ctx, [s[k] for k in arm_keys if s[k]], s["squad_dev_bert_features"],
+                            [MODES["full"][k] for k in arm_keys])
         if "estimates" in groups:
             from .estimates import estimate_rows, estimate_text
 

@@ -1,0 +1,491 @@
+"""The SQuAD2-dev rehearsal (``python -m bench --only squad_dev``): the default job, as a user runs it, over
+generated SQuAD-v2 data with dev's size and length distribution (:mod:`bench.squadgen`, 11,873 questions).
+
+Each arm is the real command line in a child process, ``python -m attnclust.cli run --out DIR --set data.path=FILE``
+(``jobs/demo.yaml`` otherwise: every stage and the default analyses on; the bundled gold parses fit only the
+bundled sample, so the syntax analysis skips itself with one line), so the embedded Dask cluster's start-up and
+everything else a user pays is in the figure. While it runs, a thread samples the resident memory of the whole
+process tree (the CLI driver, the nanny and its workers) every :data:`SAMPLE_S` seconds. Afterwards:
+
+- per stage: seconds (its ``_state/{stage}.json`` record), the peak of the tree's RSS between the stage's start
+  (the mtime of ``_state/{stage}.started``) and its end (the mtime of its record), and the bytes of the outputs it
+  recorded (apparent file sizes);
+- the whole run: wall seconds from the child's start to its exit, peak tree RSS, the run directory's disk use
+  (allocated blocks), the store mode the run used (the store's ``store`` attribute, ``full`` or ``compact``);
+- ``report.html``: its size, and the time Chromium (Playwright, ``/usr/bin/chromium``, browser started beforehand)
+  takes from navigation to a working page: ``load`` fired and a click on a grid cell has opened the head panel
+  (median of :data:`TTI_REPS` fresh pages);
+- ``attnclust explore`` on the run (a child process on 127.0.0.1, port 0): p95 latency of :data:`N_REQUESTS`
+  requests each of ``/api/map`` (a seeded random feature, layer and head) and ``/api/search`` (a word of the
+  generated questions), each on a new connection, after one untimed request of each (the first loads the tables).
+
+The arms run at three question counts (defaults about 1k and 4k features, then dev's 11,873), smallest first;
+``squad_dev_growth_<stage>`` is a stage's seconds per feature at the larger arms over the smallest arm's (the
+largest of those ratios). Goals with absolute values (minutes, GB, ms) apply at dev's size only: at another size
+the figures are recorded as ``report`` (``settings.goal_at_dev_size`` keeps the goal).
+
+BERT-base: a randomly initialised ``BertConfig(hidden 768, 12 layers, 12 heads, intermediate 3072)`` saved as a
+local model directory with MiniLM's tokenizer files (both use BERT's uncased 30,522-token WordPiece vocabulary:
+checked here on the size, the special tokens' ids and lower-casing), run on about 200 of the same generated
+features, paired with MiniLM on the same features. Dev on BERT-base is projected per stage as the largest MiniLM
+arm's seconds times dev's features over that arm's, times BERT-base's seconds over MiniLM's on the pair (fixed
+costs such as choosing k then count once, not per feature); bytes as BERT-base's bytes per feature times dev's
+features, for the store mode the default job chose and (a second, extract-only run) the other mode. Random
+weights attend almost uniformly, the worst case for a compact store: the byte projections are upper bounds for a
+trained BERT-base whose heads are sparser.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DEV_QUESTIONS", "bench_squad_dev", "growth_ratio", "p95", "write_bert_base"]
+
+DEV_QUESTIONS = 11_873
+SAMPLE_S = 0.5
+TTI_REPS = 3
+N_REQUESTS = 100
+CHROMIUM = "/usr/bin/chromium"
+GOALS = {"e2e_min": ("<=", 15.0), "disk_gb": ("<=", 5.0), "peak_rss_gb": ("<=", 6.0), "report_mb": ("<=", 10.0),
+         "report_interactive_s": ("<=", 3.0), "explore_map_p95_ms": ("<=", 200.0),
+         "explore_search_p95_ms": ("<=", 200.0), "growth": ("<=", 1.2), "bertbase_store_gb": ("<=", 5.0)}
+MODEL_STAGES = ("extract", "qa")  # the stages whose cost is the model's forward (the others work on the maps)
+BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# bert-base-uncased's special tokens and their ids in its vocab.txt
+BERT_UNCASED_SPECIAL = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
+
+
+def p95(values) -> float:
+    """The 95th percentile by nearest rank: the smallest value with at least 95% of the values at or below it."""
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
+        raise ValueError("p95 of no values")
+    return ordered[math.ceil(0.95 * len(ordered)) - 1]
+
+
+def growth_ratio(seconds: list[float], features: list[int]) -> tuple[float, list[float]]:
+    """Seconds per feature of each arm over the first (smallest) arm's; returns (largest ratio, every ratio).
+
+    A stage whose cost is linear in the features gives 1; a fixed cost gives ratios below 1; anything growing
+    faster than the features, above 1.
+    """
+    if len(seconds) != len(features) or len(seconds) < 2:
+        raise ValueError("growth_ratio needs at least two arms, one seconds value per features count")
+    base = seconds[0] / features[0]
+    ratios = [(s / f) / base for s, f in zip(seconds[1:], features[1:])]
+    return max(ratios), ratios
+
+
+# ------------------------------------------------------------------------------------------ process tree memory
+class TreeRSS:
+    """Sample the summed RSS of a process and its descendants every ``interval`` seconds, with wall-clock times
+    (``time.time()``, comparable with file mtimes); ``samples`` is a list of ``(t, bytes)``. Every
+    ``pss_every``-th sample also sums PSS (``pss_samples``): RSS counts a page shared by N processes (torch's
+    libraries, the model mapped by each worker) N times, PSS once in all."""
+
+    def __init__(self, pid: int, interval: float = SAMPLE_S, pss_every: int = 5):
+        self.pid, self.interval, self.pss_every = pid, interval, pss_every
+        self.samples: list[tuple[float, int]] = []
+        self.pss_samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def tree_memory(self, pss: bool = False) -> int:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_full_info().pss if pss else p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                continue
+        return total
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            rss = self.tree_memory()
+            if rss:
+                self.samples.append((time.time(), rss))
+            if i % self.pss_every == 0:
+                pss = self.tree_memory(pss=True)
+                if pss:
+                    self.pss_samples.append((time.time(), pss))
+            i += 1
+            self._stop.wait(self.interval)
+
+    def start(self) -> TreeRSS:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, t0: float = -math.inf, t1: float = math.inf) -> int:
+        """Largest sample within ``[t0, t1]``; when none fell there (a stage shorter than the gap between two
+        samples on a busy machine), the sample nearest to the interval; 0 without samples."""
+        inside = [rss for t, rss in self.samples if t0 <= t <= t1]
+        if inside:
+            return max(inside)
+        return min(self.samples, key=lambda s: min(abs(s[0] - t0), abs(s[0] - t1)), default=(0.0, 0))[1]
+
+
+# ------------------------------------------------------------------------------------------------ the CLI child
+def _env(ctx) -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1",
+            "PYTHONPATH": str(ctx.root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _tree_bytes(path: Path, *, allocated: bool = False) -> int:
+    """Apparent size (or allocated blocks) of a file or of every file under a directory."""
+    if not path.exists():
+        return 0
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
+    total = 0
+    for f in files:
+        st = f.stat()
+        total += st.st_blocks * 512 if allocated else st.st_size
+    return total
+
+
+def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run") -> dict:
+    """``python -m attnclust.cli COMMAND --out OUT --quiet --set data.path=DATA --set ...`` in a child, its tree's
+    RSS sampled; returns wall seconds, peak RSS and the per-stage records (seconds, peak RSS, bytes written), the
+    store mode the run used and the job's ``extract.store`` setting that chose it."""
+    sets = [f"data.path={data}", *([f"backend={ctx.backend}"] if ctx.backend == "gpu" else []), *sets]
+    cmd = [sys.executable, "-m", "attnclust.cli", command, "--out", str(out), "--quiet"]
+    for s in sets:
+        cmd += ["--set", s]
+    log = out.parent / f"{out.name}.log"
+    with open(log, "w") as fh:
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, cwd=ctx.root, env=_env(ctx), stdout=fh, stderr=subprocess.STDOUT)
+        sampler = TreeRSS(proc.pid).start()
+        rc = proc.wait()
+        wall = time.time() - t0
+        sampler.stop()
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {rc}:\n{log.read_text()[-3000:]}")
+    state = out / "_state"
+    stages = {}
+    for record_path in sorted(state.glob("*.json"), key=lambda p: p.stat().st_mtime):
+        rec = json.loads(record_path.read_text())
+        name = record_path.stem
+        started = state / f"{name}.started"
+        t_start = started.stat().st_mtime if started.exists() else None
+        t_end = record_path.stat().st_mtime
+        stages[name] = {
+            "seconds": rec.get("seconds"),
+            "peak_rss": sampler.peak(t_start, t_end) if t_start is not None else None,
+            "bytes": sum(_tree_bytes(out / rel) for rel in rec.get("outputs", [])),
+            "outputs": rec.get("outputs", []),
+            **{k: rec[k] for k in ("skipped", "skipped_reason") if k in rec}}
+    extract = json.loads((state / "extract.json").read_text()) if (state / "extract.json").exists() else {}
+    job = json.loads((out / "job.json").read_text()) if (out / "job.json").exists() else {}
+    return {"command": cmd, "wall_s": wall, "peak_rss": sampler.peak(), "rss_samples": len(sampler.samples),
+            "peak_pss": max((m for _, m in sampler.pss_samples), default=None),
+            "stages": stages, "features": extract.get("features"), "examples": extract.get("examples"),
+            "maps": extract.get("maps"),
+            "disk_bytes": _tree_bytes(out, allocated=True), "store": store_mode(out),
+            "store_setting": job.get("config", {}).get("extract", {}).get("store"),
+            "store_bytes": _tree_bytes(out / "attention.zarr")}
+
+
+def store_mode(run: Path) -> str | None:
+    """The store mode the run used: the store's own ``store`` attribute (``full`` unless it says ``compact``),
+    with the dtype of a full store (``full/float16``, ``full/uint8``); ``None`` without a store."""
+    from attnclust.store import open_attention_store
+
+    if not (run / "attention.zarr").exists():
+        return None
+    store = open_attention_store(run / "attention.zarr")
+    if store.mode != "full":
+        return store.mode
+    quant = store.attrs.get("quantization") or {}
+    return f"full/{quant.get('dtype', store.attention.dtype)}"
+
+
+# --------------------------------------------------------------------------------------- report and explorer
+def report_interactive_s(report: Path, reps: int = TTI_REPS) -> dict:
+    """Seconds from navigation to ``load`` and to the head panel open after a click on a grid cell (median of
+    ``reps`` fresh pages in one Chromium started beforehand)."""
+    from playwright.sync_api import sync_playwright
+
+    cell = "#grid [data-layer][data-head]"
+    load, ready = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            for _ in range(reps):
+                page = browser.new_page()
+                t0 = time.perf_counter()
+                page.goto(report.as_uri(), wait_until="load", timeout=120_000)
+                load.append(time.perf_counter() - t0)
+                page.locator(cell).first.click(timeout=120_000)
+                page.locator("#head-panel").wait_for(state="visible", timeout=120_000)
+                ready.append(time.perf_counter() - t0)
+                page.close()
+        finally:
+            browser.close()
+    return {"interactive_s": float(np.median(ready)), "load_s": float(np.median(load)),
+            "interactive_reps": [round(x, 3) for x in ready], "load_reps": [round(x, 3) for x in load]}
+
+
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1: never through a proxy
+
+
+def _get(url: str) -> float:
+    t0 = time.perf_counter()
+    with _DIRECT.open(url, timeout=60) as resp:
+        resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}")
+    return time.perf_counter() - t0
+
+
+def explore_latency(ctx, run: Path, n_features: int, layers: int, heads: int, n: int = N_REQUESTS) -> dict:
+    """p95 milliseconds of ``/api/map`` and ``/api/search`` against ``attnclust explore RUN --port 0``."""
+    from .squadgen import WORDS
+
+    cmd = [sys.executable, "-m", "attnclust.cli", "explore", str(run), "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=ctx.root, env=_env(ctx), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        line, deadline = "", time.time() + 120
+        while "serving" not in line:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.time()))
+            line = proc.stdout.readline() if ready else ""
+            if not ready or (not line and proc.poll() is not None):
+                raise RuntimeError(f"attnclust explore did not start: {line or 'no output'}")
+        base = line.split(" at ", 1)[1].split()[0].rstrip("/")
+        rng = np.random.default_rng(0)
+        maps = [f"{base}/api/map?feature={rng.integers(n_features)}&layer={rng.integers(layers)}"
+                f"&head={rng.integers(heads)}" for _ in range(n)]
+        words = [WORDS[i] for i in rng.integers(len(WORDS), size=n)]
+        searches = [f"{base}/api/search?q={w}" for w in words]
+        cold = {"map_ms": 1e3 * _get(maps[0]), "search_ms": 1e3 * _get(searches[0])}
+        map_ms = [1e3 * _get(u) for u in maps]
+        search_ms = [1e3 * _get(u) for u in searches]
+        import psutil
+
+        rss = psutil.Process(proc.pid).memory_info().rss
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"map_p95_ms": p95(map_ms), "search_p95_ms": p95(search_ms),
+            "map_median_ms": float(np.median(map_ms)), "search_median_ms": float(np.median(search_ms)),
+            "first_request_ms": {k: round(v, 1) for k, v in cold.items()}, "requests_each": n,
+            "explore_rss_bytes": rss}
+
+
+# ------------------------------------------------------------------------------------------------- BERT-base
+def write_bert_base(folder: Path) -> dict:
+    """A randomly initialised BERT-base-shaped encoder (seed 0) with MiniLM's tokenizer files in ``folder``;
+    returns what was checked about the vocabulary."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from attnclust.modeling import PACKAGED, resolve_model_path
+    from attnclust.config import ModelConfig
+
+    minilm = Path(resolve_model_path(ModelConfig(name="minilm")))
+    vocab = (minilm / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    ids = {tok: vocab.index(tok) for tok in BERT_UNCASED_SPECIAL}
+    lower = json.loads((minilm / "tokenizer_config.json").read_text()).get("do_lower_case")
+    if len(vocab) != 30522 or ids != BERT_UNCASED_SPECIAL or lower is not True:
+        raise RuntimeError(f"{PACKAGED['minilm']}'s vocabulary is not BERT's uncased one ({len(vocab)} tokens, "
+                           f"special ids {ids}, do_lower_case {lower}); the BERT-base arm needs it")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), max_position_embeddings=512, type_vocab_size=2, **BERT_BASE)
+    folder.mkdir(parents=True, exist_ok=True)
+    BertModel(config).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm / name, folder / name)
+    return {"vocab_size": len(vocab), "special_ids": ids, "do_lower_case": lower,
+            "tokenizer_from": "the packaged MiniLM (BERT's uncased WordPiece vocabulary)", **BERT_BASE}
+
+
+# ------------------------------------------------------------------------------------------------------ figure
+def _arm(ctx, questions: int) -> dict:
+    from .squadgen import write_squad
+
+    data = write_squad(ctx.tmp / "squad_dev" / f"gen_{questions}.json", questions, seed=0)
+    out = ctx.tmp / "squad_dev" / f"run_{questions}"
+    res = run_cli(ctx, out, data, [])
+    layers, heads = _geometry(out)
+    res.update(questions=questions, data=str(data), run=str(out), layers=layers, heads=heads,
+               report_bytes=(out / "report.html").stat().st_size)
+    res["report"] = report_interactive_s(out / "report.html")
+    res["explore"] = explore_latency(ctx, out, res["features"], layers, heads)
+    _print_arm(f"MiniLM, {questions} questions", res)
+    return res
+
+
+def _geometry(run: Path) -> tuple[int, int]:
+    from attnclust.store import open_attention_store
+
+    store = open_attention_store(run / "attention.zarr")
+    return store.n_layers, int(store.attention.shape[2])
+
+
+def _print_arm(label: str, res: dict) -> None:
+    gb = 1e9
+    pss = "-" if res["peak_pss"] is None else f"{res['peak_pss'] / gb:.2f}"
+    print(f"# squad_dev {label}: {res['features']} features, {res['wall_s']:.1f} s wall, peak RSS "
+          f"{res['peak_rss'] / gb:.2f} GB (tree; PSS {pss} GB), disk {res['disk_bytes'] / gb:.3f} GB, "
+          f"store {res['store']} (extract.store: {res['store_setting']})", flush=True)
+    for name, st in res["stages"].items():
+        rss = "-" if st["peak_rss"] is None else f"{st['peak_rss'] / gb:.2f} GB"
+        print(f"#   {name:<10} {st['seconds'] or 0:8.1f} s  peak RSS {rss:>8}  wrote {st['bytes'] / 1e6:9.1f} MB"
+              f"{' (skipped: ' + st['skipped_reason'] + ')' if st.get('skipped_reason') else ''}", flush=True)
+    if "report" in res:
+        ex = res["explore"]
+        print(f"#   report.html {res['report_bytes'] / 1e6:.2f} MB, interactive in Chromium "
+              f"{res['report']['interactive_s']:.2f} s (load {res['report']['load_s']:.2f} s); explore p95 "
+              f"/api/map {ex['map_p95_ms']:.1f} ms, /api/search {ex['search_p95_ms']:.1f} ms", flush=True)
+
+
+def _ran(stage: dict) -> bool:
+    """A stage that did its work (not skipped by its settings, not found complete)."""
+    return bool(stage.get("seconds")) and not stage.get("skipped_reason") and not stage.get("skipped")
+
+
+def _slim(res: dict) -> dict:
+    return {k: v for k, v in res.items() if k not in ("command",)}
+
+
+def _bert_pair(ctx, features_per_question: float, n_features: int) -> dict:
+    """BERT-base and MiniLM on the same ~``n_features`` generated features (every stage), then BERT-base's store
+    in the other mode (extract only)."""
+    from .squadgen import write_squad
+
+    questions = max(1, round(n_features / features_per_question))
+    data = write_squad(ctx.tmp / "squad_dev" / f"gen_bert_{questions}.json", questions, seed=0)
+    folder = ctx.tmp / "squad_dev" / "bert_base_random"
+    checked = write_bert_base(folder)
+    runs = {}
+    for label, sets in (("minilm", []), ("bert_base", [f"model.name={folder}"])):
+        out = ctx.tmp / "squad_dev" / f"pair_{label}"
+        runs[label] = run_cli(ctx, out, data, sets)
+        _print_arm(f"{label} pair, {questions} questions", runs[label])
+    used = runs["bert_base"]["store"] or "full"
+    other = "full" if used.startswith("compact") else "compact"
+    out = ctx.tmp / "squad_dev" / f"pair_bert_base_{other}"
+    runs["bert_base_other_store"] = run_cli(ctx, out, data, [f"model.name={folder}", f"extract.store={other}"],
+                                            command="extract")
+    return {"questions": questions, "model": checked, "runs": runs}
+
+
+def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_questions: list[int]) -> None:
+    """The MiniLM arms at ``questions`` (run smallest first; the largest is the dev arm), then the BERT-base pair
+    over about ``bert_features`` features. Growth goals are judged only at ``default_questions`` (1k, 4k, dev)."""
+    questions = sorted(set(questions))
+    at_dev = questions[-1] == DEV_QUESTIONS
+    at_default_arms = questions == sorted(set(default_questions))
+    arms = [_arm(ctx, q) for q in questions]
+    dev = arms[-1]
+
+    def fig(name: str, value: float, key: str, settings: dict, *, judged: bool) -> None:
+        op, goal = GOALS[key]
+        extra = {"goal_at_dev_size": f"{op}{goal:g}", "questions": questions,
+                 "judged": judged, **({} if judged else {"why_not_judged": "not dev's size / default arms"})}
+        ctx.figure(f"squad_dev_{name}", value, op if judged else None, goal if judged else None,
+                   {**extra, **settings})
+
+    common = {"store_mode": dev["store"], "store_setting": dev["store_setting"], "features": dev["features"],
+              "examples": dev["examples"],
+              "job": "jobs/demo.yaml (the default job), data.path = generated SQuAD v2 (bench/squadgen.py)"}
+    fig("e2e_min", dev["wall_s"] / 60, "e2e_min", {**common, "stages": dev["stages"], "wall_s": dev["wall_s"],
+        "note": "the CLI child from start to exit: imports, Dask start-up, every stage"}, judged=at_dev)
+    fig("disk_gb", dev["disk_bytes"] / 1e9, "disk_gb", {**common, "store_bytes": dev["store_bytes"],
+        "note": "allocated blocks of the run directory at the end"}, judged=at_dev)
+    fig("peak_rss_gb", dev["peak_rss"] / 1e9, "peak_rss_gb", {**common, "sample_s": SAMPLE_S,
+        "peak_pss_gb": None if dev["peak_pss"] is None else dev["peak_pss"] / 1e9,
+        "note": "summed RSS of the CLI process and its descendants (Dask nanny, workers); shared pages count "
+                "once per process (peak_pss_gb: summed PSS, sampled every 5th time, counts them once)"},
+        judged=at_dev)
+    fig("report_mb", dev["report_bytes"] / 1e6, "report_mb", common, judged=at_dev)
+    fig("report_interactive_s", dev["report"]["interactive_s"], "report_interactive_s",
+        {**common, **dev["report"], "note": "navigation -> load -> click on a grid cell -> head panel visible"},
+        judged=at_dev)
+    fig("explore_map_p95_ms", dev["explore"]["map_p95_ms"], "explore_map_p95_ms", {**common, **dev["explore"]},
+        judged=at_dev)
+    fig("explore_search_p95_ms", dev["explore"]["search_p95_ms"], "explore_search_p95_ms",
+        {**common, **dev["explore"]}, judged=at_dev)
+    feats = [a["features"] for a in arms]
+    per_arm = {str(a["questions"]): _slim(a) for a in arms}
+    if len(arms) >= 2:
+        timed = [name for name, st in dev["stages"].items() if _ran(st) and all(
+                 _ran(a["stages"].get(name, {})) for a in arms)]
+        for name in [*timed, "e2e"]:
+            secs = [a["wall_s"] if name == "e2e" else a["stages"][name]["seconds"] for a in arms]
+            worst, ratios = growth_ratio(secs, feats)
+            fig(f"growth_{name}", worst, "growth", {
+                "features": feats, "seconds": secs, "seconds_per_feature": [s / f for s, f in zip(secs, feats)],
+                "ratios_vs_smallest": ratios,
+                "note": "seconds per feature at each larger arm over the smallest arm's; the largest ratio"},
+                judged=at_dev and at_default_arms)
+    fpq = dev["features"] / dev["examples"]
+    dev_features = DEV_QUESTIONS * fpq
+    pair = _bert_pair(ctx, fpq, bert_features)
+    runs = pair["runs"]
+    bert, mini = runs["bert_base"], runs["minilm"]
+    scale = dev_features / dev["features"]
+    maps_ratio = (bert["maps"] / bert["features"]) / (mini["maps"] / mini["features"])
+    projected, stage_proj, pair_ratio = 0.0, {}, {}
+    for name, st in dev["stages"].items():
+        if not (_ran(st) and _ran(bert["stages"].get(name, {})) and _ran(mini["stages"].get(name, {}))):
+            continue
+        pair_ratio[name] = bert["stages"][name]["seconds"] / mini["stages"][name]["seconds"]
+        # the forward (extract, qa) scales as measured on the pair; the later stages work on maps: at dev's size
+        # their fixed costs are paid once, so they scale with the maps (x2), not with the 200-feature pair's ratio
+        ratio = pair_ratio[name] if name in MODEL_STAGES else maps_ratio
+        stage_proj[name] = st["seconds"] * scale * ratio
+        projected += stage_proj[name]
+    startup = dev["wall_s"] - sum(st.get("seconds") or 0 for st in dev["stages"].values())
+    pair_settings = {"bert_features": bert["features"], "pair_questions": pair["questions"], "model": pair["model"],
+                     "dev_features_estimated": round(dev_features), "features_per_question": round(fpq, 4),
+                     "bert_store_mode": bert["store"], "other_store_mode": runs["bert_base_other_store"]["store"],
+                     "pair": {k: _slim(v) for k, v in runs.items()},
+                     "weights": "random init (seed 0): near-uniform attention, the worst case for a compact store"}
+    ctx.figure("squad_dev_bertbase_projected_min", (projected + startup) / 60, None, None, {
+        **pair_settings, "projected_stage_s": stage_proj, "startup_and_between_stages_s": startup,
+        "bert_over_minilm_seconds_on_the_pair": pair_ratio, "maps_ratio": maps_ratio,
+        "method": "MiniLM dev arm's stage seconds x (dev features / its features) x, for extract and qa, BERT-base "
+                  "over MiniLM seconds on the same features; for the stages after them, BERT-base's maps over "
+                  "MiniLM's (144 / 72); plus the dev arm's start-up"})
+    gb = {}
+    for key, run in (("used", bert), ("other", runs["bert_base_other_store"])):
+        gb[key] = run["store_bytes"] / run["features"] * dev_features / 1e9
+    fig("bertbase_store_gb", gb["used"], "bertbase_store_gb", {
+        **pair_settings, "store_bytes_per_feature": bert["store_bytes"] / bert["features"],
+        f"{runs['bert_base_other_store']['store']}_store_gb": gb["other"],
+        "method": "BERT-base arm's attention.zarr bytes per feature x dev's features (estimated from the dev "
+                  "arm's features per question)"}, judged=True)
+    brief = {k: v for k, v in pair_settings.items() if k != "pair"}
+    ctx.figure("squad_dev_bertbase_other_store_gb", gb["other"], None, None,
+               {**brief, "store_mode": runs["bert_base_other_store"]["store"]})
+    run_bytes = bert["disk_bytes"] / bert["features"] * dev_features / 1e9
+    print(f"# squad_dev BERT-base projection for dev ({round(dev_features)} features): "
+          f"{(projected + startup) / 60:.1f} min; store {gb['used']:.2f} GB ({bert['store']}), {gb['other']:.2f} GB "
+          f"({runs['bert_base_other_store']['store']}); run directory {run_bytes:.2f} GB", flush=True)
+    ctx.state["squad_dev"] = {"arms": per_arm}
