@@ -151,7 +151,9 @@ class ExtractConfig(_Model):
     store_budget_gb
         What ``store: auto`` lets a full store take, in GB (10^9 bytes): the projected size is that of every map
         at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths, the
-        figure the pre-flight line prints), an upper bound: zstd takes float16 maps to about 0.6-0.9 of it.
+        figure the pre-flight line prints). It is an upper bound that holds for any model: on disk zstd takes
+        MiniLM's float16 maps at SQuAD-like lengths to about 0.15 of it (``bench/README.md``,
+        ``store_bytes_per_map``), a random model's diffuse maps only to about 0.5, so no ratio is assumed.
     exact_sample
         Features whose exact maps a compact store also holds, float16, in its ``exact`` array (their ids in
         ``exact_feature``): evenly spaced along the store's order (by length, so from the shortest feature to the

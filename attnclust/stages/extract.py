@@ -35,7 +35,7 @@ PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a compact store holds (checked by the featurize stage)."""
 
 __all__ = ["ExtractStage", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
-           "prepare_inputs", "shard_features", "store_bytes"]
+           "prepare_inputs", "shard_features", "store_bytes", "store_plan"]
 
 
 def file_sha256(path: Path) -> str:

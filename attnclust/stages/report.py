@@ -149,7 +149,9 @@ class ReportStage(Stage):
             atomic_write_parquet(head_layout, layout.head_layout)
             store = open_attention_store(layout.attention)
             if store.mode != "full":  # say which maps each analysis read (their tables' attrs say it too)
-                notes.append(map_source_note(store, {**heads.attrs.get("map_source", {}),
+                clustering = ctx.records.get("featurize", {}).get("map_source")
+                notes.append(map_source_note(store, {**({"clustering": clustering} if clustering else {}),
+                                                     **heads.attrs.get("map_source", {}),
                                                      **head_layout.attrs.get("map_source", {})}))
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
@@ -186,7 +188,8 @@ def map_source_note(store, sources: dict[str, str]) -> str:
     groups["compact"] += ["cluster mean maps", "medoid maps", "the question maps of this page"]
     n = len(store.exact_features) if store.exact is not None else 0
     said = {"exact sample": f"exact maps of the store's sample of {n:,} features",
-            "compact": "compact maps", "full": "statistics computed from every exact map at extraction"}
+            "compact": "compact maps",
+            "full": "statistics (and profile vectors) computed from every exact map at extraction"}
     parts = [f"{said[source]}: {', '.join(names)}" for source, names in groups.items() if names]
     return (f"The attention store is compact: each query row keeps only its largest weights (holding {mass:g} of "
             f"the row), so maps drawn from it are approximate. Read from {'; from '.join(parts)}.")

@@ -3,8 +3,10 @@
 ``auto`` keeps every map (a ``full`` store) while the full store's projected size fits ``extract.store_budget_gb``
 and writes a ``compact`` store otherwise. The projection is the one the pre-flight line has always printed: every
 map at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths), an
-upper bound that needs no measurement of the data; a float16 store takes about 0.6-0.9 of it after zstd. A compact
-store also keeps the exact (float16) maps of ``extract.exact_sample`` features, evenly spaced along the store's
+upper bound that holds for any model. No compression ratio is assumed: zstd takes MiniLM's float16 maps at
+SQuAD-like lengths to about 0.15 of it (``bench/README.md``: ``store_bytes_per_map`` 0.0735 of float32 bytes), a
+random model's diffuse maps only to about 0.5, and a ratio measured on one model would let another overrun. A
+compact store also keeps the exact (float16) maps of ``extract.exact_sample`` features, evenly spaced along the store's
 order (:func:`attnclust.store.exact_sample_ids`), for the analyses that need exact maps; the extract task writes
 them through :class:`ExactSampleWriter`, beside the shard.
 """

@@ -1,7 +1,7 @@
-"""``extract.store: auto`` and a compact store's exact sample: the choice against ``extract.store_budget_gb`` (pre-flight
-line, store, fingerprint), the sample (deterministic, evenly spread, the exact maps bit for bit), the analyses that
-need exact maps reading only the sample on a compact store whose compact maps are a decoy, the map source each
-analysis states, and bad settings."""
+"""``extract.store: auto`` and a compact store's exact sample: the choice against ``extract.store_budget_gb``
+(pre-flight line, store, fingerprint), the sample (deterministic, evenly spread, the exact maps bit for bit), the
+analyses that need exact maps reading only the sample on a compact store whose compact maps are a decoy, the map
+source each analysis states, and bad settings."""
 
 from __future__ import annotations
 
@@ -162,7 +162,8 @@ def test_head_distances_read_only_the_exact_sample(tmp_path):
     from attnclust.analysis.distances import compute_head_layout, head_distances
 
     planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(4), n_features=6, n_layers=2,
-                                  n_heads=2, lengths=(8, 30), kinds=("previous", "next", "cls", "broad"), shuffle_heads=False)
+                                  n_heads=2, lengths=(8, 30), kinds=("previous", "next", "cls", "broad"),
+                                  shuffle_heads=False)
     before = open_attention_store(RunLayout(planted.root).attention)
     sample = [1, 4]
     exact = {f: np.asarray(before.read_block(f, f + 1)[0, :, :, :before.seq_len[f], :before.seq_len[f]])
@@ -227,6 +228,10 @@ def test_the_report_states_each_analysis_map_source(planted_qa):
     assert pd.read_parquet(layout.head_layout).attrs["map_source"] == {"head_distances": "exact sample"}
     html = layout.report.read_text()
     assert "The attention store is compact" in html and "exact maps of the store&#39;s sample of 5 features" in html
+    assert "computed from every exact map at extraction: clustering, " in html     # profile: the stored vectors
+    from attnclust.store import open_embedding
+
+    assert open_embedding(store.root).attrs["map_source"] == "full"
 
 
 def test_a_full_run_states_full_everywhere(small_planted_run):
