@@ -523,9 +523,11 @@ class ExtractStage(Stage):
         return [(s, e, ctx.cfg, device) for s, e in blocks], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
-        """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained``."""
+        """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the
+        resolved ``store`` (``full`` or ``compact``)."""
         inputs = ctx.inputs
-        blocks = open_attention_store(ctx.layout.attention, require_complete=False).blocks()
+        store = open_attention_store(ctx.layout.attention, require_complete=False)
+        blocks = store.blocks()
         finish_store(ctx.layout, len(blocks))
         if ctx.cfg.extract.head_outputs and inputs["model_info"].get("kind") != "causal":  # -> head_outputs.zarr
             consolidate_head_outputs(ctx.layout.head_outputs, [ctx.layout.head_output_part(b) for b in
@@ -549,4 +551,4 @@ class ExtractStage(Stage):
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
-                "data_path": inputs["data_path"], **induction}
+                "data_path": inputs["data_path"], "store": store.mode, **induction}
