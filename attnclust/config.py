@@ -50,7 +50,7 @@ Backend = Literal["auto", "cpu", "gpu"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
 ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
 StoreDtype = Literal["float16", "uint8"]
-StoreMode = Literal["full", "compact"]
+StoreMode = Literal["auto", "full", "compact"]
 ModelKind = Literal["auto", "encoder", "causal"]
 PromptStyle = Literal["plain", "short", "example"]
 Decoding = Literal["greedy", "context"]
@@ -141,10 +141,25 @@ class ExtractConfig(_Model):
         Refuse to start when the store's uncompressed size (features x layers x heads x width x width) would
         exceed this many GB (10^9 bytes); ``None``: only the check against the free space of the output disk.
     store
-        ``full`` (default): every map, dense. ``compact``: per query row only the largest weights holding at
-        least ``compact_mass`` of the row's mass (uint8 weights + int16 key indices), plus the ``profile``
-        featurizer's vectors computed from the exact maps; readers reconstruct approximate dense maps.
-        ``store_dtype`` applies to the full store only.
+        ``auto`` (default): ``full`` while the full store's projected size fits ``store_budget_gb``, otherwise
+        ``compact``; the pre-flight line says which and why, and the resolved mode is what the fingerprint and
+        the store record (an ``auto`` run that resolves to ``full`` is the same extraction as ``full``).
+        ``full``: every map, dense. ``compact``: per query row only the largest weights holding at least
+        ``compact_mass`` of the row's mass (uint8, the other weights zero), plus the ``profile`` featurizer's
+        vectors computed from the exact maps, plus the exact (float16) maps of ``exact_sample`` features;
+        readers reconstruct approximate dense maps. ``store_dtype`` applies to the full store only.
+    store_budget_gb
+        What ``store: auto`` lets a full store take, in GB (10^9 bytes): the projected size is that of every map
+        at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths, the
+        figure the pre-flight line prints). It is an upper bound that holds for any model: on disk zstd takes
+        MiniLM's float16 maps at SQuAD-like lengths to about 0.15 of it (``bench/README.md``,
+        ``store_bytes_per_map``), a random model's diffuse maps only to about 0.5, so no ratio is assumed.
+    exact_sample
+        Features whose exact maps a compact store also holds, float16, in its ``exact`` array (their ids in
+        ``exact_feature``): evenly spaced along the store's order (by length, so from the shortest feature to the
+        longest), the same for the same data. The analyses that need exact maps (head distances, syntax, answer
+        attention, retrieval heads) read only these on a compact store, and the explorer shows them exactly. ``0``:
+        none (those analyses then read the compact maps, and say so).
     compact_mass
         Share of each query row's attention mass a compact store keeps (0 < mass <= 1).
     compact_max_keys
@@ -182,7 +197,9 @@ class ExtractConfig(_Model):
     store_dtype: StoreDtype = _choice("float16", StoreDtype)
     max_store_gb: float | None = _num(None, 0, lo_open=True, allowed="a number > 0 (GB), or null for only the "
                                       "free-space check")
-    store: StoreMode = _choice("full", StoreMode)
+    store: StoreMode = _choice("auto", StoreMode)
+    store_budget_gb: float = _num(5.0, 0, lo_open=True, allowed="a number > 0 (GB)")
+    exact_sample: int = _int(256, 0, 100000)
     compact_mass: float = _num(0.95, 0, lo_open=True, hi=1.0)
     compact_max_keys: int | None = _int(None, 1, 32767)
     overlap: bool | None = _setting(None, "true | false, or null (overlap on a GPU only)")

@@ -362,23 +362,36 @@ class ExploreApp:
             out.append(int(value))
         return out[0], out[1], out[2]
 
+    def map_source(self, feature: int) -> str:
+        """Where :meth:`read_map` reads ``feature``'s maps: ``full``, ``exact sample`` (a compact store's exact
+        maps of the feature) or ``compact`` (its approximate maps: the feature is not in the sample)."""
+        store = self.store
+        if store.exact is not None and feature in set(store.exact_features.tolist()):
+            return "exact sample"
+        return store.mode
+
     def read_map(self, feature: int, layer: int, head: int) -> tuple:
-        """One map at its full true length and its tokens.
+        """One map at its full true length and its tokens: exact where the store holds it exactly (a full store,
+        or a compact store's exact sample), otherwise the compact store's approximation (:meth:`map_source`).
 
         Returns
         -------
         weights : numpy.ndarray of float32, shape (query, key) = (n, n)
         tokens : list of str, length n
         """
-        weights = self.store.read_map(feature, layer, head)
+        if self.map_source(feature) == "exact sample":
+            weights = self.store.read_exact(feature)[layer, head]
+        else:
+            weights = self.store.read_map(feature, layer, head)
         tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
         return weights, tokens
 
     def map_json(self, feature: int, layer: int, head: int) -> dict:
         """``/api/map`` as JSON: ``feature``, ``layer``, ``head``, ``example_id``, ``seq_len``, ``tokens``,
         ``segment_ids``, ``question``, ``answer`` (the gold answer's inclusive token span ``[start, end]``, or
-        ``null`` when it is not in this feature or the run has no answer positions) and ``weights`` (query rows of
-        key weights, rounded to :data:`MAP_DECIMALS`)."""
+        ``null`` when it is not in this feature or the run has no answer positions), ``weights`` (query rows of
+        key weights, rounded to :data:`MAP_DECIMALS`) and ``source`` (:meth:`map_source`: ``full``, ``exact
+        sample`` or ``compact``)."""
         import numpy as np
 
         weights, tokens = self.read_map(feature, layer, head)
@@ -388,7 +401,8 @@ class ExploreApp:
                 "seq_len": len(tokens), "tokens": tokens, "segment_ids": [int(s) for s in row["segment_ids"]],
                 "question": self.questions().get(str(row["example_id"]), ""),
                 "answer": [a, b] if 0 <= a <= b < len(tokens) else None,
-                "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist()}
+                "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist(),
+                "source": self.map_source(feature)}
 
     def map_png(self, feature: int, layer: int, head: int) -> bytes:
         """``/api/map?format=png``: the map drawn at full length with token labels (matplotlib Agg).
@@ -413,7 +427,9 @@ class ExploreApp:
         labels = [t.replace("$", r"\$") for t in tokens]
         ax.set_xticks(np.arange(n), labels, rotation=90, fontsize=6)
         ax.set_yticks(np.arange(n), labels, fontsize=6)
-        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens)", fontsize=9)
+        source = self.map_source(feature)
+        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens)" + ("" if source == "full" else
+                                                                          f", {source} map"), fontsize=9)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         buf = io.BytesIO()

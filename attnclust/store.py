@@ -12,6 +12,9 @@ Store contract (documented in README; other tools rely on it)::
                             holding >= compact.mass of the row, as max(1, round(255 * weight)); 0 elsewhere
         profile             float32 (feature, layer, head, component): the ``profile`` featurizer's vectors of
                             the exact maps, computed at extraction
+        exact               float16 (sample, layer, head, query, key): the exact maps of a sample of features
+                            (``extract.exact_sample``; absent when it is 0), zero beyond each one's seq_len
+        exact_feature       int64 (sample): the feature id of each ``exact`` row, increasing
     attnclust also writes ``profile`` in a full store (attrs ``profile``: featurizer and version), where the
     contract does not require it: the featurize stage reads those vectors instead of the maps when their
     version is its own.
@@ -45,6 +48,7 @@ from .safeio import atomic_write_bytes, atomic_write_json  # re-exported: their 
 __all__ = [
     "DIMS",
     "EMBED_SCHEMA",
+    "MAP_SOURCES",
     "SCHEMA_VERSION",
     "AttentionStore",
     "atomic_write_bytes",
@@ -55,6 +59,7 @@ __all__ = [
     "quantize_uint8",
     "read_table",
     "create_attention_store",
+    "exact_sample_ids",
     "mark_store_complete",
     "open_attention_store",
     "open_embedding",
@@ -66,6 +71,9 @@ SCHEMA = "attnclust.attention"
 SCHEMA_VERSION = 1
 FEATURE_COLUMNS = ("feature_id", "example_id", "span", "seq_len", "tokens", "segment_ids")
 STORE_MODES = ("full", "compact")
+MAP_SOURCES = ("full", "compact", "exact sample")
+"""What an analysis read its maps from: every exact map of a ``full`` store, the approximate maps of a ``compact``
+store, or the ``exact sample`` of a compact store (:meth:`AttentionStore.exact_source`)."""
 DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
 EMBED_SCHEMA = "attnclust.embedding"
 """``schema`` attribute of a run's ``embedding.zarr`` (written by :mod:`attnclust.stages.featurize`)."""
@@ -93,6 +101,11 @@ class AttentionStore:
         The zarr array of ``profile`` vectors (feature, layer, head, component) computed from the exact maps at
         extraction (always there in a compact store); ``None`` for a full store that holds none (written by
         another tool, or by attnclust before it wrote them in every store).
+    exact
+        ``None``, or in a compact store with an exact sample the float16 zarr array of its exact maps
+        (sample, layer, head, query, key).
+    exact_features
+        int64 (sample,): the feature id of each row of ``exact`` (``None`` without one).
     """
 
     path: Path
@@ -100,11 +113,53 @@ class AttentionStore:
     seq_len: np.ndarray
     attrs: dict
     profile: Any = None
+    exact: Any = None
+    exact_features: np.ndarray | None = None
 
     @property
     def mode(self) -> str:
         """``full`` (every weight) or ``compact`` (each row's largest weights only: approximate maps)."""
         return str(self.attrs.get("store", "full"))
+
+    @property
+    def exact_source(self) -> str:
+        """What :meth:`read_exact` reads (one of :data:`MAP_SOURCES`): ``full`` (every map, exact), ``exact
+        sample`` (a compact store's sample) or ``compact`` (a compact store without one: approximate maps)."""
+        if self.mode == "full":
+            return "full"
+        return "exact sample" if self.exact is not None else "compact"
+
+    def exact_ids(self) -> np.ndarray:
+        """The features :meth:`read_exact` reads, increasing: the exact sample's on a compact store holding one,
+        otherwise every feature. int64 (feature,)."""
+        if self.exact is not None:
+            return np.asarray(self.exact_features, dtype=np.int64)
+        return np.arange(self.n_features, dtype=np.int64)
+
+    def read_exact(self, feature: int) -> np.ndarray:
+        """One feature's maps, as exact as the store holds them: the full store's, the exact sample's (a feature
+        outside it is an error), or a compact store's approximate ones when it holds no sample
+        (:attr:`exact_source` says which).
+
+        Returns
+        -------
+        numpy.ndarray
+            (layer, head, query, key) float32 at the feature's true length.
+
+        Raises
+        ------
+        attnclust.errors.StoreError
+            A compact store with an exact sample that does not hold ``feature``.
+        """
+        n = int(self.seq_len[feature])
+        if self.exact is None:
+            return self.read_block(feature, feature + 1)[0, :, :, :n, :n]
+        row = int(np.searchsorted(self.exact_features, feature))
+        if row >= len(self.exact_features) or int(self.exact_features[row]) != feature:
+            raise StoreError(f"store {self.path}: feature {feature} is not in the exact sample (features "
+                             f"{_ids_text(self.exact_features)}); read the compact map with read_map or read_block")
+        with self._reading(feature, feature + 1):
+            return self._decode(self.exact[row, :, :, :n, :n], scale=1.0)  # float16 weights, never quantised
 
     @property
     def n_features(self) -> int:
@@ -191,11 +246,12 @@ class AttentionStore:
             raise StoreError(f"store {self.path}: {span} unreadable ({error_text(exc)}); the store is damaged: "
                              f"{DAMAGE_FIX}") from None
 
-    def _decode(self, values) -> np.ndarray:
+    def _decode(self, values, scale: float | None = None) -> np.ndarray:
         import torch  # torch's float16 -> float32 conversion is ~3x faster than NumPy's
 
+        scale = self.scale if scale is None else scale
         out = torch.from_numpy(np.ascontiguousarray(values)).float().numpy()
-        return out * np.float32(self.scale) if self.scale != 1.0 else out
+        return out * np.float32(scale) if scale != 1.0 else out
 
     def read_block(self, start: int, stop: int) -> np.ndarray:
         """Maps of features ``start:stop`` cropped to the block's longest true length, as float32 (approximate in
@@ -209,6 +265,32 @@ class AttentionStore:
         n = int(self.seq_len[start:stop].max()) if stop > start else 0
         with self._reading(start, stop):
             return self._decode(self.attention[start:stop, :, :, :n, :n])
+
+
+def _ids_text(ids: np.ndarray) -> str:
+    ids = [int(i) for i in ids]
+    return ", ".join(map(str, ids)) if len(ids) <= 6 else f"{', '.join(map(str, ids[:5]))}, ... ({len(ids)} in all)"
+
+
+def exact_sample_ids(n_features: int, size: int) -> np.ndarray:
+    """The features a compact store keeps exactly: ``size`` of ``0..n_features-1`` evenly spaced (the first and
+    the last included), all of them when ``size >= n_features``, none for ``size = 0``.
+
+    The store is ordered by length, so the sample spans the lengths from the shortest feature to the longest at
+    even quantiles; it depends only on ``n_features`` and ``size`` (the same data gives the same sample).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 (sample,), increasing, distinct.
+    """
+    if size <= 0 or n_features <= 0:
+        return np.zeros(0, np.int64)
+    if size >= n_features:
+        return np.arange(n_features, dtype=np.int64)
+    if size == 1:
+        return np.array([(n_features - 1) // 2], np.int64)
+    return np.rint(np.linspace(0, n_features - 1, size)).astype(np.int64)  # steps >= 1: distinct
 
 
 def quantize_uint8(weights: np.ndarray) -> np.ndarray:
@@ -283,7 +365,8 @@ def _zarr():
 def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, num_heads: int,
                            features_per_task: int, attrs: dict, dtype: str = "float16", mode: str = "full",
                            compact_mass: float = 0.95, compact_max_keys: int | None = None,
-                           profile_dim: int | None = None) -> AttentionStore:
+                           profile_dim: int | None = None,
+                           exact_features: np.ndarray | None = None) -> AttentionStore:
     """Create the attention store (``path`` must not exist) with one shard per ``features_per_task`` features.
 
     The query/key width is the longest true length (not ``max_seq_len``); padding beyond each feature's own
@@ -300,14 +383,23 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     bit-shuffling: 0.00965 of raw float32 per map against 0.01163 in query-major order with zstd level 1, for
     1.1 s instead of 0.4 s per 40 features of ~150 tokens written (2 cores; key-major zstd-1: 0.0108; the full
     store keeps zstd-1, which is what its float16 weights compress best per second).
+
+    ``exact_features`` (compact only; :func:`exact_sample_ids`): features whose exact maps are also kept, as
+    float16 in the ``exact`` array (one shard per feature, so each extract task writes only its own features'),
+    their ids in ``exact_feature``, ``attrs["exact_sample"] = {"features": count}``; ``None`` or empty: none.
     """
     if dtype not in ("float16", "uint8"):
         raise ValueError(f"store dtype {dtype!r}: allowed float16 | uint8")
     if mode not in STORE_MODES:
         raise ValueError(f"store mode {mode!r}: allowed {' | '.join(STORE_MODES)}")
+    sample = np.zeros(0, np.int64) if exact_features is None else np.asarray(exact_features, np.int64)
+    if len(sample) and mode != "compact":
+        raise ValueError("an exact sample is kept by a compact store only (a full store is exact throughout)")
     if mode == "compact":  # uint8, each row's largest weights only
         dtype = "uint8"
         attrs = {**attrs, "compact": {"mass": compact_mass, "max_keys": compact_max_keys}}
+        if len(sample):
+            attrs["exact_sample"] = {"features": len(sample)}
     if dtype == "uint8":
         attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
     zarr = _zarr()
@@ -339,11 +431,23 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         "profile", shape=(n, num_layers, num_heads, profile_dim), dtype="float32", fill_value=0,
         chunks=(features_per_task, num_layers, num_heads, profile_dim), config=COMPLETE,
         compressors=with_checksum(ZstdCodec(level=1)), dimension_names=(*DIMS[:3], "component"))
+    exact = None
+    if len(sample):
+        side = int(seq_len[sample].max())
+        exact = group.create_array(
+            "exact", shape=(len(sample), num_layers, num_heads, side, side), dtype="float16", fill_value=0,
+            shards=(1, num_layers, num_heads, side, side), chunks=(1, 1, num_heads, side, side), config=COMPLETE,
+            compressors=with_checksum(ZstdCodec(level=1)), dimension_names=("sample", *DIMS[1:]))
+        ids = group.create_array("exact_feature", shape=(len(sample),), dtype="int64", chunks=(len(sample),),
+                                 config=COMPLETE, compressors=with_checksum(ZstdCodec(level=1)),
+                                 dimension_names=("sample",))
+        ids[:] = sample
     seq = group.create_array("seq_len", shape=(n,), dtype="int32", chunks=(max(n, 1),), config=COMPLETE,
                              compressors=with_checksum(ZstdCodec(level=1)), dimension_names=("feature",))
     seq[:] = seq_len.astype(np.int32)
     return AttentionStore(path=path, attention=attention, seq_len=np.asarray(seq_len, np.int32),
-                          attrs=dict(group.attrs), profile=profile)
+                          attrs=dict(group.attrs), profile=profile, exact=exact,
+                          exact_features=sample if len(sample) else None)
 
 
 def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool = True) -> AttentionStore:
@@ -375,11 +479,14 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
         raise StoreError(f"store {path}: attribute store = {store_mode!r} is not one of "
                          f"{' | '.join(STORE_MODES)}; {fix}")
     names = ("attention", "profile") if store_mode == "compact" else ("attention",)
+    if store_mode == "compact" and attrs.get("exact_sample"):
+        names = (*names, "exact", "exact_feature")
     try:
         arrays = {name: group[name] for name in names}
         if store_mode == "full" and "profile" in group:  # attnclust writes it in every store
             arrays["profile"] = group["profile"]
         seq_len = np.asarray(group["seq_len"][:], dtype=np.int32)
+        sample = np.asarray(arrays["exact_feature"][:], np.int64) if "exact_feature" in arrays else None
     except KeyError as exc:
         raise StoreError(f"store {path}: missing array {exc}; the contract needs {', '.join(map(repr, names))} "
                          f"and 'seq_len' in a {store_mode} store; {fix}") from None
@@ -399,9 +506,28 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
                          f"feature; {fix}")
     if len(seq_len) and (seq_len.min() < 1 or seq_len.max() > shape[3]):
         raise StoreError(f"store {path}: seq_len outside 1..{shape[3]}; {fix}")
+    exact = arrays.get("exact")
+    if exact is not None:
+        _check_exact(path, exact, sample, attention.shape, seq_len, fix)
     if require_complete and attrs.get("complete", True) is False:
         raise StoreError(f"store {path}: extraction did not finish; re-run the same command to resume it")
-    return AttentionStore(path=path, attention=attention, seq_len=seq_len, attrs=attrs, profile=profile)
+    return AttentionStore(path=path, attention=attention, seq_len=seq_len, attrs=attrs, profile=profile,
+                          exact=exact, exact_features=sample)
+
+
+def _check_exact(path: Path, exact, sample: np.ndarray, shape: tuple, seq_len: np.ndarray, fix: str) -> None:
+    """The exact sample's arrays fit the store: one increasing feature id per row, maps as wide as theirs."""
+    if len(sample) != exact.shape[0] or len(sample) == 0 or tuple(exact.shape[1:3]) != tuple(shape[1:3]) or \
+            exact.shape[3] != exact.shape[4]:
+        raise StoreError(f"store {path}: exact has shape {tuple(exact.shape)} with {len(sample)} exact_feature "
+                         f"ids; expected (sample, layer, head, query, key) with the store's layers and heads and "
+                         f"one id per row; {fix}")
+    if sample.min() < 0 or sample.max() >= len(seq_len) or (np.diff(sample) <= 0).any():
+        raise StoreError(f"store {path}: exact_feature is not increasing feature ids in 0..{len(seq_len) - 1}; "
+                         f"{fix}")
+    if seq_len[sample].max() > exact.shape[3]:
+        raise StoreError(f"store {path}: exact maps are {exact.shape[3]} wide, shorter than their features' "
+                         f"seq_len; {fix}")
 
 
 def mark_store_complete(path: Path) -> None:

@@ -489,3 +489,58 @@ def _write_planted(root, model: str, max_seq_len: int, head_types: np.ndarray, s
                                segment_ids=[q.segment_ids.tolist() for q in seqs], **(extra or {}))
     atomic_write_parquet(features, layout.features)
     return layout
+
+
+__all__ += ["write_compact_decoy"]
+
+
+def write_compact_decoy(root: str | Path, sample) -> Path:
+    """Rewrite the finished full store in ``root`` as a compact store whose exact sample holds the maps of
+    ``sample`` exactly and whose compact maps are a decoy: every map uniform over its true length.
+
+    An analysis that reads the exact sample sees the planted maps of the sample's features; one that reads the
+    compact maps sees only uniform heads. The ``profile`` vectors are seeded random numbers (so a clustering of
+    them has points to separate), recorded as the ``profile`` featurizer's current version.
+
+    Parameters
+    ----------
+    root
+        A directory holding a full ``attention.zarr`` (e.g. from :func:`write_planted_store`).
+    sample
+        Increasing feature ids (the exact sample).
+
+    Returns
+    -------
+    Path
+        The store's path.
+    """
+    import shutil
+
+    from .store import create_attention_store, mark_store_complete, open_attention_store
+
+    path = Path(root) / "attention.zarr"
+    full = open_attention_store(path)
+    sample = np.asarray(sample, np.int64)
+    exact = {int(f): np.asarray(full.attention[int(f)]) for f in sample}  # float16 (layer, head, width, width)
+    own = ("schema", "schema_version", "dims", "store", "complete", "quantization", "compact", "exact_sample")
+    from .featurize.profile import ProfileFeaturizer
+
+    attrs = {**{k: v for k, v in full.attrs.items() if k not in own},
+             "profile": {"featurizer": "profile", "version": ProfileFeaturizer.version}}
+    seq_len, per_task = full.seq_len, full.features_per_task
+    shutil.rmtree(path)
+    store = create_attention_store(path, seq_len=seq_len, num_layers=full.n_layers, num_heads=full.n_heads,
+                                   features_per_task=per_task, attrs=attrs, mode="compact", exact_features=sample)
+    write = {"write_empty_chunks": True}
+    for start, stop in store.blocks():
+        block = np.zeros((stop - start, *store.attention.shape[1:]), np.uint8)
+        for f in range(start, stop):
+            n = int(seq_len[f])
+            block[f - start, :, :, :n, :n] = max(1, round(255 / n))
+        store.attention.with_config(write)[start:stop] = block
+    store.profile.with_config(write)[:] = np.random.default_rng(0).random(store.profile.shape, np.float32)
+    side = store.exact.shape[-1]
+    for i, f in enumerate(sample):
+        store.exact.with_config(write)[i] = exact[int(f)][:, :, :side, :side]
+    mark_store_complete(path)
+    return path

@@ -82,7 +82,7 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     A: the extraction stage in-process (prepare_store + extract_block per shard + finish_store: forward, crop,
     statistics, QA spans, zarr shard, parquet parts) with the job's defaults (on CPU: conversion after each
     forward). A2: the same with ``extract.overlap: true`` (conversion of batch i in a second thread during the
-    forward of batch i+1). A3: ``extract.store: compact`` (defaults otherwise). B: bare forwards over the same length-sorted batches.
+    forward of batch i+1). A3: ``extract.store: compact`` without an exact sample (defaults otherwise). B: bare forwards over the same length-sorted batches.
     C: bare forwards over the same features in dataset order (unsorted batches).
     """
     import torch
@@ -95,7 +95,8 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     out = ctx.tmp / "extract"
     info = ctx.inputs["model_info"]
     cfgs = {"extract_stage": ctx.cfg, "extract_overlapped": _with_extract(ctx, overlap=True),
-            "extract_compact": _with_extract(ctx, store="compact")}
+            # the compact maps alone: a bench run's few features would all be in the default exact sample
+            "extract_compact": _with_extract(ctx, store="compact", exact_sample=0)}
     outs = {"extract_stage": out, "extract_overlapped": ctx.tmp / "extract_overlapped",
             "extract_compact": ctx.tmp / "extract_compact"}
     phases: dict[str, dict] = {}

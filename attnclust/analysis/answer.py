@@ -161,7 +161,8 @@ def answer_table(layout, features: pd.DataFrame, *, predictions: pd.DataFrame | 
     predictions : pandas.DataFrame, optional
         ``predictions.parquet``.
     max_features : int
-        At most this many answerable and this many unanswerable features are read (a seeded sample).
+        At most this many answerable and this many unanswerable features are read (a seeded sample; on a compact
+        store, of the features of its exact sample: :meth:`~attnclust.store.AttentionStore.read_exact`).
     random_state : int
         Seed of the sample.
 
@@ -174,6 +175,8 @@ def answer_table(layout, features: pd.DataFrame, *, predictions: pd.DataFrame | 
     usable = answer_features(features, layout=layout, predictions=predictions)
     if usable is None:
         return None
+    store = open_attention_store(layout.attention)
+    usable = usable[usable["feature_id"].isin(store.exact_ids())]  # a compact store: its exact sample only
     rng = np.random.default_rng(random_state)
     picked = []
     for kind in ("answerable", "unanswerable"):
@@ -182,11 +185,10 @@ def answer_table(layout, features: pd.DataFrame, *, predictions: pd.DataFrame | 
             ids = rng.choice(ids, size=max_features, replace=False)
         picked.append(ids)
     rows = usable.iloc[np.sort(np.concatenate(picked))]
-    store = open_attention_store(layout.attention)
     L, H = store.n_layers, store.n_heads
     frames = []
     for r in rows.itertuples(index=False):
-        lift, cls = feature_answer_attention(store.read_block(r.feature_id, r.feature_id + 1)[0], stop=r.stop,
+        lift, cls = feature_answer_attention(store.read_exact(int(r.feature_id)), stop=r.stop,
                                              start=r.start, end=r.end)
         frames.append(pd.DataFrame({"feature_id": np.full(L * H, r.feature_id, np.int64),
                                     "layer": np.repeat(np.arange(L, dtype=np.int64), H),
@@ -246,13 +248,14 @@ def _cached(ctx: HeadContext) -> pd.DataFrame:
 @head_analysis("answer_attention", columns=ANSWER_COLUMNS, unit="ratio",
                description=f"mass the question tokens put on the gold answer span over what a uniform head gives "
                            f"(1 = uniform), mean over up to {MAX_FEATURES} answerable features; split by the "
-                           f"model's answer being right (F1 >= {RIGHT_MIN_F1:g}) or wrong when predictions exist")
+                           f"model's answer being right (F1 >= {RIGHT_MIN_F1:g}) or wrong when predictions exist",
+               maps="exact")
 def _answer_attention(ctx: HeadContext) -> pd.DataFrame:
     return _cached(ctx)[["layer", "head", *ANSWER_COLUMNS]]
 
 
 @head_analysis("unanswerable_attention", columns=("unanswerable_cls",), unit="share",
                description=f"mass the question tokens put on [CLS] in unanswerable questions, mean over up to "
-                           f"{MAX_FEATURES} features")
+                           f"{MAX_FEATURES} features", maps="exact")
 def _unanswerable_attention(ctx: HeadContext) -> pd.DataFrame:
     return _cached(ctx)[["layer", "head", "unanswerable_cls"]]

@@ -600,6 +600,8 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     Returns
     -------
     maps, heads, clusters : pandas.DataFrame
+        ``heads.attrs["map_source"]`` maps each head analysis (and ``syntax``) to the maps it read: ``full``,
+        ``compact`` or ``exact sample`` (:func:`attnclust.analysis.heads.map_source`).
     """
     maps = labels.merge(stats, on=KEYS, how="inner", validate="one_to_one")
     if len(maps) != len(labels):
@@ -617,6 +619,7 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
         clusters = clusters.join(stability, on="cluster")
     heads = run_head_analyses(HeadContext(maps=maps, features=features, layout=layout, k=k, extra=dict(extra or {})),
                               heads)
+    sources = dict(heads.attrs.get("map_source", {}))  # which maps each analysis read (analysis/heads.py)
     atomic_write_parquet(maps, layout.table("maps"))
     if importance is not None:
         heads = heads.merge(importance.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
@@ -627,6 +630,8 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
         best = syntax_head_columns(syntax)
         heads = heads.merge(best.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
                             on=["layer", "head"], how="left", validate="one_to_one")
+        sources.update(syntax.attrs.get("map_source", {}))
+    heads.attrs["map_source"] = sources
     atomic_write_parquet(heads, layout.table("heads"))
     atomic_write_parquet(clusters, layout.table("clusters"))
     return maps, heads, clusters

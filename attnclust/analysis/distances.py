@@ -15,6 +15,9 @@ different lengths on one scale. :func:`js_between_maps` is the same distance bet
 runs (``attnclust compare``).
 
 Everything here needs only the store contract (``attention.zarr``), so it works on stores written by other tools.
+The distances need exact maps (a compact store's zeros are not the smoothed weights): on a compact store the
+features are sampled from its exact sample (:meth:`~attnclust.store.AttentionStore.read_exact`), and
+``head_layout.parquet`` says which maps were read in ``attrs["map_source"]``.
 """
 
 from __future__ import annotations
@@ -152,6 +155,9 @@ class HeadDistances:
         The sampled feature ids (store rows).
     max_rows : int or None
         Query rows sampled per feature (``None``: all).
+    source : str
+        The maps read: ``full``, ``exact sample`` or ``compact`` (:attr:`attnclust.store.AttentionStore.
+        exact_source`).
     """
 
     distances: np.ndarray
@@ -159,6 +165,7 @@ class HeadDistances:
     n_heads: int
     features: np.ndarray
     max_rows: int | None = None
+    source: str = "full"
 
     @property
     def layers(self) -> np.ndarray:
@@ -181,7 +188,8 @@ def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows
     store : attnclust.store.AttentionStore
         An opened attention store (any store following the contract).
     n_features : int or None, optional
-        Features sampled without replacement (``None``: every feature).
+        Features sampled without replacement (``None``: every feature); on a compact store, of its exact
+        sample.
     max_rows : int or None, optional
         Query rows sampled per feature longer than this (``None``: every row).
     random_state : int, optional
@@ -204,9 +212,10 @@ def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows
                                   or value < 1):
             raise ValueError(f"head distances: {name} {value!r}; allowed: an integer >= 1 or None (all)")
     rng = np.random.default_rng(random_state)
-    total = store.n_features
-    pick = np.arange(total) if n_features is None or n_features >= total else \
-        np.sort(rng.choice(total, int(n_features), replace=False))
+    ids = store.exact_ids()  # every feature, or a compact store's exact sample
+    total = len(ids)
+    pick = ids if n_features is None or n_features >= total else \
+        np.sort(ids[rng.choice(total, int(n_features), replace=False)])
     n_layers, n_heads = store.n_layers, store.n_heads
     acc = np.zeros((n_layers * n_heads,) * 2)
     step = "head distances"
@@ -214,13 +223,13 @@ def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows
         on_step(step, 0, len(pick), "features")
     for done, f in enumerate(pick, 1):
         n = int(store.seq_len[f])
-        maps = store.read_block(int(f), int(f) + 1)[0, :, :, :n, :n].reshape(n_layers * n_heads, n, n)
+        maps = store.read_exact(int(f)).reshape(n_layers * n_heads, n, n)
         rows = None if max_rows is None or n <= max_rows else np.sort(rng.choice(n, int(max_rows), replace=False))
         acc += js_between_heads(maps, rows=rows)
         if on_step is not None:
             on_step(step, done, len(pick), "features")
     return HeadDistances(distances=acc / max(len(pick), 1), n_layers=n_layers, n_heads=n_heads,
-                         features=pick.astype(np.int64), max_rows=max_rows)
+                         features=pick.astype(np.int64), max_rows=max_rows, source=store.exact_source)
 
 
 def embed_heads(distances: np.ndarray, *, random_state: int = 0) -> np.ndarray:
@@ -267,7 +276,8 @@ def head_layout_table(result: HeadDistances, *, random_state: int = 0) -> pd.Dat
     pandas.DataFrame
         One row per (layer, head) with :data:`HEAD_LAYOUT_COLUMNS`: ``x``, ``y`` (MDS position),
         ``mean_distance`` (to every other head), ``nearest_layer``, ``nearest_head``, ``nearest_distance``.
-        ``attrs`` holds ``n_features`` (sampled), ``max_rows`` and ``version``.
+        ``attrs`` holds ``n_features`` (sampled), ``max_rows``, ``version`` and ``map_source``
+        (``{"head_distances": source}``: ``full``, ``exact sample`` or ``compact``).
     """
     d = result.distances
     xy = embed_heads(d, random_state=random_state)
@@ -281,7 +291,8 @@ def head_layout_table(result: HeadDistances, *, random_state: int = 0) -> pd.Dat
         "nearest_head": heads[nearest].astype(np.int16),
         "nearest_distance": other[np.arange(n), nearest] if n > 1 else np.full(n, np.nan),
     })
-    table.attrs.update({"n_features": len(result.features), "max_rows": result.max_rows, "version": VERSION})
+    table.attrs.update({"n_features": len(result.features), "max_rows": result.max_rows, "version": VERSION,
+                        "map_source": {"head_distances": result.source}})
     return table
 
 

@@ -4,6 +4,11 @@ A head analysis is a function of a :class:`HeadContext` (every map's row with it
 features, the run's layout) returning one row per (layer, head) with its declared columns. Registered with
 :func:`head_analysis`, its columns join ``heads.parquet`` and the report draws each as a layer x head heatmap,
 with no other edit.
+
+Each analysis also declares which maps it reads (``maps``): ``statistics`` (only the per-map statistics, computed
+from every exact map at extraction), ``exact`` (exact maps from the store: on a compact store only its exact
+sample, :meth:`attnclust.store.AttentionStore.read_exact`) or ``stored`` (the store's maps as they are, approximate
+in a compact store). ``heads.parquet`` states what each one used in ``attrs["map_source"]`` (:func:`map_source`).
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ import pandas as pd
 
 from ..errors import DataError
 
-__all__ = ["HEAD_ANALYSES", "HeadAnalysis", "HeadContext", "analysis_versions", "head_analysis",
-           "run_head_analyses"]
+__all__ = ["HEAD_ANALYSES", "MAP_READS", "HeadAnalysis", "HeadContext", "analysis_versions", "head_analysis",
+           "map_source", "run_head_analyses"]
+
+MAP_READS = ("statistics", "exact", "stored")
+"""What maps a head analysis reads (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,8 @@ class HeadAnalysis:
         Bumped when the definition changes: part of the report stage's fingerprint.
     compute
         ``compute(ctx: HeadContext) -> pandas.DataFrame`` with ``layer``, ``head`` and ``columns``.
+    maps
+        What maps it reads: one of :data:`MAP_READS`.
     """
 
     name: str
@@ -46,6 +56,7 @@ class HeadAnalysis:
     description: str
     version: int
     compute: Callable
+    maps: str = "statistics"
 
 
 @dataclass
@@ -85,14 +96,17 @@ HEAD_ANALYSES: dict[str, HeadAnalysis] = {}
 
 
 def head_analysis(name: str, *, columns: tuple[str, ...], unit: str, description: str,
-                  version: int = 1) -> Callable:
+                  version: int = 1, maps: str = "statistics") -> Callable:
     """Decorator registering ``fn(ctx) -> DataFrame`` as the head analysis ``name``.
 
-    Registering a name again replaces the earlier definition.
+    ``maps`` is what it reads (one of :data:`MAP_READS`). Registering a name again replaces the earlier definition.
     """
+    if maps not in MAP_READS:
+        raise ValueError(f"head analysis {name!r}: maps={maps!r}; allowed: {' | '.join(MAP_READS)}")
+
     def register(fn: Callable) -> Callable:
         HEAD_ANALYSES[name] = HeadAnalysis(name=name, columns=tuple(columns), unit=unit, description=description,
-                                           version=version, compute=fn)
+                                           version=version, compute=fn, maps=maps)
         return fn
 
     return register
@@ -103,8 +117,26 @@ def analysis_versions() -> dict[str, int]:
     return {a.name: a.version for a in HEAD_ANALYSES.values()}
 
 
+def map_source(store, reads: str) -> str:
+    """What an analysis that reads ``reads`` maps (one of :data:`MAP_READS`) used, one of
+    :data:`attnclust.store.MAP_SOURCES`: ``full`` for the statistics (computed from every exact map at extraction)
+    and for the maps of a full store, the store's ``exact sample`` or ``compact`` maps otherwise.
+
+    Parameters
+    ----------
+    store : attnclust.store.AttentionStore or None
+        The run's store (``None``: none there, as for the statistics: ``full``).
+    reads
+        ``statistics``, ``exact`` or ``stored``.
+    """
+    if reads == "statistics" or store is None:
+        return "full"
+    return store.exact_source if reads == "exact" else store.mode
+
+
 def run_head_analyses(ctx: HeadContext, heads: pd.DataFrame) -> pd.DataFrame:
-    """``heads`` with the columns of every registered analysis joined on (layer, head).
+    """``heads`` with the columns of every registered analysis joined on (layer, head); its ``attrs["map_source"]``
+    maps each analysis' name to the maps it used (:func:`map_source`).
 
     Raises
     ------
@@ -124,4 +156,16 @@ def run_head_analyses(ctx: HeadContext, heads: pd.DataFrame) -> pd.DataFrame:
             raise DataError(f"head analysis {analysis.name!r}: column {clash[0]!r} already exists in heads.parquet")
         table = table.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype})
         heads = heads.merge(table, on=["layer", "head"], how="left", validate="one_to_one")
+    store = _open_store(ctx.layout)
+    heads.attrs["map_source"] = {a.name: map_source(store, a.maps) for a in HEAD_ANALYSES.values()}
     return heads
+
+
+def _open_store(layout):
+    """The run's attention store, or ``None`` where there is none (a context without a run directory)."""
+    path = getattr(layout, "attention", None)
+    if path is None or not path.exists():
+        return None
+    from ..store import open_attention_store
+
+    return open_attention_store(path)

@@ -135,21 +135,22 @@ def decoder_heads(ctx: HeadContext, *, max_features: int = MAX_FEATURES) -> pd.D
     """
     heads = ctx.maps[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
     out = heads.assign(retrieval=np.nan, retrieval_head=False, **{c: np.nan for c in ANSWER_STEP_COLUMNS})
-    usable = decoder_features(ctx.features, predictions=ctx.extra.get("predictions"), max_features=max_features)
     attention = getattr(ctx.layout, "attention", None)
-    if usable is None or usable.empty or attention is None or not attention.exists():
+    store = open_attention_store(attention) if attention is not None and attention.exists() else None
+    features = ctx.features if store is None else \
+        ctx.features[ctx.features["feature_id"].isin(store.exact_ids())]  # a compact store: its exact sample only
+    usable = decoder_features(features, predictions=ctx.extra.get("predictions"), max_features=max_features)
+    if usable is None or usable.empty or store is None:
         if usable is not None:
             log.info("decoder heads: skipped, no causal feature with a context or no attention store")
         return out
-    store = open_attention_store(attention)
     shape = (store.n_layers, store.n_heads)
     hits, steps = np.zeros(shape), 0
     masses = {"all": [], 1.0: [], 0.0: []}
     token_key = "input_ids" if "input_ids" in usable.columns else "tokens"
     for f in usable.itertuples(index=False):
-        maps = store.read_block(f.feature_id, f.feature_id + 1)[0]
+        maps = store.read_exact(int(f.feature_id))  # (layer, head, n, n)
         n = int(f.seq_len)
-        maps = maps[..., :n, :n]
         parts = list(f.part)
         rows, sources = feature_copy_steps(parts, getattr(f, token_key))
         scores, k = retrieval_scores(maps, rows, sources)
@@ -183,7 +184,8 @@ def _cached(ctx: HeadContext) -> pd.DataFrame:
 @head_analysis("retrieval", columns=RETRIEVAL_COLUMNS, unit="share",
                description=f"share of the answer's copy steps (an answer token equal to a context token) where the "
                            f"head's strongest attention is on the copied token; a retrieval head above "
-                           f"{RETRIEVAL_MIN:g} (Wu et al. 2024; causal models only, up to {MAX_FEATURES} features)")
+                           f"{RETRIEVAL_MIN:g} (Wu et al. 2024; causal models only, up to {MAX_FEATURES} features)",
+               maps="exact")
 def _retrieval(ctx: HeadContext) -> pd.DataFrame:
     return _cached(ctx)[["layer", "head", *RETRIEVAL_COLUMNS]]
 
@@ -192,6 +194,6 @@ def _retrieval(ctx: HeadContext) -> pd.DataFrame:
                description=f"mass the answer steps (the step choosing the first answer token and the answer's "
                            f"tokens) put on the gold answer span in the context, mean over up to {MAX_FEATURES} "
                            f"answerable features; split by the answer being right (F1 >= {RIGHT_MIN_F1:g}) or "
-                           f"wrong (causal models only)")
+                           f"wrong (causal models only)", maps="exact")
 def _answer_steps(ctx: HeadContext) -> pd.DataFrame:
     return _cached(ctx)[["layer", "head", *ANSWER_STEP_COLUMNS]]

@@ -92,8 +92,10 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
         :data:`SYNTAX_COLUMNS`, sorted by relation, direction, layer, head: ``accuracy`` (share of the ``n`` cases
         the head predicts), ``baseline`` (the best fixed offset's share), ``baseline_offset`` (that offset: gold
         head position minus the scored word's position, in words; the same for both directions). ``attrs`` hold
-        ``whole_sentences`` (the (feature, sentence) case sets evaluated) and ``cut_sentences`` (sentences left out
-        of a feature because its span boundary cuts them).
+        ``whole_sentences`` (the (feature, sentence) case sets evaluated), ``cut_sentences`` (sentences left out
+        of a feature because its span boundary cuts them) and ``map_source`` (``{"syntax": source}``: ``full``, or
+        on a compact store ``exact sample``, the only features it then reads, or ``compact`` when the store holds
+        no exact sample).
 
     Raises
     ------
@@ -117,6 +119,7 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     by_context = {k: g for k, g in parses.groupby("context_key", sort=False)}
     store = open_attention_store(layout.attention)
     n_layers, n_heads = store.n_layers, store.n_heads
+    features = features[features["feature_id"].isin(store.exact_ids())]  # a compact store: its exact sample
     features = features.set_index("feature_id", drop=False)
 
     relations: dict[str, int] = {}
@@ -140,10 +143,11 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
             if len(fp.dependent):
                 aligned[f] = fp
         if aligned:
-            maps = store.read_block(start, stop)
+            maps = store.read_block(start, stop) if store.exact is None else None  # the sample: feature by feature
             for f, fp in aligned.items():
                 n = int(store.seq_len[f])
-                wm = word_level_map(maps[f - start, :, :, :n, :n], fp.word_ids)
+                wm = word_level_map(store.read_exact(f) if maps is None else maps[f - start, :, :, :n, :n],
+                                    fp.word_ids)
                 for s, ids in enumerate(fp.sentences):
                     arcs = np.flatnonzero(fp.sentence == s)
                     if not len(arcs):
@@ -187,7 +191,8 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     table = table.sort_values(["relation", "direction", "layer", "head"], kind="stable").reset_index(drop=True)
     table = table.astype({"layer": np.int64, "head": np.int64, "accuracy": np.float64, "baseline": np.float64,
                           "baseline_offset": np.int64, "n": np.int64})[list(SYNTAX_COLUMNS)]
-    table.attrs.update({"whole_sentences": whole, "cut_sentences": cut})
+    table.attrs.update({"whole_sentences": whole, "cut_sentences": cut,
+                        "map_source": {"syntax": store.exact_source}})
     if write:
         path = layout.table("syntax")
         layout.record(path)

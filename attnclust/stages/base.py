@@ -129,6 +129,11 @@ class Stage:
         """Content identities beyond config values (data hash, model weights, backend, registry versions)."""
         return {}
 
+    def resolved_keys(self, ctx: RunContext) -> dict:
+        """Config keys whose value the stage resolves from its inputs (``extract.store: auto``), with the value
+        it resolved: they replace (or join) the configured values in the fingerprint. Default: none."""
+        return {}
+
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         """Paths this stage writes: recorded as attnclust's before it runs, removed when it is invalidated."""
         return ()
@@ -161,7 +166,7 @@ class Stage:
 
 def fingerprint_of(stage: Stage, ctx: RunContext) -> dict:
     """The parts a stage's fingerprint is made of: ``keys`` (values), ``version``, ``inputs``, ``identity``."""
-    keys = {k: ctx.cfg.value(k) for k in stage.keys(ctx.cfg)}
+    keys = {k: ctx.cfg.value(k) for k in stage.keys(ctx.cfg)} | stage.resolved_keys(ctx)
     inputs = {name: ctx.fingerprints[name] for name in (*stage.inputs, *stage.optional_inputs)
               if name in ctx.fingerprints}
     return {"version": stage.version, "keys": keys, "inputs": inputs, "identity": stage.identity(ctx)}

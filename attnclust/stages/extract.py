@@ -31,12 +31,13 @@ from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
 from ..store import atomic_write_parquet, create_attention_store, mark_store_complete, open_attention_store
 from .base import RunContext, Stage
+from .store_plan import ExactSampleWriter, StorePlan, _size, plan_store
 
 PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
 __all__ = ["ExtractStage", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
-           "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes"]
+           "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes", "store_plan"]
 
 
 def file_sha256(path: Path) -> str:
@@ -157,14 +158,6 @@ def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int)
     return store_bytes(seq_len, num_layers=num_layers, num_heads=num_heads, dtype="uint8") + profiles
 
 
-def _size(n: float) -> str:
-    """Bytes for people, in powers of 1000 (``3.2 GB``)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.1f} {unit}"
-    return f"{n:,.0f} bytes"
-
-
 def _held_bytes(path: Path) -> int | None:
     """Bytes an unfinished store at ``path`` holds (0 when there is none); ``None`` for a finished store.
 
@@ -273,6 +266,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
     fill = _ShardFiller(store, start, stop, loaded.num_layers, loaded.num_heads, cfg, device)
+    exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store_plan.py)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
     pooled = [] if cfg.extract.head_outputs and not causal else None  # per-head outputs, a HeadOutputs per batch
@@ -284,7 +278,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         start_logits, end_logits = result.start_logits, result.end_logits
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
-            stat_rows.append(fill(row, attn[i, :, :, :m, :m]))
+            maps = attn[i, :, :, :m, :m]
+            stat_rows.append(fill(row, maps))
+            exact(row, maps)
             if causal:  # the answer's log-probabilities (qa/prompting.py scores the generated text)
                 qa_rows.append({"feature_id": row.feature_id,
                                 "token_logprobs": result.token_logprobs[i, :m].astype(np.float32)})
@@ -421,8 +417,10 @@ class _ShardFiller:
 
 
 def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, model_info: dict,
-                  done: set[int]) -> tuple[list[tuple[int, int]], set[int]]:
+                  done: set[int], plan: StorePlan | None = None) -> tuple[list[tuple[int, int]], set[int]]:
     """Write features.parquet and create the store, or keep them when resuming (``done`` blocks exist).
+
+    ``plan`` is the resolved store (:func:`store_plan`; by default resolved here from ``cfg``).
 
     Returns the blocks ``[(start, stop)]`` and the set of blocks already done.
     """
@@ -437,19 +435,30 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
     layout.remove(layout.parts, layout.attention)
     atomic_write_parquet(features, layout.features)
     seq_len = features["seq_len"].to_numpy(np.int32)
+    plan = plan or store_plan(cfg, seq_len, model_info)
     per_task = shard_features(cfg, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
                               width=int(seq_len.max()))
     store = create_attention_store(
         layout.attention, seq_len=seq_len, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
-        features_per_task=per_task, dtype=cfg.extract.store_dtype, mode=cfg.extract.store,
+        features_per_task=per_task, dtype=cfg.extract.store_dtype, mode=plan.mode,
         compact_mass=cfg.extract.compact_mass, compact_max_keys=cfg.extract.compact_max_keys,
-        profile_dim=len(PROFILE_COMPONENTS),
+        profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
                "profile": {"featurizer": "profile", "version": PROFILE_VERSION},
                **({"model_kind": "causal"} if model_info.get("kind") == "causal" else {})},
     )
     return store.blocks(), set()
+
+
+def store_plan(cfg: JobConfig, seq_len: np.ndarray, model_info: dict) -> StorePlan:
+    """The store these features get: ``extract.store`` resolved (``auto``: full within ``extract.store_budget_gb``)
+    and a compact store's exact sample (:func:`attnclust.stages.store_plan.plan_store`)."""
+    layers, heads = model_info["num_layers"], model_info["num_heads"]
+    return plan_store(cfg, seq_len, num_layers=layers, num_heads=heads,
+                      full_bytes=store_bytes(seq_len, num_layers=layers, num_heads=heads,
+                                             dtype=cfg.extract.store_dtype),
+                      compact_bytes=compact_store_bytes(seq_len, num_layers=layers, num_heads=heads))
 
 
 def finish_store(layout: RunLayout, n_blocks: int) -> None:
@@ -476,6 +485,18 @@ class ExtractStage(Stage):
         on, a run without head outputs is not served)."""
         return self.reads + (("extract.head_outputs",) if cfg.extract.head_outputs else ())
 
+    def resolved_keys(self, ctx: RunContext) -> dict:
+        """``extract.store`` as resolved for this run's features (``auto`` -> ``full`` or ``compact``), so an
+        ``auto`` run that resolves to ``full`` is the same extraction as ``store: full``; a compact store's
+        ``extract.exact_sample`` too."""
+        plan = self._store_plan(ctx)
+        return {"extract.store": plan.mode,
+                **({"extract.exact_sample": ctx.cfg.extract.exact_sample} if plan.mode == "compact" else {})}
+
+    @staticmethod
+    def _store_plan(ctx: RunContext) -> StorePlan:
+        return store_plan(ctx.cfg, ctx.inputs["features"]["seq_len"].to_numpy(), ctx.inputs["model_info"])
+
     def identity(self, ctx: RunContext) -> dict:
         """The data file's content hash, the model's weights identity, the backend, the statistics' versions,
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
@@ -496,8 +517,9 @@ class ExtractStage(Stage):
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
     def check(self, ctx: RunContext) -> None:
-        """Before anything is written: note the features the cap dropped, print the store's projected size and
-        refuse one above ``extract.max_store_gb`` or the free disk space (:func:`check_store_room`)."""
+        """Before anything is written: note the features the cap dropped, print the store's projected size (with
+        ``extract.store: auto``, which store and why) and refuse one above ``extract.max_store_gb`` or the free
+        disk space (:func:`check_store_room`)."""
         inputs, cfg = ctx.inputs, ctx.cfg
         if inputs.get("dropped_features"):
             ctx.note(_capped_note(inputs["dropped_features"], cfg.data.max_features_per_example))
@@ -507,17 +529,10 @@ class ExtractStage(Stage):
                      f"{cfg.extract.max_seq_len} tokens; raise it to keep them whole")
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
-        if cfg.extract.store == "compact":
-            projected = compact_store_bytes(seq_len, num_layers=info["num_layers"], num_heads=info["num_heads"])
-            kind = f"compact: uint8 true-length maps before compression, of which only the largest weights " \
-                   f"holding {cfg.extract.compact_mass:g} of each row are nonzero, so far less in practice"
-        else:
-            projected = store_bytes(seq_len, num_layers=info["num_layers"], num_heads=info["num_heads"],
-                                    dtype=cfg.extract.store_dtype)
-            kind = f"{cfg.extract.store_dtype}, true-length maps before compression"
+        plan = self._store_plan(ctx)
         ctx.note(f"extract: {len(seq_len):,} features, {info['num_layers']} layers x {info['num_heads']} heads, "
-                 f"width {int(seq_len.max())}, store up to {_size(projected)} ({kind})")
-        check_store_room(ctx.layout, projected, cfg)
+                 f"width {int(seq_len.max())}, {plan.describe(cfg.extract.store_dtype, cfg.extract.compact_mass)}")
+        check_store_room(ctx.layout, plan.projected, cfg)
 
     def verify(self, ctx: RunContext) -> None:
         """``features.parquet`` still describes the store row for row (before any later stage reads them)."""
@@ -542,15 +557,17 @@ class ExtractStage(Stage):
         inputs = ctx.inputs
         atomic_write_parquet(inputs["examples"], ctx.layout.examples)
         blocks, done = prepare_store(ctx.layout, inputs["features"], cfg=ctx.cfg, model_info=inputs["model_info"],
-                                     done=done)
+                                     done=done, plan=self._store_plan(ctx))
         self.t0_ = time.perf_counter()
         device = bk.torch_device(ctx.backend)
         return [(s, e, ctx.cfg, device) for s, e in blocks], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
-        """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained``."""
+        """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the
+        resolved ``store`` (``full`` or ``compact``)."""
         inputs = ctx.inputs
-        blocks = open_attention_store(ctx.layout.attention, require_complete=False).blocks()
+        store = open_attention_store(ctx.layout.attention, require_complete=False)
+        blocks = store.blocks()
         finish_store(ctx.layout, len(blocks))
         if ctx.cfg.extract.head_outputs and inputs["model_info"].get("kind") != "causal":  # -> head_outputs.zarr
             consolidate_head_outputs(ctx.layout.head_outputs, [ctx.layout.head_output_part(b) for b in
@@ -574,4 +591,4 @@ class ExtractStage(Stage):
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
-                "data_path": inputs["data_path"], **induction}
+                "data_path": inputs["data_path"], "store": store.mode, **induction}

@@ -212,13 +212,18 @@ class FeaturizeStage(Stage):
         return [(s, e, fc, device) for s, e in store.blocks()], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
-        """Mark the embedding complete; record the number of maps and the method."""
+        """Mark the embedding complete; record the number of maps, the method and the maps it read
+        (``map_source``: ``full``, or ``compact`` when a featurizer other than ``profile`` read a compact store's
+        maps; ``profile`` copies vectors computed from every exact map)."""
         import zarr
 
         resolved = _resolved(ctx)
+        store = open_attention_store(ctx.layout.attention)
+        method = ctx.cfg.featurize.method
+        source = "compact" if store.mode == "compact" and method != "profile" else "full"
         zarr.open_group(str(ctx.layout.embedding), mode="r+").attrs.update(
-            {"complete": True, **({"resolved": resolved} if resolved else {})})
-        return {"maps": self.n_maps_, "method": ctx.cfg.featurize.method, **resolved}
+            {"complete": True, "map_source": source, **({"resolved": resolved} if resolved else {})})
+        return {"maps": self.n_maps_, "method": method, "map_source": source, **resolved}
 
 
 def _resolved(ctx: RunContext) -> dict:

@@ -24,7 +24,7 @@ from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
-__all__ = ["PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage"]
+__all__ = ["PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage", "map_source_note"]
 
 SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
 """Settings of the ``syntax`` analysis; part of the report's fingerprint when the analysis is on."""
@@ -147,6 +147,12 @@ class ReportStage(Stage):
             head_layout = compute_head_layout(open_attention_store(layout.attention),
                                               random_state=cfg.cluster.random_state, on_step=bars)
             atomic_write_parquet(head_layout, layout.head_layout)
+            store = open_attention_store(layout.attention)
+            if store.mode != "full":  # say which maps each analysis read (their tables' attrs say it too)
+                clustering = ctx.records.get("featurize", {}).get("map_source")
+                notes.append(map_source_note(store, {**({"clustering": clustering} if clustering else {}),
+                                                     **heads.attrs.get("map_source", {}),
+                                                     **head_layout.attrs.get("map_source", {})}))
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
 
@@ -169,6 +175,24 @@ class ReportStage(Stage):
             record["probe"] = {task: {k_: info[k_] for k_ in ("n", "folds", "top_k_accuracy", "last_layer_accuracy")}
                                for task, info in probes.attrs["summary"]["tasks"].items()}
         return record
+
+
+def map_source_note(store, sources: dict[str, str]) -> str:
+    """The report's note on a compact store: which maps each analysis read (``sources``: analysis -> ``full``,
+    ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them); the report's cluster mean
+    maps, medoids and embedded question maps are the compact ones."""
+    mass = (store.attrs.get("compact") or {}).get("mass")
+    groups: dict[str, list[str]] = {"exact sample": [], "compact": [], "full": []}
+    for name, source in sources.items():
+        groups[source].append(name.replace("_", " "))
+    groups["compact"] += ["cluster mean maps", "medoid maps", "the question maps of this page"]
+    n = len(store.exact_features) if store.exact is not None else 0
+    said = {"exact sample": f"exact maps of the store's sample of {n:,} features",
+            "compact": "compact maps",
+            "full": "statistics (and profile vectors) computed from every exact map at extraction"}
+    parts = [f"{said[source]}: {', '.join(names)}" for source, names in groups.items() if names]
+    return (f"The attention store is compact: each query row keeps only its largest weights (holding {mass:g} of "
+            f"the row), so maps drawn from it are approximate. Read from {'; from '.join(parts)}.")
 
 
 def _syntax_on(cfg) -> bool:
@@ -209,6 +233,8 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
                      f"contexts, or syntax.spacy_model; with the bundled sample and data.max_examples, keep more "
                      f"of it)")
             return None
+    store = open_attention_store(layout.attention)
+    features = features[features["feature_id"].isin(store.exact_ids())]  # a compact store: its exact sample
     if cfg.syntax.max_features is not None:
         features = features.iloc[:cfg.syntax.max_features]
     table = syntax_table(layout, parses, features, progress=lambda done, total: bars("syntax heads", done, total,
@@ -226,7 +252,9 @@ def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataF
         "arcs": int(table.groupby("relation")["n"].max().sum())})
     ctx.note(f"syntax: {found} parsed sentence(s) found in the contexts"
              + (f" ({unmatched} of the file in none)" if unmatched else "")
-             + f", {table.attrs['arcs']:,} arcs over {len(features):,} features -> {layout.table('syntax').name}")
+             + f", {table.attrs['arcs']:,} arcs over {len(features):,} features"
+             + (" (the store's exact sample)" if store.exact_source == "exact sample" else "")
+             + f" -> {layout.table('syntax').name}")
     return table
 
 

@@ -110,8 +110,9 @@ def test_run_prints_one_note_and_the_estimate_then_stores_only_the_kept_features
     width = int(store.seq_len.max())
     estimate = [line for line in lines if line.startswith("extract: ")]
     size = sum(2 * 4 * int(n) * int(n) * 2 for n in store.seq_len)  # every map at its true length, float16
-    line = f"extract: {n_kept} features, 2 layers x 4 heads, width {width}, store up to {size / 1e3:.1f} kB " \
-        "(float16, true-length maps before compression)"
+    line = f"extract: {n_kept} features, 2 layers x 4 heads, width {width}, store auto -> full: up to " \
+        f"{size / 1e3:.1f} kB (float16, true-length maps before compression), within extract.store_budget_gb = 5 " \
+        "(5.0 GB)"
     assert estimate == [line]
     written = sum(p.stat().st_size for p in out.attention.rglob("*") if p.is_file())
     assert written < size                          # compressed and without padding, the store stays below it
@@ -174,7 +175,8 @@ def test_max_store_gb_refuses_before_the_out_dir_is_touched(small_squad, tiny_be
         r"extract\.max_store_gb = 1e-06 \(1\.0 kB\); raise extract\.max_store_gb, lower "
         r"data\.max_features_per_example or data\.max_examples, or set extract\.store_dtype=uint8 \(half the "
         r"bytes\)", err[0]), err[0]
-    assert f"store up to {size / 1e3:.1f} kB (float16, true-length maps before compression)" in captured.out
+    assert f"store auto -> full: up to {size / 1e3:.1f} kB (float16, true-length maps before compression)" \
+        in captured.out
     assert (list(out.iterdir()) == []) if existing else not out.exists()
 
 

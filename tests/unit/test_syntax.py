@@ -350,3 +350,19 @@ def test_parses_are_cached_per_source_and_unmatched_files_are_refused(planted_sy
         load_parses(layout, conllu=SAMPLE)
     with pytest.raises(DataError, match="not found"):
         load_parses(layout, conllu=tmp_path / "missing.conllu")
+
+
+def test_on_a_compact_store_the_syntax_table_is_that_of_the_exact_sample(planted_syntax):
+    """The compact maps are a decoy (uniform): the table equals the full store's over the sample's features only."""
+    from attnclust.synthetic import write_compact_decoy
+
+    layout, parses, features, _ = planted_syntax
+    sample = [0, 2, 5]
+    full = syntax_table(layout, parses, features[features["feature_id"].isin(sample)], write=False)
+    assert full.attrs["map_source"] == {"syntax": "full"}
+    write_compact_decoy(layout.root, sample)
+    table = syntax_table(layout, parses, features, write=False)
+    assert table.attrs["map_source"] == {"syntax": "exact sample"}
+    pd.testing.assert_frame_equal(table, full)
+    acc = table.set_index(["relation", "direction", "layer", "head"])["accuracy"]
+    assert acc[("far", "dep->head", 1, 1)] == 1.0                    # the planted gold-head head

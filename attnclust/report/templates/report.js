@@ -241,7 +241,8 @@
       }
       var q = { n: n, tokens: m.tokens, answer: m.answer, pred: null };
       container.replaceChild(mapView(q, values, "Feature " + m.feature + " (example " + m.example_id + "), L" +
-        layer + "H" + head + (m.question ? " on “" + m.question + "”" : "") + " (" + n + " tokens)"), slot);
+        layer + "H" + head + (m.question ? " on “" + m.question + "”" : "") + " (" + n + " tokens" +
+        (m.source && m.source !== "full" ? ", " + m.source + " map" : "") + ")"), slot);
     }, function (err) {
       if (token === container.loadToken) { slot.textContent = "The map could not be loaded: " + err.message; }
     });

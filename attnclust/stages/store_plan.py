@@ -1,0 +1,146 @@
+"""Which store an extraction writes (``extract.store``, ``auto`` by default) and the exact sample of a compact one.
+
+``auto`` keeps every map (a ``full`` store) while the full store's projected size fits ``extract.store_budget_gb``
+and writes a ``compact`` store otherwise. The projection is the one the pre-flight line has always printed: every
+map at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths), an
+upper bound that holds for any model. No compression ratio is assumed: zstd takes MiniLM's float16 maps at
+SQuAD-like lengths to about 0.15 of it (``bench/README.md``: ``store_bytes_per_map`` 0.0735 of float32 bytes), a
+random model's diffuse maps only to about 0.5, and a ratio measured on one model would let another overrun. A
+compact store also keeps the exact (float16) maps of ``extract.exact_sample`` features, evenly spaced along the store's
+order (:func:`attnclust.store.exact_sample_ids`), for the analyses that need exact maps; the extract task writes
+them through :class:`ExactSampleWriter`, beside the shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import JobConfig
+from ..store import exact_sample_ids
+
+__all__ = ["ExactSampleWriter", "StorePlan", "plan_store"]
+
+
+def _size(n: float) -> str:
+    """Bytes for people, in powers of 1000 (``3.2 GB``)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """The store an extraction writes.
+
+    Attributes
+    ----------
+    setting
+        ``extract.store`` as configured: ``auto``, ``full`` or ``compact``.
+    mode
+        The resolved mode, ``full`` or ``compact`` (what the store and the fingerprint record).
+    full_bytes
+        The full store's projected size (true-length maps before compression, in ``extract.store_dtype``).
+    compact_bytes
+        The compact store's projected size without its exact sample (uint8 maps and profile vectors).
+    sample
+        int64 (sample,): the features whose exact maps a compact store keeps (empty for a full store).
+    sample_bytes
+        Their float16 maps at true length.
+    budget_gb
+        ``extract.store_budget_gb``.
+    """
+
+    setting: str
+    mode: str
+    full_bytes: int
+    compact_bytes: int
+    sample: np.ndarray
+    sample_bytes: int
+    budget_gb: float
+
+    @property
+    def projected(self) -> int:
+        """Bytes the chosen store takes at most (before compression): what is checked against the disk."""
+        return self.full_bytes if self.mode == "full" else self.compact_bytes + self.sample_bytes
+
+    def describe(self, dtype: str, mass: float) -> str:
+        """The pre-flight line's account of the store: its size, and with ``auto`` which store and why."""
+        full = f"up to {_size(self.full_bytes)} ({dtype}, true-length maps before compression)"
+        budget = f"extract.store_budget_gb = {self.budget_gb:g} ({_size(self.budget_gb * 1e9)})"
+        compact = (f"up to {_size(self.compact_bytes)} (compact: uint8 true-length maps before compression, of "
+                   f"which only the largest weights holding {mass:g} of each row are nonzero, so far less in "
+                   f"practice)") + (f" plus the exact float16 maps of {len(self.sample):,} features "
+                                    f"({_size(self.sample_bytes)})" if len(self.sample) else "")
+        if self.setting == "full":
+            return f"store {full}"
+        if self.setting == "compact":
+            return f"store {compact}"
+        if self.mode == "full":
+            return f"store auto -> full: {full}, within {budget}"
+        return (f"store auto -> compact: a full store would take {full}, more than {budget}; the compact store "
+                f"takes {compact}")
+
+
+def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_heads: int, full_bytes: int,
+               compact_bytes: int) -> StorePlan:
+    """Resolve ``extract.store`` for these features and pick the exact sample of a compact store.
+
+    Parameters
+    ----------
+    cfg
+        The job: ``extract.store``, ``store_budget_gb``, ``exact_sample``.
+    seq_len
+        True length of every feature in store order, (feature,).
+    num_layers, num_heads
+        The model's layers and heads per layer.
+    full_bytes, compact_bytes
+        The projected sizes of a full store and of a compact store without a sample
+        (:func:`attnclust.stages.extract.store_bytes`, :func:`~attnclust.stages.extract.compact_store_bytes`).
+
+    Returns
+    -------
+    StorePlan
+        ``auto`` resolves to ``full`` when ``full_bytes <= store_budget_gb x 10^9``, else to ``compact``.
+    """
+    setting = cfg.extract.store
+    mode = setting if setting != "auto" else (
+        "full" if full_bytes <= cfg.extract.store_budget_gb * 1e9 else "compact")
+    lengths = np.asarray(seq_len, dtype=np.int64)
+    sample = exact_sample_ids(len(lengths), cfg.extract.exact_sample) if mode == "compact" else np.zeros(0, np.int64)
+    sample_bytes = num_layers * num_heads * 2 * int((lengths[sample] ** 2).sum())
+    return StorePlan(setting=setting, mode=mode, full_bytes=int(full_bytes), compact_bytes=int(compact_bytes),
+                     sample=sample, sample_bytes=sample_bytes, budget_gb=cfg.extract.store_budget_gb)
+
+
+class ExactSampleWriter:
+    """Writes the exact maps of the sample features in one task's features ``start:stop`` (float16, as a full
+    store would hold them). Each sample feature is its own shard of ``exact``: no other task writes it.
+
+    Parameters
+    ----------
+    store : attnclust.store.AttentionStore
+        Opened for writing; a store without an exact sample makes this a no-op.
+    start, stop
+        The task's features.
+    """
+
+    def __init__(self, store, start: int, stop: int):
+        self.exact = store.exact
+        ids = store.exact_features if store.exact is not None else np.zeros(0, np.int64)
+        self.rows = {int(f): i for i, f in enumerate(ids) if start <= f < stop}
+
+    def __call__(self, row, maps) -> None:
+        """Store feature ``row.feature_id``'s exact maps (a torch tensor (layer, head, query, key) at its true
+        length) when it is in the sample."""
+        i = self.rows.get(int(row.feature_id))
+        if i is None:
+            return
+        import torch
+
+        m = maps.shape[-1]
+        out = np.zeros(self.exact.shape[1:], np.float16)
+        out[:, :, :m, :m] = maps.to(torch.float16).cpu().numpy()  # the same cast as a full store's shard
+        self.exact.with_config({"write_empty_chunks": True})[i] = out

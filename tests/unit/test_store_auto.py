@@ -1,0 +1,265 @@
+"""``extract.store: auto`` and a compact store's exact sample: the choice against ``extract.store_budget_gb``
+(pre-flight line, store, fingerprint), the sample (deterministic, evenly spread, the exact maps bit for bit), the
+analyses that need exact maps reading only the sample on a compact store whose compact maps are a decoy, the map
+source each analysis states, and bad settings."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.spatial.distance import jensenshannon
+
+from attnclust.cli import main
+from attnclust.config import JobConfig
+from attnclust.errors import StoreError
+from attnclust.layout import RunLayout
+from attnclust.pipeline import run_job
+from attnclust.stages import SerialExecutor
+from attnclust.stages.store_plan import plan_store
+from attnclust.store import exact_sample_ids, open_attention_store, read_features
+from attnclust.synthetic import write_compact_decoy, write_planted_qa_store, write_planted_store
+
+
+def _cfg(data, model, **extract) -> JobConfig:
+    return JobConfig.from_dict({"name": "t", "data": {"path": str(data)}, "model": {"name": str(model)},
+                                "extract": {"batch_size": 3, "features_per_task": 3, **extract}})
+
+
+def _extract(cfg, out, **kwargs):
+    return run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False, **kwargs)
+
+
+# --- the sample ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, size", [(10, 3), (10, 10), (7, 20), (1000, 256), (257, 256), (5, 1), (5, 0), (0, 4)])
+def test_exact_sample_is_evenly_spread_from_the_first_feature_to_the_last(n, size):
+    ids = exact_sample_ids(n, size)
+    assert np.array_equal(ids, exact_sample_ids(n, size))              # the same data, the same sample
+    want = min(n, size)
+    assert len(ids) == want and ids.dtype == np.int64
+    if want == 0:
+        return
+    assert len(set(ids.tolist())) == want and all(0 <= i < n for i in ids)
+    assert all(a < b for a, b in zip(ids[:-1], ids[1:]))
+    if want >= 2:
+        assert ids[0] == 0 and ids[-1] == n - 1
+        gaps = [b - a for a, b in zip(ids[:-1], ids[1:])]
+        assert max(gaps) - min(gaps) <= 1                              # evenly spaced: no cluster, no hole
+        for k, f in enumerate(ids):                                    # each within half a step of its quantile
+            assert abs(f - k * (n - 1) / (want - 1)) <= 0.5
+
+
+# --- the choice ------------------------------------------------------------------------------------------------
+
+def test_auto_keeps_full_up_to_the_budget_and_compact_above():
+    seq = np.array([10, 20, 30])
+    cfg = JobConfig.from_dict({"extract": {"store_budget_gb": 1.0, "exact_sample": 2}})
+    at = plan_store(cfg, seq, num_layers=2, num_heads=3, full_bytes=10**9, compact_bytes=123)
+    above = plan_store(cfg, seq, num_layers=2, num_heads=3, full_bytes=10**9 + 1, compact_bytes=123)
+    assert (at.mode, above.mode) == ("full", "compact")
+    assert at.projected == 10**9 and len(at.sample) == 0
+    assert above.sample.tolist() == [0, 2]
+    assert above.sample_bytes == 2 * 3 * 2 * (10 * 10 + 30 * 30)    # float16 true-length maps of features 0, 2
+    assert above.projected == 123 + above.sample_bytes
+    assert "store auto -> full: up to 1.0 GB" in at.describe("float16", 0.95)
+    assert "within extract.store_budget_gb = 1 (1.0 GB)" in at.describe("float16", 0.95)
+    line = above.describe("float16", 0.95)
+    assert line.startswith("store auto -> compact: a full store would take up to 1.0 GB (float16, true-length maps")
+    assert "more than extract.store_budget_gb = 1 (1.0 GB)" in line and "exact float16 maps of 2 features" in line
+    for setting in ("full", "compact"):                                # an explicit store is never overruled
+        cfg = JobConfig.from_dict({"extract": {"store": setting, "store_budget_gb": 1.0}})
+        assert plan_store(cfg, seq, num_layers=2, num_heads=3, full_bytes=10**12, compact_bytes=1).mode == setting
+        assert plan_store(cfg, seq, num_layers=2, num_heads=3, full_bytes=1, compact_bytes=1).mode == setting
+
+
+def test_auto_within_the_budget_is_the_full_extraction(small_squad, tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    run_job(_cfg(small_squad, tiny_bert_dir), out, stages=("extract",), executor=SerialExecutor(), progress=True)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("extract: ")]
+    assert len(line) == 1 and ", store auto -> full: up to " in line[0]
+    assert line[0].endswith("within extract.store_budget_gb = 5 (5.0 GB)")
+    store = open_attention_store(RunLayout(out).attention)
+    assert store.mode == "full" and store.exact is None and store.profile is None and store.exact_source == "full"
+    assert "exact_sample" not in store.attrs
+    assert json.loads(RunLayout(out).job.read_text())["stages"]["extract"]["store"] == "full"
+    result = _extract(_cfg(small_squad, tiny_bert_dir, store="full"), out)     # the same fingerprint
+    assert result.stages["extract"]["skipped"] is True
+
+
+def test_auto_above_the_budget_writes_compact_with_the_exact_maps_of_the_sample(small_squad, tiny_bert_dir,
+                                                                                  tmp_path, capsys):
+    _extract(_cfg(small_squad, tiny_bert_dir, store="full"), tmp_path / "full")
+    out = tmp_path / "auto"
+    cfg = _cfg(small_squad, tiny_bert_dir, store_budget_gb=1e-6, exact_sample=3)
+    run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=True)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("extract: ")][0]
+    assert ", store auto -> compact: a full store would take up to " in line
+    assert "more than extract.store_budget_gb = 1e-06 (1.0 kB); the compact store takes up to " in line
+    assert line.endswith(")") and "plus the exact float16 maps of 3 features" in line
+    full = open_attention_store(RunLayout(tmp_path / "full").attention)
+    store = open_attention_store(RunLayout(out).attention)
+    assert store.mode == "compact" and store.attrs["exact_sample"] == {"features": 3}
+    assert store.exact_source == "exact sample" and store.exact.dtype == np.float16
+    assert store.exact_features.tolist() == exact_sample_ids(store.n_features, 3).tolist()
+    assert store.exact_ids().tolist() == store.exact_features.tolist()
+    for f in range(store.n_features):
+        n = int(store.seq_len[f])
+        exact = full.attention[f, :, :, :n, :n]                        # the full store's float16, bit for bit
+        if f in store.exact_features:
+            np.testing.assert_array_equal(store.read_exact(f), np.asarray(exact, np.float32))
+        else:
+            with pytest.raises(StoreError, match=rf"feature {f} is not in the exact sample"):
+                store.read_exact(f)
+    # an auto run that resolves to compact is the same extraction as store: compact with that sample
+    assert _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=3), out).stages["extract"][
+        "skipped"] is True
+    with pytest.raises(StoreError, match=r"other settings \(extract\.exact_sample: 3 -> 2\)"):
+        _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2), out)
+
+
+def test_no_exact_sample_leaves_the_compact_maps_and_says_so(small_squad, tiny_bert_dir, tmp_path):
+    out = tmp_path / "run"
+    _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=0), out)
+    store = open_attention_store(RunLayout(out).attention)
+    assert store.exact is None and "exact_sample" not in store.attrs and store.exact_source == "compact"
+    assert store.exact_ids().tolist() == list(range(store.n_features))
+    n = int(store.seq_len[2])
+    np.testing.assert_array_equal(store.read_exact(2)[1, 0], store.read_map(2, 1, 0))
+    assert store.read_exact(2).shape == (2, 4, n, n)
+
+
+@pytest.mark.parametrize("setting, match", [
+    ("extract.store=everything", r"extract\.store: got 'everything'; allowed: auto \| full \| compact"),
+    ("extract.store_budget_gb=0", r"extract\.store_budget_gb: got 0(\.0)?; allowed: a number > 0 \(GB\)"),
+    ("extract.store_budget_gb=lots", r"extract\.store_budget_gb: got 'lots'"),
+    ("extract.exact_sample=-1", r"extract\.exact_sample: got -1; allowed: an integer >= 0"),
+])
+def test_bad_settings_are_one_line_and_exit_2(small_squad, tmp_path, capsys, setting, match):
+    out = tmp_path / "out"
+    code = main(["run", "--data", str(small_squad), "--out", str(out), "--set", setting])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert re.search(match, err[0]), err[0]
+    assert not out.exists()
+
+
+# --- analyses on a compact store with an exact sample ------------------------------------------------------------
+
+def _brute_head_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Clark et al.'s distance of two maps written from the definition: per query row, smooth both rows
+    (0.999 row/rowsum + 0.001/n), Jensen-Shannon distance in bits (scipy), mean over the rows."""
+    n = a.shape[-1]
+    rows = []
+    for p, q in zip(a.astype(np.float64), b.astype(np.float64)):
+        rows.append(jensenshannon(0.999 * p / p.sum() + 0.001 / n, 0.999 * q / q.sum() + 0.001 / n, base=2))
+    return float(np.mean(rows))
+
+
+def test_head_distances_read_only_the_exact_sample(tmp_path):
+    from attnclust.analysis.distances import compute_head_layout, head_distances
+
+    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(4), n_features=6, n_layers=2,
+                                  n_heads=2, lengths=(8, 30), kinds=("previous", "next", "cls", "broad"),
+                                  shuffle_heads=False)
+    before = open_attention_store(RunLayout(planted.root).attention)
+    sample = [1, 4]
+    exact = {f: np.asarray(before.read_block(f, f + 1)[0, :, :, :before.seq_len[f], :before.seq_len[f]])
+             for f in sample}
+    assert compute_head_layout(before, n_features=None).attrs["map_source"] == {"head_distances": "full"}
+    write_compact_decoy(planted.root, sample)
+    store = open_attention_store(RunLayout(planted.root).attention)
+    result = head_distances(store, n_features=None, max_rows=None)
+    assert result.features.tolist() == sample and result.source == "exact sample"
+    heads = [(layer, head) for layer in range(2) for head in range(2)]
+    want = np.zeros((4, 4))
+    for i, (la, ha) in enumerate(heads):
+        for j, (lb, hb) in enumerate(heads):
+            want[i, j] = np.mean([_brute_head_distance(exact[f][la, ha], exact[f][lb, hb]) for f in sample])
+    np.testing.assert_allclose(result.distances, want, atol=1e-5)
+    assert want[0, 1] > 0.3                      # planted previous vs next: the decoy (uniform) would give 0
+    table = compute_head_layout(store, n_features=None, max_rows=None)
+    assert table.attrs["map_source"] == {"head_distances": "exact sample"} and table.attrs["n_features"] == 2
+
+
+@pytest.fixture
+def planted_qa(tmp_path):
+    types = np.array([["answer", "uniform"], ["cls", "previous"]])
+    store = write_planted_qa_store(tmp_path / "run", rng=np.random.default_rng(1), head_types=types, n_features=12,
+                                   lengths=(16, 64), unanswerable=0.25)
+    return store, pd.read_parquet(store.root / "features.parquet")
+
+
+def test_answer_attention_reads_the_exact_sample_of_a_compact_store(planted_qa):
+    from attnclust.analysis.answer import answer_table
+
+    store, features = planted_qa
+    layout = RunLayout(store.root)
+    before = answer_table(layout, features)
+    sample = exact_sample_ids(len(features), 5)
+    write_compact_decoy(store.root, sample)
+    after = answer_table(layout, features)
+    assert set(after["feature_id"]) == set(sample) & set(before["feature_id"])
+    mine = before[before["feature_id"].isin(sample)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(after.reset_index(drop=True), mine)    # the exact maps, not the decoy
+    answerable = after[after["kind"] == "answerable"]
+    lift = answerable.groupby(["layer", "head"])["answer_lift"].mean()
+    assert lift[(0, 0)] > 3 * lift.drop((0, 0)).max()                  # the planted answer head
+
+
+def test_the_report_states_each_analysis_map_source(planted_qa):
+    store, _ = planted_qa
+    layout = RunLayout(store.root)
+    write_compact_decoy(store.root, exact_sample_ids(12, 5))
+    from attnclust.config import load_job
+
+    cfg = load_job(None, ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2"])
+    run_job(cfg, store.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(), progress=False)
+    heads = pd.read_parquet(layout.table("heads"))
+    sources = heads.attrs["map_source"]
+    from attnclust.analysis.heads import HEAD_ANALYSES
+
+    assert set(sources) == set(HEAD_ANALYSES)
+    assert sources["answer_attention"] == sources["unanswerable_attention"] == "exact sample"
+    assert sources["retrieval"] == "exact sample"
+    assert sources["roles"] == sources["sink"] == "full"                  # statistics of the exact maps
+    assert pd.read_parquet(layout.head_layout).attrs["map_source"] == {"head_distances": "exact sample"}
+    html = layout.report.read_text()
+    assert "The attention store is compact" in html and "exact maps of the store&#39;s sample of 5 features" in html
+    assert "computed from every exact map at extraction: clustering, " in html     # profile: the stored vectors
+    from attnclust.store import open_embedding
+
+    assert open_embedding(store.root).attrs["map_source"] == "full"
+
+
+def test_a_full_run_states_full_everywhere(small_planted_run):
+    root = small_planted_run("sources")
+    layout = RunLayout(root)
+    assert set(pd.read_parquet(layout.table("heads")).attrs["map_source"].values()) == {"full"}
+    assert pd.read_parquet(layout.head_layout).attrs["map_source"] == {"head_distances": "full"}
+    assert "The attention store is compact" not in layout.report.read_text()
+
+
+def test_explore_shows_the_exact_map_of_a_sample_feature_and_says_which(small_planted_run):
+    from attnclust.explore import ExploreApp
+
+    root = small_planted_run("explore_compact")
+    before = open_attention_store(RunLayout(root).attention)
+    planted = {f: before.read_map(f, 1, 0) for f in range(before.n_features)}
+    write_compact_decoy(root, [0, 5])
+    app = ExploreApp(root)
+    for f in range(before.n_features):
+        got = app.map_json(f, 1, 0)
+        weights = np.asarray(got["weights"])
+        if f in (0, 5):
+            assert got["source"] == "exact sample"
+            np.testing.assert_allclose(weights, planted[f], atol=1e-5)
+        else:
+            n = int(before.seq_len[f])
+            assert got["source"] == "compact"
+            np.testing.assert_allclose(weights, np.full((n, n), round(255 / n) / 255), atol=1e-5)
+    assert json.loads(json.dumps(app.map_json(0, 0, 0)))["source"] == "exact sample"
+    assert read_features(root)["feature_id"].tolist() == list(range(before.n_features))
