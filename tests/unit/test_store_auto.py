@@ -83,7 +83,7 @@ def test_auto_within_the_budget_is_the_full_extraction(small_squad, tiny_bert_di
     assert len(line) == 1 and ", store auto -> full: up to " in line[0]
     assert line[0].endswith("within extract.store_budget_gb = 5 (5.0 GB)")
     store = open_attention_store(RunLayout(out).attention)
-    assert store.mode == "full" and store.exact is None and store.profile is None and store.exact_source == "full"
+    assert store.mode == "full" and store.exact is None and store.profile is not None and store.exact_source == "full"
     assert "exact_sample" not in store.attrs
     assert json.loads(RunLayout(out).job.read_text())["stages"]["extract"]["store"] == "full"
     result = _extract(_cfg(small_squad, tiny_bert_dir, store="full"), out)     # the same fingerprint
