@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.induction import INDUCTION_VERSION, write_induction
+from ..qa.prompting import PROMPT_WINDOWS_VERSION
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
@@ -83,7 +84,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
            if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
-            "cut_contexts": dict(features.attrs.get("cut_contexts", {})), "model_info": model_info}
+            "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info}
 
 
 def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
@@ -97,7 +98,9 @@ def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
     device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
     return prompt_features(examples, tokenizer, get_model(cfg.model, device=device), style=cfg.extract.prompt,
                            max_new_tokens=cfg.extract.max_new_tokens, max_seq_len=cfg.extract.max_seq_len,
-                           device=device, decoding=cfg.extract.decoding)
+                           doc_stride=cfg.extract.doc_stride,
+                           max_features_per_example=cfg.data.max_features_per_example, device=device,
+                           decoding=cfg.extract.decoding)
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -361,7 +364,8 @@ class _ShardFiller:
                                                        max_keys=self.compact["max_keys"]).cpu()
             layers, heads = maps.shape[:2]
             context = TokenContext.from_tokens([list(row.tokens)], [list(row.segment_ids)],
-                                               maps_per_row=layers * heads)
+                                               maps_per_row=layers * heads,
+                                               causal=self.store.attrs.get("model_kind") == "causal")
             flat = np.asarray(maps.reshape(layers * heads, m, m).cpu())
             self.profile[j] = profile_maps(flat, context, device=self.device).reshape(layers, heads, -1)
         elif self.quantise:
@@ -452,7 +456,7 @@ class ExtractStage(Stage):
                            "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens,
                            **({"extract.decoding": ctx.cfg.extract.decoding}
                               if ctx.cfg.extract.decoding != "greedy" else {}),
-                           "induction": INDUCTION_VERSION})
+                           "induction": INDUCTION_VERSION, "prompt_windows": PROMPT_WINDOWS_VERSION})
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
@@ -462,10 +466,12 @@ class ExtractStage(Stage):
         inputs, cfg = ctx.inputs, ctx.cfg
         if inputs.get("dropped_features"):
             ctx.note(_capped_note(inputs["dropped_features"], cfg.data.max_features_per_example))
-        if inputs.get("cut_contexts"):
-            n = len(inputs["cut_contexts"])
-            ctx.note(f"note: {n:,} context{'s' if n != 1 else ''} cut to fit the prompt in extract.max_seq_len = "
-                     f"{cfg.extract.max_seq_len} tokens; raise it to keep them whole")
+        if inputs.get("windowed_contexts"):
+            n, total = len(inputs["windowed_contexts"]), sum(inputs["windowed_contexts"].values())
+            ctx.note(f"note: {n:,} context{'s' if n != 1 else ''} too long for one prompt in extract.max_seq_len = "
+                     f"{cfg.extract.max_seq_len} tokens: windowed into {total:,} prompts (overlap "
+                     f"extract.doc_stride = {cfg.extract.doc_stride} tokens), each question's answer chosen across "
+                     f"its windows")
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
         if cfg.extract.store == "compact":

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..analysis.atlas import stats_block
 from ..analysis.heads import analysis_versions
+from ..analysis.words import readable_tokens
 from ..config import BUNDLED_CONLLU
 from ..errors import DataError
 from ..layout import RunLayout
@@ -150,12 +151,12 @@ class ReportStage(Stage):
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
 
-                explorer = build_explorer(open_attention_store(layout.attention), features, maps,
+                explorer = build_explorer(open_attention_store(layout.attention), readable_tokens(features), maps,
                                           predictions=predictions, random_state=cfg.cluster.random_state,
                                           examples=examples)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
-                clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
+                clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, readable_tokens(features)),
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
