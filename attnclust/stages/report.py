@@ -156,7 +156,8 @@ class ReportStage(Stage):
                                           examples=examples)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
-                clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, readable_tokens(features)),
+                clusters=clusters, mean_maps=mean_maps,
+                medoids=medoid_maps(layout, clusters, readable_tokens(features)),
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,

@@ -128,7 +128,8 @@ def test_a_causal_cluster_is_never_named_for_the_next_token():
     assert describe_cluster(sink).startswith("[CLS] (")  # an encoder's first token
     assert "next token" in describe_cluster(ahead)
     assert pattern_type(ahead, causal=True) != "diagonal" and "next" not in describe_cluster(ahead, causal=True)
-    means = pd.DataFrame([prev, sink, ahead, pd.Series({**base, "to_next": 0.3, "to_prev": 0.31})]).reset_index(drop=True)
+    mixed = pd.Series({**base, "to_next": 0.3, "to_prev": 0.31})
+    means = pd.DataFrame([prev, sink, ahead, mixed]).reset_index(drop=True)
     types, names = name_clusters(means, causal=True)
     assert not any("next" in name for name in names)
     assert names[0].startswith("previous token") and names[1].startswith("first token (sink)")
