@@ -25,7 +25,7 @@ from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
-__all__ = ["PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage"]
+__all__ = ["PROBE_CAUSAL", "PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage"]
 
 SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
 """Settings of the ``syntax`` analysis; part of the report's fingerprint when the analysis is on."""
@@ -35,6 +35,9 @@ PROBE_KEYS = ("probe.enabled", "probe.tasks", "probe.labels", "probe.pooling", "
               "probe.null", "probe.max_features")
 """Settings of the ``probe`` analysis; part of the report's fingerprint when the analysis is on."""
 PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
+PROBE_CAUSAL = ("probe: skipped (the model is causal: the probes read each head's pooled output and the last "
+                "layer's [CLS] state, which extraction keeps for encoders only; a decoder's prompts have no [CLS]. "
+                "Set probe.enabled=false to leave this line out)")
 """The line printed when the ``probe`` analysis is off."""
 
 
@@ -252,6 +255,9 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars, *, examples
     layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration
     if not _probe_on(cfg):
         ctx.note(PROBE_SKIPPED)
+        return None
+    if "part" in features.columns:  # a causal model's prompts (attnclust.qa.prompting)
+        ctx.note(PROBE_CAUSAL)
         return None
     if not layout.head_outputs.exists() or examples is None:
         ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "
