@@ -104,7 +104,7 @@ SEPARATING = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuatio
               ("to_self", "itself"), ("to_next", "next token"), ("to_local", "nearby tokens"),
               ("own_segment", "own segment"), ("entropy_norm", "spread"), ("confidence", "peak weight"))
 """Statistics (all in 0..1) that tell two clusters with the same description apart, and their names."""
-CAUSAL_NAMES = {"to_cls": "first token (sink)"}
+CAUSAL_NAMES = {"to_cls": "first-token sink"}
 """A causal model's names of targets named otherwise for an encoder: its first token is the attention sink."""
 
 
@@ -271,7 +271,7 @@ def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
     means : pandas.Series
         The cluster's mean statistics (see :func:`pattern_type`).
     causal
-        The maps are a causal model's: never named for the next token; [CLS] reads ``first token (sink)``
+        The maps are a causal model's: never named for the next token; [CLS] reads ``first-token sink``
         (:func:`naming_targets`).
 
     Returns

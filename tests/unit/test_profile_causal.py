@@ -124,7 +124,7 @@ def test_a_causal_cluster_is_never_named_for_the_next_token():
     sink = pd.Series({**base, "to_cls": 0.7})
     ahead = pd.Series({**base, "to_next": 0.6, "to_local": 0.6})  # mass a causal map cannot hold (e.g. noise)
     assert describe_cluster(prev, causal=True).startswith("previous token (")
-    assert describe_cluster(sink, causal=True).startswith("first token (sink) (")
+    assert describe_cluster(sink, causal=True).startswith("first-token sink (")
     assert describe_cluster(sink).startswith("[CLS] (")  # an encoder's first token
     assert "next token" in describe_cluster(ahead)
     assert pattern_type(ahead, causal=True) != "diagonal" and "next" not in describe_cluster(ahead, causal=True)
@@ -132,4 +132,4 @@ def test_a_causal_cluster_is_never_named_for_the_next_token():
     means = pd.DataFrame([prev, sink, ahead, mixed]).reset_index(drop=True)
     types, names = name_clusters(means, causal=True)
     assert not any("next" in name for name in names)
-    assert names[0].startswith("previous token") and names[1].startswith("first token (sink)")
+    assert names[0].startswith("previous token") and names[1].startswith("first-token sink")
