@@ -126,7 +126,10 @@ class ExtractConfig(_Model):
     Parameters
     ----------
     max_seq_len, doc_stride, max_query_len
-        QA feature construction as in the SQuAD reference scripts (tokens).
+        QA feature construction as in the SQuAD reference scripts (tokens). For a causal model ``max_seq_len``
+        holds the prompt and the answer, and a context too long for one prompt is windowed: one prompt per
+        window of the context, consecutive windows overlapping by ``doc_stride`` context tokens; each
+        question's answer is chosen across its windows (:func:`attnclust.qa.prompting.predict_generated`).
     batch_size
         Features per forward pass; batches are grouped by length.
     features_per_task

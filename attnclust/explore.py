@@ -384,6 +384,10 @@ class ExploreApp:
         else:
             weights = self.store.read_map(feature, layer, head)
         tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
+        if "part" in self.features.columns:  # a causal model's byte-level tokens: readable labels
+            from .analysis.words import display_tokens
+
+            tokens = display_tokens(tokens)
         return weights, tokens
 
     def map_json(self, feature: int, layer: int, head: int) -> dict:

@@ -29,7 +29,8 @@ from .stats import local_keys, map_statistics, stat_columns, token_masks
 
 __all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN_LIFT",
            "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table", "describe_cluster",
-           "head_table", "is_local", "length_buckets", "length_view", "medoid_maps", "name_clusters", "pattern_type",
+           "head_table", "is_local", "length_buckets", "length_view", "medoid_maps", "name_clusters", "naming_targets",
+           "pattern_type",
            "read_stability", "segment_chance", "segment_lift", "stats_block"]
 
 KEYS = ["feature_id", "layer", "head"]
@@ -103,6 +104,21 @@ SEPARATING = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuatio
               ("to_self", "itself"), ("to_next", "next token"), ("to_local", "nearby tokens"),
               ("own_segment", "own segment"), ("entropy_norm", "spread"), ("confidence", "peak weight"))
 """Statistics (all in 0..1) that tell two clusters with the same description apart, and their names."""
+CAUSAL_NAMES = {"to_cls": "first-token sink"}
+"""A causal model's names of targets named otherwise for an encoder: its first token is the attention sink."""
+
+
+def naming_targets(causal: bool = False) -> tuple[tuple, tuple, tuple]:
+    """``(vertical, diagonal, separating)`` targets of the names: :data:`VERTICAL_TARGETS`,
+    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a causal model's maps the same without the next token
+    (a query attends to keys ``0..i`` only: no causal cluster is named for it) and with :data:`CAUSAL_NAMES`."""
+    if not causal:
+        return VERTICAL_TARGETS, DIAGONAL_TARGETS, SEPARATING
+
+    def adapt(targets):
+        return tuple((c, CAUSAL_NAMES.get(c, label)) for c, label in targets if c != "to_next")
+
+    return adapt(VERTICAL_TARGETS), adapt(DIAGONAL_TARGETS), adapt(SEPARATING)
 
 
 def _finite(x) -> bool:
@@ -155,7 +171,7 @@ def is_local(means: pd.Series) -> bool:
             and float(means["to_self"]) < local)
 
 
-def pattern_type(means: pd.Series) -> str:
+def pattern_type(means: pd.Series, *, causal: bool = False) -> str:
     """Kovaleva et al.'s type of a cluster from its mean statistics (thresholds: the constants of this module).
 
     The first that holds: ``vertical + diagonal`` (vertical and diagonal mass both >= :data:`BOTH_MIN`, the
@@ -171,16 +187,19 @@ def pattern_type(means: pd.Series) -> str:
     means : pandas.Series
         The cluster's mean statistics (``to_cls`` ... ``to_next``, ``own_segment``, ``entropy_norm``, optionally
         ``segment_chance``).
+    causal
+        The maps are a causal model's (:func:`naming_targets`: the next token does not count).
 
     Returns
     -------
     str
         One of :data:`PATTERN_TYPES`.
     """
-    v = sum(float(means[c]) for c, _ in VERTICAL_TARGETS)
-    d = sum(float(means[c]) for c, _ in DIAGONAL_TARGETS)
-    top_v = max(float(means[c]) for c, _ in VERTICAL_TARGETS)
-    top_d = max(float(means[c]) for c, _ in DIAGONAL_TARGETS)
+    vertical, diagonal, _ = naming_targets(causal)
+    v = sum(float(means[c]) for c, _ in vertical)
+    d = sum(float(means[c]) for c, _ in diagonal)
+    top_v = max(float(means[c]) for c, _ in vertical)
+    top_d = max(float(means[c]) for c, _ in diagonal)
     if v >= BOTH_MIN and d >= BOTH_MIN and min(top_v, top_d) >= NAMED_MIN:
         return "vertical + diagonal"
     if v >= VERTICAL_MIN:
@@ -206,20 +225,22 @@ def _listing(items: list[tuple[str, str, float]], prefix: str = "") -> str:
     return prefix + text
 
 
-def _base(means: pd.Series) -> tuple[str, str, set[str], float]:
+def _base(means: pd.Series, causal: bool = False) -> tuple[str, str, set[str], float]:
     """(type, description, statistics named in it, strength) of one non-empty cluster."""
-    kind = pattern_type(means)
+    vertical, diagonal, _ = naming_targets(causal)
+    kind = pattern_type(means, causal=causal)
     ent = float(means["entropy_norm"])
     if kind == "diagonal" and is_local(means):
         local = float(means["to_local"])
-        text = f"local: within ±2 tokens ({_pct(local)} of mass)"
-        extra = [t for t in _named(means, VERTICAL_TARGETS) if t[2] >= NAMED_MIN][:1]
+        where = "the 2 tokens before" if causal else "±2 tokens"  # a causal query sees no later token
+        text = f"local: within {where} ({_pct(local)} of mass)"
+        extra = [t for t in _named(means, vertical) if t[2] >= NAMED_MIN][:1]
         if extra:
             text += f" and {extra[0][1]} ({_pct(extra[0][2])})"
         return kind, text, {"to_local", "to_prev", "to_next"} | {c for c, _, _ in extra}, local
     if kind in ("vertical", "diagonal", "vertical + diagonal"):
-        items = ((_named(means, VERTICAL_TARGETS) if kind != "diagonal" else [])
-                 + (_named(means, DIAGONAL_TARGETS) if kind != "vertical" else []))
+        items = ((_named(means, vertical) if kind != "diagonal" else [])
+                 + (_named(means, diagonal) if kind != "vertical" else []))
         if kind == "vertical + diagonal":  # both kinds named, the strongest first
             items = sorted(items, key=lambda t: -t[2])
         return kind, _listing(items), {c for c, _, _ in items}, sum(t[2] for t in items)
@@ -230,14 +251,14 @@ def _base(means: pd.Series) -> tuple[str, str, set[str], float]:
                 float(means["own_segment"]))
     if ent >= BROAD_MIN_ENTROPY:
         return kind, f"broad (entropy {ent:.2f} of maximum)", set(), ent
-    minor = [t for t in _named(means, VERTICAL_TARGETS + DIAGONAL_TARGETS) if t[2] >= 0.1][:2]
+    minor = [t for t in _named(means, vertical + diagonal) if t[2] >= 0.1][:2]
     if minor:
         return kind, _listing(minor, "mixed: partly "), {c for c, _, _ in minor}, 1.0 - ent
     return (kind, f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} tokens)", set(),
             1.0 - ent)
 
 
-def describe_cluster(means: pd.Series) -> str:
+def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
     """What a cluster attends to, in Clark et al.'s terms, with the share of the mass that justifies it.
 
     Targets are named ``[CLS]``, ``[SEP]``, ``punctuation``, ``previous token``, ``itself``, ``next token``; a
@@ -249,6 +270,9 @@ def describe_cluster(means: pd.Series) -> str:
     ----------
     means : pandas.Series
         The cluster's mean statistics (see :func:`pattern_type`).
+    causal
+        The maps are a causal model's: never named for the next token; [CLS] reads ``first-token sink``
+        (:func:`naming_targets`).
 
     Returns
     -------
@@ -256,7 +280,7 @@ def describe_cluster(means: pd.Series) -> str:
         For example ``[SEP] (81% of mass)``, ``previous token (64% of mass)``, ``[CLS] (41% of mass) and next
         token (17%)``, ``own segment, a block (97% of mass; 68% by chance)``, ``broad (entropy 0.92 of maximum)``.
     """
-    return _base(means)[1]
+    return _base(means, causal)[1]
 
 
 def _key(text: str) -> str:
@@ -269,7 +293,7 @@ def _ordinal(i: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(i, f"{i}th")
 
 
-def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None = None
+def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None = None, *, causal: bool = False
                   ) -> tuple[list[str], list[str]]:
     """Type and description of every cluster, no two descriptions alike.
 
@@ -287,6 +311,8 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
         for an empty cluster.
     layers : dict of int to (int, int), optional
         Cluster id -> (lowest, highest) layer of the bulk of its maps.
+    causal
+        The maps are a causal model's (:func:`describe_cluster`).
 
     Returns
     -------
@@ -296,12 +322,13 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
     layers = layers or {}
     ids = [int(c) for c in means.index]
     empty = {c for c in ids if not np.isfinite(means.loc[c, "entropy_norm"])}
-    base = {c: _base(means.loc[c]) for c in ids if c not in empty}
+    vertical, diagonal, separating = naming_targets(causal)
+    base = {c: _base(means.loc[c], causal) for c in ids if c not in empty}
     parts = {c: [base[c][1]] for c in base}
 
     def secondary(c: int) -> str:
         named = base[c][2]
-        rest = [(float(means.loc[c, s]), label) for s, label in VERTICAL_TARGETS + DIAGONAL_TARGETS
+        rest = [(float(means.loc[c, s]), label) for s, label in vertical + diagonal
                 if s not in named and float(means.loc[c, s]) >= SECOND_MIN]
         if not rest:
             return ""
@@ -321,7 +348,7 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
 
     def separate(group: list[int]) -> dict[int, str]:
         """What tells a group of alike clusters apart: the statistic whose means differ most across it."""
-        stats = [(c, label) for c, label in SEPARATING if c in means.columns]
+        stats = [(c, label) for c, label in separating if c in means.columns]
         values = {s: [float(means.loc[c, s]) for c in group] for s, _ in stats}
         col, label = max(stats, key=lambda t: (np.nanmax(values[t[0]]) - np.nanmin(values[t[0]]), t[0]))
         order = sorted(group, key=lambda c: (-float(means.loc[c, col]), c))
@@ -505,8 +532,8 @@ def _layer_spans(maps: pd.DataFrame) -> dict[int, tuple[int, int]]:
     return spans
 
 
-def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd.Series | None = None
-                  ) -> pd.DataFrame:
+def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd.Series | None = None,
+                  causal: bool = False) -> pd.DataFrame:
     """One row per cluster: size, share, medoid map, mean statistics, top heads, type, description, lengths.
 
     Parameters
@@ -520,6 +547,8 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         Number of clusters.
     chance : pandas.Series, optional
         :func:`segment_chance` by ``feature_id``: the baseline that tells a block from broad attention.
+    causal
+        The maps are a causal model's (:func:`name_clusters`).
 
     Returns
     -------
@@ -554,7 +583,7 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         tops.append(", ".join(f"L{r.layer}H{r.head} {_pct(getattr(r, col))}" for r in best.itertuples()
                               if getattr(r, col) > 0))
     table["top_heads"] = tops
-    types, descriptions = name_clusters(means, _layer_spans(maps))
+    types, descriptions = name_clusters(means, _layer_spans(maps), causal=causal)
     table["description"] = descriptions
     table["pattern_type"] = types
     table["vertical_mass"] = means[[c for c, _ in VERTICAL_TARGETS]].sum(axis=1, min_count=1).to_numpy(np.float32)
@@ -613,7 +642,8 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
             "centroid_dist", *stat_columns()]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
-    clusters = cluster_table(maps, heads, k, chance=segment_chance(features))
+    clusters = cluster_table(maps, heads, k, chance=segment_chance(features),
+                             causal="part" in features.columns)  # a causal model's features label their parts
     stability = read_stability(layout, k, min_stability=min_stability)
     if stability is not None:
         clusters = clusters.join(stability, on="cluster")

@@ -8,6 +8,15 @@ The extract stage of a causal run feeds the model :data:`INDUCTION_SEQUENCES` se
 ``heads.parquet``: the mean weight, at the second occurrence of a token, on the token after its first occurrence
 (1 for a perfect induction head, about ``1 / (row + 1)`` for a uniform causal head: 0.03 at the rows scored
 with the defaults). NaN for encoders and for stores written by another tool (no ``induction.parquet``).
+
+**Null and FDR** (:func:`induction_pvalues`): does a head attend to the induction target more than to a key
+drawn at random from the keys its row can see? Each permutation replaces every scored row's target by a key drawn
+uniformly from ``0..row`` (the same draws for every head); the mean weight on those keys has the expectation of the
+causal uniform head's score, ``mean 1 / (row + 1)``, whatever the head does, and the spread of the head's own rows.
+The one-sided p-value is ``(1 + #{null >= observed}) / (1 + INDUCTION_PERMUTATIONS)``; q-values are
+Benjamini-Hochberg over the model's heads, and ``induction_head`` is ``q <= INDUCTION_FDR``. A sink or
+previous-token head, which attends to one fixed key, is not an induction head under this null: the random key
+seldom is that key, and the target never is.
 """
 
 from __future__ import annotations
@@ -22,8 +31,9 @@ from ..errors import DataError
 from .decoder import induction_scores, induction_sequence
 from .heads import HeadContext, head_analysis
 
-__all__ = ["INDUCTION_LENGTH", "INDUCTION_SEQUENCES", "INDUCTION_VERSION", "induction_inputs", "measure_induction",
-           "ordinary_tokens", "read_induction", "write_induction"]
+__all__ = ["INDUCTION_FDR", "INDUCTION_LENGTH", "INDUCTION_PERMUTATIONS", "INDUCTION_SEQUENCES", "INDUCTION_VERSION",
+           "induction_inputs", "induction_pvalues", "measure_induction", "ordinary_tokens", "read_induction",
+           "write_induction"]
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +43,12 @@ INDUCTION_LENGTH = 24
 """Random tokens per occurrence (each sequence is ``1 + 2 * INDUCTION_LENGTH`` tokens with a BOS token)."""
 INDUCTION_SEED = 0
 """Seed of the tokens drawn."""
-INDUCTION_VERSION = 1
-"""Bumped when the diagnostic changes (part of the extract stage's fingerprint for causal models)."""
+INDUCTION_VERSION = 2
+"""Bumped when the diagnostic changes (part of the extract stage's fingerprint for causal models; 2: p-values)."""
+INDUCTION_PERMUTATIONS = 999
+"""Random-key draws of the null (:func:`induction_pvalues`)."""
+INDUCTION_FDR = 0.05
+"""``induction_head``: Benjamini-Hochberg q-value at most this."""
 _CANDIDATES = 4096  # vocabulary ids looked at (decoded one by one) when choosing the ordinary tokens
 
 
@@ -116,7 +130,8 @@ def measure_induction(loaded: Any, tokenizer: Any, *, device: str = "cpu", n_seq
     Returns
     -------
     pandas.DataFrame
-        One row per (``layer``, ``head``): ``induction_score`` float64 in [0, 1].
+        One row per (``layer``, ``head``): ``induction_score`` float64 in [0, 1] and ``induction_p`` (the
+        permutation p-value of :func:`induction_pvalues`).
     """
     from ..causal import causal_forward
 
@@ -126,10 +141,57 @@ def measure_induction(loaded: Any, tokenizer: Any, *, device: str = "cpu", n_seq
     result = causal_forward(loaded, pd.DataFrame({"input_ids": list(ids)}), device=device)
     maps = result.attentions.float().cpu().numpy()  # (sequence, layer, head, query, key), all of one length
     scores = induction_scores(maps, length, start=start).mean(0)  # (layer, head)
+    pvalues = induction_pvalues(np.moveaxis(maps, 0, 2), length, start=start, seed=seed)  # (layer, head)
     n_layers, n_heads = scores.shape
     return pd.DataFrame({"layer": np.repeat(np.arange(n_layers, dtype=np.int64), n_heads),
                          "head": np.tile(np.arange(n_heads, dtype=np.int64), n_layers),
-                         "induction_score": scores.ravel().astype(np.float64)})
+                         "induction_score": scores.ravel().astype(np.float64),
+                         "induction_p": pvalues.ravel().astype(np.float64)})
+
+
+def induction_pvalues(maps, length: int, *, start: int = 0, permutations: int = INDUCTION_PERMUTATIONS,
+                      seed: int = INDUCTION_SEED) -> np.ndarray:
+    """One-sided permutation p-values of each head's induction score against random visible keys.
+
+    Parameters
+    ----------
+    maps
+        (head..., sequence, query, key) causal maps of :func:`~attnclust.analysis.decoder.induction_sequence`
+        sequences (e.g. (layer, head, sequence, query, key)); rows are renormalised.
+    length, start
+        As :func:`~attnclust.analysis.decoder.induction_scores`.
+    permutations
+        Null draws.
+    seed
+        Seed of the draws (the same for every head).
+
+    Returns
+    -------
+    numpy.ndarray
+        (head...) float64 in ``(0, 1]``: ``(1 + #{null >= observed}) / (1 + permutations)`` where *observed* is
+        the mean weight of the scored rows (``start + length .. start + 2 length - 1`` of every sequence) on
+        their induction target (``row - length + 1``) and each *null* the mean weight on a key drawn uniformly
+        from ``0..row`` per row (the module docstring).
+    """
+    a = np.asarray(maps, dtype=np.float32)
+    n = a.shape[-1]
+    if a.ndim < 3 or a.shape[-2] != n or start < 0 or start + 2 * length > n:
+        raise ValueError(f"induction_pvalues: need (..., sequence, query, key) maps holding rows "
+                         f"{start}..{start + 2 * length - 1}, got shape {a.shape}")
+    rows = np.arange(start + length, start + 2 * length)
+    picked = a[..., rows, :]  # (head..., sequence, row, key)
+    picked = picked / np.maximum(picked.sum(-1, keepdims=True), 1e-12)
+    observed = picked[..., np.arange(len(rows)), rows - length + 1].mean((-1, -2))
+    rng = np.random.default_rng(seed)
+    n_seq = a.shape[-3]
+    draws = np.floor(rng.random((permutations, n_seq, len(rows))) * (rows + 1)).astype(np.int64)  # key in 0..row
+    heads = picked.reshape(-1, n_seq, len(rows), n)
+    seq_idx, row_idx = np.arange(n_seq)[:, None], np.arange(len(rows))[None, :]
+    exceed = np.zeros(len(heads), np.int64)
+    for chunk in np.array_split(np.arange(permutations), max(1, permutations // 100)):
+        null = heads[:, seq_idx, row_idx, draws[chunk]].mean((-1, -2))  # (head, draw)
+        exceed += (null >= observed.reshape(-1, 1) - 1e-12).sum(1)
+    return ((1 + exceed) / (1 + permutations)).reshape(observed.shape)
 
 
 def write_induction(layout: Any, cfg: Any, *, device: str = "cpu") -> float:
@@ -160,21 +222,26 @@ def read_induction(layout: Any) -> pd.DataFrame | None:
     if path is None or not path.exists():
         return None
     table = pd.read_parquet(path)
-    missing = [c for c in ("layer", "head", "induction_score") if c not in table.columns]
+    missing = [c for c in ("layer", "head", "induction_score", "induction_p") if c not in table.columns]
     if missing:
         raise DataError(f"{path}: lacks column(s) {', '.join(missing)}; re-run 'attnclust extract --force'")
     return table
 
 
-@head_analysis("induction", columns=("induction",), unit="share",
+@head_analysis("induction", columns=("induction", "induction_q", "induction_head"), unit="share",
                description=f"mean attention, at the second occurrence of a token in {INDUCTION_SEQUENCES} "
                            f"sequences of {INDUCTION_LENGTH} random tokens repeated twice, on the token after its "
-                           f"first occurrence (Olsson et al. 2022; causal models only)")
+                           f"first occurrence (Olsson et al. 2022; causal models only); induction_q: BH q-value "
+                           f"against random visible keys, induction_head: q <= {INDUCTION_FDR}", version=2)
 def _induction(ctx: HeadContext) -> pd.DataFrame:
+    from .roles import bh_qvalues
+
     heads = ctx.maps[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
     table = read_induction(ctx.layout)
     if table is None:
-        return heads.assign(induction=np.nan)
+        return heads.assign(induction=np.nan, induction_q=np.nan, induction_head=False)
     keys = pd.MultiIndex.from_frame(heads.astype(np.int64))
-    scores = table.astype({"layer": np.int64, "head": np.int64}).set_index(["layer", "head"])["induction_score"]
-    return heads.assign(induction=scores.reindex(keys).to_numpy(np.float64))
+    table = table.astype({"layer": np.int64, "head": np.int64}).set_index(["layer", "head"]).reindex(keys)
+    q = bh_qvalues(table["induction_p"].to_numpy(np.float64))
+    return heads.assign(induction=table["induction_score"].to_numpy(np.float64), induction_q=q,
+                        induction_head=np.nan_to_num(q, nan=1.0) <= INDUCTION_FDR)

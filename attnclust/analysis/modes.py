@@ -9,10 +9,14 @@ classifier on a question's mode predicts whether the model answered it right. He
 2. **Modes** (:func:`fit_modes`): KMeans with ``k`` in ``2 .. MODE_K_MAX`` (at most one mode per
    :data:`MIN_MODE_QUESTIONS` questions), ``k`` chosen by the silhouette; labels take no part, so the modes are
    fitted once on all questions.
-3. **Classifier** (:func:`mode_correct`): per mode, the majority class (right / wrong) of the training folds'
-   questions in that mode; a mode with no training question, or a tie, predicts the training folds' majority.
+3. **Classifier** (:func:`mode_balanced`): per mode, "right" when the training folds' questions in that mode are
+   right more often than the training questions overall, "wrong" when less often (a tie, or a mode with no
+   training question, predicts the training folds' majority); scored by held-out **balanced accuracy**, the mean
+   recall of right and of wrong questions. A mode's majority class is most often the run's majority class (SmolLM2
+   answers 45% of the sample right), so plain accuracy against the majority baseline rarely moved; balanced
+   accuracy is 0.5 for every prediction that ignores the question, so ``mode_baseline`` is 0.5.
    Folds are :func:`attnclust.analysis.probes.probe_fold_ids` over questions (stratified, ``min(5, rarest
-   class)``); ``mode_baseline`` predicts the training folds' majority class.
+   class)``).
 4. **Test**: ``mode_p = (1 + #{permuted >= observed}) / (1 + permutations)`` over :data:`MODE_PERMUTATIONS`
    label sets shuffled among the questions of each fold
    (:func:`attnclust.analysis.probes.permuted_labels`: each fold keeps its class counts, and the modes do not
@@ -24,7 +28,8 @@ analysis is skipped (NaN columns and one line saying why, :func:`modes_skip_reas
 model's QA head is untrained (its right / wrong is noise), or when a class has fewer than
 :data:`MIN_CLASS_QUESTIONS` questions. At most :data:`MAX_QUESTIONS` questions are used (a seeded sample). It is
 registered as three head analyses, one unit each, sharing one computation: ``modes`` (``mode_k``),
-``mode_accuracy`` (``mode_accuracy``, ``mode_baseline``) and ``mode_test`` (``mode_p``, ``mode_q``).
+``mode_accuracy`` (``mode_accuracy``: the balanced accuracy, ``mode_baseline``: 0.5) and ``mode_test``
+(``mode_p``, ``mode_q``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from .answer import RIGHT_MIN_F1
 from .heads import HeadContext, head_analysis
 
 __all__ = ["MAX_QUESTIONS", "MIN_CLASS_QUESTIONS", "MIN_MODE_QUESTIONS", "MODE_COLUMNS", "MODE_K_MAX",
-           "MODE_PERMUTATIONS", "fit_modes", "mode_correct", "mode_table", "modes_skip_reason", "question_vectors",
+           "MODE_PERMUTATIONS", "fit_modes", "mode_balanced", "mode_table", "modes_skip_reason", "question_vectors",
            "right_labels"]
 
 log = logging.getLogger(__name__)
@@ -227,37 +232,48 @@ def fit_modes(x: np.ndarray, *, k_max: int = MODE_K_MAX, min_per_mode: int = MIN
     return best
 
 
-def mode_correct(modes: np.ndarray, label_sets: np.ndarray, fold: np.ndarray) -> np.ndarray:
-    """Held-out questions each label set gets right from its mode (per mode, the training folds' majority).
+def mode_balanced(modes: np.ndarray, label_sets: np.ndarray, fold: np.ndarray) -> np.ndarray:
+    """Held-out balanced accuracy of each label set's predictions from the questions' modes.
+
+    Per test fold and mode, the prediction is "right" when the mode's training questions (the other folds') are
+    right more often than the training questions overall, "wrong" when less often, and the training folds'
+    majority class on a tie or for a mode without training questions. Balanced accuracy is the mean of the
+    held-out recall of right and of wrong questions, pooled over the folds: 0.5 for any prediction that does not
+    depend on the question (the majority class included), 1 for a perfect one. Comparing a mode's rate with the
+    overall rate, not with one half, is what lets a mode predict the rarer class (the majority of every mode is
+    often the majority class).
 
     Parameters
     ----------
     modes : numpy.ndarray of int, shape (question,)
     label_sets : numpy.ndarray of int (0/1), shape (label set, question)
-        The true labels and permuted ones.
+        The true labels and permuted ones (each with both classes).
     fold : numpy.ndarray of int, shape (question,)
         Test fold of each question.
 
     Returns
     -------
-    numpy.ndarray of int, shape (label set,)
-        Correct held-out predictions over all folds.
+    numpy.ndarray of float64, shape (label set,)
     """
     k = int(modes.max()) + 1
     folds = np.unique(fold)
     f_index = np.searchsorted(folds, fold)
     cell = (f_index * k + modes)[:, None] == np.arange(len(folds) * k)[None]  # (question, fold x mode)
-    ones = (label_sets.astype(np.float32) @ cell.astype(np.float32)).reshape(len(label_sets), len(folds), k)
-    total = cell.sum(axis=0).reshape(len(folds), k)  # questions per (fold, mode)
+    ones = (label_sets.astype(np.float64) @ cell.astype(np.float64)).reshape(len(label_sets), len(folds), k)
+    total = cell.sum(axis=0).reshape(len(folds), k).astype(np.float64)  # questions per (fold, mode)
     train_ones = ones.sum(axis=1, keepdims=True) - ones  # (set, fold, mode): right answers among training questions
     train_total = total.sum(axis=0, keepdims=True) - total
-    n_train = train_total.sum(axis=1)  # (fold,)
-    overall = train_ones.sum(axis=2) * 2 > n_train  # (set, fold): the training folds' majority is "right"
-    predict = np.where(train_ones * 2 > train_total, True,
-                       np.where(train_ones * 2 < train_total, False, overall[:, :, None]))  # tie / empty: majority
-    correct = np.where(predict, ones, total - ones).sum(axis=(1, 2))
-    correct = np.rint(correct).astype(np.int64)
-    return correct
+    set_ones = train_ones.sum(axis=2, keepdims=True)  # (set, fold, 1): right training questions
+    n_train = train_total.sum(axis=1)[None, :, None]  # (1, fold, 1)
+    majority = set_ones * 2 > n_train
+    # mode rate ones/total against the overall rate set_ones/n_train, cross-multiplied (no division by 0)
+    lead = train_ones * n_train - set_ones * train_total
+    predict = np.where((train_total > 0) & (lead > 0), True, np.where((train_total > 0) & (lead < 0), False, majority))
+    positives = label_sets.sum(axis=1).astype(np.float64)
+    negatives = label_sets.shape[1] - positives
+    hit_right = np.where(predict, ones, 0.0).sum(axis=(1, 2))
+    hit_wrong = np.where(predict, 0.0, total - ones).sum(axis=(1, 2))
+    return 0.5 * (hit_right / np.maximum(positives, 1) + hit_wrong / np.maximum(negatives, 1))
 
 
 def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MODE_PERMUTATIONS,
@@ -298,7 +314,7 @@ def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MO
         raise ValueError(f"mode_table: {int(codes.sum())} right and {int(n - codes.sum())} wrong questions; "
                          f"each class needs at least 2")
     label_sets = np.concatenate([codes[None], permuted_labels(codes, groups, fold, permutations, seed=seed)])
-    baseline = mode_correct(np.zeros(n, np.int64), codes[None], fold)[0] / n
+    baseline = float(mode_balanced(np.zeros(n, np.int64), codes[None], fold)[0])  # one mode: 0.5
     rows = []
     for layer in range(n_layers):
         for head in range(n_heads):
@@ -307,9 +323,9 @@ def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MO
                 rows.append((layer, head, np.nan, np.nan, np.nan, np.nan))
                 continue
             assigned = fit_modes(x, seed=seed)
-            correct = mode_correct(assigned, label_sets, fold)
-            p = (1 + int((correct[1:] >= correct[0]).sum())) / (1 + permutations)
-            rows.append((layer, head, int(assigned.max()) + 1, correct[0] / n, baseline, p))
+            score = mode_balanced(assigned, label_sets, fold)
+            p = (1 + int((score[1:] >= score[0] - 1e-12).sum())) / (1 + permutations)
+            rows.append((layer, head, int(assigned.max()) + 1, score[0], baseline, p))
     table = pd.DataFrame(rows, columns=["layer", "head", "mode_k", "mode_accuracy", "mode_baseline", "mode_p"])
     table["mode_q"] = bh_qvalues(table["mode_p"].to_numpy(np.float64))
     table = table.astype({c: np.float64 for c in MODE_COLUMNS})
@@ -374,8 +390,8 @@ def modes(ctx: HeadContext, *, permutations: int = MODE_PERMUTATIONS, max_questi
 
 _CACHE = "_modes_table"
 _DESCRIPTION = (f"per head, its question vectors clustered into modes (KMeans, k <= {MODE_K_MAX} by silhouette; "
-                f"AP-MAE, Katzy et al. 2026) and each mode's majority class predicting whether the model answered "
-                f"right (F1 >= {RIGHT_MIN_F1:g})")
+                f"AP-MAE, Katzy et al. 2026) and each mode's rate of right answers against the overall rate "
+                f"predicting whether the model answered right (F1 >= {RIGHT_MIN_F1:g})")
 
 
 def _cached(ctx: HeadContext) -> pd.DataFrame:
@@ -388,13 +404,13 @@ def _modes(ctx: HeadContext) -> pd.DataFrame:
     return _cached(ctx)[["layer", "head", "mode_k"]]
 
 
-@head_analysis("mode_accuracy", columns=("mode_accuracy", "mode_baseline"), unit="share",
-               description=f"{_DESCRIPTION}: held-out accuracy over questions and the majority-class baseline")
+@head_analysis("mode_accuracy", columns=("mode_accuracy", "mode_baseline"), unit="share", version=2,
+               description=f"{_DESCRIPTION}: held-out balanced accuracy over questions and its chance level (0.5)")
 def _mode_accuracy(ctx: HeadContext) -> pd.DataFrame:
     return _cached(ctx)[["layer", "head", "mode_accuracy", "mode_baseline"]]
 
 
-@head_analysis("mode_test", columns=("mode_p", "mode_q"), unit="p / q-value",
+@head_analysis("mode_test", columns=("mode_p", "mode_q"), unit="p / q-value", version=2,
                description=f"{_DESCRIPTION}: permutation p-value ({MODE_PERMUTATIONS:,} label shuffles within folds) "
                            f"and Benjamini-Hochberg q over heads")
 def _mode_test(ctx: HeadContext) -> pd.DataFrame:

@@ -8,16 +8,23 @@ A word is a run of consecutive tokens. The grouping is given as ``word_ids``: on
 at 0 and growing by 0 (same word) or 1 (next word) from token to token.
 Groupings come from the tokenizer's word pieces (:func:`word_ids_from_pieces`, the ``##`` continuation of
 WordPiece), from character offsets (:func:`word_ids_from_offsets`, pieces whose character spans touch without
-whitespace), or from a parse's words (:func:`attnclust.analysis.parses.align_feature`).
+whitespace: the way for byte-level BPE, whose pieces carry no ``##``), or from a parse's words
+(:func:`attnclust.analysis.parses.align_feature`).
+
+Labels for people (:func:`readable_tokens`): a causal model's byte-level BPE tokens (GPT-2, SmolLM2, Qwen:
+``Ġword``, ``Ċ``) or SentencePiece tokens (Llama: ``▁word``, ``<0x0A>``) are shown as the text they stand for,
+the leading space left out, a line break as ``↵``, a token of spaces alone as ``␣``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["word_ids_from_offsets", "word_ids_from_pieces", "word_level_map", "word_starts"]
+__all__ = ["display_tokens", "readable_tokens", "word_ids_from_offsets", "word_ids_from_pieces", "word_level_map",
+           "word_starts"]
 
 
 def word_starts(word_ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -123,3 +130,79 @@ def word_ids_from_offsets(offsets: Sequence[Sequence[int]] | np.ndarray) -> np.n
     joins = np.zeros(len(off), bool)
     joins[1:] = has[1:] & has[:-1] & (off[1:, 0] == off[:-1, 1]) & (off[1:, 1] > off[1:, 0])
     return np.cumsum(~joins).astype(np.int64) - 1
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character that stands for each byte -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+_BYTES = _byte_decoder()
+_SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _label(text: str) -> str:
+    """A decoded token as a label: line breaks ``↵``, tabs ``⇥``, a leading space dropped, spaces alone ``␣``."""
+    text = text.replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵").replace("\t", "⇥")
+    if not text.strip(" "):
+        return "␣" * max(1, len(text)) if text else text
+    return text[1:] if text.startswith(" ") else text
+
+
+def display_tokens(tokens: Sequence[str]) -> list[str]:
+    """Readable labels of one feature's tokens of a causal model's tokenizer.
+
+    SentencePiece tokens (some token holds ``▁``) have ``▁`` read as a space and ``<0xNN>`` as that byte; byte-level
+    BPE tokens (some token holds ``Ġ`` or ``Ċ``) are decoded from GPT-2's byte alphabet to UTF-8 (a piece of a
+    character that other tokens complete reads ``�``); other tokens are kept. Then each label as
+    :func:`readable_tokens` describes; special tokens (``<|im_start|>``) are kept as they are.
+
+    Parameters
+    ----------
+    tokens
+        The feature's tokens (``features.parquet``).
+
+    Returns
+    -------
+    list of str
+        One label per token.
+    """
+    tokens = [str(t) for t in tokens]
+    if any("▁" in t for t in tokens):
+        def decode(t: str) -> str:
+            return _SP_BYTE.sub(lambda m: bytes([int(m.group(1), 16)]).decode("latin-1"), t).replace("▁", " ")
+    elif any("Ġ" in t or "Ċ" in t for t in tokens):
+        def decode(t: str) -> str:
+            if not all(c in _BYTES for c in t):  # a special token (<|im_start|>) holds characters outside it
+                return t
+            return bytes(_BYTES[c] for c in t).decode("utf-8", errors="replace")
+    else:
+        return tokens
+    return [t if t.startswith("<|") and t.endswith("|>") else _label(decode(t)) for t in tokens]
+
+
+def readable_tokens(features):
+    """``features`` with its ``tokens`` as :func:`display_tokens` labels when they are a causal model's (the table
+    has a ``part`` column, :mod:`attnclust.qa.prompting`); an encoder's features are returned as they are.
+
+    Parameters
+    ----------
+    features : pandas.DataFrame
+        ``features.parquet`` (``tokens``; ``part`` for a causal model's).
+
+    Returns
+    -------
+    pandas.DataFrame
+        A copy with new labels, or ``features`` itself.
+    """
+    if "part" not in features.columns:
+        return features
+    return features.assign(tokens=[display_tokens(t) for t in features["tokens"]])

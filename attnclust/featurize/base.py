@@ -14,11 +14,15 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["CLS_TOKENS", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
+__all__ = ["CAUSAL_CONTEXT_VERSION", "CLS_TOKENS", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
            "featurizer_names", "get_featurizer", "register_featurizer"]
 
 CLS_TOKENS = frozenset({"[CLS]", "<s>", "<cls>"})
 """Tokens counted as [CLS] (besides the first position, which always is)."""
+
+CAUSAL_CONTEXT_VERSION = 1
+"""How featurizers that read token masks treat a causal model's maps (1: the causal uniform null,
+:attr:`TokenContext.causal`); in the featurize stage's fingerprint of a causal run."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,9 @@ class TokenContext:
         Segment of each token (0 = question side, 1 = context side for BERT QA).
     row : numpy.ndarray of int64, shape (map,)
         The row of the masks that describes each map.
+    causal : bool
+        The maps are a causal (decoder) model's: query ``i`` attends to keys ``0..i`` only (the profile's
+        uniform null is then ``1 / (i + 1)`` per row, :mod:`attnclust.featurize.profile`).
     """
 
     cls: np.ndarray
@@ -43,6 +50,7 @@ class TokenContext:
     punct: np.ndarray
     segment_ids: np.ndarray
     row: np.ndarray
+    causal: bool = False
 
     def __post_init__(self):
         shape = np.shape(self.cls)
@@ -63,7 +71,7 @@ class TokenContext:
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[Sequence[str]], segment_ids: Sequence[Sequence[int]], *,
-                    maps_per_row: int = 1) -> TokenContext:
+                    maps_per_row: int = 1, causal: bool = False) -> TokenContext:
         """Masks of features given as token lists (all of one length), each feature owning ``maps_per_row``
         consecutive maps (``layer * head`` for the maps of a store block).
 
@@ -75,6 +83,8 @@ class TokenContext:
             One list of segment ids per feature, each of length ``n``.
         maps_per_row
             Consecutive maps that belong to each feature.
+        causal
+            The maps are a causal model's (:attr:`causal`).
         """
         from ..analysis.stats import token_masks
 
@@ -94,7 +104,7 @@ class TokenContext:
             cls_[i] = np.fromiter((t in CLS_TOKENS for t in toks), dtype=bool, count=n)
         cls_[:, :1] = True
         return cls(cls=cls_, sep=sep, punct=punct, segment_ids=seg,
-                   row=np.repeat(np.arange(rows, dtype=np.int64), maps_per_row))
+                   row=np.repeat(np.arange(rows, dtype=np.int64), maps_per_row), causal=causal)
 
     @classmethod
     def positional(cls, n: int, n_maps: int) -> TokenContext:

@@ -36,6 +36,11 @@ looks, and that also depends on how many targets a row has (one '.' in a 16-toke
 384-token one): the featurizer scales them by :data:`SPREAD_WEIGHT` (0.5) so that they count, but less than
 where the mass goes (``profile_maps(..., weighted=False)`` gives the plain values).
 
+For a causal (decoder) model's maps (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`), row ``i``
+has keys ``0..i`` only: the uniform null of the excess components is row ``i``'s ``1 / (i + 1)`` on each of
+them, ``entropy_norm`` divides row ``i``'s entropy by ``log(i + 1)``, and the components no causal row can show
+as behaviour (offsets ``+1`` .. ``+3``, ``last``) are 0.
+
 Rows are renormalised to sum to 1 (stored maps are float16 or uint8). Without a
 :class:`~attnclust.featurize.TokenContext` the first position counts as [CLS], the last as the only [SEP],
 there is no punctuation and one segment.
@@ -193,12 +198,14 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None) -> tuple[np.ndarra
     return tuple(t.cpu().numpy() for t in (mass, far, diagonal, peak, alog2a))
 
 
-def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes) -> np.ndarray:
+def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes, causal=False) -> np.ndarray:
     """Profiles from :func:`_row_sums`'s results for some maps, in NumPy (no torch threads to synchronise).
 
     ``segment`` (map, key) is each token's segment (an index into ``count``), ``count`` (map, segment) the
     tokens in each segment, ``sizes`` the lengths of the offset diagonals. Each row's sum ``s`` is divided out
     here, which equals renormalising the rows first (``sum A/s log(A/s) = (sum A log A) / s - log s``).
+    ``causal``: row ``i`` has keys ``0..i``, so its entropy is divided by ``log(i + 1)`` (row 0, one key, left
+    out) instead of ``log n``.
 
     Returns
     -------
@@ -230,7 +237,12 @@ def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes)
     focus_col = (per_segment / np.maximum(count, 1) * present).sum(-1) / present.sum(-1)
 
     plogp = (alog2a * math.log(2) + total * np.log(scale)) * scale  # of the renormalised row; 0 if all zero
-    entropy = -plogp.mean(-1) / math.log(n) if n > 1 else np.zeros(len(total))
+    if n < 2:
+        entropy = np.zeros(len(total))
+    elif causal:  # row i is uniform at log(i + 1)
+        entropy = -(plogp[:, 1:] / np.log(np.arange(2, n + 1))).mean(-1)
+    else:
+        entropy = -plogp.mean(-1) / math.log(n)
     confidence = (peak * scale).mean(-1)
     return np.column_stack([offsets, where, focus_col, entropy, confidence, far_cols]).astype(np.float32)
 
@@ -366,12 +378,12 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
                     keyed_row = shared
                     keyed[..., :masks.shape[-1]] = masks[shared]
                 sums = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed)
-            out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes))
+            out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes, ctx.causal))
             if return_rows:
                 kept.append(sums)
     vectors = np.concatenate(out)
     if excess:
-        vectors = _excess_over_uniform(vectors, key_masks[row], offsets)
+        vectors = _excess_over_uniform(vectors, key_masks[row], offsets, causal=ctx.causal)
     vectors = vectors * component_weights(offsets, far) if weighted else vectors
     if not return_rows:
         return vectors
@@ -380,21 +392,38 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
                      "alog2a": alog2a}
 
 
-def _excess_over_uniform(vectors: np.ndarray, masks: np.ndarray, offsets: int) -> np.ndarray:
+def _excess_over_uniform(vectors: np.ndarray, masks: np.ndarray, offsets: int, *, causal: bool = False
+                         ) -> np.ndarray:
     """``max(0, (x - u) / (1 - u))`` for the offset, [CLS], [SEP], punctuation and last components, with ``u``
     what a uniform row gives there: ``1/n`` on an offset, the share of keys under the mask for the others (0 where
     every key is under it: nothing can be in excess).
+
+    ``causal``: the uniform row ``i`` puts ``1 / (i + 1)`` on each of keys ``0..i``, so ``u`` is the mean over
+    the rows that have the target of that: on offset ``d <= 0``, ``1 / (i + 1)`` over rows ``i >= -d``; under a
+    mask, the share of keys ``0..i`` under it. The components a causal map cannot hold as behaviour are 0:
+    offsets ``d > 0`` (keys after the query) and ``last`` (a key only the last row sees).
 
     ``masks`` is (map, key, mask) from :func:`_key_masks`; ``vectors`` (map, dim) plain profiles, changed in place.
     """
     n = masks.shape[1]
     n_where = 2 * offsets + 1 + 4
     uniform = np.empty((len(vectors), n_where), np.float64)
-    uniform[:, :2 * offsets + 1] = 1 / n
-    uniform[:, 2 * offsets + 1:] = masks[..., 1:5].mean(1)
+    if causal:
+        inverse = 1 / np.arange(1, n + 1)  # row i's uniform weight
+        for j, d in enumerate(range(-offsets, offsets + 1)):
+            uniform[:, j] = inverse[-d:].mean() if d <= 0 and -d < n else 0.0
+        seen = np.cumsum(masks[..., 1:4], axis=1, dtype=np.float64)  # (map, row, mask): masked keys in 0..i
+        uniform[:, 2 * offsets + 1:2 * offsets + 4] = (seen * inverse[None, :, None]).mean(1)
+        uniform[:, -1] = 0.0
+    else:
+        uniform[:, :2 * offsets + 1] = 1 / n
+        uniform[:, 2 * offsets + 1:] = masks[..., 1:5].mean(1)
     room = 1 - uniform
     x = vectors[:, :n_where]
     vectors[:, :n_where] = np.where(room > 0, np.clip((x - uniform) / np.where(room > 0, room, 1), 0, 1), 0)
+    if causal:  # no behaviour there: keys after the query, the last key
+        vectors[:, offsets + 1:2 * offsets + 1] = 0.0
+        vectors[:, n_where - 1] = 0.0
     return vectors
 
 

@@ -7,7 +7,10 @@ text). The model answers by greedy decoding; the prompt and its answer together 
 (:func:`attnclust.causal.causal_forward`). Each token is labelled by its part (``instruction``, ``context``,
 ``question``, ``answer``; column ``part``); context tokens carry ``[start, end)`` character offsets into the
 context, as an encoder's do, so the word and syntax tools apply; ``segment_ids`` is 1 on context tokens, 0
-elsewhere. A context too long for ``extract.max_seq_len`` (less room for the answer) is cut at a token boundary.
+elsewhere. A context too long for ``extract.max_seq_len`` (less room for the answer) is windowed as an encoder's
+strided features are: several prompts, each with a window of the context, consecutive windows overlapping by
+``extract.doc_stride`` context tokens; the model answers each, and the question's answer is chosen across its
+windows (:func:`predict_generated`).
 
 The answer is scored by the official SQuAD 2.0 metric (:func:`predict_generated` feeds
 :func:`attnclust.qa.score_answers`): its first line, without a leading ``Answer:``, quotes and a final period, in
@@ -26,9 +29,12 @@ import pandas as pd
 from ..data import FEATURE_COLUMNS
 from ..errors import DataError
 
-__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "context_spans", "encode_prompt", "generate_answer",
+__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "choose_answer", "context_spans", "encode_prompt", "generate_answer",
            "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
 
+PROMPT_WINDOWS_VERSION = 1
+"""How a long context becomes prompts (1: windows with ``extract.doc_stride`` overlap; before: cut), in the
+extraction's fingerprint of a causal model."""
 PARTS = ("instruction", "context", "question", "answer")
 """What each token of a causal feature is (column ``part``): template and instruction text, the context, the
 question, the model's answer."""
@@ -210,27 +216,63 @@ def _gold_tokens(offsets: list[list[int]], start: int, end: int) -> tuple[int, i
     return inside[0], inside[-1]
 
 
-def _fit_context(tokenizer: Any, example: Any, style: str, budget: int, label: str) -> tuple[str, dict]:
-    """The example's context, cut at a token boundary until its prompt takes at most ``budget`` tokens."""
+def _windows(tokenizer: Any, example: Any, style: str, budget: int, doc_stride: int,
+             label: str) -> list[tuple[str, dict]]:
+    """The prompts of one example: one with the whole context when it fits in ``budget`` tokens, else one per
+    window of the context, consecutive windows overlapping by ``doc_stride`` context tokens (as an encoder's
+    strided features, :func:`attnclust.data.tokenize_examples`).
+
+    A window is a run of the whole context's tokens (as they are tokenised in the full prompt) cut at token
+    boundaries and re-tokenised in its own prompt; where re-tokenisation makes it longer than ``budget``, its end
+    moves back. Each prompt's context offsets are shifted to characters of the whole context.
+
+    Returns
+    -------
+    list of (str, dict)
+        ``(window text, encoding)`` per window in context order; the encoding as :func:`encode_prompt`'s.
+    """
     context = example.context
-    for _ in range(16):
-        enc = encode_prompt(tokenizer, context, example.question, style)
-        over = len(enc["input_ids"]) - budget
-        if over <= 0:
-            return context, enc
-        ends = [b for (_, b), part in zip(enc["offsets"], enc["part"]) if part == "context"]
-        keep = len(ends) - over - 1
-        if keep < 1:
-            raise DataError(f"{label}: the prompt without its context takes {len(enc['input_ids']) - len(ends)} "
-                            f"tokens, more than extract.max_seq_len - extract.max_new_tokens = {budget}; raise "
-                            f"extract.max_seq_len or shorten the question")
-        context = context[:ends[keep - 1]]
-    raise DataError(f"{label}: the prompt does not fit in {budget} tokens; raise extract.max_seq_len")
+    enc = encode_prompt(tokenizer, context, example.question, style)
+    if len(enc["input_ids"]) <= budget:
+        return [(context, enc)]
+    spans = [o for o, p in zip(enc["offsets"], enc["part"]) if p == "context"]
+    room = budget - (len(enc["input_ids"]) - len(spans))
+    if room < 1:
+        raise DataError(f"{label}: the prompt without its context takes {len(enc['input_ids']) - len(spans)} "
+                        f"tokens, more than extract.max_seq_len - extract.max_new_tokens = {budget}; raise "
+                        f"extract.max_seq_len or shorten the question")
+    if doc_stride >= room:
+        raise DataError(f"{label}: extract.doc_stride {doc_stride} is not less than the {room} context tokens a "
+                        f"prompt holds (extract.max_seq_len - extract.max_new_tokens - the prompt's other "
+                        f"tokens); lower extract.doc_stride or raise extract.max_seq_len")
+    out: list[tuple[str, dict]] = []
+    start = 0
+    while True:
+        end = min(start + room, len(spans))
+        while True:
+            a = 0 if start == 0 else spans[start][0]
+            b = len(context) if end == len(spans) else spans[end - 1][1]
+            window = context[a:b]
+            enc = encode_prompt(tokenizer, window, example.question, style)
+            over = len(enc["input_ids"]) - budget
+            if over <= 0:
+                break
+            if end - over <= start:
+                raise DataError(f"{label}: no window of the context fits the prompt in {budget} tokens; raise "
+                                f"extract.max_seq_len")
+            end -= over
+        enc["offsets"] = [[x + a, y + a] if p == "context" else [x, y]
+                          for (x, y), p in zip(enc["offsets"], enc["part"])]
+        out.append((window, enc))
+        if end >= len(spans):
+            return out
+        start = max(end - doc_stride, start + 1)
 
 
 def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, style: str, max_new_tokens: int,
-                    max_seq_len: int, device: str = "cpu", decoding: str = "greedy") -> pd.DataFrame:
-    """One feature per question: its prompt and the model's greedy answer (the model runs here).
+                    max_seq_len: int, doc_stride: int = 128, max_features_per_example: int | None = None,
+                    device: str = "cpu", decoding: str = "greedy") -> pd.DataFrame:
+    """The prompts of each question and the model's greedy answer to each (the model runs here).
 
     Parameters
     ----------
@@ -242,23 +284,30 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         The causal model (:func:`attnclust.models.get_model`).
     style
         ``extract.prompt``.
-    decoding
-        ``extract.decoding``: ``greedy`` (free) or ``context`` (the answer a run of the context's tokens or the
-        no-answer word: :func:`context_spans`).
     max_new_tokens
         The longest answer.
     max_seq_len
-        Most tokens of prompt + answer; a longer context is cut.
+        Most tokens of prompt + answer; a longer context is windowed (:func:`_windows`).
+    doc_stride
+        ``extract.doc_stride``: the overlap in context tokens of consecutive windows of one context.
+    max_features_per_example
+        ``data.max_features_per_example``: keep the first N windows of each context (``None``: all).
     device
         Where the model runs.
+    decoding
+        ``extract.decoding``: ``greedy`` (free) or ``context`` (the answer a run of the window's context tokens or
+        the no-answer word: :func:`context_spans`).
 
     Returns
     -------
     pandas.DataFrame
-        :data:`PROMPT_COLUMNS`, one row per example in input order (``span`` 0): the columns of
-        :func:`attnclust.data.tokenize_examples` over prompt + answer tokens, ``part`` and ``generated``.
-        ``frame.attrs["dropped_features"]`` is empty; ``frame.attrs["cut_contexts"]`` maps the id of each
-        example whose context was cut to the characters kept.
+        :data:`PROMPT_COLUMNS`, one row per prompt (feature), examples in input order and windows in context
+        order (``span`` 0, 1, ...): the columns of :func:`attnclust.data.tokenize_examples` over prompt + answer
+        tokens (``offsets`` into the whole context), ``part`` and ``generated`` (that window's answer;
+        :func:`predict_generated` chooses each question's answer across its windows).
+        ``frame.attrs["dropped_features"]`` maps the id of each example cut by ``max_features_per_example`` to
+        the number of windows dropped; ``frame.attrs["windowed_contexts"]`` maps the id of each example whose
+        context took more than one window to its number of windows.
     """
     from ..causal import stop_token_ids
 
@@ -267,46 +316,56 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
     budget = max_seq_len - max_new_tokens
     stops = stop_token_ids(tokenizer, loaded.model)
     rows: dict[str, list] = {name: [] for name in PROMPT_COLUMNS}
-    cut: dict[str, int] = {}
+    windowed: dict[str, int] = {}
+    dropped: dict[str, int] = {}
     seen: set[str] = set()
     for k, ex in enumerate(examples):
         label = f"example {k} ({ex.id!r})"
         if ex.id in seen:
             raise DataError(f"{label}: id repeats an earlier example; ids must be unique: rename or drop one")
         seen.add(ex.id)
-        context, enc = _fit_context(tokenizer, ex, style, budget, label)
-        if len(context) < len(ex.context):
-            cut[ex.id] = len(context)
-        if "context" not in enc["part"]:
-            raise DataError(f"{label}: context {ex.context[:40]!r} yields no tokens with this tokenizer; fix the "
-                            f"context text or drop the example")
-        answer = generate_answer(loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens,
-                                 device=device,
-                                 spans=context_spans(tokenizer, enc, context) if decoding == "context" else None)
-        ids = enc["input_ids"] + answer
-        parts = enc["part"] + ["answer"] * len(answer)
-        offsets = enc["offsets"] + [[-1, -1]] * len(answer)
-        ctx = [i for i, p in enumerate(parts) if p == "context"]
-        a_start = a_end = -1
-        if ex.answers:
-            first = ex.answers[0]
-            a_start, a_end = _gold_tokens(offsets, first.answer_start, first.answer_start + len(first.text))
-        for name, value in (
-            ("example_id", ex.id), ("span", 0), ("seq_len", len(ids)), ("input_ids", ids),
-            ("tokens", tokenizer.convert_ids_to_tokens(ids)), ("segment_ids", [int(p == "context") for p in parts]),
-            ("offsets", offsets), ("context_start", ctx[0]), ("context_end", ctx[-1]),
-            ("answer_start_token", a_start), ("answer_end_token", a_end), ("part", parts),
-            ("generated", tokenizer.decode(answer, skip_special_tokens=True)),
-        ):
-            rows[name].append(value)
+        windows = _windows(tokenizer, ex, style, budget, doc_stride, label)
+        if len(windows) > 1:
+            windowed[ex.id] = len(windows)
+        if max_features_per_example is not None and len(windows) > max_features_per_example:
+            dropped[ex.id] = len(windows) - max_features_per_example  # windows in context order: the first N kept
+            windows = windows[:max_features_per_example]
+        for span, (_, enc) in enumerate(windows):
+            if "context" not in enc["part"]:
+                raise DataError(f"{label}: context {ex.context[:40]!r} yields no tokens with this tokenizer; fix "
+                                f"the context text or drop the example")
+            answer = generate_answer(
+                loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens, device=device,
+                spans=context_spans(tokenizer, enc, ex.context) if decoding == "context" else None)
+            _add_feature(rows, tokenizer, ex, span, enc, answer)
     if not rows["example_id"]:
         raise DataError("prompt_features: got no examples; read at least one with read_squad")
     frame = pd.DataFrame(rows, columns=list(PROMPT_COLUMNS))
     for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
         frame[name] = frame[name].astype(np.int32)
-    frame.attrs["dropped_features"] = {}
-    frame.attrs["cut_contexts"] = cut
+    frame.attrs["dropped_features"] = dropped
+    frame.attrs["windowed_contexts"] = windowed
     return frame
+
+
+def _add_feature(rows: dict[str, list], tokenizer: Any, ex: Any, span: int, enc: dict, answer: list[int]) -> None:
+    """Append one feature (a prompt and its answer tokens) to the columns of :func:`prompt_features`."""
+    ids = enc["input_ids"] + answer
+    parts = enc["part"] + ["answer"] * len(answer)
+    offsets = enc["offsets"] + [[-1, -1]] * len(answer)
+    ctx = [i for i, p in enumerate(parts) if p == "context"]
+    a_start = a_end = -1
+    if ex.answers:
+        first = ex.answers[0]
+        a_start, a_end = _gold_tokens(offsets, first.answer_start, first.answer_start + len(first.text))
+    for name, value in (
+        ("example_id", ex.id), ("span", span), ("seq_len", len(ids)), ("input_ids", ids),
+        ("tokens", tokenizer.convert_ids_to_tokens(ids)), ("segment_ids", [int(p == "context") for p in parts]),
+        ("offsets", offsets), ("context_start", ctx[0]), ("context_end", ctx[-1]),
+        ("answer_start_token", a_start), ("answer_end_token", a_end), ("part", parts),
+        ("generated", tokenizer.decode(answer, skip_special_tokens=True)),
+    ):
+        rows[name].append(value)
 
 
 def parse_answer(text: str, context: str) -> str:
@@ -332,36 +391,61 @@ def predict_generated(features: pd.DataFrame, logits: pd.DataFrame | None,
                       contexts: Mapping[str, str]) -> pd.DataFrame:
     """Predictions (:data:`attnclust.qa.PREDICTION_COLUMNS`) from a causal model's generated answers.
 
+    A question whose context took several windows has one answer per window; its answer is chosen across them:
+    the non-null answer (:func:`parse_answer`) of the highest mean log-probability (``span_score``; ties and NaN
+    scores go to the earlier window), and the null answer only when every window gives it. The rule mirrors an
+    encoder's best span over its features (:func:`attnclust.qa.predict_answers`), with the model's own
+    confidence in its answer tokens as the score.
+
     Parameters
     ----------
     features : pandas.DataFrame
-        ``feature_id``, ``example_id``, ``part`` and ``generated`` (a causal run's ``features.parquet``).
+        ``feature_id``, ``example_id``, ``span``, ``part`` and ``generated`` (a causal run's
+        ``features.parquet``).
     logits : pandas.DataFrame or None
-        ``feature_id`` and ``token_logprobs`` (a causal run's ``qa.parquet``); ``span_score`` is the mean
-        log-probability of the answer tokens (NaN without them or without answer tokens).
+        ``feature_id`` and ``token_logprobs`` (a causal run's ``qa.parquet``); a window's ``span_score`` is the
+        mean log-probability of its answer tokens (NaN without them or without answer tokens).
     contexts
         Example id -> context text.
 
     Returns
     -------
     pandas.DataFrame
-        One row per example: ``prediction`` (:func:`parse_answer`), ``best_span`` (the same), ``span_score``,
-        ``null_score`` (NaN), ``null_odds`` (1 for the null answer, -1 otherwise: the default threshold 0 keeps
-        the answers as generated), ``span_probability`` (``exp(span_score)``) and ``n_best`` (``[prediction]``).
+        One row per example: ``prediction`` (the chosen answer), ``best_span`` (the same), ``span_score`` (the
+        chosen window's), ``null_score`` (NaN), ``null_odds`` (1 for the null answer, -1 otherwise: the default
+        threshold 0 keeps the answers as generated), ``span_probability`` (``exp(span_score)``) and ``n_best``
+        (the windows' distinct answers, chosen first).
     """
     from .evaluate import PREDICTION_COLUMNS
 
     logprobs = {} if logits is None or "token_logprobs" not in logits.columns else \
         dict(zip(logits["feature_id"].astype(int), logits["token_logprobs"]))
-    rows = []
-    for fid, example_id, part, generated in zip(features["feature_id"].astype(int), features["example_id"],
-                                                features["part"], features["generated"]):
+    spans = features["span"].astype(int) if "span" in features.columns else pd.Series(0, index=features.index)
+    per_example: dict[str, list[tuple[int, str, float]]] = {}
+    for fid, example_id, span, part, generated in zip(features["feature_id"].astype(int), features["example_id"],
+                                                      spans, features["part"], features["generated"]):
         answer = parse_answer(generated, contexts[example_id])
         steps = np.flatnonzero(np.asarray(part) == "answer")
         lp = logprobs.get(fid)
         score = float(np.mean(np.asarray(lp, dtype=np.float64)[steps])) if lp is not None and len(steps) else np.nan
+        per_example.setdefault(example_id, []).append((int(span), answer, score))
+    rows = []
+    for example_id, windows in per_example.items():
+        answer, score = choose_answer(windows)
+        others = [a for _, a, _ in sorted(windows) if a != answer]
         rows.append({"example_id": example_id, "prediction": answer, "best_span": answer, "span_score": score,
                      "null_score": np.nan, "null_odds": 1.0 if not answer else -1.0,
                      "span_probability": float(np.exp(score)) if np.isfinite(score) else np.nan,
-                     "n_best": [answer]})
+                     "n_best": list(dict.fromkeys([answer, *others]))})
     return pd.DataFrame(rows, columns=list(PREDICTION_COLUMNS))
+
+
+def choose_answer(windows: Sequence[tuple[int, str, float]]) -> tuple[str, float]:
+    """One question's answer from its windows' ``(span, answer, score)``: the non-null answer of the highest
+    score (NaN lowest; ties to the lower ``span``), else the null answer ``""`` with the first window's score."""
+    ordered = sorted(windows)
+    answered = [(s if np.isfinite(s) else -np.inf, -span, a, s) for span, a, s in ordered if a]
+    if not answered:
+        return "", ordered[0][2]
+    best = max(answered, key=lambda t: (t[0], t[1]))
+    return best[2], best[3]

@@ -1,8 +1,8 @@
 """The report's "What predicts a right answer" section: the heads whose mode predicts the model's correctness.
 
 Reads the ``modes`` columns of ``heads.parquet`` (:mod:`attnclust.analysis.modes`): the heads with ``mode_q``
-below :data:`MODES_ALPHA`, best first, against the majority baseline; when the analysis was skipped, the one line
-that says why (:func:`attnclust.analysis.modes.modes_skip_reason`).
+below :data:`MODES_ALPHA`, best first, against chance (balanced accuracy 0.5); when the analysis was skipped, the
+one line that says why (:func:`attnclust.analysis.modes.modes_skip_reason`).
 """
 
 from __future__ import annotations

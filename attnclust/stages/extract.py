@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.induction import INDUCTION_VERSION, write_induction
+from ..qa.prompting import PROMPT_WINDOWS_VERSION
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
@@ -86,7 +87,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
            if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
-            "cut_contexts": dict(features.attrs.get("cut_contexts", {})), "model_info": model_info}
+            "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info}
 
 
 def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
@@ -100,7 +101,9 @@ def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
     device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
     return prompt_features(examples, tokenizer, get_model(cfg.model, device=device), style=cfg.extract.prompt,
                            max_new_tokens=cfg.extract.max_new_tokens, max_seq_len=cfg.extract.max_seq_len,
-                           device=device, decoding=cfg.extract.decoding)
+                           doc_stride=cfg.extract.doc_stride,
+                           max_features_per_example=cfg.data.max_features_per_example, device=device,
+                           decoding=cfg.extract.decoding)
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -324,7 +327,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             "forward_seconds": forward_s, "convert_seconds": fill.seconds}
 
 
-def profile_and_statistics(maps, tokens: list, segment_ids: list) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: bool = False
+                           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The ``profile`` vectors and the per-map statistics of one feature's maps from one pass over them.
 
     Parameters
@@ -334,6 +338,9 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list) -> tuple[np.nd
         view cropped out of the forward's padded batch is read in place (never copied).
     tokens, segment_ids
         The feature's ``n`` tokens and segment ids.
+    causal
+        The maps are a causal model's (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`): the
+        profile uses the causal uniform null.
 
     Returns
     -------
@@ -349,7 +356,7 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list) -> tuple[np.nd
     from ..featurize.profile import profile_tensor
 
     layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
-    context = TokenContext.from_tokens([tokens], [segment_ids], maps_per_row=layers * heads)
+    context = TokenContext.from_tokens([tokens], [segment_ids], maps_per_row=layers * heads, causal=causal)
     vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), context, return_rows=True)
     sep, punct, seg = token_masks(tokens, segment_ids)
     mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
@@ -381,6 +388,7 @@ class _ShardFiller:
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
         self.quantise = dtype == torch.uint8
         self.compact = store.attrs.get("compact") if store.mode == "compact" else None
+        self.causal = store.attrs.get("model_kind") == "causal"
         # a full store created before attnclust stored profile vectors (resumed) has no array for them
         self.profile = None if store.profile is None else \
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
@@ -391,7 +399,7 @@ class _ShardFiller:
         t0 = time.perf_counter()
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
         maps = maps.to(self.device)  # on a GPU the row sums and compact rows run there (no copy on a CPU)
-        vectors, stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids))
+        vectors, stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids), causal=self.causal)
         if self.profile is not None:
             self.profile[j] = vectors
         if self.compact is not None:
@@ -512,7 +520,7 @@ class ExtractStage(Stage):
                            "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens,
                            **({"extract.decoding": ctx.cfg.extract.decoding}
                               if ctx.cfg.extract.decoding != "greedy" else {}),
-                           "induction": INDUCTION_VERSION})
+                           "induction": INDUCTION_VERSION, "prompt_windows": PROMPT_WINDOWS_VERSION})
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
@@ -523,10 +531,12 @@ class ExtractStage(Stage):
         inputs, cfg = ctx.inputs, ctx.cfg
         if inputs.get("dropped_features"):
             ctx.note(_capped_note(inputs["dropped_features"], cfg.data.max_features_per_example))
-        if inputs.get("cut_contexts"):
-            n = len(inputs["cut_contexts"])
-            ctx.note(f"note: {n:,} context{'s' if n != 1 else ''} cut to fit the prompt in extract.max_seq_len = "
-                     f"{cfg.extract.max_seq_len} tokens; raise it to keep them whole")
+        if inputs.get("windowed_contexts"):
+            n, total = len(inputs["windowed_contexts"]), sum(inputs["windowed_contexts"].values())
+            ctx.note(f"note: {n:,} context{'s' if n != 1 else ''} too long for one prompt in extract.max_seq_len = "
+                     f"{cfg.extract.max_seq_len} tokens: windowed into {total:,} prompts (overlap "
+                     f"extract.doc_stride = {cfg.extract.doc_stride} tokens), each question's answer chosen across "
+                     f"its windows")
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
         plan = self._store_plan(ctx)

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
-from ..featurize import TokenContext, embed_with_context, get_featurizer
+from ..featurize import CAUSAL_CONTEXT_VERSION, TokenContext, embed_with_context, get_featurizer
 from ..layout import RunLayout
 from ..store import EMBED_SCHEMA, open_attention_store, open_embedding, read_features  # open_embedding: re-exported
 from .base import RunContext, Stage
@@ -124,7 +124,8 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
         idx = np.flatnonzero(lens == n)
         group_maps = maps[idx, :, :, :n, :n].reshape(len(idx) * L * H, n, n)
         context = None if tokens is None else TokenContext.from_tokens(
-            [tokens[0][i] for i in idx], [tokens[1][i] for i in idx], maps_per_row=L * H)
+            [tokens[0][i] for i in idx], [tokens[1][i] for i in idx], maps_per_row=L * H,
+            causal=store.attrs.get("model_kind") == "causal")
         group_vectors = embed_with_context(featurizer, group_maps, cfg, device, context)
         vectors[idx] = group_vectors.reshape(len(idx), L * H, -1)
     _write_rows(layout, start, stop, L, H, vectors)
@@ -160,14 +161,21 @@ class FeaturizeStage(Stage):
 
     def identity(self, ctx: RunContext) -> dict:
         """The featurizer's version, the backend (fp16 on a GPU), what the featurizer resolves on this machine
-        (resnet: the precision), and the store when it was not extracted here."""
-        out = {"featurizer": get_featurizer(ctx.cfg.featurize.method).version, "backend": ctx.backend}
+        (resnet: the precision), the store when it was not extracted here, and for a causal model's store read
+        by a featurizer of token masks the version of their causal reading (:data:`CAUSAL_CONTEXT_VERSION`)."""
+        featurizer = get_featurizer(ctx.cfg.featurize.method)
+        out = {"featurizer": featurizer.version, "backend": ctx.backend}
         # what the featurizer resolves on this machine (resnet: precision), "featurizer precision changed" when
         # it differs; featurizers that resolve nothing add nothing, so their fingerprints stay as they were
         out.update({f"featurizer_{k}": v for k, v in _resolved(ctx).items()})
+        store = None
         if "extract" not in ctx.fingerprints:  # a store written by another tool
             store = open_attention_store(ctx.layout.attention)
             out["store"] = [store.seq_len.tolist(), list(store.attention.shape)]
+        if ctx.layout.attention.exists():  # a causal model's maps: featurizers that read token masks use its null
+            store = store or open_attention_store(ctx.layout.attention, require_complete=False)
+            if store.attrs.get("model_kind") == "causal" and getattr(featurizer, "uses_context", False):
+                out["causal_context"] = CAUSAL_CONTEXT_VERSION
         return out
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..analysis.atlas import stats_block
 from ..analysis.heads import analysis_versions
+from ..analysis.words import readable_tokens
 from ..config import BUNDLED_CONLLU
 from ..errors import DataError
 from ..layout import RunLayout
@@ -24,7 +25,8 @@ from ..store import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
-__all__ = ["PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage", "map_source_note"]
+__all__ = ["PROBE_CAUSAL", "PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage",
+           "map_source_note"]
 
 SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
 """Settings of the ``syntax`` analysis; part of the report's fingerprint when the analysis is on."""
@@ -34,6 +36,9 @@ PROBE_KEYS = ("probe.enabled", "probe.tasks", "probe.labels", "probe.pooling", "
               "probe.null", "probe.max_features")
 """Settings of the ``probe`` analysis; part of the report's fingerprint when the analysis is on."""
 PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
+PROBE_CAUSAL = ("probe: skipped (the model is causal: the probes read each head's pooled output and the last "
+                "layer's [CLS] state, which extraction keeps for encoders only; a decoder's prompts have no [CLS]. "
+                "Set probe.enabled=false to leave this line out)")
 """The line printed when the ``probe`` analysis is off."""
 
 
@@ -156,12 +161,13 @@ class ReportStage(Stage):
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
 
-                explorer = build_explorer(open_attention_store(layout.attention), features, maps,
+                explorer = build_explorer(open_attention_store(layout.attention), readable_tokens(features), maps,
                                           predictions=predictions, random_state=cfg.cluster.random_state,
                                           examples=examples)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
-                clusters=clusters, mean_maps=mean_maps, medoids=medoid_maps(layout, clusters, features),
+                clusters=clusters, mean_maps=mean_maps,
+                medoids=medoid_maps(layout, clusters, readable_tokens(features)),
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
@@ -278,6 +284,9 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars, *, examples
     layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration
     if not _probe_on(cfg):
         ctx.note(PROBE_SKIPPED)
+        return None
+    if "part" in features.columns:  # a causal model's prompts (attnclust.qa.prompting)
+        ctx.note(PROBE_CAUSAL)
         return None
     if not layout.head_outputs.exists() or examples is None:
         ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "

@@ -148,7 +148,7 @@ def test_induction_diagnostic_of_a_tiny_llama_has_one_score_per_head(tmp_path):
     assert (induction_inputs(tokenizer, n_sequences=3)[0] == ids).all()  # seeded
     table = measure_induction(get_model(ModelConfig(name=str(path))), tokenizer)
     assert len(table) == 2 * 4 and not table.duplicated(["layer", "head"]).any()
-    assert table["induction_score"].between(0.0, 1.0).all()
+    assert table["induction_score"].between(0.0, 1.0).all() and table["induction_p"].between(0.0, 1.0).all()
     with pytest.raises(DataError, match="ordinary tokens"):
         induction_inputs(tokenizer, length=10_000)
 
@@ -161,10 +161,56 @@ def test_the_induction_analysis_joins_the_table_or_gives_nan(planted_causal, tmp
     ctx = HeadContext(maps=table, features=planted_causal[1], layout=layout, k=1)
     assert read_induction(layout) is None
     assert HEAD_ANALYSES["induction"].compute(ctx)["induction"].isna().all()
-    atomic_write_parquet(pd.DataFrame({"layer": 0, "head": [0, 1, 2, 3], "induction_score": [0.9, 0.1, 0.0, 0.2]}),
-                         layout.induction)
-    got = HEAD_ANALYSES["induction"].compute(ctx)
-    assert got.set_index("head")["induction"].tolist() == [0.9, 0.1, 0.0, 0.2]
+    assert not HEAD_ANALYSES["induction"].compute(ctx)["induction_head"].any()
+    atomic_write_parquet(pd.DataFrame({"layer": 0, "head": [0, 1, 2, 3], "induction_score": [0.9, 0.1, 0.0, 0.2],
+                                       "induction_p": [0.001, 0.02, 0.9, 0.04]}), layout.induction)
+    got = HEAD_ANALYSES["induction"].compute(ctx).set_index("head")
+    assert got["induction"].tolist() == [0.9, 0.1, 0.0, 0.2]
+    # BH over the 4 heads: q = 0.004, 0.04, 0.9, 0.0533...
+    np.testing.assert_allclose(got["induction_q"], [0.004, 0.04, 0.9, 0.16 / 3])
+    assert got["induction_head"].tolist() == [True, True, False, False]
     atomic_write_parquet(pd.DataFrame({"layer": [0], "head": [0]}), layout.induction)
     with pytest.raises(DataError, match="lacks column"):
         HEAD_ANALYSES["induction"].compute(ctx)
+
+
+def planted_induction_maps(kind: str, n_seq: int, length: int, start: int, rng) -> np.ndarray:
+    """(sequence, query, key) causal maps of a planted head over induction sequences, with noise."""
+    n = start + 2 * length
+    out = []
+    for _ in range(n_seq):
+        noisy = np.tril(rng.dirichlet(np.full(n, 1.0), size=n))
+        noisy /= noisy.sum(1, keepdims=True)
+        target = np.zeros((n, n))
+        for r in range(n):
+            k = {"induction": r - length + 1 if r >= start + length else r, "previous": max(r - 1, 0),
+                 "sink": 0, "self": r}.get(kind)
+            if k is not None:
+                target[r, k] = 1.0
+        out.append(noisy if kind == "uniform" else 0.4 * noisy + 0.6 * target)
+    return np.stack(out)
+
+
+def test_induction_null_flags_the_induction_head_only():
+    from attnclust.analysis.decoder import induction_scores
+    from attnclust.analysis.induction import induction_pvalues
+    from attnclust.analysis.roles import bh_qvalues
+
+    rng = np.random.default_rng(0)
+    kinds = ("induction", "uniform", "previous", "sink", "self")
+    length, start = 12, 1
+    maps = np.stack([planted_induction_maps(k, 3, length, start, rng) for k in kinds])  # (head, seq, q, k)
+    p = induction_pvalues(maps, length, start=start, permutations=499)
+    q = bh_qvalues(p)
+    assert p[0] == pytest.approx(1 / 500) and q[0] <= 0.05
+    assert (p[1:] > 0.2).all() and (q[1:] > 0.05).all()
+    # the null's mean is the causal uniform head's score, mean 1 / (row + 1): a brute-force loop over the rows
+    rows = range(start + length, start + 2 * length)
+    uniform_score = np.mean([1 / (r + 1) for r in rows])
+    n = start + 2 * length
+    flat = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    assert induction_scores(flat[None], length, start=start)[0] == pytest.approx(uniform_score)
+    p_flat = induction_pvalues(np.stack([flat] * 2)[None], length, start=start, permutations=199)
+    assert p_flat[0] == 1.0  # every random key has the target's weight: never below the null
+    with pytest.raises(ValueError, match="induction_pvalues: need"):
+        induction_pvalues(maps[..., :5, :5], length, start=start)

@@ -14,7 +14,7 @@ from attnclust.analysis.heads import HEAD_ANALYSES, HeadContext
 from attnclust.analysis.modes import (
     MIN_CLASS_QUESTIONS,
     fit_modes,
-    mode_correct,
+    mode_balanced,
     mode_table,
     modes,
     modes_skip_reason,
@@ -51,25 +51,51 @@ def test_a_head_whose_mode_is_the_answer_is_found_and_others_are_not():
     assert (table["mode_baseline"] == 0.5).all()
 
 
-def test_mode_correct_matches_a_loop_over_folds():
+def test_mode_balanced_matches_a_loop_over_folds():
     rng = np.random.default_rng(1)
     modes_ = rng.integers(0, 3, size=30)
-    codes = rng.integers(0, 2, size=30)
+    codes = (rng.random(30) < 0.3).astype(np.int64)
     fold, n_folds = probe_fold_ids(codes, np.arange(30))
     sets = np.concatenate([codes[None], permuted_labels(codes, np.arange(30), fold, 20, seed=3)])
     expected = []
     for labels in sets:
-        hits = 0
+        right_hits = wrong_hits = 0
         for f in range(n_folds):
             tr, te = fold != f, fold == f
+            rate = labels[tr].mean()
             majority = int(labels[tr].sum() * 2 > tr.sum())
             for q in np.flatnonzero(te):
                 in_mode = labels[tr & (modes_ == modes_[q])]
-                ones, total = in_mode.sum(), len(in_mode)
-                guess = 1 if ones * 2 > total else 0 if ones * 2 < total else majority
-                hits += guess == labels[q]
-        expected.append(hits)
-    assert mode_correct(modes_, sets, fold).tolist() == expected
+                if len(in_mode) and in_mode.mean() > rate + 1e-12:
+                    guess = 1
+                elif len(in_mode) and in_mode.mean() < rate - 1e-12:
+                    guess = 0
+                else:
+                    guess = majority
+                right_hits += guess == labels[q] == 1
+                wrong_hits += guess == labels[q] == 0
+        expected.append(0.5 * (right_hits / labels.sum() + wrong_hits / (len(labels) - labels.sum())))
+    np.testing.assert_allclose(mode_balanced(modes_, sets, fold), expected)
+    assert mode_balanced(np.zeros(30, np.int64), sets, fold).tolist() == [0.5] * len(sets)  # chance, any labels
+
+
+def test_a_mode_that_holds_the_rarer_class_is_found_where_majorities_miss_it():
+    """15 right of 60: mode A holds every right question and 20 wrong ones (wrong is A's majority too, so each
+    mode's majority class predicts 'wrong' everywhere); a shuffled head, the same modes unrelated to the labels."""
+    rng = np.random.default_rng(4)
+    n = 60
+    right = np.zeros(n, bool)
+    right[rng.choice(n, 15, replace=False)] = True
+    in_a = right.copy()
+    in_a[rng.choice(np.flatnonzero(~right), 20, replace=False)] = True
+    vectors = rng.normal(0, 0.05, size=(n, 1, 2, 4))
+    vectors[:, 0, 0, 0] += np.where(in_a, 1.0, -1.0)
+    vectors[:, 0, 1, 0] += np.where(rng.permutation(in_a), 1.0, -1.0)
+    table, summary = mode_table(vectors, right, permutations=999)
+    by_head = table.set_index("head")
+    assert summary["right"] == 15 and (table["mode_baseline"] == 0.5).all()
+    assert by_head.loc[0, "mode_accuracy"] == pytest.approx(0.5 * (1 + 25 / 45), abs=0.06)
+    assert by_head.loc[0, "mode_q"] < 0.1 and by_head.loc[1, "mode_q"] >= 0.1
 
 
 def test_the_permutation_null_is_exact_under_unrelated_labels():
@@ -82,8 +108,8 @@ def test_the_permutation_null_is_exact_under_unrelated_labels():
         codes = rng.permutation(np.arange(n) % 2)
         fold, _ = probe_fold_ids(codes, np.arange(n), seed=trial)
         sets = np.concatenate([codes[None], permuted_labels(codes, np.arange(n), fold, permutations, seed=trial)])
-        correct = mode_correct(modes_, sets, fold)
-        p.append((1 + (correct[1:] >= correct[0]).sum()) / (1 + permutations))
+        score = mode_balanced(modes_, sets, fold)
+        p.append((1 + (score[1:] >= score[0] - 1e-12).sum()) / (1 + permutations))
         # within-fold shuffles keep every fold's class counts: the stratified folds fit the permuted labels too
         for s in sets[1:4]:
             assert np.array_equal(np.bincount(fold[s == 1], minlength=5), np.bincount(fold[codes == 1], minlength=5))

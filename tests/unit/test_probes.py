@@ -253,3 +253,21 @@ def test_a_label_field_of_objects_or_lists_is_named_as_such_before_anything_is_w
     with pytest.raises(DataError, match=r"probe\.labels: column 'topic' is not in examples\.parquet: the data file's "
                                         r"records carry no such field, or hold objects or lists in it"):
         probe_labels(pd.DataFrame({"id": ["q1"], "question": ["What?"]}), tasks=(), labels=("topic",))
+
+
+def test_a_causal_run_says_why_it_has_no_probes(tmp_path):
+    from types import SimpleNamespace
+
+    from attnclust.config import load_job
+    from attnclust.layout import RunLayout
+    from attnclust.stages.report import PROBE_CAUSAL, _probes
+
+    notes: list[str] = []
+    ctx = SimpleNamespace(layout=RunLayout(tmp_path), cfg=load_job(None, []), note=notes.append)
+    causal = pd.DataFrame({"feature_id": [0], "part": [["instruction", "context"]]})
+    assert _probes(ctx, causal, None, examples=None, qa=None, predictions=None) is None
+    assert notes == [PROBE_CAUSAL] and "extract.head_outputs" not in notes[0]
+    assert "causal" in notes[0] and "encoders only" in notes[0]
+    notes.clear()
+    _probes(ctx, causal.drop(columns="part"), None, examples=None, qa=None, predictions=None)
+    assert notes[0].startswith("probe: skipped (the run has no head_outputs.zarr")  # an encoder's run: the fix

@@ -62,3 +62,34 @@ def test_a_grouping_that_is_not_runs_of_tokens_is_refused():
         word_starts([1, 1, 2])
     with pytest.raises(ValueError, match="one word id per token"):
         word_level_map(np.eye(3), [0, 1])
+
+
+def test_byte_level_and_sentencepiece_tokens_read_as_their_text():
+    import pandas as pd
+
+    from attnclust.analysis.words import display_tokens, readable_tokens
+
+    byte_level = ["<|im_start|>", "user", "Ċ", "Text", ":", "Ġthe", "ĠcafÃ©", "ĠĠ", ".ĊĊ", "Ġ", "<|im_end|>"]
+    assert display_tokens(byte_level) == ["<|im_start|>", "user", "↵", "Text", ":", "the", "café", "␣␣", ".↵↵", "␣",
+                                          "<|im_end|>"]
+    assert display_tokens(["<s>", "▁the", "▁coffee", "<0x0A>", "s"]) == ["<s>", "the", "coffee", "↵", "s"]
+    wordpiece = ["[CLS]", "ġo", "##ing", "café", "[SEP]"]  # an encoder's tokens are kept, accents and all
+    assert display_tokens(wordpiece) == wordpiece
+    encoder = pd.DataFrame({"tokens": [wordpiece]})
+    assert readable_tokens(encoder) is encoder
+    causal = pd.DataFrame({"tokens": [byte_level], "part": [["instruction"] * len(byte_level)]})
+    assert readable_tokens(causal)["tokens"][0][5:7] == ["the", "café"]
+    assert causal["tokens"][0][5] == "Ġthe"  # a copy: the table itself is unchanged
+
+
+def test_display_tokens_agree_with_the_tokenizers_decoding(tmp_path):
+    from test_causal import save_tiny_tokenizer
+
+    from attnclust.analysis.words import display_tokens
+
+    tok = save_tiny_tokenizer(tmp_path / "tok", chat=False)
+    text = "The coffee plant's fruits,\ncalled cherries, turn red."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    labels = display_tokens(tok.convert_ids_to_tokens(ids))
+    want = [tok.decode([i]) for i in ids]
+    assert [w.lstrip(" ").replace("\n", "↵") or "␣" for w in want] == labels
