@@ -178,3 +178,22 @@ def test_featurize_reads_the_stored_vectors_of_a_full_store_as_it_would_read_the
     assert open_attention_store(layout.attention).profile is None
     _run(layout.root, tiny_bert_dir, small_squad, ("featurize",), force=True)
     np.testing.assert_array_equal(np.asarray(open_embedding(layout.root)["embedding"][:]), from_maps)
+
+
+def test_fused_profile_of_causal_maps_uses_the_causal_null():
+    """A causal run's stored vectors (the fused pass with ``causal=True``) equal ``profile_maps`` with a causal
+    context, and differ from the encoder's reading of the same maps (the null is not the same)."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    n = 23
+    maps = np.zeros((2, 3, n, n), np.float32)
+    for i in range(n):                                     # random rows over the visible keys 0..i only
+        maps[..., i, :i + 1] = rng.dirichlet(np.full(i + 1, 0.3), size=(2, 3))
+    tokens, segments = ["<s>"] + [f"w{j}" for j in range(n - 1)], [0] * n
+    vectors, _ = profile_and_statistics(torch.from_numpy(maps), tokens, segments, causal=True)
+    ctx = TokenContext.from_tokens([tokens], [segments], maps_per_row=6, causal=True)
+    want = profile_maps(maps.reshape(6, n, n), ctx).reshape(2, 3, -1)
+    np.testing.assert_allclose(vectors, want, atol=1e-6)
+    encoder, _ = profile_and_statistics(torch.from_numpy(maps), tokens, segments)
+    assert np.abs(encoder - vectors).max() > 0.01
