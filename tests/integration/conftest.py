@@ -185,7 +185,12 @@ def demo_small_run(tmp_path_factory) -> tuple[Path, str]:
 
     out = tmp_path_factory.mktemp("demo_small") / "run"
     proc = demo_small(out)
-    stdout, stderr = proc.communicate(timeout=600)
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, stderr[-3000:]
     return out, stdout
 
