@@ -20,6 +20,18 @@ def cli(*args, env=None, **kwargs) -> subprocess.CompletedProcess:
                           text=True, env=full_env, cwd=ROOT, timeout=300, **kwargs)
 
 
+DEMO_SMALL = ["run", "jobs/demo.yaml", "--workers", "2", "--set", "data.max_examples=24",
+              "--set", "extract.features_per_task=2", "--set", "cluster.k_min=4", "--set", "cluster.k_max=6"]
+"""The demo job on 24 questions of the bundled sample, k searched in 4..6, on the embedded cluster of 2 workers."""
+
+
+def demo_small(out: Path) -> subprocess.Popen:
+    """``attnclust run`` of :data:`DEMO_SMALL` into ``out``, started (stdout and stderr piped, as text)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "attnclust.cli", *DEMO_SMALL, "--out", str(out)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def tiny_args(model_dir, data, out, *extra) -> list[str]:
     """``run`` of the tiny random BERT with two features per block, k=3, no UMAP, one worker, quiet."""
     return ["run", "--data", data, "--out", out, "--workers", "1", "--quiet",

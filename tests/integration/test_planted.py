@@ -15,26 +15,46 @@ WORDS = {"previous": "previous token", "next": "next token", "self": "itself", "
          "punct": "punctuation", "block": "block", "broad": "broad"}
 
 
-def atlas(tmp_path, *overrides):
-    from sklearn.metrics import adjusted_rand_score
-
-    from attnclust.config import load_job
+@pytest.fixture(scope="module")
+def featurized(tmp_path_factory):
+    """The planted store of the first two tests (16 features, 2 layers x 4 heads, lengths 16..384), featurized once;
+    each test clusters a copy of it."""
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
 
-    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(0), n_features=16, n_layers=2,
-                                  n_heads=4, lengths=(16, 384))
-    cfg = load_job(None, ["cluster.umap=false", "cluster.stability_resamples=5", *overrides])
-    run_job(cfg, planted.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(),
-            progress=False)
+    planted = write_planted_store(tmp_path_factory.mktemp("planted") / "run", rng=np.random.default_rng(0),
+                                  n_features=16, n_layers=2, n_heads=4, lengths=(16, 384))
+    run_job(settings(), planted.root, stages=("featurize",), executor=SerialExecutor(), progress=False)
+    return planted
+
+
+def settings(*overrides):
+    from attnclust.config import load_job
+
+    return load_job(None, ["cluster.umap=false", "cluster.stability_resamples=5", *overrides])
+
+
+def cluster_copy(featurized, tmp_path, stages, *overrides):
+    """Copy of the featurized store, with ``stages`` run on it (featurize found complete: the same settings)."""
+    import dataclasses
+    import shutil
+
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    root = tmp_path / "run"
+    shutil.copytree(featurized.root, root)
+    run_job(settings(*overrides), root, stages=("featurize", *stages), executor=SerialExecutor(), progress=False)
+    return dataclasses.replace(featurized, root=root)
+
+
+def test_eight_planted_types_are_recovered_and_named(featurized, tmp_path):
+    from sklearn.metrics import adjusted_rand_score
+
+    planted = cluster_copy(featurized, tmp_path, ("cluster", "report"), "cluster.k=8")
     maps = pd.read_parquet(planted.root / "maps.parquet")
     truth = planted.kinds(maps["layer"], maps["head"])
-    return maps, truth, adjusted_rand_score(truth, maps["cluster"]), planted
-
-
-def test_eight_planted_types_are_recovered_and_named(tmp_path):
-    maps, truth, ari, planted = atlas(tmp_path, "cluster.k=8")
-    assert ari >= 0.9
+    assert adjusted_rand_score(truth, maps["cluster"]) >= 0.9
     clusters = pd.read_parquet(planted.root / "clusters.parquet").set_index("cluster")
     assert clusters["description"].is_unique
     for kind, word in WORDS.items():
@@ -42,9 +62,11 @@ def test_eight_planted_types_are_recovered_and_named(tmp_path):
         assert word in clusters.loc[majority, "description"], (kind, clusters.loc[majority, "description"])
 
 
-def test_k_auto_finds_about_eight_types(tmp_path):
-    maps, _, _, _ = atlas(tmp_path, "cluster.k=auto", "cluster.k_min=4", "cluster.k_max=12")
-    assert 7 <= maps["cluster"].nunique() <= 9
+def test_k_auto_finds_about_eight_types(featurized, tmp_path):
+    planted = cluster_copy(featurized, tmp_path, ("cluster",), "cluster.k=auto", "cluster.k_min=4", "cluster.k_max=12")
+    labels = pd.read_parquet(planted.root / "cluster_labels.parquet")  # the partition; the report is not needed
+    assert len(labels) == 16 * 2 * 4
+    assert 7 <= labels["cluster"].nunique() <= 9
 
 
 @pytest.mark.parametrize("seed, noise, lengths, shape", [

@@ -3,25 +3,14 @@ three random points, one in each of extract, featurize and cluster; the outputs 
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
-from runs import ROOT, assert_same_outputs
-
-DEMO = ["run", "jobs/demo.yaml", "--workers", "2", "--set", "data.max_examples=24",
-        "--set", "extract.features_per_task=2", "--set", "cluster.k_min=4", "--set", "cluster.k_max=6"]
-
-
-def demo(out: Path) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "attnclust.cli", *DEMO, "--out", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+from runs import assert_same_outputs, demo_small
 
 
 def workers(proc: subprocess.Popen) -> list[psutil.Process]:
@@ -48,11 +37,8 @@ def done_blocks(out: Path, stage: str) -> int:
     return len(list((out / "_state" / stage).glob("*.done")))
 
 
-def test_workers_killed_at_three_random_points_leave_the_outputs_of_an_undisturbed_run(tmp_path):
-    reference = tmp_path / "reference"
-    r = demo(reference)
-    _, err = r.communicate(timeout=600)
-    assert r.returncode == 0, err[-3000:]
+def test_workers_killed_at_three_random_points_leave_the_outputs_of_an_undisturbed_run(tmp_path, demo_small_run):
+    reference, _ = demo_small_run  # the undisturbed run, shared with test_demo
     import json
 
     blocks = {s: json.loads((reference / "_state" / f"{s}.json").read_text())["blocks"] for s in ("extract",
@@ -64,7 +50,7 @@ def test_workers_killed_at_three_random_points_leave_the_outputs_of_an_undisturb
               ("featurize", rng.randrange(0, blocks["featurize"] - 1)),
               ("cluster", rng.uniform(0.0, 2.0))]
     out = tmp_path / "killed"
-    proc = demo(out)
+    proc = demo_small(out)
     killed = []
     try:
         for stage, at in points:
