@@ -78,3 +78,44 @@ def test_stage_peak_is_the_largest_sample_inside_else_the_nearest():
     assert sampler.peak(5.0, 6.0) == 4  # nothing inside: the nearest sample (t = 3.0)
     assert sampler.peak(8.5, 9.0) == 8
     assert TreeRSS(pid=0).peak(0.0, 1.0) == 0
+
+
+def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatch, tmp_path):
+    """Planted bytes per feature (BERT-base full 1000, compact without its sample 100) and a dev arm that auto
+    made compact: the judged figure is compact's bytes x dev's features plus the exact sample at full's bytes per
+    feature, and the extract-only run in the other mode is compact without an exact sample."""
+    import types
+
+    import bench.squad_dev as sd
+    import bench.squadgen
+
+    stages = {name: {"seconds": s, "peak_rss": 1e9, "bytes": 1} for name, s in (("extract", 10.0), ("report", 5.0))}
+    seen = []
+
+    def fake_run_cli(ctx, out, data, sets, *, command="run"):
+        seen.append(list(sets))
+        bert = any(s.startswith("model.name=") for s in sets)
+        compact = "extract.store=compact" in sets
+        features = 20
+        per_feature = 100 if compact else (1000 if bert else 500)
+        return {"wall_s": 20.0, "peak_rss": 1e9, "peak_pss": None, "stages": stages, "features": features,
+                "examples": 20, "maps": features * (144 if bert else 72), "disk_bytes": per_feature * features,
+                "store": "compact" if compact else "full/float16", "store_setting": "auto",
+                "store_bytes": per_feature * features}
+
+    dev = {"questions": sd.DEV_QUESTIONS, "features": 12_000, "examples": sd.DEV_QUESTIONS, "maps": 12_000 * 72,
+           "wall_s": 100.0, "peak_rss": 1e9, "peak_pss": None, "stages": stages, "disk_bytes": 1, "store_bytes": 1,
+           "store": "compact", "store_setting": "auto", "report_bytes": 1,
+           "report": {"interactive_s": 1.0}, "explore": {"map_p95_ms": 1.0, "search_p95_ms": 1.0}}
+    monkeypatch.setattr(sd, "_arm", lambda ctx, q: dev)
+    monkeypatch.setattr(sd, "run_cli", fake_run_cli)
+    monkeypatch.setattr(sd, "write_bert_base", lambda folder: {"checked": True})
+    monkeypatch.setattr(bench.squadgen, "write_squad", lambda path, n, seed=0: path)
+    figures = {}
+    ctx = types.SimpleNamespace(tmp=tmp_path, state={},
+                                figure=lambda name, value, op, goal, settings: figures.update({name: value}))
+    sd.bench_squad_dev(ctx, [sd.DEV_QUESTIONS], 20, [sd.DEV_QUESTIONS])
+    dev_features = sd.DEV_QUESTIONS * dev["features"] / dev["examples"]
+    assert figures["squad_dev_bertbase_store_gb"] == pytest.approx((100 * dev_features + 256 * 1000) / 1e9)
+    assert figures["squad_dev_bertbase_other_store_gb"] == pytest.approx(1000 * dev_features / 1e9)
+    assert ["extract.store=compact", "extract.exact_sample=0"] == seen[-1][1:]
