@@ -16,8 +16,11 @@ def test_sigint_to_the_process_group_during_cluster_is_one_line(small_planted_ru
     args = [sys.executable, "-m", "attnclust.cli", "cluster", "--out", str(run), "--workers", "2", "--force",
             "--set", "cluster.umap=false", "--set", "cluster.k=auto", "--set", "cluster.n_init=200",
             "--set", "cluster.stability_resamples=200"]
+    # its own process group with Ctrl-C's default action, as a terminal's foreground job has it (whatever this
+    # process inherited: a parent that ignores SIGINT passes that on, and Python then never raises
+    # KeyboardInterrupt, as for a job started in the background by a non-interactive shell)
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)  # its own process group, as a terminal's foreground job
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:  # "job ...: backend cpu, dashboard ...": the cluster and its workers are up
             if line.startswith("job "):
