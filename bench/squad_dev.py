@@ -105,20 +105,9 @@ class TreeRSS:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def tree_memory(self, pss: bool = False) -> int:
-        import psutil
+        from .timing import tree_memory
 
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return 0
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_full_info().pss if pss else p.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                continue
-        return total
+        return tree_memory(self.pid, pss=pss)
 
     def _run(self) -> None:
         i = 0

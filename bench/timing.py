@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from importlib import metadata
 
-__all__ = ["PeakRSS", "interleave", "machine", "median"]
+__all__ = ["PeakRSS", "interleave", "machine", "median", "tree_memory"]
 
 
 def median(values) -> float:
@@ -33,6 +33,25 @@ def interleave(arms: dict[str, Callable[[int], float]], reps: int, *, warmup: bo
     return out
 
 
+def tree_memory(pid: int, *, pss: bool = False) -> int:
+    """Summed RSS (or PSS: a page shared by N processes counted once in all) of process ``pid`` and its
+    descendants, in bytes; 0 when it is gone. Processes that end or deny access while being read are skipped."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss if pss else p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
 class PeakRSS:
     """Sample the resident memory of this process and all its children (Dask workers too) in a thread.
 
@@ -48,20 +67,7 @@ class PeakRSS:
         self._thread: threading.Thread | None = None
 
     def _tree_rss(self) -> int:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return 0
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except psutil.NoSuchProcess:
-                continue
-        return total
+        return tree_memory(self.pid)
 
     def _run(self):
         while not self._stop.is_set():
