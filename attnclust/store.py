@@ -1,6 +1,6 @@
 """The attention store's contract: dimensions, chunking, schema, completion; atomic writes of run files.
 
-Store contract (documented in README; other tools rely on it)::
+Store contract (documented in docs/reference/store.md; other tools rely on it)::
 
     DIR/attention.zarr      zarr v3 group
         attention           float16 (feature, layer, head, query, key), zero beyond each feature's seq_len
