@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PACKAGED", "ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inputs", "context_mask", "describe_model",
            "fix_malloc_thresholds", "get_model", "get_tokenizer", "load_model", "malloc_environ", "model_identity",
-           "quiet_transformers", "resolve_model_path", "run_forward"]
+           "quiet_transformers", "resolve_model_path", "run_forward", "trim_heap"]
 
 HEAD_PREFIX = "qa_outputs"  # the span-prediction head of every *ForQuestionAnswering model in transformers
 _CACHE: dict[tuple, Any] = {}
@@ -240,6 +240,30 @@ def _set_malloc_thresholds(ctypes) -> bool:
         return False  # not glibc (musl, macOS): its allocator has no such thresholds
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)) and \
         bool(libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD))
+
+
+def trim_heap() -> bool:
+    """Give the free pages inside glibc's heaps back to the OS (``malloc_trim(0)``); called after every task.
+
+    A task frees everything it allocated, but a heap only shrinks from its top: the free chunks between live
+    ones stay resident. Block after block they add up. Extracting 714 generated features of 139-384 tokens
+    in-process (80 blocks, a Dask worker's malloc settings), the heap held 0.21 GB in use and 0.50-0.63 GB free
+    after each of the last 30 blocks, RSS 1.85-2.0 GB; with this call after each block RSS stayed at 1.48 GB, at
+    no measurable cost (4.1-5.0 s a block either way). In the embedded cluster's workers (more threads, so more
+    arenas) the same growth had been worse: peak tree RSS 5.6, 8.1 and 10.9 GB at 1k, 4k and 12k features.
+
+    Returns
+    -------
+    bool
+        True where the C library is glibc (and the call was made), False elsewhere (nothing to do).
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "malloc_trim") or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def describe_model(cfg: ModelConfig) -> dict:

@@ -80,9 +80,13 @@ EMBED_SCHEMA = "attnclust.embedding"
 EMBED_FIX = "re-run 'attnclust featurize --force' for this output dir to rewrite it"
 
 
-def atomic_write_parquet(df: pd.DataFrame, path: Path) -> None:
-    """Write a DataFrame as parquet through a temporary file and a rename."""
-    _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+def atomic_write_parquet(df: pd.DataFrame, path: Path, *, row_group_size: int | None = None) -> None:
+    """Write a DataFrame as parquet through a temporary file and a rename.
+
+    ``row_group_size`` rows per row group (``None``: pyarrow's default, one group up to a million rows); a table
+    that tasks read by ranges (``filters=``) should have small groups, so each read decodes its own rows only.
+    """
+    _atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False, row_group_size=row_group_size))
 
 
 @dataclass(frozen=True)

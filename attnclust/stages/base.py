@@ -195,7 +195,12 @@ def run_block(task: Callable, root: str, stage: str, fingerprint: str, block: in
     """Run one block of a stage and write its completion marker (only after the block's data is written)."""
     from ..store import atomic_write_json
 
-    result = task(root, block, *args)
+    from ..models import trim_heap
+
+    try:
+        result = task(root, block, *args)
+    finally:
+        trim_heap()  # what the task freed between live chunks goes back to the OS, not kept by the worker
     atomic_write_json(RunLayout(root).block_marker(stage, block), {"fingerprint": fingerprint})
     return result
 

@@ -82,3 +82,55 @@ def test_run_forward_maps_are_the_models_layers_in_order(tmp_path, tiny_model):
     for layer in range(3):
         assert torch.equal(out.attentions[:, layer], ref[layer])
     assert not out.attentions.is_inference()    # an ordinary tensor, usable outside inference mode
+
+
+# In a fresh process: leave 2,000 free 64 KiB chunks between live ones in the heap (below the 128 KiB mmap
+# threshold, so heap memory that cannot shrink from its top), then report RSS before and after trim_heap().
+FRAGMENTS = """
+import json, psutil
+from attnclust.models import trim_heap
+
+blocks = [bytearray(b"x" * (64 << 10)) for _ in range(4000)]
+del blocks[::2]                 # every other chunk freed: 125 MiB free in the middle of the heap
+rss = psutil.Process().memory_info().rss
+trimmed = trim_heap()
+print(json.dumps({"trimmed": trimmed, "given_back": rss - psutil.Process().memory_info().rss}))
+"""
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's malloc_trim")
+def test_trim_heap_gives_back_free_chunks_inside_the_heap():
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    proc = subprocess.run([sys.executable, "-c", FRAGMENTS], cwd=ROOT, env=environ, capture_output=True, text=True,
+                          check=True)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["trimmed"] is True
+    assert got["given_back"] > 100 << 20  # most of the 125 MiB of free chunks, which free() alone kept
+
+
+def test_every_block_trims_the_heap_after_its_task(tmp_path, monkeypatch):
+    from attnclust.stages import base
+
+    calls = []
+    monkeypatch.setattr("attnclust.models.trim_heap", lambda: calls.append("trim") or True)
+
+    def task(root, block):
+        calls.append("task")
+        return block
+
+    assert base.run_block(task, str(tmp_path), "stage", "fp", 3, ()) == 3
+    with pytest.raises(ValueError):
+        base.run_block(lambda root, block: (calls.append("task"), int("x")), str(tmp_path), "stage", "fp", 4, ())
+    assert calls == ["task", "trim", "task", "trim"]  # also after a task that failed
+
+
+def test_the_driver_keeps_only_ids_and_lengths_of_the_written_features():
+    from attnclust.stages.extract import slim_features
+
+    features = pd.DataFrame({"feature_id": [0, 1, 2], "example_id": [5, 5, 6], "seq_len": [7, 9, 4],
+                             "tokens": [["a"] * 7, ["b"] * 9, ["c"] * 4], "offsets": [[(0, 1)] * 7, [(0, 1)] * 9,
+                                                                                      [(0, 1)] * 4]})
+    inputs = {"features": features, "model_info": {}}
+    slim_features(inputs)
+    assert inputs["features"].columns.tolist() == ["feature_id", "example_id", "seq_len"]
+    pd.testing.assert_frame_equal(inputs["features"], features[["feature_id", "example_id", "seq_len"]])

@@ -264,3 +264,30 @@ def test_new_settings_defaults_and_yaml_spelling():
     assert cfg.extract.max_store_gb == 1e-6 and cfg.data.max_features_per_example == 16
     assert JobConfig().extract.max_store_gb is None
     assert JobConfig.from_dict({"data": {"max_features_per_example": None}}).data.max_features_per_example is None
+
+
+def test_a_compact_store_needs_room_for_its_expected_size_not_its_bound(tmp_path, monkeypatch):
+    """A compact store's bound (every weight a byte) overstates it about fivefold: the free space must hold the
+    exact sample and the rows at COMPACT_EXPECTED_RATIO of their bound; between that and the bound, a note."""
+    from attnclust.stages.store_plan import COMPACT_EXPECTED_RATIO, plan_store
+
+    cfg = JobConfig.from_dict({"extract": {"store": "compact", "exact_sample": 2}})
+    seq = np.array([100, 200, 300, 400])
+    plan = plan_store(cfg, seq, num_layers=2, num_heads=3, full_bytes=10**9, compact_bytes=10**8)
+    assert plan.sample_bytes == 2 * 3 * 2 * (100**2 + 400**2)         # features 0 and 3, float16, true length
+    assert plan.expected == int(COMPACT_EXPECTED_RATIO * 10**8) + plan.sample_bytes < plan.projected
+    layout = RunLayout(tmp_path / "out")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12, plan.expected - 1))
+    with pytest.raises(StoreError, match=rf"^extract: the store would take about {plan.expected / 1e6:.1f} MB "
+                                         rf"\(expected; up to {plan.projected / 1e6:.1f} MB before compression\), "
+                                         r"more than the .* free on the disk of "):
+        check_store_room(layout, plan.projected, cfg, expected=plan.expected)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12, plan.expected))
+    note = check_store_room(layout, plan.projected, cfg, expected=plan.expected)
+    assert note.startswith(f"note: {plan.expected / 1e6:.1f} MB free on the disk of ")
+    assert "not for its bound" in note and "the same command resumes" in note
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12, plan.projected))
+    assert check_store_room(layout, plan.projected, cfg, expected=plan.expected) is None   # the bound fits: no note
+    full = plan_store(JobConfig.from_dict({"extract": {"store": "full"}}), seq, num_layers=2, num_heads=3,
+                      full_bytes=10**9, compact_bytes=10**8)
+    assert full.expected == full.projected == 10**9                   # a full store's bound is what it needs

@@ -263,3 +263,23 @@ def test_explore_shows_the_exact_map_of_a_sample_feature_and_says_which(small_pl
             np.testing.assert_allclose(weights, np.full((n, n), round(255 / n) / 255), atol=1e-5)
     assert json.loads(json.dumps(app.map_json(0, 0, 0)))["source"] == "exact sample"
     assert read_features(root)["feature_id"].tolist() == list(range(before.n_features))
+
+
+def test_features_table_is_in_small_row_groups_so_a_task_reads_only_its_range(tmp_path):
+    import pyarrow.parquet as pq
+
+    from attnclust.stages.extract import FEATURE_ROW_GROUP, prepare_store
+
+    n = 3 * FEATURE_ROW_GROUP + 5
+    rng = np.random.default_rng(0)
+    features = pd.DataFrame({"feature_id": np.arange(n), "seq_len": rng.integers(5, 12, n),
+                             "tokens": [["t"] * 3 for _ in range(n)]})
+    layout = RunLayout(tmp_path / "run")
+    cfg = JobConfig.from_dict({"name": "t", "extract": {"store": "full", "features_per_task": 10}})
+    prepare_store(layout, features, cfg=cfg, model_info={"num_layers": 2, "num_heads": 2}, done=set())
+    meta = pq.ParquetFile(layout.features).metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sizes == [FEATURE_ROW_GROUP] * 3 + [5]
+    # a task's range (features 60..69) spans at most two groups; the read gives exactly its rows
+    got = pd.read_parquet(layout.features, filters=[("feature_id", ">=", 60), ("feature_id", "<", 70)])
+    assert got["feature_id"].tolist() == list(range(60, 70))
