@@ -140,6 +140,31 @@ def test_compact_maps_break_ties_at_the_cut_as_the_reference():
     np.testing.assert_array_equal(kept, np.arange(5))
 
 
+def test_compact_maps_keep_the_lowest_keys_among_ties_on_rows_full_of_ties():
+    """Weights of a few levels (many equal weights everywhere, zero rows): a loop over the rows, each row's keys
+    ordered by weight then key (a stable order, so the lowest keys first among equal weights), keeps the first
+    ``count`` of them; the count is the reference's (the sort's running sum). The reference's own scatter is no
+    oracle here: torch's sort of rows this long does not keep equal weights in key order."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        n = int(rng.integers(1, 30))
+        levels = rng.integers(0, 4, size=(2, 3, n, n)).astype(np.float32)
+        maps = torch.from_numpy(levels / np.maximum(levels.sum(-1, keepdims=True), 1))
+        for mass, cap in ((0.5, None), (0.9, 2), (0.95, 5), (1.0, None)):
+            got = compact_maps(maps, mass=mass, max_keys=cap).numpy()
+            values = torch.sort(maps, dim=-1, descending=True).values
+            counts = ((values.cumsum(-1) < mass * maps.sum(-1, keepdim=True)).sum(-1) + 1).numpy()
+            a = maps.numpy()
+            for idx in np.ndindex(*a.shape[:-1]):
+                row, count = a[idx], min(int(counts[idx]), cap or n)
+                kept = sorted(range(n), key=lambda j: (-row[j], j))[:count]
+                want = np.zeros(n, np.uint8)
+                want[kept] = np.clip(np.rint(row[kept] * np.float32(255)), 1, 255)
+                np.testing.assert_array_equal(got[idx], want, err_msg=f"{n} {mass} {cap} {idx}")
+
+
 def _run(root, tiny_bert_dir, small_squad, stages, force=False):
     from attnclust.config import JobConfig
     from attnclust.pipeline import run_job
