@@ -37,7 +37,7 @@ from .store_plan import ExactSampleWriter, StorePlan, _size, plan_store
 PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
-__all__ = ["ExtractStage", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
+__all__ = ["ExtractStage", "batch_ranges", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
            "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes", "store_plan"]
 
 
@@ -123,6 +123,41 @@ def plan_features(features: pd.DataFrame) -> pd.DataFrame:
 # from it (``filters=``); with one row group each read decoded the whole table: at dev's 12,214 features 0.117 s
 # a read, 1,357 reads; with groups of 64 rows 0.0096 s (groups of 9, one per task, 0.042 s: more metadata).
 FEATURE_ROW_GROUP = 64
+
+
+# A CPU forward batch holds at most batch_size x CPU_BATCH_SIDE^2 query-key pairs a head (padded to its longest
+# feature): batch_size features up to 96 tokens, 4 of 128, 2 of 192, one above 192. On a CPU a long feature's
+# forward is faster alone than in a batch, and the batch's maps are held while they are converted. Measured with
+# the packaged MiniLM, one thread, ms a feature by batch size: 70-90 tokens 14.8 (16), 12.8 (8), 13.1 (4),
+# 19.2 (1); 140-160 tokens 30.4 (8), 28.1 (4), 28.5 (2); 240-270 tokens 70.2 (8), 59.7 (2), 57.5 (1); 384 tokens
+# 151.7 (8), 123.9 (4), 114.1 (2). A GPU batches as configured (its throughput grows with the batch).
+CPU_BATCH_SIDE = 96
+
+
+def batch_ranges(seq_len: np.ndarray, batch_size: int, *, pairs: int | None = None) -> list[tuple[int, int]]:
+    """Consecutive batches ``[(start, stop)]`` of features in store order (shortest first within a task).
+
+    Parameters
+    ----------
+    seq_len
+        True lengths of the task's features, in order.
+    batch_size
+        Most features in a batch (``extract.batch_size``).
+    pairs
+        Most query-key pairs a head in a batch padded to its longest feature (``count x longest^2``); ``None``:
+        no such limit. A feature longer than the limit allows still gets a batch of its own.
+    """
+    out, start = [], 0
+    while start < len(seq_len):
+        stop, longest = start + 1, int(seq_len[start])
+        while stop < len(seq_len) and stop - start < batch_size:
+            longest = max(longest, int(seq_len[stop]))
+            if pairs is not None and (stop - start + 1) * longest * longest > pairs:
+                break
+            stop += 1
+        out.append((start, stop))
+        start = stop
+    return out
 
 
 def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: int) -> int:
@@ -319,8 +354,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool:
-        for b0 in range(0, len(feats), bs):
-            rows = feats.iloc[b0:b0 + bs]
+        pairs = None if device.startswith("cuda") else bs * CPU_BATCH_SIDE ** 2
+        for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
+            rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
             result = forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
             if pooled is not None:

@@ -134,3 +134,28 @@ def test_the_driver_keeps_only_ids_and_lengths_of_the_written_features():
     slim_features(inputs)
     assert inputs["features"].columns.tolist() == ["feature_id", "example_id", "seq_len"]
     pd.testing.assert_frame_equal(inputs["features"], features[["feature_id", "example_id", "seq_len"]])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batches_cover_the_task_in_order_within_both_limits_and_are_as_large_as_allowed(seed):
+    from attnclust.stages.extract import batch_ranges
+
+    rng = np.random.default_rng(seed)
+    seq = np.sort(rng.integers(20, 400, size=int(rng.integers(1, 60))))
+    if seed == 4:
+        seq = rng.permutation(seq)  # any order: the padded batch's longest feature counts
+    size, pairs = 8, 8 * 96 ** 2
+    got = batch_ranges(seq, size, pairs=pairs)
+    assert [s for s, _ in got] == [0] + [e for _, e in got[:-1]] and got[-1][1] == len(seq)
+    for start, stop in got:
+        count, longest = stop - start, seq[start:stop].max()
+        assert count <= size
+        assert count == 1 or count * longest ** 2 <= pairs          # one over-long feature still gets a batch
+        if stop < len(seq):                                            # the next feature did not fit
+            grown = count + 1
+            assert grown > size or grown * max(longest, seq[stop]) ** 2 > pairs
+    assert batch_ranges(seq, size) == [(s, min(s + size, len(seq))) for s in range(0, len(seq), size)]  # no limit
+    # the worked cases of the setting's documentation
+    assert batch_ranges(np.array([96] * 9), 8, pairs=pairs) == [(0, 8), (8, 9)]
+    assert batch_ranges(np.array([192] * 3), 8, pairs=pairs) == [(0, 2), (2, 3)]
+    assert batch_ranges(np.array([193, 193]), 8, pairs=pairs) == [(0, 1), (1, 2)]
