@@ -131,8 +131,8 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
         else:
             context = dask_client(scheduler, n_workers=n_workers, security=security, runtime=runtime)
         with context as cl:
-            if cl is not None:
-                ctx.executor = DaskExecutor(cl, job_id)
+            if cl is not None:  # the embedded cluster's workers are this run's own (they may be restarted)
+                ctx.executor = DaskExecutor(cl, job_id, owns_workers=client is None and scheduler is None)
             ctx.backend = bk.resolve_backend(cfg.backend, cl)
             if progress:
                 where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"

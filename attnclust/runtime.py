@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from .errors import AttnclustError, ClusterError
 
-__all__ = ["START_TIMEOUT", "dask_client"]
+__all__ = ["START_TIMEOUT", "dask_client", "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
@@ -54,7 +54,7 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **malloc_environ()}
         connect = max(START_TIMEOUT, parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
-                              "distributed.comm.timeouts.connect": f"{connect:g}s"}), _workers_ignore_sigint():
+                              "distributed.comm.timeouts.connect": f"{connect:g}s"}), workers_ignore_sigint():
             try:
                 if runtime == "local-cuda":
                     from .backend import make_local_cuda_cluster
@@ -96,7 +96,7 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
 
 
 @contextlib.contextmanager
-def _workers_ignore_sigint() -> Iterator[None]:
+def workers_ignore_sigint() -> Iterator[None]:
     """Worker processes started inside ignore SIGINT: a Ctrl-C in a terminal goes to the whole process group, and
     the driver alone should answer it (it stops the run, prints one line and closes the cluster); each worker
     would otherwise print its own KeyboardInterrupt traceback. An ignored signal stays ignored across the exec

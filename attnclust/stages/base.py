@@ -112,6 +112,10 @@ class Stage:
         Dotted config keys it reads (``cluster.k``); see :meth:`keys` for keys that depend on the config.
     rerun_on_change
         A cheap derived stage (QA scoring) is recomputed when its settings change, without ``--force``.
+    loads_model
+        Its tasks load the model into the workers (extraction, importance): once it has run, an executor that owns
+        its workers restarts them (:meth:`DaskExecutor.restart_workers`), so later stages do not share the
+        machine with workers that hold torch and the model idle.
     """
 
     name: ClassVar[str] = ""
@@ -120,6 +124,7 @@ class Stage:
     optional_inputs: ClassVar[tuple[str, ...]] = ()
     reads: ClassVar[tuple[str, ...]] = ()
     rerun_on_change: ClassVar[bool] = False
+    loads_model: ClassVar[bool] = False
 
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
         """Config keys this stage reads under ``cfg`` (default: :attr:`reads`)."""
@@ -336,7 +341,13 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
             _forget(layout, stage)
         else:
             layout.stage_record(stage.name).unlink(missing_ok=True)
-        results[stage.name] = ctx.records[stage.name] = _run_one(ctx, stage, fp, parts)
+        record = results[stage.name] = ctx.records[stage.name] = _run_one(ctx, stage, fp, parts)
+        ran = record.get("blocks", 0) - record.get("blocks_resumed", 0)  # tasks that loaded the model
+        later = stages[stages.index(stage) + 1:]
+        if stage.loads_model and ran > 0 and any(s.name in selected for s in later):  # idle, they would keep it
+            restart = getattr(ctx.executor, "restart_workers", None)
+            if restart is not None:
+                restart()
     return results
 
 

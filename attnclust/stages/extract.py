@@ -558,6 +558,7 @@ class ExtractStage(Stage):
     """Attention maps, per-map statistics and QA logits of every feature (see the module docstring)."""
 
     name = "extract"
+    loads_model = True
     reads = ("data.path", "data.max_examples", "model.name", "model.revision", "extract.max_seq_len",
              "extract.doc_stride", "extract.max_query_len", "extract.batch_size", "extract.features_per_task",
              "extract.target_task_mb", "extract.store_dtype", "extract.store", "extract.compact_mass",

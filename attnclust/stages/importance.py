@@ -129,6 +129,7 @@ class ImportanceStage(Stage):
     """``importance.parquet`` (per head) and ``pruning.parquet`` (the pruning curve); see the module docstring."""
 
     name = "importance"
+    loads_model = True
     inputs = ("extract",)
     reads = ("importance.enabled", "importance.max_features", "importance.pruning_steps",
              "importance.pruning_random_seeds", "qa.n_best", "qa.max_answer_tokens", "qa.null_threshold")

@@ -1,0 +1,68 @@
+"""Workers restarted after the stages that load the model, only when the run owns them (the embedded cluster)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from attnclust.config import JobConfig
+from attnclust.pipeline import run_job
+from attnclust.stages import SerialExecutor
+from attnclust.stages.executors import DaskExecutor
+
+
+def _pid_and_sigint():
+    return os.getpid(), signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+@pytest.fixture(scope="module")
+def process_client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+def test_owned_workers_are_restarted_and_ignore_ctrl_c_as_the_first_ones_do(process_client):
+    before, _ = process_client.submit(_pid_and_sigint, pure=False).result()
+    shared = DaskExecutor(process_client, "job-a")                        # a cluster others may use: untouched
+    assert shared.restart_workers() is False
+    assert process_client.submit(_pid_and_sigint, pure=False).result()[0] == before
+    owned = DaskExecutor(process_client, "job-a", owns_workers=True)
+    assert owned.restart_workers() is True and owned.restarts == 1
+    after, ignores = process_client.submit(_pid_and_sigint, pure=False).result()
+    assert after != before                                                 # a new worker process
+    assert ignores                                                         # Ctrl-C is the driver's to answer
+
+
+class CountingExecutor(SerialExecutor):
+    def __init__(self):
+        self.restarts = []
+
+    def restart_workers(self) -> bool:
+        self.restarts.append(True)
+        return True
+
+
+@pytest.mark.parametrize("stages, expected", [(("extract", "qa"), 1), (("extract",), 0)])
+def test_a_restart_follows_extraction_only_when_a_later_stage_runs(small_squad, tiny_bert_dir, tmp_path, stages,
+                                                                   expected):
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)}, "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"batch_size": 3, "features_per_task": 3}})
+    executor = CountingExecutor()
+    run_job(cfg, tmp_path / "out", stages=stages, executor=executor, progress=False)
+    assert len(executor.restarts) == expected
+
+
+def test_no_restart_after_a_stage_whose_tasks_did_not_run(small_squad, tiny_bert_dir, tmp_path):
+    """A finished extraction resumed (no block left) and importance switched off load no model."""
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)}, "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"batch_size": 3, "features_per_task": 3}})
+    run_job(cfg, tmp_path / "out", stages=("extract",), executor=SerialExecutor(), progress=False)
+    executor = CountingExecutor()
+    run_job(cfg, tmp_path / "out", stages=("extract", "qa", "featurize", "cluster", "importance"), executor=executor,
+            progress=False)
+    assert executor.restarts == []
