@@ -89,7 +89,8 @@ class DaskExecutor:
         After extraction each worker process keeps what its tasks imported and loaded: torch and its libraries
         (~0.75 GB resident after ``import torch``), the model, the heap they used. Idle through the later stages,
         they kept ~1.9 GB each in the SQuAD2-dev-sized run, the largest part of its peak (7.06 GB summed RSS, in
-        the report stage). A restarted worker holds only what the later stages import. No task runs between
+        the report stage; 4.91 GB with this restart, then in extraction). A restarted worker holds only what the
+        later stages import (0.15-0.5 GB there). No task runs between
         stages and the stages exchange files, not Dask data, so nothing is lost. The new worker processes ignore
         Ctrl-C, as the first ones do (:func:`attnclust.runtime.dask_client`).
 
