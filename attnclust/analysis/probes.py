@@ -259,8 +259,8 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
     # With few problems of many dimensions (the top-k heads, the [CLS] state) the outer products would be larger
     # than the copies (1,600 x 385^2 doubles, 1.9 GB): there, the copies.
     # The Hessian is symmetric: the products of its upper triangle only, mirrored (half the work again).
-    upper = torch.triu_indices(d, d)
-    outer = xb[:, upper[0]] * xb[:, upper[1]] if d <= targets.shape[0] else None  # (sample, d (d + 1) / 2)
+    upper = torch.triu_indices(d, d) if d <= targets.shape[0] else None
+    outer = None if upper is None else xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
     for _ in range(iterations):
         p = torch.sigmoid(theta @ xb.T)  # (problem, sample)
         grad = (p - targets) @ xb + theta * reg
