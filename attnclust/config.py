@@ -158,7 +158,8 @@ class ExtractConfig(_Model):
         at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths, the
         figure the pre-flight line prints). It is an upper bound that holds for any model: on disk zstd takes
         MiniLM's float16 maps at SQuAD-like lengths to about 0.15 of it (``bench/README.md``,
-        ``store_bytes_per_map``), a random model's diffuse maps only to about 0.5, so no ratio is assumed.
+        ``store_bytes_per_map``), a random model's diffuse maps only to about 0.5, so no ratio is assumed. A
+        compact store is fitted to it as well (``compact_max_keys``).
     exact_sample
         Features whose exact maps a compact store also holds, float16, in its ``exact`` array (their ids in
         ``exact_feature``): evenly spaced along the store's order (by length, so from the shortest feature to the
@@ -168,8 +169,10 @@ class ExtractConfig(_Model):
     compact_mass
         Share of each query row's attention mass a compact store keeps (0 < mass <= 1).
     compact_max_keys
-        Most keys a compact store keeps per query row (``None``: no cap, up to the row's length); a row that
-        needs more keeps only this many, so less than ``compact_mass``.
+        Most keys a compact store keeps per query row; a row that needs more keeps only this many, so less than
+        ``compact_mass``. ``None`` (default): the most that ``store_budget_gb`` holds beside the exact sample and
+        the profile vectors, by a measured per-row estimate (:mod:`attnclust.stages.store_plan`); no cap when
+        every row fits whole. The pre-flight line names the cap, and the fingerprint records it.
     overlap
         Convert and store batch ``i``'s maps in a second thread while the forward of batch ``i + 1`` runs (the
         outputs are the same either way); ``false``: one after the other; ``None`` (the default): overlap only

@@ -160,11 +160,13 @@ def batch_ranges(seq_len: np.ndarray, batch_size: int, *, pairs: int | None = No
     return out
 
 
-def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: int) -> int:
-    """Features per task/shard: the configured number, or about ``target_task_mb`` of float16 maps."""
+def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: int, mode: str = "full") -> int:
+    """Features per task/shard: the configured number, or about ``target_task_mb`` of maps as the shard holds them
+    in memory (``mode``: a full store's ``extract.store_dtype``; a compact store's uint8)."""
     if cfg.extract.features_per_task is not None:
         return cfg.extract.features_per_task
-    per_feature = num_layers * num_heads * width * width * (1 if cfg.extract.store_dtype == "uint8" else 2)
+    itemsize = 1 if mode == "compact" or cfg.extract.store_dtype == "uint8" else 2
+    per_feature = num_layers * num_heads * width * width * itemsize
     return max(1, int(cfg.extract.target_task_mb * 2**20 // per_feature))
 
 
@@ -506,11 +508,11 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
     seq_len = features["seq_len"].to_numpy(np.int32)
     plan = plan or store_plan(cfg, seq_len, model_info)
     per_task = shard_features(cfg, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
-                              width=int(seq_len.max()))
+                              width=int(seq_len.max()), mode=plan.mode)
     store = create_attention_store(
         layout.attention, seq_len=seq_len, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
         features_per_task=per_task, dtype=cfg.extract.store_dtype, mode=plan.mode,
-        compact_mass=cfg.extract.compact_mass, compact_max_keys=cfg.extract.compact_max_keys,
+        compact_mass=cfg.extract.compact_mass, compact_max_keys=plan.max_keys,
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
@@ -573,10 +575,12 @@ class ExtractStage(Stage):
     def resolved_keys(self, ctx: RunContext) -> dict:
         """``extract.store`` as resolved for this run's features (``auto`` -> ``full`` or ``compact``), so an
         ``auto`` run that resolves to ``full`` is the same extraction as ``store: full``; a compact store's
-        ``extract.exact_sample`` too."""
+        ``extract.exact_sample`` too, and ``extract.compact_max_keys`` as fitted to the budget when it was
+        ``null`` and a cap was needed (:func:`~attnclust.stages.store_plan.fit_max_keys`)."""
         plan = self._store_plan(ctx)
         return {"extract.store": plan.mode,
-                **({"extract.exact_sample": ctx.cfg.extract.exact_sample} if plan.mode == "compact" else {})}
+                **({"extract.exact_sample": ctx.cfg.extract.exact_sample} if plan.mode == "compact" else {}),
+                **({"extract.compact_max_keys": plan.max_keys} if plan.fitted else {})}
 
     @staticmethod
     def _store_plan(ctx: RunContext) -> StorePlan:

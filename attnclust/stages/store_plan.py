@@ -9,24 +9,40 @@ random model's diffuse maps only to about 0.5, and a ratio measured on one model
 compact store also keeps the exact (float16) maps of ``extract.exact_sample`` features, evenly spaced along the store's
 order (:func:`attnclust.store.exact_sample_ids`), for the analyses that need exact maps; the extract task writes
 them through :class:`ExactSampleWriter`, beside the shard.
+
+A compact store fits the budget too: with ``extract.compact_max_keys: null`` (the default) each row keeps at most
+the most keys that the budget holds beside the exact sample and the profile vectors (:func:`fit_max_keys`), by the
+estimate :data:`ROW_BYTES_PER_SQRT_KEY`; when every row's whole length fits, there is no cap. A cap below what a
+row needs for ``extract.compact_mass`` keeps less of that row's mass: the pre-flight line names the cap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..config import JobConfig
+from ..errors import ConfigError
 from ..store import exact_sample_ids
 
-__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "StorePlan", "plan_store"]
+__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_PER_SQRT_KEY", "StorePlan", "compact_rows_bytes",
+           "fit_max_keys", "plan_store"]
 
 
 # The compact rows' bytes on disk over their bound (uint8 true-length maps before compression), with margin:
 # measured 0.19 for MiniLM over generated SQuAD-v2 data (2,077 features: 1.05 GB of rows, bound 5.25 GB,
 # extract.compact_mass 0.95); 0.5 leaves room for a model whose rows need over twice as many keys.
 COMPACT_EXPECTED_RATIO = 0.5
+
+# What a compact row that keeps k keys takes on disk, at most, in bytes: ROW_BYTES_PER_SQRT_KEY x sqrt(k). Measured
+# (the store's codecs: key-major, Blosc zstd-1 bit-shuffled, 384 wide) on 32 generated SQuAD-v2 features of 70-299
+# tokens, bytes a row at 1, 2, 4, 8, 16, 32 keys: the packaged MiniLM 4.0, 7.3, 11.6, 17.1, 23.9, 31.6 (uncapped at
+# compact_mass 0.95: 43.3 for 89 keys); a random-init BERT-base (12 x 12) 3.1, 4.5, 6.6, 9.9, 14.6, 21.4. A row's
+# bytes grow as the square root of its keys (the positions of more keys cost fewer bits each); 7 sqrt(k) lies 15-75%
+# above every measured point, so a store sized by it lands under its budget.
+ROW_BYTES_PER_SQRT_KEY = 7.0
 
 
 def _size(n: float) -> str:
@@ -57,6 +73,13 @@ class StorePlan:
         Their float16 maps at true length.
     budget_gb
         ``extract.store_budget_gb``.
+    max_keys
+        The most keys a compact store keeps per query row (``None``: no cap): ``extract.compact_max_keys`` when set,
+        else the cap that fits the budget (:func:`fit_max_keys`).
+    fitted
+        ``max_keys`` was chosen to fit the budget (``extract.compact_max_keys: null``) rather than set.
+    rows_bytes
+        The compact rows' estimated bytes at ``max_keys`` (:func:`compact_rows_bytes`; 0 for a full store).
     """
 
     setting: str
@@ -66,6 +89,9 @@ class StorePlan:
     sample: np.ndarray
     sample_bytes: int
     budget_gb: float
+    max_keys: int | None = None
+    fitted: bool = False
+    rows_bytes: int = 0
 
     @property
     def projected(self) -> int:
@@ -78,20 +104,28 @@ class StorePlan:
 
         A full store: :attr:`projected` (dense weights hardly compress at their true length). A compact store:
         its exact sample at its bound (measured: its float16 maps compress to 0.88 of it), and the compact rows at
-        :data:`COMPACT_EXPECTED_RATIO` of their bound. Most of a row's weights are zero in a compact map, so its
+        :data:`COMPACT_EXPECTED_RATIO` of their bound, or with a key cap at :attr:`rows_bytes` when that is less. Most of a row's weights are zero in a compact map, so its
         bound (every weight a byte) overstates it about fivefold: at SQuAD2-dev's size 26 GB for a store of 5.9 GB,
         a bound that refused laptops with room to spare.
         """
         if self.mode == "full":
             return self.full_bytes
-        return int(COMPACT_EXPECTED_RATIO * self.compact_bytes) + self.sample_bytes
+        rows = int(COMPACT_EXPECTED_RATIO * self.compact_bytes)
+        if self.max_keys is not None:  # a cap bounds each row's bytes (ROW_BYTES_PER_SQRT_KEY)
+            rows = min(rows, self.rows_bytes)
+        return rows + self.sample_bytes
 
     def describe(self, dtype: str, mass: float) -> str:
         """The pre-flight line's account of the store: its size, and with ``auto`` which store and why."""
         full = f"up to {_size(self.full_bytes)} ({dtype}, true-length maps before compression)"
         budget = f"extract.store_budget_gb = {self.budget_gb:g} ({_size(self.budget_gb * 1e9)})"
+        cap = "" if self.max_keys is None else (
+            f", at most {self.max_keys:,} key{'s' if self.max_keys != 1 else ''} a row" + (
+                f" (the most that extract.store_budget_gb holds beside the exact sample: about {_size(self.expected)} "
+                f"in all; raise the budget to keep more of each row)" if self.fitted else
+                " (extract.compact_max_keys)"))
         compact = (f"up to {_size(self.compact_bytes)} (compact: uint8 true-length maps before compression, of "
-                   f"which only the largest weights holding {mass:g} of each row are nonzero, so far less in "
+                   f"which only the largest weights holding {mass:g} of each row are nonzero{cap}, so far less in "
                    f"practice)") + (f" plus the exact float16 maps of {len(self.sample):,} features "
                                     f"({_size(self.sample_bytes)})" if len(self.sample) else "")
         if self.setting == "full":
@@ -123,16 +157,68 @@ def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_head
     Returns
     -------
     StorePlan
-        ``auto`` resolves to ``full`` when ``full_bytes <= store_budget_gb x 10^9``, else to ``compact``.
+        ``auto`` resolves to ``full`` when ``full_bytes <= store_budget_gb x 10^9``, else to ``compact``. A
+        compact store's key cap is ``extract.compact_max_keys``, or when that is ``null`` the most keys a row that
+        fit what the budget leaves beside the exact sample and the profile vectors (:func:`fit_max_keys`).
+
+    Raises
+    ------
+    ConfigError
+        A compact store with a fitted cap whose exact sample and rows of one key each would not fit the budget.
     """
     setting = cfg.extract.store
-    mode = setting if setting != "auto" else (
-        "full" if full_bytes <= cfg.extract.store_budget_gb * 1e9 else "compact")
+    budget = cfg.extract.store_budget_gb
+    mode = setting if setting != "auto" else ("full" if full_bytes <= budget * 1e9 else "compact")
     lengths = np.asarray(seq_len, dtype=np.int64)
     sample = exact_sample_ids(len(lengths), cfg.extract.exact_sample) if mode == "compact" else np.zeros(0, np.int64)
     sample_bytes = num_layers * num_heads * 2 * int((lengths[sample] ** 2).sum())
-    return StorePlan(setting=setting, mode=mode, full_bytes=int(full_bytes), compact_bytes=int(compact_bytes),
-                     sample=sample, sample_bytes=sample_bytes, budget_gb=cfg.extract.store_budget_gb)
+    plan = StorePlan(setting=setting, mode=mode, full_bytes=int(full_bytes), compact_bytes=int(compact_bytes),
+                     sample=sample, sample_bytes=sample_bytes, budget_gb=budget)
+    if mode == "full":
+        return plan
+    from ..featurize.profile import PROFILE_COMPONENTS
+
+    maps = num_layers * num_heads
+    max_keys, fitted = cfg.extract.compact_max_keys, cfg.extract.compact_max_keys is None
+    if fitted:
+        room = budget * 1e9 - sample_bytes - maps * len(lengths) * len(PROFILE_COMPONENTS) * 4
+        max_keys = fit_max_keys(lengths, maps, room)
+        if max_keys == 0:
+            least = budget * 1e9 - room + compact_rows_bytes(lengths, maps, 1)
+            raise ConfigError(
+                f"extract: a compact store of these {len(lengths):,} features needs about {_size(least)} even at one "
+                f"key a row (the exact float16 maps of {len(sample):,} features: {_size(sample_bytes)}), more than "
+                f"extract.store_budget_gb = {budget:g} ({_size(budget * 1e9)}); raise extract.store_budget_gb, lower "
+                f"extract.exact_sample, or set extract.compact_max_keys")
+    rows = math.ceil(compact_rows_bytes(lengths, maps, max_keys)) if max_keys is not None else 0
+    return replace(plan, max_keys=max_keys, fitted=fitted and max_keys is not None, rows_bytes=rows)
+
+
+def compact_rows_bytes(seq_len: np.ndarray, maps: int, max_keys: int) -> float:
+    """The compact rows' bytes on disk, estimated: ``maps`` maps a feature, each row of a feature ``L`` long
+    keeping at most ``min(max_keys, L)`` keys, at :data:`ROW_BYTES_PER_SQRT_KEY` x sqrt(keys) bytes a row."""
+    lengths = np.asarray(seq_len, dtype=np.float64)
+    return ROW_BYTES_PER_SQRT_KEY * maps * float((lengths * np.sqrt(np.minimum(lengths, max_keys))).sum())
+
+
+def fit_max_keys(seq_len: np.ndarray, maps: int, room: float) -> int | None:
+    """The most keys a row whose compact rows fit ``room`` bytes (:func:`compact_rows_bytes`).
+
+    Returns
+    -------
+    int or None
+        ``None`` when no cap is needed (every row whole fits), ``0`` when not even one key a row fits, else the
+        largest cap that fits.
+    """
+    lengths = np.asarray(seq_len, dtype=np.int64)
+    top = int(lengths.max()) if len(lengths) else 1
+    if compact_rows_bytes(lengths, maps, top) <= room:
+        return None
+    lo, hi = 0, top  # fits(lo) (0 trivially), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if compact_rows_bytes(lengths, maps, mid) <= room else (lo, mid)
+    return lo
 
 
 class ExactSampleWriter:

@@ -6,6 +6,7 @@ source each analysis states, and bad settings."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -19,7 +20,7 @@ from attnclust.errors import StoreError
 from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
-from attnclust.stages.store_plan import plan_store
+from attnclust.stages.store_plan import ROW_BYTES_PER_SQRT_KEY, compact_rows_bytes, fit_max_keys, plan_store
 from attnclust.store import exact_sample_ids, open_attention_store, read_features
 from attnclust.synthetic import write_compact_decoy, write_planted_qa_store, write_planted_store
 
@@ -29,8 +30,8 @@ def _cfg(data, model, **extract) -> JobConfig:
                                 "extract": {"batch_size": 3, "features_per_task": 3, **extract}})
 
 
-def _extract(cfg, out, **kwargs):
-    return run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False, **kwargs)
+def _extract(cfg, out, progress: bool = False, **kwargs):
+    return run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=progress, **kwargs)
 
 
 # --- the sample ------------------------------------------------------------------------------------------------
@@ -76,6 +77,75 @@ def test_auto_keeps_full_up_to_the_budget_and_compact_above():
         assert plan_store(cfg, seq, num_layers=2, num_heads=3, full_bytes=1, compact_bytes=1).mode == setting
 
 
+def _brute_rows_bytes(lengths, maps: int, cap: int) -> float:
+    """The compact rows' estimate written as a loop: every query row of every map keeps min(cap, length) keys."""
+    total = 0.0
+    for n in lengths:
+        for _ in range(maps * int(n)):
+            total += ROW_BYTES_PER_SQRT_KEY * math.sqrt(min(cap, int(n)))
+    return total
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fit_max_keys_is_the_largest_cap_whose_rows_fit(seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, 60, size=9)
+    maps = 6
+    whole = _brute_rows_bytes(lengths, maps, int(lengths.max()))
+    for room in [*rng.uniform(0, 1.2 * whole, size=12), whole * (1 + 1e-9), _brute_rows_bytes(lengths, maps, 5)]:
+        fits = [k for k in range(1, int(lengths.max()) + 1) if _brute_rows_bytes(lengths, maps, k) <= room]
+        want = None if _brute_rows_bytes(lengths, maps, int(lengths.max())) <= room else max(fits, default=0)
+        assert fit_max_keys(lengths, maps, room) == want, (room, want)
+        assert compact_rows_bytes(lengths, maps, 7) == pytest.approx(_brute_rows_bytes(lengths, maps, 7), rel=1e-9)
+    assert fit_max_keys(lengths, maps, _brute_rows_bytes(lengths, maps, 5) * (1 + 1e-9)) == 5
+
+
+def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp_path, capsys):
+    """``compact_max_keys: null``: the cap is the most keys a row that the budget holds beside the exact sample
+    and the profile vectors; the store keeps at most that many, says so, records it, and stays in the budget."""
+    from attnclust.featurize.profile import PROFILE_COMPONENTS
+
+    first = tmp_path / "first"
+    _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2), first)
+    assert open_attention_store(RunLayout(first).attention).attrs["compact"]["max_keys"] is None  # 5 GB: no cap
+    lengths = read_features(first)["seq_len"].to_numpy()
+    maps = 2 * 4
+    sample = exact_sample_ids(len(lengths), 2)
+    fixed = maps * 2 * int((lengths[sample] ** 2).sum()) + maps * len(lengths) * len(PROFILE_COMPONENTS) * 4
+    budget = (fixed + _brute_rows_bytes(lengths, maps, 3)) * (1 + 1e-9) / 1e9   # not 4 keys: brute(4) is far more
+    out = tmp_path / "fitted"
+    record = _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2, store_budget_gb=budget), out,
+                      progress=True)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("extract: ")][-1]
+    assert "at most 3 keys a row (the most that extract.store_budget_gb holds beside the exact sample" in line
+    assert record.stages["extract"]["parts"]["keys"]["extract.compact_max_keys"] == 3
+    store = open_attention_store(RunLayout(out).attention)
+    assert store.attrs["compact"]["max_keys"] == 3
+    for f in range(store.n_features):
+        n = int(store.seq_len[f])
+        for layer in range(2):
+            for head in range(4):
+                assert (np.count_nonzero(store.read_map(f, layer, head), axis=-1) <= 3).all()
+    held = sum(p.stat().st_size for p in RunLayout(out).attention.rglob("*") if p.is_file())
+    assert held <= budget * 1e9, (held, budget * 1e9)
+    # the data or the budget changes the cap: the fingerprint says so rather than serve the old store
+    with pytest.raises(StoreError, match=r"extract\.compact_max_keys: 3 -> "):
+        _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2, store_budget_gb=2 * budget), out)
+
+
+def test_a_budget_too_small_for_a_compact_store_is_one_line_and_exit_2(small_squad, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["extract", "--data", str(small_squad), "--out", str(out), "--set", "extract.store=compact",
+                 "--set", "extract.store_budget_gb=1e-6"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert re.fullmatch(r"attnclust: error: extract: a compact store of these [\d,]+ features needs about .* even at one key a row \(the "
+                    r"exact float16 maps of [\d,]+ features: .*\), more than extract\.store_budget_gb = 1e-06 "
+                    r"\(1\.0 kB\); raise extract\.store_budget_gb, lower extract\.exact_sample, or set "
+                    r"extract\.compact_max_keys$", err[0]), err[0]
+    assert not RunLayout(out).attention.exists() and not RunLayout(out).features.exists()
+
+
 def test_auto_within_the_budget_is_the_full_extraction(small_squad, tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "run"
     run_job(_cfg(small_squad, tiny_bert_dir), out, stages=("extract",), executor=SerialExecutor(), progress=True)
@@ -94,7 +164,8 @@ def test_auto_above_the_budget_writes_compact_with_the_exact_maps_of_the_sample(
                                                                                   tmp_path, capsys):
     _extract(_cfg(small_squad, tiny_bert_dir, store="full"), tmp_path / "full")
     out = tmp_path / "auto"
-    cfg = _cfg(small_squad, tiny_bert_dir, store_budget_gb=1e-6, exact_sample=3)
+    # a budget this small holds no compact store either: its key cap is set here, not fitted to the budget
+    cfg = _cfg(small_squad, tiny_bert_dir, store_budget_gb=1e-6, exact_sample=3, compact_max_keys=64)
     run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=True)
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("extract: ")][0]
     assert ", store auto -> compact: a full store would take up to " in line
@@ -115,10 +186,10 @@ def test_auto_above_the_budget_writes_compact_with_the_exact_maps_of_the_sample(
             with pytest.raises(StoreError, match=rf"feature {f} is not in the exact sample"):
                 store.read_exact(f)
     # an auto run that resolves to compact is the same extraction as store: compact with that sample
-    assert _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=3), out).stages["extract"][
-        "skipped"] is True
+    assert _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=3, compact_max_keys=64),
+                    out).stages["extract"]["skipped"] is True
     with pytest.raises(StoreError, match=r"other settings \(extract\.exact_sample: 3 -> 2\)"):
-        _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2), out)
+        _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2, compact_max_keys=64), out)
 
 
 def test_no_exact_sample_leaves_the_compact_maps_and_says_so(small_squad, tiny_bert_dir, tmp_path):
