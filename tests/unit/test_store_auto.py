@@ -354,3 +354,20 @@ def test_features_table_is_in_small_row_groups_so_a_task_reads_only_its_range(tm
     # a task's range (features 60..69) spans at most two groups; the read gives exactly its rows
     got = pd.read_parquet(layout.features, filters=[("feature_id", ">=", 60), ("feature_id", "<", 70)])
     assert got["feature_id"].tolist() == list(range(60, 70))
+
+
+def test_the_parts_are_removed_once_consolidated_and_a_run_stopped_after_that_extracts_again(small_squad,
+                                                                                             tiny_bert_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = _cfg(small_squad, tiny_bert_dir)
+    first = _extract(cfg, out).stages["extract"]
+    layout = RunLayout(out)
+    assert first["blocks"] >= 2 and not layout.parts.exists() and "parts" not in first["outputs"]
+    stats, qa = pd.read_parquet(layout.map_stats), pd.read_parquet(layout.qa_logits)
+    assert len(stats) == len(read_features(out)) * 2 * 4
+    assert not list(layout.block_markers("extract").glob("*.done"))
+    layout.stage_record("extract").unlink()                  # stopped after the parts went, before the record
+    again = _extract(cfg, out).stages["extract"]
+    assert again["blocks_resumed"] == 0 and not again.get("skipped")
+    pd.testing.assert_frame_equal(pd.read_parquet(layout.map_stats), stats)
+    pd.testing.assert_frame_equal(pd.read_parquet(layout.qa_logits), qa)
