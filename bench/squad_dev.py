@@ -61,7 +61,6 @@ CHROMIUM = "/usr/bin/chromium"
 GOALS = {"e2e_min": ("<=", 15.0), "disk_gb": ("<=", 5.0), "peak_rss_gb": ("<=", 6.0), "report_mb": ("<=", 10.0),
          "report_interactive_s": ("<=", 3.0), "explore_map_p95_ms": ("<=", 200.0),
          "explore_search_p95_ms": ("<=", 200.0), "growth": ("<=", 1.2), "bertbase_store_gb": ("<=", 5.0)}
-EXACT_SAMPLE = 256  # extract.exact_sample's default: the exact maps a compact store keeps (checked in bench_squad_dev)
 MODEL_STAGES = ("extract", "qa")  # the stages whose cost is the model's forward (the others work on the maps)
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -197,7 +196,34 @@ def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run"
             "maps": extract.get("maps"),
             "disk_bytes": _tree_bytes(out, allocated=True), "store": store_mode(out),
             "store_setting": job.get("config", {}).get("extract", {}).get("store"),
-            "store_bytes": _tree_bytes(out / "attention.zarr")}
+            "compact_max_keys": compact_max_keys(out), "store_bytes": _tree_bytes(out / "attention.zarr")}
+
+
+def compact_max_keys(run: Path) -> int | None:
+    """The key cap a compact store kept per row (``None``: a full store, or no cap)."""
+    from attnclust.store import open_attention_store
+
+    if not (run / "attention.zarr").exists():
+        return None
+    store = open_attention_store(run / "attention.zarr")
+    return (store.attrs.get("compact") or {}).get("max_keys") if store.mode == "compact" else None
+
+
+def dev_compact_plan(run: Path, layers: int, heads: int):
+    """The compact store ``extract.store: auto`` fits to the default budget for a model of ``layers`` x ``heads``
+    over the features of ``run`` (the dev arm's), as the extract stage's pre-flight would: its key cap
+    (``max_keys``) and exact sample (``sample``) (:class:`attnclust.stages.store_plan.StorePlan`)."""
+    import pandas as pd
+
+    from attnclust.config import JobConfig
+    from attnclust.stages.extract import compact_store_bytes, store_bytes
+    from attnclust.stages.store_plan import plan_store
+
+    seq = pd.read_parquet(run / "features.parquet", columns=["seq_len"])["seq_len"].to_numpy()
+    cfg = JobConfig.from_dict({"extract": {"store": "compact"}})
+    return plan_store(cfg, seq, num_layers=layers, num_heads=heads,
+                      full_bytes=store_bytes(seq, num_layers=layers, num_heads=heads, dtype="float16"),
+                      compact_bytes=compact_store_bytes(seq, num_layers=layers, num_heads=heads))
 
 
 def store_mode(run: Path) -> str | None:
@@ -363,9 +389,9 @@ def _slim(res: dict) -> dict:
     return {k: v for k, v in res.items() if k not in ("command",)}
 
 
-def _bert_pair(ctx, features_per_question: float, n_features: int) -> dict:
+def _bert_pair(ctx, features_per_question: float, n_features: int, max_keys: int | None) -> dict:
     """BERT-base and MiniLM on the same ~``n_features`` generated features (every stage), then BERT-base's store
-    in the other mode (extract only)."""
+    in the other mode (extract only; a compact one with the key cap ``max_keys`` that auto fits at dev's size)."""
     from .squadgen import write_squad
 
     questions = max(1, round(n_features / features_per_question))
@@ -380,10 +406,11 @@ def _bert_pair(ctx, features_per_question: float, n_features: int) -> dict:
     used = runs["bert_base"]["store"] or "full"
     other = "full" if used.startswith("compact") else "compact"
     out = ctx.tmp / "squad_dev" / f"pair_bert_base_{other}"
-    # a compact run without its exact sample: at ~200 features a sample of EXACT_SAMPLE would hold every feature
+    # a compact run without its exact sample: at ~200 features the default sample would hold every feature
     # (the sample's bytes are a fixed cost, added once in the projection)
-    sets = [f"model.name={folder}", f"extract.store={other}"] + (["extract.exact_sample=0"] if other == "compact"
-                                                                  else [])
+    sets = [f"model.name={folder}", f"extract.store={other}"] + (
+        ["extract.exact_sample=0", f"extract.compact_max_keys={'null' if max_keys is None else max_keys}"]
+        if other == "compact" else [])
     runs["bert_base_other_store"] = run_cli(ctx, out, data, sets, command="extract")
     return {"questions": questions, "model": checked, "runs": runs}
 
@@ -439,12 +466,9 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
                 judged=at_dev and at_default_arms)
     fpq = dev["features"] / dev["examples"]
     dev_features = DEV_QUESTIONS * fpq
-    from attnclust.config import ExtractConfig
-
-    if ExtractConfig().exact_sample != EXACT_SAMPLE:
-        raise RuntimeError(f"bench/squad_dev.py: EXACT_SAMPLE = {EXACT_SAMPLE} but extract.exact_sample's default is "
-                           f"{ExtractConfig().exact_sample}; update EXACT_SAMPLE")
-    pair = _bert_pair(ctx, fpq, bert_features)
+    bert_plan = dev_compact_plan(Path(dev["run"]), BERT_BASE["num_hidden_layers"], BERT_BASE["num_attention_heads"])
+    bert_keys, bert_sample = bert_plan.max_keys, len(bert_plan.sample)
+    pair = _bert_pair(ctx, fpq, bert_features, bert_keys)
     runs = pair["runs"]
     bert, mini = runs["bert_base"], runs["minilm"]
     scale = dev_features / dev["features"]
@@ -463,6 +487,8 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
     pair_settings = {"bert_features": bert["features"], "pair_questions": pair["questions"], "model": pair["model"],
                      "dev_features_estimated": round(dev_features), "features_per_question": round(fpq, 4),
                      "bert_store_mode": bert["store"], "other_store_mode": runs["bert_base_other_store"]["store"],
+                     "bert_compact_max_keys_at_dev": bert_keys, "bert_exact_sample_at_dev": bert_sample,
+                     "minilm_compact_max_keys_at_dev": dev["compact_max_keys"],
                      "pair": {k: _slim(v) for k, v in runs.items()},
                      "weights": "random init (seed 0): near-uniform attention, the worst case for a compact store"}
     ctx.figure("squad_dev_bertbase_projected_min", (projected + startup) / 60, None, None, {
@@ -474,15 +500,16 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
     per_feature = {(run["store"] or "full").split("/")[0]: run["store_bytes"] / run["features"]
                    for run in (bert, runs["bert_base_other_store"])}
     gb = {"full": per_feature["full"] * dev_features / 1e9,
-          "compact": (per_feature["compact"] * dev_features + EXACT_SAMPLE * per_feature["full"]) / 1e9}
+          "compact": (per_feature["compact"] * dev_features + bert_sample * per_feature["full"]) / 1e9}
     chosen = dev["store"].split("/")[0]  # what extract.store auto chose at the dev arm's size (MiniLM's)
     fig("bertbase_store_gb", gb[chosen], "bertbase_store_gb", {
         **pair_settings, "store_bytes_per_feature": per_feature, "projected_store": chosen, "full_store_gb": gb["full"],
         "compact_store_gb": gb["compact"],
         "method": "bytes per feature of BERT-base's attention.zarr on the pair (full; compact without its exact "
-                  "sample) x dev's features (from the dev arm's features per question); the compact projection adds "
-                  f"the exact sample's {EXACT_SAMPLE} features at the full store's bytes per feature; judged in the "
-                  "mode extract.store auto chose at the dev arm's size"}, judged=True)
+                  "sample, with the key cap auto fits at dev's size) x dev's features (from the dev arm's features "
+                  "per question); the compact projection adds the exact sample auto keeps at dev's size "
+                  f"({bert_sample} features) at the full store's bytes per feature; judged in the mode extract.store "
+                  "auto chose at the dev arm's size"}, judged=True)
     brief = {k: v for k, v in pair_settings.items() if k != "pair"}
     other_mode = "full" if chosen == "compact" else "compact"
     ctx.figure("squad_dev_bertbase_other_store_gb", gb[other_mode], None, None, {**brief, "store_mode": other_mode})

@@ -10,9 +10,11 @@ compact store also keeps the exact (float16) maps of ``extract.exact_sample`` fe
 order (:func:`attnclust.store.exact_sample_ids`), for the analyses that need exact maps; the extract task writes
 them through :class:`ExactSampleWriter`, beside the shard.
 
-A compact store fits the budget too: with ``extract.compact_max_keys: null`` (the default) each row keeps at most
-the most keys that the budget holds beside the exact sample and the profile vectors (:func:`fit_max_keys`), by the
-estimate :data:`ROW_BYTES_PER_SQRT_KEY`; when every row's whole length fits, there is no cap. A cap below what a
+A compact store fits the budget too: with ``extract.compact_max_keys: null`` (the default) its exact sample takes
+at most :data:`SAMPLE_SHARE` of the budget (fewer features than ``extract.exact_sample`` when theirs would take
+more: :func:`fit_sample_size`) and each row keeps at most the most keys that the rest of the budget holds beside
+the profile vectors (:func:`fit_max_keys`), by the estimate :data:`ROW_BYTES_PER_SQRT_KEY`; when every row's whole
+length fits, there is no cap. A cap below what a
 row needs for ``extract.compact_mass`` keeps less of that row's mass: the pre-flight line names the cap.
 """
 
@@ -27,8 +29,8 @@ from ..config import JobConfig
 from ..errors import ConfigError
 from ..store import exact_sample_ids
 
-__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_PER_SQRT_KEY", "StorePlan", "compact_rows_bytes",
-           "fit_max_keys", "plan_store"]
+__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_PER_SQRT_KEY", "SAMPLE_SHARE", "StorePlan",
+           "compact_rows_bytes", "fit_max_keys", "fit_sample_size", "plan_store"]
 
 
 # The compact rows' bytes on disk over their bound (uint8 true-length maps before compression), with margin:
@@ -43,6 +45,12 @@ COMPACT_EXPECTED_RATIO = 0.5
 # bytes grow as the square root of its keys (the positions of more keys cost fewer bits each); 7 sqrt(k) lies 15-75%
 # above every measured point, so a store sized by it lands under its budget.
 ROW_BYTES_PER_SQRT_KEY = 7.0
+
+# The share of extract.store_budget_gb a compact store fitted to it (compact_max_keys null) gives its exact sample
+# at most: extract.exact_sample's 256 features of SQuAD-like lengths take 1.3 GB of float16 maps for MiniLM (6 x 12
+# heads; kept whole at the default 5 GB) but 2.6 GB for BERT-base (12 x 12), which would leave its rows one key.
+# A third keeps 163 of BERT-base's and two keys a row.
+SAMPLE_SHARE = 1 / 3
 
 
 def _size(n: float) -> str:
@@ -80,6 +88,9 @@ class StorePlan:
         ``max_keys`` was chosen to fit the budget (``extract.compact_max_keys: null``) rather than set.
     rows_bytes
         The compact rows' estimated bytes at ``max_keys`` (:func:`compact_rows_bytes`; 0 for a full store).
+    sample_cut
+        The exact sample holds fewer features than ``extract.exact_sample`` (``sample_setting``) and the data
+        have: with a fitted cap it takes at most :data:`SAMPLE_SHARE` of the budget (:func:`fit_sample_size`).
     """
 
     setting: str
@@ -92,6 +103,8 @@ class StorePlan:
     max_keys: int | None = None
     fitted: bool = False
     rows_bytes: int = 0
+    sample_cut: bool = False
+    sample_setting: int = 0
 
     @property
     def projected(self) -> int:
@@ -124,10 +137,14 @@ class StorePlan:
                 f" (the most that extract.store_budget_gb holds beside the exact sample: about {_size(self.expected)} "
                 f"in all; raise the budget to keep more of each row)" if self.fitted else
                 " (extract.compact_max_keys)"))
+        cut = (f"; extract.exact_sample = {self.sample_setting:,}, cut to a third of the budget"
+               if self.sample_cut else "")
         compact = (f"up to {_size(self.compact_bytes)} (compact: uint8 true-length maps before compression, of "
                    f"which only the largest weights holding {mass:g} of each row are nonzero{cap}, so far less in "
                    f"practice)") + (f" plus the exact float16 maps of {len(self.sample):,} features "
-                                    f"({_size(self.sample_bytes)})" if len(self.sample) else "")
+                                    f"({_size(self.sample_bytes)}{cut})" if len(self.sample) else
+                                    f" and no exact maps (extract.exact_sample = {self.sample_setting:,}: not one "
+                                    f"feature's fit a third of the budget)" if self.sample_cut else "")
         if self.setting == "full":
             return f"store {full}"
         if self.setting == "compact":
@@ -170,16 +187,21 @@ def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_head
     budget = cfg.extract.store_budget_gb
     mode = setting if setting != "auto" else ("full" if full_bytes <= budget * 1e9 else "compact")
     lengths = np.asarray(seq_len, dtype=np.int64)
-    sample = exact_sample_ids(len(lengths), cfg.extract.exact_sample) if mode == "compact" else np.zeros(0, np.int64)
-    sample_bytes = num_layers * num_heads * 2 * int((lengths[sample] ** 2).sum())
+    maps = num_layers * num_heads
+    max_keys, fitted = cfg.extract.compact_max_keys, cfg.extract.compact_max_keys is None
+    size = cfg.extract.exact_sample if mode == "compact" else 0
+    if fitted and size:  # the sample's share of the budget
+        size = fit_sample_size(lengths, maps, size, SAMPLE_SHARE * budget * 1e9)
+    sample = exact_sample_ids(len(lengths), size)
+    sample_bytes = _sample_bytes(lengths, sample, maps)
     plan = StorePlan(setting=setting, mode=mode, full_bytes=int(full_bytes), compact_bytes=int(compact_bytes),
-                     sample=sample, sample_bytes=sample_bytes, budget_gb=budget)
+                     sample=sample, sample_bytes=sample_bytes, budget_gb=budget,
+                     sample_cut=size < min(len(lengths), cfg.extract.exact_sample),
+                     sample_setting=cfg.extract.exact_sample)
     if mode == "full":
         return plan
     from ..featurize.profile import PROFILE_COMPONENTS
 
-    maps = num_layers * num_heads
-    max_keys, fitted = cfg.extract.compact_max_keys, cfg.extract.compact_max_keys is None
     if fitted:
         room = budget * 1e9 - sample_bytes - maps * len(lengths) * len(PROFILE_COMPONENTS) * 4
         max_keys = fit_max_keys(lengths, maps, room)
@@ -192,6 +214,29 @@ def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_head
                 f"extract.exact_sample, or set extract.compact_max_keys")
     rows = math.ceil(compact_rows_bytes(lengths, maps, max_keys)) if max_keys is not None else 0
     return replace(plan, max_keys=max_keys, fitted=fitted and max_keys is not None, rows_bytes=rows)
+
+
+def _sample_bytes(lengths: np.ndarray, sample: np.ndarray, maps: int) -> int:
+    """The float16 true-length maps of the ``sample`` features."""
+    return maps * 2 * int((lengths[sample] ** 2).sum())
+
+
+def fit_sample_size(seq_len: np.ndarray, maps: int, size: int, room: float) -> int:
+    """The most features, up to ``size``, of an exact sample (:func:`~attnclust.store.exact_sample_ids`) whose
+    float16 maps fit ``room`` bytes (0 when not even one does)."""
+    lengths = np.asarray(seq_len, dtype=np.int64)
+
+    def fits(m: int) -> bool:
+        return _sample_bytes(lengths, exact_sample_ids(len(lengths), m), maps) <= room
+
+    top = min(size, len(lengths))
+    if fits(top):
+        return top
+    lo, hi = 0, top  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def compact_rows_bytes(seq_len: np.ndarray, maps: int, max_keys: int) -> float:

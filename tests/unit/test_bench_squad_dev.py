@@ -4,6 +4,7 @@ against a loop written from its definition."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from bench.squad_dev import growth_ratio, p95
@@ -103,7 +104,11 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
                 "store": "compact" if compact else "full/float16", "store_setting": "auto",
                 "store_bytes": per_feature * features}
 
+    run = tmp_path / "dev_run"
+    run.mkdir()
+    pd.DataFrame({"seq_len": np.full(12_000, 160, np.int32)}).to_parquet(run / "features.parquet")
     dev = {"questions": sd.DEV_QUESTIONS, "features": 12_000, "examples": sd.DEV_QUESTIONS, "maps": 12_000 * 72,
+           "run": str(run), "compact_max_keys": 11,
            "wall_s": 100.0, "peak_rss": 1e9, "peak_pss": None, "stages": stages, "disk_bytes": 1, "store_bytes": 1,
            "store": "compact", "store_setting": "auto", "report_bytes": 1,
            "report": {"interactive_s": 1.0}, "explore": {"map_p95_ms": 1.0, "search_p95_ms": 1.0}}
@@ -116,6 +121,18 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
                                 figure=lambda name, value, op, goal, settings: figures.update({name: value}))
     sd.bench_squad_dev(ctx, [sd.DEV_QUESTIONS], 20, [sd.DEV_QUESTIONS])
     dev_features = sd.DEV_QUESTIONS * dev["features"] / dev["examples"]
-    assert figures["squad_dev_bertbase_store_gb"] == pytest.approx((100 * dev_features + 256 * 1000) / 1e9)
+    # BERT-base (12 x 12) at dev's size, fitted to the default budget as the extract stage's pre-flight would
+    from attnclust.config import JobConfig
+    from attnclust.stages.extract import compact_store_bytes, store_bytes
+    from attnclust.stages.store_plan import plan_store
+
+    seq = np.full(12_000, 160)
+    plan = plan_store(JobConfig.from_dict({"extract": {"store": "compact"}}), seq, num_layers=12, num_heads=12,
+                      full_bytes=store_bytes(seq, num_layers=12, num_heads=12, dtype="float16"),
+                      compact_bytes=compact_store_bytes(seq, num_layers=12, num_heads=12))
+    assert plan.fitted and plan.sample_cut and 0 < len(plan.sample) < 256
+    want = (100 * dev_features + len(plan.sample) * 1000) / 1e9
+    assert figures["squad_dev_bertbase_store_gb"] == pytest.approx(want)
     assert figures["squad_dev_bertbase_other_store_gb"] == pytest.approx(1000 * dev_features / 1e9)
-    assert ["extract.store=compact", "extract.exact_sample=0"] == seen[-1][1:]
+    assert ["extract.store=compact", "extract.exact_sample=0", f"extract.compact_max_keys={plan.max_keys}"] == \
+        seen[-1][1:]

@@ -53,7 +53,7 @@ def test_maps_are_cropped_zero_padded_and_row_stochastic(extracted):
     for f, n in enumerate(store.seq_len):
         np.testing.assert_allclose(a[f, :, :, :n, :n].sum(-1), 1.0, atol=3e-3)
         assert not a[f, :, :, n:, :].any() and not a[f, :, :, :, n:].any()
-    assert len(list(out.block_markers("extract").glob("*.done"))) == len(store.blocks())
+    assert len(store.blocks()) == 3 and not list(out.block_markers("extract").glob("*.done"))  # gone with the parts
 
 
 def test_maps_equal_an_unbatched_forward(extracted, tiny_bert_dir):

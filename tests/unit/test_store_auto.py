@@ -16,7 +16,7 @@ from scipy.spatial.distance import jensenshannon
 
 from attnclust.cli import main
 from attnclust.config import JobConfig
-from attnclust.errors import StoreError
+from attnclust.errors import ConfigError, StoreError
 from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
@@ -106,15 +106,14 @@ def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp
     from attnclust.featurize.profile import PROFILE_COMPONENTS
 
     first = tmp_path / "first"
-    _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2), first)
+    _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=0), first)
     assert open_attention_store(RunLayout(first).attention).attrs["compact"]["max_keys"] is None  # 5 GB: no cap
     lengths = read_features(first)["seq_len"].to_numpy()
     maps = 2 * 4
-    sample = exact_sample_ids(len(lengths), 2)
-    fixed = maps * 2 * int((lengths[sample] ** 2).sum()) + maps * len(lengths) * len(PROFILE_COMPONENTS) * 4
+    fixed = maps * len(lengths) * len(PROFILE_COMPONENTS) * 4          # the profile vectors
     budget = (fixed + _brute_rows_bytes(lengths, maps, 3)) * (1 + 1e-9) / 1e9   # not 4 keys: brute(4) is far more
     out = tmp_path / "fitted"
-    record = _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2, store_budget_gb=budget), out,
+    record = _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=0, store_budget_gb=budget), out,
                       progress=True)
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("extract: ")][-1]
     assert "at most 3 keys a row (the most that extract.store_budget_gb holds beside the exact sample" in line
@@ -130,7 +129,38 @@ def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp
     assert held <= budget * 1e9, (held, budget * 1e9)
     # the data or the budget changes the cap: the fingerprint says so rather than serve the old store
     with pytest.raises(StoreError, match=r"extract\.compact_max_keys: 3 -> "):
-        _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=2, store_budget_gb=2 * budget), out)
+        _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=0, store_budget_gb=2 * budget), out)
+
+
+def _brute_sample_bytes(lengths, ids, maps: int) -> int:
+    return sum(maps * 2 * int(lengths[f]) ** 2 for f in ids)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_fitted_budget_gives_the_exact_sample_at_most_a_third(seed):
+    """``compact_max_keys: null``: the sample is the most features, up to ``exact_sample``, whose float16 maps fit
+    a third of the budget; a set cap leaves ``exact_sample`` as it is."""
+    rng = np.random.default_rng(seed)
+    lengths = np.sort(rng.integers(20, 300, size=40))
+    maps, size = 12, 16
+    full = sum(_brute_sample_bytes(lengths, [f], maps) for f in range(40))
+    for budget in rng.uniform(0.02, 1.5, size=8) * full:
+        cfg = JobConfig.from_dict({"extract": {"store": "compact", "exact_sample": size, "store_budget_gb": budget / 1e9}})
+        want = max(m for m in range(size + 1)
+                   if _brute_sample_bytes(lengths, exact_sample_ids(40, m), maps) <= budget / 3)
+        try:
+            plan = plan_store(cfg, lengths, num_layers=3, num_heads=4, full_bytes=10**12, compact_bytes=10**11)
+        except ConfigError:                                              # the rows do not fit the rest
+            continue
+        assert len(plan.sample) == want and plan.sample_cut == (want < size)
+        assert plan.sample_bytes == _brute_sample_bytes(lengths, plan.sample, maps) <= budget / 3
+        line = plan.describe("float16", 0.95)
+        assert ("a third of the budget" in line) == plan.sample_cut
+        assert ("and no exact maps (extract.exact_sample = 16" in line) == (want == 0)
+        set_cap = JobConfig.from_dict({"extract": {"store": "compact", "exact_sample": size,
+                                                   "store_budget_gb": budget / 1e9, "compact_max_keys": 4}})
+        kept = plan_store(set_cap, lengths, num_layers=3, num_heads=4, full_bytes=10**12, compact_bytes=10**11)
+        assert len(kept.sample) == size and not kept.sample_cut and kept.max_keys == 4 and not kept.fitted
 
 
 def test_a_budget_too_small_for_a_compact_store_is_one_line_and_exit_2(small_squad, tmp_path, capsys):
