@@ -591,8 +591,9 @@ class ExtractStage(Stage):
     def resolved_keys(self, ctx: RunContext) -> dict:
         """``extract.store`` as resolved for this run's features (``auto`` -> ``full`` or ``compact``), so an
         ``auto`` run that resolves to ``full`` is the same extraction as ``store: full``; a compact store's
-        ``extract.exact_sample`` too (the features it keeps when the budget cut it), and ``extract.compact_max_keys`` as fitted to the budget when it was
-        ``null`` and a cap was needed (:func:`~attnclust.stages.store_plan.fit_max_keys`)."""
+        ``extract.exact_sample`` too (the features it keeps when the budget cut it), and
+        ``extract.compact_max_keys`` as fitted to the budget when it was ``null`` and a cap was needed
+        (:func:`~attnclust.stages.store_plan.fit_max_keys`)."""
         plan = self._store_plan(ctx)
         return {"extract.store": plan.mode,
                 **({"extract.exact_sample": len(plan.sample) if plan.sample_cut else ctx.cfg.extract.exact_sample}

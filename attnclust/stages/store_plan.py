@@ -14,8 +14,8 @@ A compact store fits the budget too: with ``extract.compact_max_keys: null`` (th
 at most :data:`SAMPLE_SHARE` of the budget (fewer features than ``extract.exact_sample`` when theirs would take
 more: :func:`fit_sample_size`) and each row keeps at most the most keys that the rest of the budget holds beside
 the profile vectors (:func:`fit_max_keys`), by the estimate :data:`ROW_BYTES_PER_SQRT_KEY`; when every row's whole
-length fits, there is no cap. A cap below what a
-row needs for ``extract.compact_mass`` keeps less of that row's mass: the pre-flight line names the cap.
+length fits, there is no cap. A cap below what a row needs for ``extract.compact_mass`` keeps less of that row's
+mass: the pre-flight line names the cap.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ ROW_BYTES_PER_SQRT_KEY = 7.0
 # The share of extract.store_budget_gb a compact store fitted to it (compact_max_keys null) gives its exact sample
 # at most: extract.exact_sample's 256 features of SQuAD-like lengths take 1.3 GB of float16 maps for MiniLM (6 x 12
 # heads; kept whole at the default 5 GB) but 2.6 GB for BERT-base (12 x 12), which would leave its rows one key.
-# A third keeps 163 of BERT-base's and two keys a row.
+# A third keeps 162 of BERT-base's and two keys a row (measured on generated SQuAD-v2 data of dev's size).
 SAMPLE_SHARE = 1 / 3
 
 
@@ -117,9 +117,10 @@ class StorePlan:
 
         A full store: :attr:`projected` (dense weights hardly compress at their true length). A compact store:
         its exact sample at its bound (measured: its float16 maps compress to 0.88 of it), and the compact rows at
-        :data:`COMPACT_EXPECTED_RATIO` of their bound, or with a key cap at :attr:`rows_bytes` when that is less. Most of a row's weights are zero in a compact map, so its
-        bound (every weight a byte) overstates it about fivefold: at SQuAD2-dev's size 26 GB for a store of 5.9 GB,
-        a bound that refused laptops with room to spare.
+        :data:`COMPACT_EXPECTED_RATIO` of their bound, or with a key cap at :attr:`rows_bytes` when that is less.
+        Most of a row's weights are zero in a compact map, so its bound (every weight a byte) overstates it about
+        fivefold: at SQuAD2-dev's size 26 GB for an uncapped store of 5.9 GB, a bound that refused laptops with
+        room to spare.
         """
         if self.mode == "full":
             return self.full_bytes
@@ -196,7 +197,7 @@ def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_head
     sample_bytes = _sample_bytes(lengths, sample, maps)
     plan = StorePlan(setting=setting, mode=mode, full_bytes=int(full_bytes), compact_bytes=int(compact_bytes),
                      sample=sample, sample_bytes=sample_bytes, budget_gb=budget,
-                     sample_cut=size < min(len(lengths), cfg.extract.exact_sample),
+                     sample_cut=mode == "compact" and size < min(len(lengths), cfg.extract.exact_sample),
                      sample_setting=cfg.extract.exact_sample)
     if mode == "full":
         return plan
@@ -226,17 +227,8 @@ def fit_sample_size(seq_len: np.ndarray, maps: int, size: int, room: float) -> i
     float16 maps fit ``room`` bytes (0 when not even one does)."""
     lengths = np.asarray(seq_len, dtype=np.int64)
 
-    def fits(m: int) -> bool:
-        return _sample_bytes(lengths, exact_sample_ids(len(lengths), m), maps) <= room
-
     top = min(size, len(lengths))
-    if fits(top):
-        return top
-    lo, hi = 0, top  # fits(lo), not fits(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return _largest(lambda m: _sample_bytes(lengths, exact_sample_ids(len(lengths), m), maps) <= room, top)
 
 
 def compact_rows_bytes(seq_len: np.ndarray, maps: int, max_keys: int) -> float:
@@ -257,12 +249,19 @@ def fit_max_keys(seq_len: np.ndarray, maps: int, room: float) -> int | None:
     """
     lengths = np.asarray(seq_len, dtype=np.int64)
     top = int(lengths.max()) if len(lengths) else 1
-    if compact_rows_bytes(lengths, maps, top) <= room:
-        return None
-    lo, hi = 0, top  # fits(lo) (0 trivially), not fits(hi)
+    keys = _largest(lambda k: compact_rows_bytes(lengths, maps, k) <= room, top)
+    return None if keys == top else keys
+
+
+def _largest(fits, top: int) -> int:
+    """The largest ``m`` in ``0..top`` with ``fits(m)``, by bisection (``fits`` holds up to some ``m``, then not;
+    ``fits(0)`` is taken to hold)."""
+    if fits(top):
+        return top
+    lo, hi = 0, top  # fits(lo), not fits(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if compact_rows_bytes(lengths, maps, mid) <= room else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
 
 

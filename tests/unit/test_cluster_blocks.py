@@ -21,7 +21,8 @@ from attnclust.synthetic import write_planted_store
 def test_labelling_blocks_of_several_chunks_give_the_labels_of_one_chunk_a_block(tmp_path, monkeypatch):
     planted = write_planted_store(tmp_path / "a", rng=np.random.default_rng(3), n_features=10, n_layers=2,
                                   n_heads=2, lengths=(8, 24), features_per_task=2)
-    cfg = load_job(None, ["cluster.k=3", "cluster.stability_resamples=2", "cluster.umap_sample=24", "cluster.umap_neighbors=5"])
+    cfg = load_job(None, ["cluster.k=3", "cluster.stability_resamples=2", "cluster.umap_sample=24",
+                          "cluster.umap_neighbors=5"])
     run_job(cfg, planted.root, stages=("featurize",), executor=SerialExecutor(), progress=False)
     other = tmp_path / "b"
     shutil.copytree(planted.root, other)

@@ -145,7 +145,8 @@ def test_a_fitted_budget_gives_the_exact_sample_at_most_a_third(seed):
     maps, size = 12, 16
     full = sum(_brute_sample_bytes(lengths, [f], maps) for f in range(40))
     for budget in rng.uniform(0.02, 1.5, size=8) * full:
-        cfg = JobConfig.from_dict({"extract": {"store": "compact", "exact_sample": size, "store_budget_gb": budget / 1e9}})
+        cfg = JobConfig.from_dict({"extract": {"store": "compact", "exact_sample": size,
+                                               "store_budget_gb": budget / 1e9}})
         want = max(m for m in range(size + 1)
                    if _brute_sample_bytes(lengths, exact_sample_ids(40, m), maps) <= budget / 3)
         try:
@@ -169,10 +170,10 @@ def test_a_budget_too_small_for_a_compact_store_is_one_line_and_exit_2(small_squ
                  "--set", "extract.store_budget_gb=1e-6"])
     err = capsys.readouterr().err.splitlines()
     assert code == 2 and len(err) == 1, err
-    assert re.fullmatch(r"attnclust: error: extract: a compact store of these [\d,]+ features needs about .* even at one key a row \(the "
-                    r"exact float16 maps of [\d,]+ features: .*\), more than extract\.store_budget_gb = 1e-06 "
-                    r"\(1\.0 kB\); raise extract\.store_budget_gb, lower extract\.exact_sample, or set "
-                    r"extract\.compact_max_keys$", err[0]), err[0]
+    assert re.fullmatch(r"attnclust: error: extract: a compact store of these [\d,]+ features needs about .* even "
+                        r"at one key a row \(the exact float16 maps of [\d,]+ features: .*\), more than "
+                        r"extract\.store_budget_gb = 1e-06 \(1\.0 kB\); raise extract\.store_budget_gb, lower "
+                        r"extract\.exact_sample, or set extract\.compact_max_keys", err[0]), err[0]
     assert not RunLayout(out).attention.exists() and not RunLayout(out).features.exists()
 
 
