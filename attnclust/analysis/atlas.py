@@ -668,10 +668,14 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
 
 
 def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: int = 32, per_cluster: int = 48,
-                      random_state: int = 0, on_step: Callable[[str, int, int, str], None] | None = None
-                      ) -> np.ndarray:
+                      random_state: int = 0, on_step: Callable[[str, int, int, str], None] | None = None,
+                      sources: dict[int, str] | None = None) -> np.ndarray:
     """The average of up to ``per_cluster`` sampled maps of each cluster, each pooled from its true length to
     ``grid x grid`` and row-normalised.
+
+    On a compact store with an exact sample, each cluster's maps are drawn from those of the sample's features
+    (read exact) whenever the cluster has any there, otherwise from its compact maps (each row's largest weights
+    only: with a key cap fitted to a small budget, a fraction of the row).
 
     Parameters
     ----------
@@ -686,6 +690,9 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
     on_step
         Told ``on_step("mean maps", done, k, "clusters")`` before the first cluster and after each one
         (:data:`attnclust.cluster.OnStep`).
+    sources
+        When given, filled with cluster -> the maps its mean read (``full``, ``exact sample`` or ``compact``,
+        :data:`attnclust.store.MAP_SOURCES`), for every cluster with maps.
 
     Returns
     -------
@@ -695,17 +702,24 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
     store = open_attention_store(layout.attention)
     rng = np.random.default_rng(random_state)
     result = np.zeros((k, grid, grid), dtype=np.float32)
+    sampled = store.exact_ids() if store.exact is not None else None
     for c in range(k):
         if on_step is not None:
             on_step("mean maps", c, k, "clusters")
         rows = maps.loc[maps["cluster"] == c, KEYS].to_numpy()
+        exact = sampled is not None and np.isin(rows[:, 0], sampled).any()
+        if exact:  # the cluster's maps in the exact sample
+            rows = rows[np.isin(rows[:, 0], sampled)]
         if not len(rows):
             continue
         pick = rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]
         acc = np.zeros((grid, grid), dtype=np.float64)
         for f, layer, head in pick:
-            acc += pool_maps(store.read_map(f, layer, head)[None], grid=grid, sqrt=False).reshape(grid, grid)
+            one = store.read_exact(f)[layer, head] if exact else store.read_map(f, layer, head)
+            acc += pool_maps(one[None], grid=grid, sqrt=False).reshape(grid, grid)
         result[c] = acc / len(pick)
+        if sources is not None:
+            sources[c] = "exact sample" if exact else store.mode
     if on_step is not None:
         on_step("mean maps", k, k, "clusters")
     return result

@@ -148,7 +148,9 @@ class ReportStage(Stage):
                                                     min_stability=_min_stability(cfg), importance=importance,
                                                     syntax=syntax,
                                                     extra={} if predictions is None else {"predictions": predictions})
-            mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars)
+            mean_sources: dict[int, str] = {}
+            mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars,
+                                          sources=mean_sources)
             head_layout = compute_head_layout(open_attention_store(layout.attention),
                                               random_state=cfg.cluster.random_state, on_step=bars)
             atomic_write_parquet(head_layout, layout.head_layout)
@@ -157,7 +159,8 @@ class ReportStage(Stage):
                 clustering = ctx.records.get("featurize", {}).get("map_source")
                 notes.append(map_source_note(store, {**({"clustering": clustering} if clustering else {}),
                                                      **heads.attrs.get("map_source", {}),
-                                                     **head_layout.attrs.get("map_source", {})}))
+                                                     **head_layout.attrs.get("map_source", {})},
+                                             mean_maps=mean_sources))
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
 
@@ -183,22 +186,39 @@ class ReportStage(Stage):
         return record
 
 
-def map_source_note(store, sources: dict[str, str]) -> str:
+def _clusters(n: int) -> str:
+    return f"{n:,} cluster{'s' if n != 1 else ''}"
+
+
+def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str] | None = None) -> str:
     """The report's note on a compact store: which maps each analysis read (``sources``: analysis -> ``full``,
-    ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them); the report's cluster mean
-    maps, medoids and embedded question maps are the compact ones."""
-    mass = (store.attrs.get("compact") or {}).get("mass")
+    ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them), and the compact rows' mass
+    and key cap. The cluster mean maps read what ``mean_maps`` says (cluster -> source,
+    :func:`~attnclust.analysis.atlas.cluster_mean_maps`; ``None``: the compact ones); medoids and the embedded
+    question maps are the compact ones."""
+    compact = store.attrs.get("compact") or {}
+    mass, cap = compact.get("mass"), compact.get("max_keys")
     groups: dict[str, list[str]] = {"exact sample": [], "compact": [], "full": []}
     for name, source in sources.items():
         groups[source].append(name.replace("_", " "))
-    groups["compact"] += ["cluster mean maps", "medoid maps", "the question maps of this page"]
+    means = set((mean_maps or {}).values()) or {"compact"}
+    if means == {"exact sample"}:
+        groups["exact sample"].append("cluster mean maps")
+    elif "exact sample" in means:
+        count = {s: sum(v == s for v in mean_maps.values()) for s in ("exact sample", "compact")}
+        groups["exact sample"].append(f"the mean maps of {_clusters(count['exact sample'])}")
+        groups["compact"].append(f"the mean maps of {_clusters(count['compact'])} without maps in the sample")
+    else:
+        groups["compact"].append("cluster mean maps")
+    groups["compact"] += ["medoid maps", "the question maps of this page"]
     n = len(store.exact_features) if store.exact is not None else 0
     said = {"exact sample": f"exact maps of the store's sample of {n:,} features",
             "compact": "compact maps",
             "full": "statistics (and profile vectors) computed from every exact map at extraction"}
     parts = [f"{said[source]}: {', '.join(names)}" for source, names in groups.items() if names]
-    return (f"The attention store is compact: each query row keeps only its largest weights (holding {mass:g} of "
-            f"the row), so maps drawn from it are approximate. Read from {'; from '.join(parts)}.")
+    kept = f"holding {mass:g} of the row" + (f", at most {cap:,} of them" if cap is not None else "")
+    return (f"The attention store is compact: each query row keeps only its largest weights ({kept}), so maps "
+            f"drawn from it are approximate. Read from {'; from '.join(parts)}.")
 
 
 def _syntax_on(cfg) -> bool:

@@ -20,6 +20,7 @@ from attnclust.errors import ConfigError, StoreError
 from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
+from attnclust.stages.report import map_source_note
 from attnclust.stages.store_plan import ROW_BYTES_PER_SQRT_KEY, compact_rows_bytes, fit_max_keys, plan_store
 from attnclust.store import exact_sample_ids, open_attention_store, read_features
 from attnclust.synthetic import write_compact_decoy, write_planted_qa_store, write_planted_store
@@ -402,3 +403,38 @@ def test_the_parts_are_removed_once_consolidated_and_a_run_stopped_after_that_ex
     assert again["blocks_resumed"] == 0 and not again.get("skipped")
     pd.testing.assert_frame_equal(pd.read_parquet(layout.map_stats), stats)
     pd.testing.assert_frame_equal(pd.read_parquet(layout.qa_logits), qa)
+
+
+def test_cluster_mean_maps_read_the_exact_sample_of_a_compact_store(tmp_path):
+    """A cluster with maps of the sample's features averages those, exact (the decoy's compact maps are uniform);
+    one without any averages its compact maps and says so."""
+    from attnclust.analysis.atlas import cluster_mean_maps
+
+    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(2), n_features=8, n_layers=1,
+                                  n_heads=2, lengths=(10, 30), kinds=("previous", "cls"), shuffle_heads=False)
+    layout = RunLayout(planted.root)
+    sample = [1, 4, 6]
+    rows = pd.DataFrame([(f, 0, h) for f in range(8) for h in range(2)], columns=["feature_id", "layer", "head"])
+    rows["cluster"] = rows["head"]                                     # cluster 0: previous, cluster 1: cls
+    rows.loc[(rows["head"] == 1) & ~rows["feature_id"].isin(sample), "cluster"] = 2   # cluster 2: none sampled
+    exact = cluster_mean_maps(layout, rows[rows["feature_id"].isin(sample)], 3, grid=8)   # the full store's maps
+    write_compact_decoy(planted.root, sample)
+    sources: dict[int, str] = {}
+    means = cluster_mean_maps(layout, rows, 3, grid=8, sources=sources)
+    assert sources == {0: "exact sample", 1: "exact sample", 2: "compact"}
+    np.testing.assert_allclose(means[:2], exact[:2], atol=1e-3)        # float16 exact maps, as the full store held
+    assert not np.allclose(means[0], 1 / 8) and np.allclose(means[2], 1 / 8)  # planted vs the uniform decoy
+    note = map_source_note(open_attention_store(layout.attention), {}, mean_maps=sources)
+    assert "from exact maps of the store's sample of 3 features: the mean maps of 2 clusters" in note
+    assert "compact maps: the mean maps of 1 cluster without maps in the sample, medoid maps" in note
+
+
+def test_the_note_names_the_key_cap(tmp_path):
+    class Store:
+        attrs = {"compact": {"mass": 0.95, "max_keys": 11}}
+        exact, exact_features = None, None
+
+    note = map_source_note(Store(), {"roles": "full"})
+    assert note.startswith("The attention store is compact: each query row keeps only its largest weights (holding "
+                           "0.95 of the row, at most 11 of them), so maps drawn from it are approximate.")
+    assert "compact maps: cluster mean maps, medoid maps" in note
