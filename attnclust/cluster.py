@@ -3,7 +3,8 @@ each cluster is.
 
 Fitting happens on samples (``fit_sample`` maps for PCA and KMeans, ``stability_sample`` of them for choosing k and
 for the per-cluster stability, ``silhouette_sample`` for the silhouette kept for reference, ``umap_sample`` for
-UMAP), in one Dask task; assigning labels, centroid distances and UMAP coordinates to every map runs as one task per
+UMAP), in one Dask task, which runs the split-half fits of each candidate k as tasks of their own across the
+workers (they are independent: :func:`dask_tasks`); assigning labels, centroid distances and UMAP coordinates to every map runs as one task per
 embedding block. Estimators come from :mod:`attnclust.backend` factories, so the same code drives
 scikit-learn/umap-learn on CPU and cuML on GPU. A fixed ``random_state`` gives the same labels.
 
@@ -89,6 +90,49 @@ __all__ = ["PLACEMENT", "FittedClusters", "OnStep", "Placement", "align_clusters
 OnStep = Callable[[str, int, int, str], None]
 """``on_step(step, done, total, unit)``: ``done`` of ``total`` ``unit`` of ``step`` are finished (``done=0`` when
 it starts). A step of ``total=1`` with ``unit=""`` is one piece of work (``UMAP on 14040 maps``)."""
+
+MapTasks = Callable[[Callable, list[tuple], dict, Callable[[int], None]], list]
+"""``map_tasks(fn, items, shared, done)``: ``[fn(*item, **shared) for item in items]``, in the items' order, calling
+``done(count)`` as results arrive; :func:`serial_tasks` in this process, :func:`dask_tasks` as Dask tasks across
+the cluster's workers (``shared``: the large arguments every call takes, sent to each worker once)."""
+
+
+def serial_tasks(fn: Callable, items: list[tuple], shared: dict, done: Callable[[int], None]) -> list:
+    """:data:`MapTasks` one after the other, in this process."""
+    out = []
+    for item in items:
+        out.append(fn(*item, **shared))
+        done(len(out))
+    return out
+
+
+def dask_tasks(fn: Callable, items: list[tuple], shared: dict, done: Callable[[int], None]) -> list:
+    """:data:`MapTasks` as Dask tasks, from inside a task running on a worker (``distributed.worker_client``: the
+    calling task leaves its worker's thread pool while they run, so that worker runs them too). The arrays of
+    ``shared`` are scattered once (from this worker; another fetches them once for all its tasks)."""
+    from distributed import as_completed, worker_client
+
+    with worker_client() as client:
+        sent = {name: client.scatter(value, hash=False) if isinstance(value, np.ndarray) else value
+                for name, value in shared.items()}
+        futures = [client.submit(fn, *item, **sent, pure=False) for item in items]
+        index = {f.key: i for i, f in enumerate(futures)}
+        out: list = [None] * len(items)
+        for count, future in enumerate(as_completed(futures), 1):
+            out[index[future.key]] = future.result()
+            done(count)
+    return out
+
+
+def in_dask_worker() -> bool:
+    """Whether this code runs in a task on a Dask worker (where :func:`dask_tasks` can spread work)."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
 
 Placement = Literal["knn", "umap"]
 """How maps outside the UMAP sample are placed: ``knn`` (:class:`attnclust.placement.KnnPlacer`) or ``umap`` (the
@@ -276,9 +320,26 @@ def _kmeans_labels(backend: str, z_fit: np.ndarray, z_all: np.ndarray, k: int, s
     return bk.to_numpy(km.predict(z_all)).astype(np.int64)
 
 
+def _split_scores(k: int, first: int, stop: int, *, z: np.ndarray, halves: np.ndarray, seeds: np.ndarray,
+                  n_init: int, backend: str) -> np.ndarray | None:
+    """The ARI of splits ``first:stop`` for ``k`` clusters (:func:`split_half_stability`); ``None`` when a model
+    puts every map in one cluster. A task of its own when the fit runs on a Dask worker."""
+    from sklearn.metrics import adjusted_rand_score
+
+    ari = np.empty(stop - first)
+    for i, s in enumerate(range(first, stop)):
+        a = _kmeans_labels(backend, z[halves[s]], z, k, seeds[s, 0], n_init)
+        b = _kmeans_labels(backend, z[~halves[s]], z, k, seeds[s, 1], n_init)
+        if a.max() == a.min() or b.max() == b.min():
+            return None
+        ari[i] = adjusted_rand_score(a, b)
+    return ari
+
+
 def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | list[int], *, n_splits: int,
                          n_init: int, split_seed: int, random_state: int, refine: float | None = None,
-                         backend: str = "cpu", on_step: OnStep | None = None) -> dict[int, np.ndarray]:
+                         backend: str = "cpu", on_step: OnStep | None = None,
+                         map_tasks: MapTasks | None = None) -> dict[int, np.ndarray]:
     """Split-half stability of KMeans for each candidate k (Ben-Hur et al. 2002; Lange et al. 2004).
 
     The groups (examples) are split at random into two halves ``n_splits`` times, the same splits for every k;
@@ -305,16 +366,18 @@ def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | l
     backend
         ``cpu`` or ``gpu``.
     on_step
-        Told ``("choosing k", i, n_candidates, "candidates")`` before each candidate and when all are done, then
-        ``("more splits for k=8,9,10", i, n_contenders, "candidates")`` for the second round.
+        Told ``("choosing k", done, n_candidates, "candidates")`` when the round starts and as each candidate is
+        done, then ``("more splits for k=8,9,10", done, n_contenders, "candidates")`` for the second round.
+    map_tasks
+        How the candidates' fits run (:data:`MapTasks`; ``None``: :func:`serial_tasks`). Each candidate's splits
+        are independent of every other candidate's, so :func:`dask_tasks` runs them across the workers; the
+        scores are the same either way (each fit has its own seed).
 
     Returns
     -------
     dict of int to np.ndarray
         Candidate k -> (split,) float64 ARI of each split (``2 * n_splits`` of them for a contender).
     """
-    from sklearn.metrics import adjusted_rand_score
-
     z = np.asarray(z, dtype=np.float32)
     codes = group_codes(groups, len(z))
     n_groups = int(codes.max()) + 1 if len(codes) else 0
@@ -331,27 +394,21 @@ def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | l
         raise ConfigError(f"config cluster.k_min: {min(ks)} clusters need more than the {smallest} maps of the "
                           f"smaller half of a split of the {n_groups} examples; give k explicitly or use more data")
 
-    def score(k: int, splits: range) -> np.ndarray | None:
-        ari = np.empty(len(splits))
-        for i, s in enumerate(splits):
-            a = _kmeans_labels(backend, z[halves[s]], z, k, seeds[s, 0], n_init)
-            b = _kmeans_labels(backend, z[~halves[s]], z, k, seeds[s, 1], n_init)
-            if a.max() == a.min() or b.max() == b.min():
-                return None
-            ari[i] = adjusted_rand_score(a, b)
-        return ari
+    shared = {"z": z, "halves": np.stack(halves), "seeds": seeds, "n_init": n_init, "backend": backend}
 
     def run(step: str, todo: list[int], splits: range) -> None:
-        for i, k in enumerate(todo):
+        def done(count: int) -> None:
             if on_step is not None:
-                on_step(step, i, len(todo), "candidates")
-            more = score(k, splits)
+                on_step(step, count, len(todo), "candidates")
+
+        done(0)
+        results = (map_tasks or serial_tasks)(_split_scores, [(k, splits.start, splits.stop) for k in todo], shared,
+                                               done)
+        for k, more in zip(todo, results):
             if more is None:
                 scores.pop(k, None)
             else:
                 scores[k] = np.concatenate([scores.get(k, np.empty(0)), more])
-        if on_step is not None:
-            on_step(step, len(todo), len(todo), "candidates")
 
     scores: dict[int, np.ndarray] = {}
     run("choosing k", feasible, range(n_splits))
@@ -546,7 +603,8 @@ def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend
 
 def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
                  rows: np.ndarray | None = None, n_total: int | None = None, groups: np.ndarray | None = None,
-                 on_step: OnStep | None = None, placement: Placement | None = None) -> FittedClusters:
+                 on_step: OnStep | None = None, placement: Placement | None = None,
+                 map_tasks: MapTasks | None = None) -> FittedClusters:
     """Fit PCA, choose k, fit KMeans, measure per-cluster stability and fit UMAP on the sampled vectors ``x``.
 
     Parameters
@@ -575,6 +633,8 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         the job setting ``cluster.placement``): ``knn`` indexes the
         sample (``placer_``) and lets the UMAP fit on an exact neighbour graph on CPU; ``umap`` keeps the UMAP
         able to ``transform`` (NN-descent on CPU).
+    map_tasks
+        How the split-half fits of choosing k run (:data:`MapTasks`; ``None``: in this process, one after the other).
 
     Returns
     -------
@@ -618,7 +678,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         fitted.k_stability_ = split_half_stability(
             zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
             random_state=cfg.random_state + 4, refine=2 * cfg.stability_tolerance, backend=backend,
-            on_step=on_step)
+            on_step=on_step, map_tasks=map_tasks)
         k = choose_k(fitted.k_stability_, cfg.stability_tolerance)  # the largest tied candidate
         tied = tied_candidates(fitted.k_stability_, cfg.stability_tolerance)
         if len(tied) > 1:  # the largest separated one, checked from the top down; none: the largest tied
@@ -703,7 +763,9 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
     Returns
     -------
     FittedClusters
-        Fitted with each map's example (from ``features.parquet``) as its group.
+        Fitted with each map's example (from ``features.parquet``) as its group. On a Dask worker, choosing k
+        runs each candidate's split-half fits as a task of its own across the cluster's workers
+        (:func:`dask_tasks`); elsewhere one after the other.
     """
     from .store import open_embedding
 
@@ -718,7 +780,7 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
             feature_id = group["feature_id"].get_orthogonal_selection((rows,))
         examples = _example_ids(Path(out), np.asarray(feature_id, dtype=np.int64))
     return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
-                        placement=cfg.placement)
+                        placement=cfg.placement, map_tasks=dask_tasks if in_dask_worker() else None)
 
 
 def place_rest(fitted: FittedClusters, z: np.ndarray) -> np.ndarray:

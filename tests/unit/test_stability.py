@@ -342,3 +342,37 @@ def test_tied_candidates_are_those_within_the_tolerance():
                  11: np.array([0.996, 0.996])}
     assert tied_candidates(stability, 0.005) == [4, 8, 11]
     assert tied_candidates({}, 0.005) == []
+
+
+def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_workers(tmp_path):
+    """``fit_from_store`` as a task on a two-worker cluster: each candidate's split-half fits are a task of their
+    own (:func:`attnclust.cluster.dask_tasks`), they run on both workers, and the stability of every candidate and
+    the chosen k are those of the fit in this process."""
+    import zarr
+    from distributed import Client, LocalCluster
+
+    x, _, _ = planted_blobs()
+    n = len(x)
+    group = zarr.open_group(str(tmp_path / "embedding.zarr"), mode="w", zarr_format=3)
+    group.attrs.update({"schema": "attnclust.embedding", "complete": True})
+    group.create_array("embedding", data=x, chunks=(100, x.shape[1]))
+    group.create_array("feature_id", data=np.repeat(np.arange(n // 4), 4).astype(np.int64), chunks=(100,))
+    group.create_array("layer", data=np.zeros(n, np.int16), chunks=(100,))
+    group.create_array("head", data=np.zeros(n, np.int16), chunks=(100,))
+    pd.DataFrame({"feature_id": np.arange(n // 4), "example_id": [f"q{i // 2}" for i in range(n // 4)]}
+                 ).to_parquet(tmp_path / "features.parquet")
+    cfg = AUTO.replace(k_max=8, stability_splits=4)
+    here = fit_from_store(str(tmp_path), cfg)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        client.get_task_stream(start=0)  # start recording
+        there = client.submit(fit_from_store, str(tmp_path), cfg, pure=False).result()
+        stream = client.get_task_stream()
+    scores = [t for t in stream if t["key"].startswith("_split_scores")]
+    candidates = len(range(cfg.k_min, cfg.k_max + 1))
+    assert len(scores) > candidates                                     # every candidate, then the contenders
+    assert len({t["worker"] for t in scores}) == 2, {t["worker"] for t in scores}
+    assert there.k_ == here.k_ == 6
+    assert there.k_stability_.keys() == here.k_stability_.keys()
+    for k in here.k_stability_:
+        np.testing.assert_array_equal(there.k_stability_[k], here.k_stability_[k])
