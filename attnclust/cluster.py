@@ -109,13 +109,18 @@ def serial_tasks(fn: Callable, items: list[tuple], shared: dict, done: Callable[
 def dask_tasks(fn: Callable, items: list[tuple], shared: dict, done: Callable[[int], None]) -> list:
     """:data:`MapTasks` as Dask tasks, from inside a task running on a worker (``distributed.worker_client``: the
     calling task leaves its worker's thread pool while they run, so that worker runs them too). The arrays of
-    ``shared`` are scattered once (from this worker; another fetches them once for all its tasks)."""
-    from distributed import as_completed, worker_client
+    ``shared`` are scattered once (from this worker; another fetches them once for all its tasks). Each task's key
+    starts with the calling task's (``{job id}-cluster-fit``), so the dashboard shows it under the job."""
+    import uuid
 
+    from distributed import as_completed, get_worker, worker_client
+
+    prefix = f"{get_worker().get_current_task()}-{fn.__name__.strip('_').replace('_', '-')}-{uuid.uuid4().hex[:8]}"
     with worker_client() as client:
         sent = {name: client.scatter(value, hash=False) if isinstance(value, np.ndarray) else value
                 for name, value in shared.items()}
-        futures = [client.submit(fn, *item, **sent, pure=False) for item in items]
+        futures = [client.submit(fn, *item, **sent, key=f"{prefix}-{i:04d}", retries=1)
+                   for i, item in enumerate(items)]
         index = {f.key: i for i, f in enumerate(futures)}
         out: list = [None] * len(items)
         for count, future in enumerate(as_completed(futures), 1):

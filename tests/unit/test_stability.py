@@ -366,9 +366,9 @@ def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_wo
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
         client.get_task_stream(start=0)  # start recording
-        there = client.submit(fit_from_store, str(tmp_path), cfg, pure=False).result()
+        there = client.submit(fit_from_store, str(tmp_path), cfg, key="job-x-cluster-fit").result()
         stream = client.get_task_stream()
-    scores = [t for t in stream if t["key"].startswith("_split_scores")]
+    scores = [t for t in stream if t["key"].startswith("job-x-cluster-fit-split-scores-")]  # under the job's name
     candidates = len(range(cfg.k_min, cfg.k_max + 1))
     assert len(scores) > candidates                                     # every candidate, then the contenders
     assert len({t["worker"] for t in scores}) == 2, {t["worker"] for t in scores}
