@@ -158,12 +158,26 @@ class AttentionStore:
         n = int(self.seq_len[feature])
         if self.exact is None:
             return self.read_block(feature, feature + 1)[0, :, :, :n, :n]
+        row = self._exact_row(feature)
+        with self._reading(feature, feature + 1):
+            return self._decode(self.exact[row, :, :, :n, :n], scale=1.0)  # float16 weights, never quantised
+
+    def read_exact_map(self, feature: int, layer: int, head: int) -> np.ndarray:
+        """One map as exact as the store holds it (:meth:`read_exact` of one head, which decodes one layer's
+        chunk instead of the feature's every layer): (query, key) float32 at the feature's true length."""
+        if self.exact is None:
+            return self.read_map(feature, layer, head)
+        n, row = int(self.seq_len[feature]), self._exact_row(feature)
+        with self._reading(feature, feature + 1):
+            return self._decode(self.exact[row, layer, head, :n, :n], scale=1.0)
+
+    def _exact_row(self, feature: int) -> int:
+        """The row of ``feature`` in ``exact``; a feature outside the sample is a :class:`StoreError`."""
         row = int(np.searchsorted(self.exact_features, feature))
         if row >= len(self.exact_features) or int(self.exact_features[row]) != feature:
             raise StoreError(f"store {self.path}: feature {feature} is not in the exact sample (features "
                              f"{_ids_text(self.exact_features)}); read the compact map with read_map or read_block")
-        with self._reading(feature, feature + 1):
-            return self._decode(self.exact[row, :, :, :n, :n], scale=1.0)  # float16 weights, never quantised
+        return row
 
     @property
     def n_features(self) -> int:

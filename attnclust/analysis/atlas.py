@@ -715,7 +715,7 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
         pick = rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]
         acc = np.zeros((grid, grid), dtype=np.float64)
         for f, layer, head in pick:
-            one = store.read_exact(f)[layer, head] if exact else store.read_map(f, layer, head)
+            one = store.read_exact_map(f, layer, head) if exact else store.read_map(f, layer, head)
             acc += pool_maps(one[None], grid=grid, sqrt=False).reshape(grid, grid)
         result[c] = acc / len(pick)
         if sources is not None:

@@ -438,3 +438,19 @@ def test_the_note_names_the_key_cap(tmp_path):
     assert note.startswith("The attention store is compact: each query row keeps only its largest weights (holding "
                            "0.95 of the row, at most 11 of them), so maps drawn from it are approximate.")
     assert "compact maps: cluster mean maps, medoid maps" in note
+
+
+def test_read_exact_map_is_one_head_of_read_exact(tmp_path):
+    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(5), n_features=5, n_layers=2,
+                                  n_heads=3, lengths=(6, 20))
+    full = open_attention_store(RunLayout(planted.root).attention)
+    for f in range(5):                                                  # a full store: its own maps
+        np.testing.assert_array_equal(full.read_exact_map(f, 1, 2), full.read_map(f, 1, 2))
+    write_compact_decoy(planted.root, [0, 3])
+    store = open_attention_store(RunLayout(planted.root).attention)
+    for f in (0, 3):
+        for layer in range(2):
+            for head in range(3):
+                np.testing.assert_array_equal(store.read_exact_map(f, layer, head), store.read_exact(f)[layer, head])
+    with pytest.raises(StoreError, match=r"feature 2 is not in the exact sample"):
+        store.read_exact_map(2, 0, 0)
