@@ -242,19 +242,26 @@ def test_a_refit_keeps_the_stability_of_the_cluster_it_matches():
     np.testing.assert_allclose(fitted.cluster_dissolved_, order / 10)
 
 
-def test_fit_from_store_splits_by_example(tmp_path):
+def _blob_embedding(root) -> int:
+    """Write :func:`planted_blobs` as ``embedding.zarr`` (4 maps a feature) and ``features.parquet`` (2 features an
+    example) in ``root``; return the number of maps."""
     import zarr
 
     x, _, _ = planted_blobs()
-    n = len(x)  # 560 maps = 140 features of 4 maps; 2 features per example
-    group = zarr.open_group(str(tmp_path / "embedding.zarr"), mode="w", zarr_format=3)
+    n = len(x)
+    group = zarr.open_group(str(root / "embedding.zarr"), mode="w", zarr_format=3)
     group.attrs.update({"schema": "attnclust.embedding", "complete": True})
     group.create_array("embedding", data=x, chunks=(100, x.shape[1]))
     group.create_array("feature_id", data=np.repeat(np.arange(n // 4), 4).astype(np.int64), chunks=(100,))
     group.create_array("layer", data=np.zeros(n, np.int16), chunks=(100,))
     group.create_array("head", data=np.zeros(n, np.int16), chunks=(100,))
     pd.DataFrame({"feature_id": np.arange(n // 4), "example_id": [f"q{i // 2}" for i in range(n // 4)]}
-                 ).to_parquet(tmp_path / "features.parquet")
+                 ).to_parquet(root / "features.parquet")
+    return n
+
+
+def test_fit_from_store_splits_by_example(tmp_path):
+    n = _blob_embedding(tmp_path)  # 560 maps = 140 features of 4 maps; 2 features per example
     fitted = fit_from_store(str(tmp_path), ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=2))
     assert fitted.stability_maps_ == n and fitted.stability_examples_ == n // 8
     pd.DataFrame({"feature_id": np.arange(10), "example_id": ["q"] * 10}).to_parquet(tmp_path / "features.parquet")
@@ -348,19 +355,9 @@ def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_wo
     """``fit_from_store`` as a task on a two-worker cluster: each candidate's split-half fits are a task of their
     own (:func:`attnclust.cluster.dask_tasks`), they run on both workers, and the stability of every candidate and
     the chosen k are those of the fit in this process."""
-    import zarr
     from distributed import Client, LocalCluster
 
-    x, _, _ = planted_blobs()
-    n = len(x)
-    group = zarr.open_group(str(tmp_path / "embedding.zarr"), mode="w", zarr_format=3)
-    group.attrs.update({"schema": "attnclust.embedding", "complete": True})
-    group.create_array("embedding", data=x, chunks=(100, x.shape[1]))
-    group.create_array("feature_id", data=np.repeat(np.arange(n // 4), 4).astype(np.int64), chunks=(100,))
-    group.create_array("layer", data=np.zeros(n, np.int16), chunks=(100,))
-    group.create_array("head", data=np.zeros(n, np.int16), chunks=(100,))
-    pd.DataFrame({"feature_id": np.arange(n // 4), "example_id": [f"q{i // 2}" for i in range(n // 4)]}
-                 ).to_parquet(tmp_path / "features.parquet")
+    _blob_embedding(tmp_path)
     cfg = AUTO.replace(k_max=8, stability_splits=4)
     here = fit_from_store(str(tmp_path), cfg)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
