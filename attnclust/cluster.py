@@ -5,8 +5,9 @@ Fitting happens on samples (``fit_sample`` maps for PCA and KMeans, ``stability_
 for the per-cluster stability, ``silhouette_sample`` for the silhouette kept for reference, ``umap_sample`` for
 UMAP), in one Dask task, which runs the split-half fits of each candidate k as tasks of their own across the workers
 (they are independent: :func:`dask_tasks`); assigning labels, centroid distances and UMAP coordinates to every map
-runs in tasks of whole embedding chunks (:data:`attnclust.stages.cluster.ASSIGN_ROWS` maps or more each). Estimators come from :mod:`attnclust.backend` factories, so the same code
-drives scikit-learn/umap-learn on CPU and cuML on GPU. A fixed ``random_state`` gives the same labels.
+runs in tasks of whole embedding chunks (:data:`attnclust.stages.cluster.ASSIGN_ROWS` maps or more each). Estimators
+come from :mod:`attnclust.backend` factories, so the same code drives scikit-learn/umap-learn on CPU and cuML on
+GPU. A fixed ``random_state`` gives the same labels.
 
 Every KMeans keeps the best of ``n_init`` k-means++ restarts. On the demo (14,040 maps, PCA 50, k = 8 or 9) about
 one restart in five lands within ARI 0.95 of the lowest-inertia partition, the others 0.56-0.9 from it: with 4
@@ -138,6 +139,7 @@ def in_dask_worker() -> bool:
     except (ImportError, ValueError):
         return False
     return True
+
 
 Placement = Literal["knn", "umap"]
 """How maps outside the UMAP sample are placed: ``knn`` (:class:`attnclust.placement.KnnPlacer`) or ``umap`` (the
