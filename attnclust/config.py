@@ -165,7 +165,9 @@ class ExtractConfig(_Model):
         ``exact_feature``): evenly spaced along the store's order (by length, so from the shortest feature to the
         longest), the same for the same data. The analyses that need exact maps (head distances, syntax, answer
         attention, retrieval heads) read only these on a compact store, and the explorer shows them exactly. ``0``:
-        none (those analyses then read the compact maps, and say so).
+        none (those analyses then read the compact maps, and say so). With ``compact_max_keys: null`` the sample
+        takes at most a third of ``store_budget_gb``: fewer features when theirs would take more (the pre-flight
+        line says so).
     compact_mass
         Share of each query row's attention mass a compact store keeps (0 < mass <= 1).
     compact_max_keys
