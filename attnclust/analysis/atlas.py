@@ -707,9 +707,10 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
         if on_step is not None:
             on_step("mean maps", c, k, "clusters")
         rows = maps.loc[maps["cluster"] == c, KEYS].to_numpy()
-        exact = sampled is not None and np.isin(rows[:, 0], sampled).any()
+        in_sample = np.isin(rows[:, 0], sampled) if sampled is not None else np.zeros(len(rows), bool)
+        exact = bool(in_sample.any())
         if exact:  # the cluster's maps in the exact sample
-            rows = rows[np.isin(rows[:, 0], sampled)]
+            rows = rows[in_sample]
         if not len(rows):
             continue
         pick = rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]

@@ -248,7 +248,7 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
     import torch
 
     xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # (sample, dim + 1)
-    n, d = xb.shape
+    d = xb.shape[1]
     theta = torch.zeros(targets.shape[0], d, dtype=x.dtype)
     reg = torch.full((d,), 1.0 / c, dtype=x.dtype)
     reg[-1] = 1e-10  # the intercept is not penalised (a tiny ridge keeps the step defined)

@@ -345,9 +345,7 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
         ran = record.get("blocks", 0) - record.get("blocks_resumed", 0)  # tasks that loaded the model
         later = stages[stages.index(stage) + 1:]
         if stage.loads_model and ran > 0 and any(s.name in selected for s in later):  # idle, they would keep it
-            restart = getattr(ctx.executor, "restart_workers", None)
-            if restart is not None:
-                restart()
+            ctx.executor.restart_workers()
     return results
 
 

@@ -59,6 +59,10 @@ class SerialExecutor:
         """An object every block receives (scattered to every worker on Dask)."""
         return obj
 
+    def restart_workers(self) -> bool:
+        """Nothing to restart in this process (:meth:`DaskExecutor.restart_workers`): False."""
+        return False
+
 
 class DaskExecutor:
     """Runs blocks as Dask tasks keyed ``{job_id}-{stage}-{block:06d}`` (the dashboard groups them by job).
@@ -90,9 +94,9 @@ class DaskExecutor:
         (~0.75 GB resident after ``import torch``), the model, the heap they used. Idle through the later stages,
         they kept ~1.9 GB each in the SQuAD2-dev-sized run, the largest part of its peak (7.06 GB summed RSS, in
         the report stage; 4.91 GB with this restart, then in extraction). A restarted worker holds only what the
-        later stages import (0.15-0.5 GB there). No task runs between
-        stages and the stages exchange files, not Dask data, so nothing is lost. The new worker processes ignore
-        Ctrl-C, as the first ones do (:func:`attnclust.runtime.dask_client`).
+        later stages import (0.15-0.5 GB there). No task runs between stages and the stages exchange files, not
+        Dask data, so nothing is lost. The new worker processes ignore Ctrl-C, as the first ones do
+        (:func:`attnclust.runtime.dask_client`).
 
         Returns
         -------
