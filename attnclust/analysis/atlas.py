@@ -533,7 +533,7 @@ def _layer_spans(maps: pd.DataFrame) -> dict[int, tuple[int, int]]:
 
 
 def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd.Series | None = None,
-                  causal: bool = False) -> pd.DataFrame:
+                  causal: bool = False, exact_features: np.ndarray | None = None) -> pd.DataFrame:
     """One row per cluster: size, share, medoid map, mean statistics, top heads, type, description, lengths.
 
     Parameters
@@ -549,6 +549,10 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         :func:`segment_chance` by ``feature_id``: the baseline that tells a block from broad attention.
     causal
         The maps are a causal model's (:func:`name_clusters`).
+    exact_features : numpy.ndarray, optional
+        A compact store's exact sample (feature ids). Each cluster's medoid is then the map nearest its centroid
+        among those of these features, whose map can be read exact (:func:`medoid_maps`); a cluster without any
+        there keeps its medoid among all its maps. None (a full store): among all its maps.
 
     Returns
     -------
@@ -567,7 +571,7 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         n = maps["seq_len"].to_numpy(np.float64)
         means["local_chance"] = pd.Series(local_keys(n) / n ** 2, index=maps.index).groupby(
             maps["cluster"]).mean().reindex(range(k))
-    medoid_rows = maps.loc[grouped["centroid_dist"].idxmin()].set_index("cluster")
+    medoid_rows = _medoid_rows(maps, exact_features)
     table = pd.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": size.to_numpy(np.int64),
                           "share": (size / max(len(maps), 1)).to_numpy(np.float32)})
     table["medoid_feature_id"] = medoid_rows["feature_id"].reindex(range(k)).fillna(-1).to_numpy(np.int64)
@@ -597,6 +601,19 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         for col in view.columns:
             table[col] = view[col].to_numpy()
     return table
+
+
+def _medoid_rows(maps: pd.DataFrame, exact_features: np.ndarray | None) -> pd.DataFrame:
+    """Each cluster's map nearest its centroid (indexed by cluster): among those of ``exact_features`` where the
+    cluster has any (:func:`cluster_table`), else among all its maps."""
+    medoids = maps.loc[maps.groupby("cluster")["centroid_dist"].idxmin()].set_index("cluster")
+    if exact_features is None:
+        return medoids
+    inside = maps[maps["feature_id"].isin(exact_features)]
+    if not len(inside):
+        return medoids
+    sampled = inside.loc[inside.groupby("cluster")["centroid_dist"].idxmin()].set_index("cluster")
+    return pd.concat([sampled, medoids.drop(index=sampled.index)]).sort_index()
 
 
 def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int,
@@ -642,8 +659,10 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
             "centroid_dist", *stat_columns()]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
+    store = open_attention_store(layout.attention) if layout.attention.exists() else None
     clusters = cluster_table(maps, heads, k, chance=segment_chance(features),
-                             causal="part" in features.columns)  # a causal model's features label their parts
+                             causal="part" in features.columns,  # a causal model's features label their parts
+                             exact_features=None if store is None or store.exact is None else store.exact_ids())
     stability = read_stability(layout, k, min_stability=min_stability)
     if stability is not None:
         clusters = clusters.join(stability, on="cluster")
@@ -726,15 +745,25 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
     return result
 
 
-def medoid_maps(layout: RunLayout, clusters: pd.DataFrame, features: pd.DataFrame) -> dict[int, tuple]:
-    """Cluster id -> (medoid map (n, n) at its true length, its n tokens)."""
+def medoid_maps(layout: RunLayout, clusters: pd.DataFrame, features: pd.DataFrame, *,
+                sources: dict[int, str] | None = None) -> dict[int, tuple]:
+    """Cluster id -> (medoid map (n, n) at its true length, its n tokens).
+
+    On a compact store a medoid of the exact sample's features (:func:`cluster_table` picks one wherever the
+    cluster has maps there) is read exact, any other from the compact maps. ``sources``, when given, is filled
+    with cluster -> ``full``, ``exact sample`` or ``compact`` (:data:`attnclust.store.MAP_SOURCES`).
+    """
     store = open_attention_store(layout.attention)
+    sampled = store.exact_ids() if store.exact is not None else np.zeros(0, np.int64)
     tokens = features.set_index("feature_id")["tokens"]
     result = {}
     for row in clusters.itertuples():
         if row.medoid_feature_id < 0:
             continue
-        f = int(row.medoid_feature_id)
-        result[int(row.cluster)] = (store.read_map(f, int(row.medoid_layer), int(row.medoid_head)),
-                                    list(tokens.loc[f]))
+        f, c = int(row.medoid_feature_id), int(row.cluster)
+        exact = bool(np.isin(f, sampled))
+        read = store.read_exact_map if exact else store.read_map
+        result[c] = (read(f, int(row.medoid_layer), int(row.medoid_head)), list(tokens.loc[f]))
+        if sources is not None:
+            sources[c] = "exact sample" if exact else store.mode
     return result

@@ -154,13 +154,15 @@ class ReportStage(Stage):
             head_layout = compute_head_layout(open_attention_store(layout.attention),
                                               random_state=cfg.cluster.random_state, on_step=bars)
             atomic_write_parquet(head_layout, layout.head_layout)
+            medoid_sources: dict[int, str] = {}
+            medoids = medoid_maps(layout, clusters, readable_tokens(features), sources=medoid_sources)
             store = open_attention_store(layout.attention)
             if store.mode != "full":  # say which maps each analysis read (their tables' attrs say it too)
                 clustering = ctx.records.get("featurize", {}).get("map_source")
                 notes.append(map_source_note(store, {**({"clustering": clustering} if clustering else {}),
                                                      **heads.attrs.get("map_source", {}),
                                                      **head_layout.attrs.get("map_source", {})},
-                                             mean_maps=mean_sources))
+                                             mean_maps=mean_sources, medoids=medoid_sources))
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
 
@@ -169,8 +171,7 @@ class ReportStage(Stage):
                                           examples=examples)
             inputs = ReportInputs(
                 title=cfg.report.title or f"attnclust atlas: {cfg.name}", maps=maps, heads=heads,
-                clusters=clusters, mean_maps=mean_maps,
-                medoids=medoid_maps(layout, clusters, readable_tokens(features)),
+                clusters=clusters, mean_maps=mean_maps, medoids=medoids,
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
@@ -190,27 +191,30 @@ def _clusters(n: int) -> str:
     return f"{n:,} cluster{'s' if n != 1 else ''}"
 
 
-def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str] | None = None) -> str:
+def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str] | None = None,
+                    medoids: dict[int, str] | None = None) -> str:
     """The report's note on a compact store: which maps each analysis read (``sources``: analysis -> ``full``,
     ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them), and the compact rows' mass
-    and key cap. The cluster mean maps read what ``mean_maps`` says (cluster -> source,
-    :func:`~attnclust.analysis.atlas.cluster_mean_maps`; ``None``: the compact ones); medoids and the embedded
-    question maps are the compact ones."""
+    and key cap. The cluster mean maps and medoids read what ``mean_maps`` and ``medoids`` say (cluster -> source,
+    :func:`~attnclust.analysis.atlas.cluster_mean_maps`, :func:`~attnclust.analysis.atlas.medoid_maps`; ``None``:
+    the compact ones); the embedded question maps are the compact ones."""
     compact = store.attrs.get("compact") or {}
     mass, cap = compact.get("mass"), compact.get("max_keys")
     groups: dict[str, list[str]] = {"exact sample": [], "compact": [], "full": []}
     for name, source in sources.items():
         groups[source].append(name.replace("_", " "))
-    means = set((mean_maps or {}).values()) or {"compact"}
-    if means == {"exact sample"}:
-        groups["exact sample"].append("cluster mean maps")
-    elif "exact sample" in means:
-        count = {s: sum(v == s for v in mean_maps.values()) for s in ("exact sample", "compact")}
-        groups["exact sample"].append(f"the mean maps of {_clusters(count['exact sample'])}")
-        groups["compact"].append(f"the mean maps of {_clusters(count['compact'])} without maps in the sample")
-    else:
-        groups["compact"].append("cluster mean maps")
-    groups["compact"] += ["medoid maps", "the question maps of this page"]
+    per_cluster = {"cluster mean maps": ("the mean maps", mean_maps), "medoid maps": ("the medoids", medoids)}
+    for what, (of, read) in per_cluster.items():
+        found = set((read or {}).values()) or {"compact"}
+        if found == {"exact sample"}:
+            groups["exact sample"].append(what)
+        elif "exact sample" in found:
+            count = {s: sum(v == s for v in read.values()) for s in ("exact sample", "compact")}
+            groups["exact sample"].append(f"{of} of {_clusters(count['exact sample'])}")
+            groups["compact"].append(f"{of} of {_clusters(count['compact'])} without maps in the sample")
+        else:
+            groups["compact"].append(what)
+    groups["compact"].append("the question maps of this page")
     n = len(store.exact_features) if store.exact is not None else 0
     said = {"exact sample": f"exact maps of the store's sample of {n:,} features",
             "compact": "compact maps",

@@ -175,6 +175,28 @@ def test_a_weak_trait_reads_like_a_strong_one_and_both_get_their_next_trait():
                      "mixed: partly [CLS] (30% of mass); also next token (14%)"]
 
 
+def test_a_compact_stores_medoid_is_the_nearest_map_of_its_exact_sample():
+    """With a compact store's exact sample, each cluster's medoid is its map nearest the centroid among the sample's
+    features (a loop over the rows), or among all its maps when none is in the sample."""
+    maps, features = planted_run(("previous", "cls", "sep"), per_cluster=8, seed=3)
+    k = 3
+    anywhere = cluster_table(maps, head_table(maps, k), k)
+    nearest = set(anywhere["medoid_feature_id"])
+    # clusters 0 and 1 (features 0-15) each have 3 sampled maps, none of them the nearest of all; cluster 2 none
+    sample = np.array([f for f in range(16) if f not in nearest][::2][:6], np.int64)
+    got = cluster_table(maps, head_table(maps, k), k, exact_features=sample)
+    for c in range(k):
+        rows = [r for r in maps.itertuples() if r.cluster == c]
+        inside = [r for r in rows if r.feature_id in set(sample.tolist())]
+        best = min(inside or rows, key=lambda r: r.centroid_dist)
+        assert tuple(got.loc[c, ["medoid_feature_id", "medoid_layer", "medoid_head"]]) == (
+            best.feature_id, best.layer, best.head)
+    changed = got["medoid_feature_id"].to_numpy() != anywhere["medoid_feature_id"].to_numpy()
+    assert changed.tolist() == [True, True, False]
+    pd.testing.assert_frame_equal(got.drop(columns=["medoid_feature_id", "medoid_layer", "medoid_head"]),
+                                  anywhere.drop(columns=["medoid_feature_id", "medoid_layer", "medoid_head"]))
+
+
 def test_type_thresholds():
     base = dict.fromkeys(stat_columns(), 0.0) | {"entropy_norm": 0.6, "own_segment": 0.7, "mean_offset": 3.0,
                                                  "segment_chance": 0.68}

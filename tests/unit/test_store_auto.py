@@ -333,6 +333,14 @@ def test_the_report_states_each_analysis_map_source(planted_qa):
     html = layout.report.read_text()
     assert "The attention store is compact" in html and "exact maps of the store&#39;s sample of 5 features" in html
     assert "computed from every exact map at extraction: clustering, " in html     # profile: the stored vectors
+    maps, clusters = pd.read_parquet(layout.table("maps")), pd.read_parquet(layout.table("clusters"))
+    sample = maps["feature_id"].isin(exact_sample_ids(12, 5))
+    assert set(maps.loc[sample, "cluster"]) == {0, 1}                          # each cluster has sampled maps ...
+    for c in (0, 1):                                                          # ... so its medoid is one of them
+        nearest = maps[sample & (maps["cluster"] == c)].nsmallest(1, "centroid_dist").iloc[0]
+        assert clusters.loc[c, "medoid_feature_id"] == nearest["feature_id"]
+    exact_part = html.split("exact maps of the store&#39;s sample of 5 features: ")[1].split("; from")[0]
+    assert "cluster mean maps" in exact_part and "medoid maps" in exact_part
     from attnclust.store import open_embedding
 
     assert open_embedding(store.root).attrs["map_source"] == "full"
@@ -427,6 +435,34 @@ def test_cluster_mean_maps_read_the_exact_sample_of_a_compact_store(tmp_path):
     note = map_source_note(open_attention_store(layout.attention), {}, mean_maps=sources)
     assert "from exact maps of the store's sample of 3 features: the mean maps of 2 clusters" in note
     assert "compact maps: the mean maps of 1 cluster without maps in the sample, medoid maps" in note
+
+
+def test_medoid_maps_read_the_exact_sample_of_a_compact_store(tmp_path):
+    """A medoid of the sample's features is read exact (the full store's map), any other from the decoy's compact
+    maps (uniform); the note says which."""
+    from attnclust.analysis.atlas import medoid_maps
+
+    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(3), n_features=6, n_layers=1,
+                                  n_heads=2, lengths=(10, 30), kinds=("previous", "cls"), shuffle_heads=False)
+    layout = RunLayout(planted.root)
+    seq_len = open_attention_store(layout.attention).seq_len
+    features = pd.DataFrame({"feature_id": range(6), "tokens": [[f"t{i}" for i in range(int(n))] for n in seq_len]})
+    clusters = pd.DataFrame({"cluster": [0, 1, 2], "medoid_feature_id": [1, 4, 2], "medoid_layer": 0,
+                             "medoid_head": [0, 1, 1]})
+    full = medoid_maps(layout, clusters, features)
+    write_compact_decoy(planted.root, [1, 4])
+    sources: dict[int, str] = {}
+    got = medoid_maps(layout, clusters, features, sources=sources)
+    assert sources == {0: "exact sample", 1: "exact sample", 2: "compact"}
+    for c in (0, 1):
+        np.testing.assert_array_equal(got[c][0], full[c][0])             # the planted maps, float16 as stored
+        assert got[c][1] == full[c][1]
+    n = int(seq_len[2])
+    np.testing.assert_allclose(got[2][0], np.full((n, n), 1 / n), atol=1 / 255)   # the decoy
+    assert not np.allclose(full[2][0], 1 / n)
+    note = map_source_note(open_attention_store(layout.attention), {}, medoids=sources)
+    assert "the medoids of 2 clusters" in note.split("; from compact maps")[0]
+    assert "compact maps: cluster mean maps, the medoids of 1 cluster without maps in the sample" in note
 
 
 def test_the_note_names_the_key_cap(tmp_path):
