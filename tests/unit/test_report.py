@@ -289,3 +289,22 @@ def test_the_methods_page_is_the_reports_last_section_and_the_syntax_section_lin
     assert "(syntax)=" not in "".join(body for _, _, body in blocks)  # MyST targets stay out of the report
     template = (METHODS_PAGE.parent / "templates" / "syntax.html.j2").read_text()
     assert 'href="#{{ methods }}"' in template
+
+
+def _glued_sentences(html: str) -> list[str]:
+    """Places in the page's visible text where a sentence ends and the next starts without a space."""
+    text = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    text = re.sub(r"<[^>]+>", "\n", text)
+    return re.findall(r"\w{2}[.!?][A-Z][a-z]+", text)
+
+
+@pytest.mark.parametrize("text_in_cells", [True, False])
+def test_no_two_sentences_of_the_page_are_glued(inputs: ReportInputs, monkeypatch, text_in_cells) -> None:
+    """Template text either side of a block tag keeps its space (the grid's caption, numbers in cells or not)."""
+    from attnclust.report import sections
+
+    monkeypatch.setattr(sections, "GRID_TEXT_MAX", 100 if text_in_cells else 0)
+    page = render_report(inputs)
+    assert ("Each cell shows" in page) == text_in_cells
+    assert _glued_sentences(page) == []
+    assert _glued_sentences("<p>purity.Click a cell</p>") == ["ty.Click"]
