@@ -19,7 +19,12 @@ transformers' GGUF loader (which needs the ``gguf`` package). As for encoders, n
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +45,9 @@ __all__ = ["PACKAGED_CAUSAL", "causal_forward", "gguf_identity", "gguf_location"
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # how transformers names the architectures of causal LMs
 _KINDS: dict[tuple, str] = {}
 _KINDS_LOCK = threading.Lock()
+GGUF_BAR = "de-quantizing GGUF tensors"
+"""Words of the progress bar that transformers' GGUF loader draws with tqdm of its own (not silenced by
+:func:`~attnclust.modeling.quiet_transformers`)."""
 
 
 def _config_kind(doc: Any) -> str:
@@ -109,6 +117,24 @@ def _read_config(cfg: ModelConfig, source: str) -> Any:
     return config.to_dict()
 
 
+@contextlib.contextmanager
+def without_gguf_bar() -> Iterator[None]:
+    """Hold ``sys.stderr`` while a causal model loads and pass on all but the GGUF loader's progress bar
+    (:data:`GGUF_BAR`).
+
+    Each Dask worker loads the model, so the bar (one per worker, redrawn ~270 times) would interleave with the
+    driver's progress bars on the terminal the workers share.
+    """
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        rest = [line for line in re.split(r"[\r\n]+", held.getvalue()) if line.strip() and GGUF_BAR not in line]
+        if rest:
+            sys.stderr.write("\n".join(rest) + "\n")
+
+
 def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = True):
     """Load a causal LM afresh (no cache; :func:`attnclust.models.get_model` caches): eager attention, eval mode.
 
@@ -138,7 +164,7 @@ def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = Tr
     source = resolve_model_path(cfg)
     cache_only = _cache_only_reason(source)
     try:
-        with _from_hub(cache_only) as hub:
+        with _from_hub(cache_only) as hub, without_gguf_bar():
             model = AutoModelForCausalLM.from_pretrained(
                 source, revision=cfg.revision, trust_remote_code=False, **source_kwargs(cfg),
                 **({"attn_implementation": "eager"} if eager else {}), **hub)

