@@ -47,6 +47,8 @@ HEAD_LAYOUT_COLUMNS = ("layer", "head", "x", "y", "mean_distance", "nearest_laye
 _LN2 = math.log(2.0)
 _PAIR_CHUNK = 1 << 22
 """Elements (pairs x rows x keys) of one chunk of head pairs in :func:`js_between_heads` (16 MiB of float32)."""
+_ROW_GROUPS = 8
+"""Groups of query rows by reach in :func:`js_between_heads`: a causal map's rows cost (1 + 1/8) / 2 of full rows."""
 
 
 def _torch():
@@ -89,7 +91,12 @@ def _js_distance(h_p, h_q, m):
 def js_between_heads(maps, *, rows: np.ndarray | None = None) -> np.ndarray:
     """Distances between every pair of heads of one feature: the mean over query rows of the rows' JS distance.
 
-    All pairs are computed together, in chunks of pairs (vectorised over pairs, rows and keys).
+    All pairs are computed together, in chunks of pairs (vectorised over pairs, rows and keys). Keys where every
+    head's row is zero add nothing to any pair's divergence (both smoothed rows hold ``SMOOTHING / n`` there, and
+    so does their mean): each row is cropped to the last key any head attends to (not cropped where some head's
+    row is empty: smoothed, it is uniform). The rows go in up to
+    :data:`_ROW_GROUPS` groups of similar reach, each cropped to its longest; a causal model's row ``i`` reaches
+    key ``i``, so its pairs cost about half of an encoder's.
 
     Parameters
     ----------
@@ -107,19 +114,38 @@ def js_between_heads(maps, *, rows: np.ndarray | None = None) -> np.ndarray:
     a = torch.as_tensor(np.asarray(maps) if not isinstance(maps, torch.Tensor) else maps)
     if rows is not None:
         a = a[:, torch.as_tensor(np.asarray(rows, dtype=np.int64))]
-    a = smooth_rows(a).contiguous()
+    n_heads, n_rows, n = a.shape
+    attended = (a != 0).any(0)  # (query, key): some head attends there
+    reach = np.where(attended.any(-1).numpy(), n - attended.flip(-1).int().argmax(-1).numpy(), 0)
+    reach[(a.sum(-1) <= 0).any(0).numpy()] = n  # a head's empty row becomes uniform: 1 / n on every key
+    a = smooth_rows(a)
+    total = np.zeros(len(np.triu_indices(n_heads, 1)[0]), dtype=np.float64)
+    order = np.argsort(reach, kind="stable")
+    for group in np.array_split(order, min(_ROW_GROUPS, max(n_rows, 1))):
+        width = int(reach[group].max()) if len(group) else 0
+        if width:
+            total += _pair_sums(a[:, torch.from_numpy(group), :width].contiguous())
+    out = np.zeros((n_heads, n_heads), dtype=np.float64)
+    out[np.triu_indices(n_heads, 1)] = total / max(n_rows, 1)
+    return out + out.T
+
+
+def _pair_sums(a) -> np.ndarray:
+    """For smoothed rows ``a`` (head, query, key): each pair of heads' (upper triangle, row-major) sum over the
+    rows of the rows' JS distance."""
+    torch = _torch()
     n_heads = a.shape[0]
     h = torch.special.xlogy(a, a).sum(-1)  # (head, query)
-    out = np.zeros((n_heads, n_heads), dtype=np.float64)
     first, second = np.triu_indices(n_heads, 1)
+    out = np.zeros(len(first), dtype=np.float64)
     # a few large operations over chunks of pairs, not one small one per head: small parallel operations stall
     # on a busy machine (each waits for every thread)
     step = max(1, _PAIR_CHUNK // max(a.shape[1] * a.shape[2], 1))
     for s in range(0, len(first), step):
         i, j = torch.from_numpy(first[s:s + step]), torch.from_numpy(second[s:s + step])
         m = torch.index_select(a, 0, i).add_(torch.index_select(a, 0, j)).mul_(0.5)
-        out[first[s:s + step], second[s:s + step]] = _js_distance(h[i], h[j], m).mean(-1).double().numpy()
-    return out + out.T
+        out[s:s + step] = _js_distance(h[i], h[j], m).sum(-1).double().numpy()
+    return out
 
 
 def js_between_maps(a, b) -> np.ndarray:

@@ -56,6 +56,23 @@ def test_vectorised_distances_equal_a_brute_force_double_loop_with_scipy():
     np.testing.assert_allclose(js_between_heads(maps, rows=rows), _brute_heads(maps, rows), atol=2e-5)
 
 
+def test_causal_maps_and_keys_no_head_attends_equal_the_brute_force():
+    """Rows are cropped to the last key some head attends to (a causal row ``i``: key ``i``): the same distances
+    as the double loop over full rows, for every row and for a sample of rows in any order."""
+    rng = np.random.default_rng(4)
+    causal = np.tril(_random_maps(rng, 5, 17, zeros=False))
+    causal[:, 3] = 0.0                                   # a row no head attends from
+    causal[1, 9] = 0.0                                   # one head's empty row among others' (uniform after smoothing)
+    np.testing.assert_allclose(js_between_heads(causal), _brute_heads(causal), atol=2e-5)
+    rows = np.array([16, 0, 3, 9, 5, 12])
+    np.testing.assert_allclose(js_between_heads(causal, rows=rows), _brute_heads(causal, rows), atol=2e-5)
+    padded = _random_maps(rng, 4, 12)
+    padded[:, :, 8:] = 0.0                               # keys no head attends to, in every row
+    padded[2, :, 7] = 0.0
+    np.testing.assert_allclose(js_between_heads(padded), _brute_heads(padded), atol=2e-5)
+    assert js_between_heads(causal).min() == 0.0 and js_between_heads(causal)[0, 2] > 0.05
+
+
 def test_distance_between_corresponding_maps_equals_scipy():
     rng = np.random.default_rng(1)
     a, b = _random_maps(rng, 3, 9), _random_maps(rng, 3, 9)
