@@ -501,19 +501,25 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
     -------
     dict or None
         The context of ``head_analyses.html.j2``: ``analyses`` (``name``, ``description``, ``unit``,
-        ``unit_label``, ``figures`` with ``column``, ``src`` (``None`` when the column has no number)); ``None``
+        ``unit_label``, ``figures`` with ``column``, ``src`` (``None`` when the column has no number)) and
+        ``unmeasured`` (``name``, ``description``, ``columns``: the analyses none of whose number columns has a
+        value, e.g. a decoder's on an encoder; their flags, False for every head, are not drawn either); ``None``
         when no registered analysis has a column in the heads table. Text columns get no heatmap.
     """
     heads = inputs.heads
-    analyses = []
+    analyses, unmeasured = [], []
     for analysis in HEAD_ANALYSES.values():
         columns = [c for c in analysis.columns if c in heads.columns
                    and not pd.api.types.is_string_dtype(heads[c])]  # text columns (e.g. ``roles``): no heatmap
         if not columns:
             continue
+        matrices = {column: head_matrix(heads, column) for column in columns}
+        numbers = [c for c in columns if not pd.api.types.is_bool_dtype(heads[c])]
+        if numbers and not any(np.isfinite(matrices[c][2]).any() for c in numbers):
+            unmeasured.append({"name": analysis.name, "description": analysis.description, "columns": columns})
+            continue
         figures = []
-        for column in columns:
-            layers, head_ids, values = head_matrix(heads, column)
+        for column, (layers, head_ids, values) in matrices.items():
             src = None
             if np.isfinite(values).any():
                 annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
@@ -522,7 +528,7 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
             figures.append({"column": column, "src": src})
         analyses.append({"name": analysis.name, "description": analysis.description, "unit": analysis.unit,
                          "unit_label": unit_label(analysis.unit), "figures": figures})
-    return {"analyses": analyses} if analyses else None
+    return {"analyses": analyses, "unmeasured": unmeasured} if analyses or unmeasured else None
 
 
 @report_section("k", title="Choice of k", order=700, template="k.html.j2")

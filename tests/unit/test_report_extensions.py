@@ -146,8 +146,25 @@ def test_no_head_analysis_no_section() -> None:
 def test_head_analysis_column_without_numbers_is_said(toys) -> None:
     report = render_report(_inputs(extra_head_columns={TOY_COLUMN: np.full(N_LAYERS * N_HEADS, np.nan)}))
     section = _section(report, "head_analyses")
-    assert f"<code>{TOY_COLUMN}</code>: no numeric values" in section
+    assert "<h3>Not measured in this run</h3>" in section
+    assert f"<li><b>{TOY_ANALYSIS}</b> (<code>{TOY_COLUMN}</code>): {TOY_ANALYSIS_DESCRIPTION}</li>" in section
     assert "<img" not in section
+
+
+def test_an_analysis_not_measured_draws_no_flag_of_false(toys) -> None:
+    """A decoder's induction analysis on an encoder: NaN numbers and a flag False for every head. The flag is not
+    drawn as a heatmap of zeros (it would read as "no induction head"); the analysis is listed as not measured.
+    One of its numbers measured: every column is drawn."""
+    n = N_LAYERS * N_HEADS
+    nan = {"induction": np.full(n, np.nan), "induction_q": np.full(n, np.nan), "induction_head": np.zeros(n, bool)}
+    section = _section(render_report(_inputs(extra_head_columns=nan)), "head_analyses")
+    assert "<li><b>induction</b> (<code>induction, induction_q, induction_head</code>): " in section
+    assert "<h3>induction</h3>" not in section and "heatmap of induction_head" not in section
+    measured = {**nan, "induction": np.linspace(0, 1, n)}
+    section = _section(render_report(_inputs(extra_head_columns=measured)), "head_analyses")
+    assert "<h3>induction</h3>" in section and "Not measured" not in section
+    assert 'alt="induction: layer x head heatmap of induction_head"' in section
+    assert "<code>induction_q</code>: no numeric values" in section
 
 
 def test_registered_text_is_escaped() -> None:
