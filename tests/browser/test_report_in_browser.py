@@ -186,3 +186,32 @@ def test_all_visible_text_has_enough_contrast(page, demo_run):
     expect(page.locator("#head-panel")).to_be_visible()
     result = contrast_failures(page)
     assert result["failures"] == [], f"head panel open: {result['failures'][:6]}"
+
+
+@pytest.mark.parametrize("width", [420, 1440])
+def test_the_statistics_table_breaks_no_number_or_name_inside_a_word(browser, demo_run, width):
+    """Each number of the per-cluster statistics is on one line and each header breaks only after an underscore;
+    the table scrolls inside its box instead (the page's text may break anywhere, tables not)."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, device_scale_factor=1)
+    try:
+        page = context.new_page()
+        open_report(page, demo_run)
+        broken = page.evaluate("""() => {
+            const lines = (node, start, end) => {
+                const r = document.createRange(); r.setStart(node, start); r.setEnd(node, end);
+                return new Set(Array.from(r.getClientRects()).map(b => Math.round(b.top))).size; };
+            const out = [];
+            document.querySelectorAll('#stats table th, #stats table td:not(.txt)').forEach(cell => {
+                cell.childNodes.forEach(n => {
+                    if (n.nodeType !== 3) { return; }
+                    for (const m of n.textContent.matchAll(/\\S+/g)) {   // each word of the text on one line
+                        if (lines(n, m.index, m.index + m[0].length) > 1) { out.push(m[0]); }
+                    }
+                });
+            });
+            return out; }""")
+        cells = page.locator("#stats table td:not(.txt)").count()
+        assert cells > 50 and broken == [], f"broken inside a word at {width} px: {broken[:8]}"
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+    finally:
+        context.close()

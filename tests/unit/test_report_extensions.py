@@ -113,7 +113,7 @@ def test_toy_statistic_is_in_the_cards_table_and_legend(toy_report) -> None:
     inputs, report = toy_report
     assert TOY_STAT in stat_columns() and column_units()[TOY_STAT] == "share"
     stats = _section(report, "stats")
-    assert f"<th>{TOY_STAT}</th>" in stats
+    assert f"<th>{TOY_STAT.replace('_', '_<wbr>')}</th>" in stats
     assert f"<dt>{TOY_STAT}</dt><dd>{TOY_STAT_DESCRIPTION}" in stats
     for row in inputs.clusters.itertuples():
         assert f"<td>{100 * getattr(row, TOY_STAT):.1f}%</td>" in stats  # unit "share": shown in percent
