@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from .errors import AttnclustError, ClusterError
 
-__all__ = ["START_TIMEOUT", "dask_client", "workers_ignore_sigint"]
+__all__ = ["START_TIMEOUT", "dask_client", "driver_environ_kept", "spawn_environ", "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
@@ -45,16 +45,13 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         raise ClusterError(f"--workers {n_workers}: expected an integer >= 1 (or leave it out: one per CPU core)")
     if scheduler is None:
         import dask
-
-        from .models import malloc_environ
-
         from dask.utils import parse_timedelta
 
-        # the workers' malloc settings from their start (models.malloc_environ: the extract stage ~8% faster)
-        environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **malloc_environ()}
+        environ = spawn_environ()
         connect = max(START_TIMEOUT, parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
-                              "distributed.comm.timeouts.connect": f"{connect:g}s"}), workers_ignore_sigint():
+                              "distributed.comm.timeouts.connect": f"{connect:g}s"}), workers_ignore_sigint(), \
+                driver_environ_kept(environ):
             try:
                 if runtime == "local-cuda":
                     from .backend import make_local_cuda_cluster
@@ -93,6 +90,38 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
     finally:
         client.close()
 
+
+
+def spawn_environ() -> dict[str, str]:
+    """What the embedded cluster's nannies put in their workers' environment: Dask's
+    ``distributed.nanny.pre-spawn-environ`` (``OMP_NUM_THREADS=1`` and the like) and attnclust's malloc settings from
+    the workers' start (:func:`attnclust.models.malloc_environ`: the extract stage ~8% faster)."""
+    import dask
+
+    from .models import malloc_environ
+
+    return {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **malloc_environ()}
+
+
+@contextlib.contextmanager
+def driver_environ_kept(environ: dict[str, str]) -> Iterator[None]:
+    """Give this process back its own values of the variables in ``environ`` (:func:`spawn_environ`) on leaving.
+
+    A nanny sets them in ``os.environ`` of the process it runs in, for the worker it spawns to inherit, and leaves
+    them there; an embedded cluster's nannies run in the driver, at the start and at each restart of the workers.
+    A library that starts its thread pool in the driver afterwards then ran on one thread: the report stage's head
+    distances of the SmolLM2 job (``jobs/llm.yaml``) took 44-45 s instead of 25 s, torch being first imported there
+    after the cluster started. A worker spawned later still gets them (its nanny sets them again first).
+    """
+    own = {name: os.environ.get(name) for name in environ}
+    try:
+        yield
+    finally:
+        for name, value in own.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

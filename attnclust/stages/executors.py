@@ -96,7 +96,8 @@ class DaskExecutor:
         the report stage; 4.91 GB with this restart, then in extraction). A restarted worker holds only what the
         later stages import (0.15-0.5 GB there). No task runs between stages and the stages exchange files, not
         Dask data, so nothing is lost. The new worker processes ignore Ctrl-C, as the first ones do
-        (:func:`attnclust.runtime.dask_client`).
+        (:func:`attnclust.runtime.dask_client`), and the driver keeps its own thread settings
+        (:func:`attnclust.runtime.driver_environ_kept`).
 
         Returns
         -------
@@ -105,9 +106,9 @@ class DaskExecutor:
         """
         if not self.owns_workers:
             return False
-        from ..runtime import workers_ignore_sigint
+        from ..runtime import driver_environ_kept, spawn_environ, workers_ignore_sigint
 
-        with workers_ignore_sigint():
+        with workers_ignore_sigint(), driver_environ_kept(spawn_environ()):
             self.client.restart(wait_for_workers=True)
         self.restarts += 1
         return True

@@ -41,3 +41,27 @@ def test_a_users_malloc_setting_stands(clean_environ):
     seen = _worker_environ()
     assert seen["MALLOC_MMAP_THRESHOLD_"] == "131072"
     assert seen["MALLOC_TRIM_THRESHOLD_"] == "65536"  # Dask's own, not attnclust's
+
+
+def test_the_driver_keeps_its_own_thread_settings_at_the_start_and_a_restart(clean_environ):
+    """A nanny sets its worker's environment (``OMP_NUM_THREADS=1``, ...) in its own process, the driver's for an
+    embedded cluster: the driver gets its own values back, the workers keep Dask's (where the user's environment
+    chose none), after a restart too."""
+    from attnclust.stages.executors import DaskExecutor
+
+    clean_environ.setenv("OMP_NUM_THREADS", "3")
+    clean_environ.delenv("MKL_NUM_THREADS", raising=False)
+
+    def driver():
+        return os.environ.get("OMP_NUM_THREADS"), os.environ.get("MKL_NUM_THREADS"), \
+            os.environ.get("MALLOC_MMAP_THRESHOLD_")
+
+    def worker(client):
+        return next(iter(client.run(driver).values()))
+
+    with dask_client(n_workers=1) as client:
+        assert driver() == ("3", None, None)
+        assert worker(client) == ("3", "1", str(MALLOC_MMAP_THRESHOLD))
+        assert DaskExecutor(client, "job", owns_workers=True).restart_workers()
+        assert driver() == ("3", None, None)
+        assert worker(client) == ("3", "1", str(MALLOC_MMAP_THRESHOLD))
