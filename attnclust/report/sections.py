@@ -501,7 +501,8 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
     -------
     dict or None
         The context of ``head_analyses.html.j2``: ``analyses`` (``name``, ``description``, ``unit``,
-        ``unit_label``, ``figures`` with ``column``, ``src`` (``None`` when the column has no number)) and
+        ``unit_label``, ``figures`` with ``column``, ``src`` (``None`` when the column has no number or one
+        value for every head) and ``same`` (that value in words, e.g. ``50.0% for every head`` or ``no head``)) and
         ``unmeasured`` (``name``, ``description``, ``columns``: the analyses none of whose number columns has a
         value, e.g. a decoder's on an encoder; their flags, False for every head, are not drawn either); ``None``
         when no registered analysis has a column in the heads table. Text columns get no heatmap.
@@ -520,12 +521,18 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
             continue
         figures = []
         for column, (layers, head_ids, values) in matrices.items():
-            src = None
-            if np.isfinite(values).any():
+            src, same, finite = None, None, values[np.isfinite(values)]
+            if finite.size > 1 and np.all(finite == finite[0]):  # one value everywhere: said, not drawn
+                if pd.api.types.is_bool_dtype(heads[column]):
+                    same = "every head" if finite[0] else "no head"
+                else:
+                    same = f"{fmt(float(finite[0]), analysis.unit)} for every head" + (
+                        "" if finite.size == values.size else " with a value")
+            elif finite.size:
                 annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
                 src = png_data_uri(head_heatmap_figure(layers, head_ids, values, column=column, unit=analysis.unit,
                                                        annotate=annotate))
-            figures.append({"column": column, "src": src})
+            figures.append({"column": column, "src": src, "same": same})
         analyses.append({"name": analysis.name, "description": analysis.description, "unit": analysis.unit,
                          "unit_label": unit_label(analysis.unit), "figures": figures})
     return {"analyses": analyses, "unmeasured": unmeasured} if analyses or unmeasured else None

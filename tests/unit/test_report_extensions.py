@@ -163,8 +163,24 @@ def test_an_analysis_not_measured_draws_no_flag_of_false(toys) -> None:
     measured = {**nan, "induction": np.linspace(0, 1, n)}
     section = _section(render_report(_inputs(extra_head_columns=measured)), "head_analyses")
     assert "<h3>induction</h3>" in section and "Not measured" not in section
-    assert 'alt="induction: layer x head heatmap of induction_head"' in section
+    assert 'alt="induction: layer x head heatmap of induction"' in section
     assert "<code>induction_q</code>: no numeric values" in section
+    assert "<code>induction_head</code>: no head" in section            # one value everywhere: said, not drawn
+    assert "heatmap of induction_head" not in section
+
+
+def test_a_column_with_one_value_for_every_head_is_said_not_drawn(toys) -> None:
+    n = N_LAYERS * N_HEADS
+    section = _section(render_report(_inputs(extra_head_columns={TOY_COLUMN: np.full(n, 0.5)})), "head_analyses")
+    assert f"<code>{TOY_COLUMN}</code>: 0.5 for every head</figcaption>" in section and "<img" not in section
+    some = np.full(n, 0.5)
+    some[:2] = np.nan
+    section = _section(render_report(_inputs(extra_head_columns={TOY_COLUMN: some})), "head_analyses")
+    assert f"<code>{TOY_COLUMN}</code>: 0.5 for every head with a value</figcaption>" in section
+    varied = np.full(n, 0.5)
+    varied[3] = 0.7
+    section = _section(render_report(_inputs(extra_head_columns={TOY_COLUMN: varied})), "head_analyses")
+    assert len(_pngs(section)) == 1 and "for every head" not in section
 
 
 def test_registered_text_is_escaped() -> None:
