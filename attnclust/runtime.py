@@ -91,7 +91,6 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         client.close()
 
 
-
 def spawn_environ() -> dict[str, str]:
     """What the embedded cluster's nannies put in their workers' environment: Dask's
     ``distributed.nanny.pre-spawn-environ`` (``OMP_NUM_THREADS=1`` and the like) and attnclust's malloc settings from

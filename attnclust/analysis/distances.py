@@ -94,9 +94,9 @@ def js_between_heads(maps, *, rows: np.ndarray | None = None) -> np.ndarray:
     All pairs are computed together, in chunks of pairs (vectorised over pairs, rows and keys). Keys where every
     head's row is zero add nothing to any pair's divergence (both smoothed rows hold ``SMOOTHING / n`` there, and
     so does their mean): each row is cropped to the last key any head attends to (not cropped where some head's
-    row is empty: smoothed, it is uniform). The rows go in up to
-    :data:`_ROW_GROUPS` groups of similar reach, each cropped to its longest; a causal model's row ``i`` reaches
-    key ``i``, so its pairs cost about half of an encoder's.
+    row is empty: smoothed, it is uniform). The rows go in up to :data:`_ROW_GROUPS` groups of similar reach, each
+    cropped to its longest; a causal model's row ``i`` reaches key ``i``, so its pairs cost about half of an
+    encoder's.
 
     Parameters
     ----------
