@@ -216,14 +216,11 @@ def dev_compact_plan(run: Path, layers: int, heads: int):
     import pandas as pd
 
     from attnclust.config import JobConfig
-    from attnclust.stages.extract import compact_store_bytes, store_bytes
-    from attnclust.stages.store_plan import plan_store
+    from attnclust.stages.extract import store_plan
 
     seq = pd.read_parquet(run / "features.parquet", columns=["seq_len"])["seq_len"].to_numpy()
-    cfg = JobConfig.from_dict({"extract": {"store": "compact"}})
-    return plan_store(cfg, seq, num_layers=layers, num_heads=heads,
-                      full_bytes=store_bytes(seq, num_layers=layers, num_heads=heads, dtype="float16"),
-                      compact_bytes=compact_store_bytes(seq, num_layers=layers, num_heads=heads))
+    return store_plan(JobConfig.from_dict({"extract": {"store": "compact"}}), seq,
+                      {"num_layers": layers, "num_heads": heads})
 
 
 def store_mode(run: Path) -> str | None:

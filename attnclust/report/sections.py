@@ -577,17 +577,15 @@ def qa(inputs: ReportInputs) -> dict[str, Any] | None:
     sc = inputs.qa["scores"]
     scores = [{"label": label, "exact": f"{sc[p + 'exact']:.2f}", "f1": f"{sc[p + 'f1']:.2f}",
                "total": f"{int(sc[p + 'total']):,}"} for label, p in _QA_FIELDS if f"{p}total" in sc]
-    found = inputs.qa.get("threshold_search") or {k: v for k, v in sc.items() if k.startswith("best_")}
-    best = None
-    if "best_f1" in found:
-        best = {"exact": f"{found['best_exact']:.2f}", "exact_thresh": repr(float(found["best_exact_thresh"])),
-                "f1": f"{found['best_f1']:.2f}", "f1_thresh": repr(float(found["best_f1_thresh"]))}
     predictions, odds_src, examples = inputs.predictions, None, []
     # a decoder's answers are generated (attnclust.qa.prompting): no null score, so no threshold to tune
     generated = predictions is not None and len(predictions) > 0 and "null_score" in predictions.columns \
         and bool(predictions["null_score"].isna().all())
-    if generated:
-        best = None
+    found = inputs.qa.get("threshold_search") or {k: v for k, v in sc.items() if k.startswith("best_")}
+    best = None
+    if "best_f1" in found and not generated:
+        best = {"exact": f"{found['best_exact']:.2f}", "exact_thresh": repr(float(found["best_exact_thresh"])),
+                "f1": f"{found['best_f1']:.2f}", "f1_thresh": repr(float(found["best_f1_thresh"]))}
     if predictions is not None and len(predictions):
         threshold = float(inputs.qa.get("settings", {}).get("null_threshold", 0.0))
         odds_src = None if generated else png_data_uri(null_odds_figure(predictions, threshold))

@@ -226,7 +226,6 @@ def fit_sample_size(seq_len: np.ndarray, maps: int, size: int, room: float) -> i
     """The most features, up to ``size``, of an exact sample (:func:`~attnclust.store.exact_sample_ids`) whose
     float16 maps fit ``room`` bytes (0 when not even one does)."""
     lengths = np.asarray(seq_len, dtype=np.int64)
-
     top = min(size, len(lengths))
     return _largest(lambda m: _sample_bytes(lengths, exact_sample_ids(len(lengths), m), maps) <= room, top)
 
