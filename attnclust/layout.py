@@ -41,8 +41,8 @@ from pathlib import Path
 from .errors import JobLocked, StoreError
 from .safeio import atomic_write_json
 
-__all__ = ["MARKER", "MARKER_SCHEMA", "WEIGHT_FILES", "CompareLayout", "ModelDirLayout", "RunLayout",
-           "StateDirectory"]
+__all__ = ["MARKER", "MARKER_SCHEMA", "TOKENIZER_FILES", "WEIGHT_FILES", "CompareLayout", "ModelDirLayout",
+           "RunLayout", "StateDirectory"]
 
 MARKER = ".attnclust-run.json"
 MARKER_SCHEMA = "attnclust.run"
@@ -428,6 +428,11 @@ class RunLayout(StateDirectory):
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                 "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json")
+"""A model directory's files that decide how text becomes ids and how a decoder is prompted and stops: part of the
+model's identity, with ``additional_chat_templates/*.jinja`` (:meth:`ModelDirLayout.text_files`)."""
 
 
 class ModelDirLayout(StateDirectory):
@@ -463,6 +468,12 @@ class ModelDirLayout(StateDirectory):
     def weights(self) -> tuple[Path, ...]:
         """The weight files transformers may have written (one of them holds the model)."""
         return tuple(self.root / name for name in WEIGHT_FILES)
+
+    def text_files(self) -> tuple[Path, ...]:
+        """The tokenizer, chat-template and generation files present, in a fixed order (:data:`TOKENIZER_FILES`,
+        then ``additional_chat_templates/*.jinja`` by name)."""
+        found = [self.root / name for name in TOKENIZER_FILES if (self.root / name).is_file()]
+        return (*found, *sorted((self.root / "additional_chat_templates").glob("*.jinja")))
 
     @property
     def checkpoints(self) -> Path:

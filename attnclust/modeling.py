@@ -200,7 +200,22 @@ def gguf_identity(cfg: ModelConfig) -> str | None:
     if not file.is_file():
         return None
     st = file.stat()
-    return hashlib.sha256(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    _hash_text_files(digest, Path(folder))
+    return digest.hexdigest()[:16]
+
+
+def _hash_text_files(digest, folder: Path) -> None:
+    """Add the contents of a model directory's tokenizer, chat-template and generation files to ``digest``.
+
+    They decide the token ids, the prompt and where decoding stops, so an edited ``tokenizer_config.json`` or
+    ``chat_template.jinja`` is a different model for every stage that reads tokens.
+    """
+    for path in ModelDirLayout(folder).text_files():
+        digest.update(f"{path.relative_to(folder).as_posix()}:".encode())
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
 
 
 def source_kwargs(cfg: ModelConfig) -> dict:
@@ -306,7 +321,9 @@ def model_identity(cfg: ModelConfig) -> str:
     Returns
     -------
     str
-        Local directory: a hash of ``config.json`` and the size and modification time of each weight file.
+        Local directory: a hash of ``config.json``, the size and modification time of each weight file and the
+        contents of the tokenizer, chat-template and generation files (:data:`~attnclust.layout.TOKENIZER_FILES`).
+        A GGUF file: its name, size and modification time, and those text files beside it.
         Packaged model: ``minilm==<package version>``. Hub id: ``<id>@<revision>`` (the hub's revisions pin the
         content).
     """
@@ -329,6 +346,7 @@ def model_identity(cfg: ModelConfig) -> str:
         if weights.exists():
             st = weights.stat()
             digest.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    _hash_text_files(digest, path)
     return digest.hexdigest()[:16]
 
 

@@ -177,6 +177,10 @@ def fingerprint_of(stage: Stage, ctx: RunContext) -> dict:
     return {"version": stage.version, "keys": keys, "inputs": inputs, "identity": stage.identity(ctx)}
 
 
+IDENTITY_WORDS = {"model_weights": "model (its weights, tokenizer, chat template or generation config)"}
+"""How :func:`describe_change` names an identity whose key alone would say less than it covers."""
+
+
 def describe_change(old: dict, new: dict) -> str:
     """What differs between two fingerprints, for people: ``cluster.k: 8 -> 10``, ``data file content``."""
     changes = []
@@ -187,7 +191,7 @@ def describe_change(old: dict, new: dict) -> str:
                            f"{key}: {a} -> {b}")
     for key in sorted(set(old.get("identity", {})) | set(new.get("identity", {}))):
         if old.get("identity", {}).get(key) != new.get("identity", {}).get(key):
-            changes.append(f"{key.replace('_', ' ')} changed")
+            changes.append(f"{IDENTITY_WORDS.get(key, key.replace('_', ' '))} changed")
     if old.get("version") != new.get("version"):
         changes.append(f"stage version {old.get('version')} -> {new.get('version')}")
     for name in sorted(set(old.get("inputs", {})) | set(new.get("inputs", {}))):

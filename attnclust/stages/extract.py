@@ -605,7 +605,8 @@ class ExtractStage(Stage):
         return store_plan(ctx.cfg, ctx.inputs["features"]["seq_len"].to_numpy(), ctx.inputs["model_info"])
 
     def identity(self, ctx: RunContext) -> dict:
-        """The data file's content hash, the model's weights identity, the backend, the statistics' versions,
+        """The data file's content hash, the model's identity (weights, tokenizer, chat template, generation
+        config: :func:`~attnclust.models.model_identity`), the backend, the statistics' versions,
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
         features, so the fingerprint, as they were); for a causal model also the settings of its prompts and
         answers (``extract.prompt``, ``extract.max_new_tokens``, ``model.gguf_file``), which an encoder's
