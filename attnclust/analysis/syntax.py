@@ -11,8 +11,11 @@ The protocol, step by step (what the code below does, in this order):
 2. **Word-level maps** as the paper's section 4.1 (:func:`attnclust.analysis.words.word_level_map`): attention
    *to* a word split into pieces is the sum over its pieces, attention *from* it the mean over its pieces.
 3. **Candidates are the other words of the same sentence.** The map is restricted to the sentence's words (no
-   [CLS], no [SEP], no question, no other sentence), and the word itself is never a prediction (its own weight is
-   set to -inf before the argmax; Clark's code sets it to 0, the same whenever any other weight is above 0).
+   [CLS], no [SEP], no question, no other sentence), and the word's own weight is set to 0 before the argmax, as
+   Clark's code does: a row with no weight on any other word of its sentence (its mass on [CLS], [SEP] or the
+   question; in a float16 store the rest underflows to exact zeros) predicts the sentence's first word, the word
+   itself when it is the first, so a sentence-initial word is never credited with the word after it (methods
+   page, "Syntax").
 4. **Two directions**, as the paper names them:
 
    - ``dep->head``: a dependent's predicted head is the word its own row attends to most;
@@ -156,7 +159,7 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
                     scored = np.array([local[int(w)] for w in fp.scored[arcs]], np.int64)
                     gold = np.array([local[int(w)] for w in fp.head[arcs]], np.int64)
                     sub = wm[:, :, ids[:, None], ids[None, :]]  # (layer, head, word, word) of this sentence
-                    sub[:, :, np.arange(len(ids)), np.arange(len(ids))] = -np.inf  # never the word itself
+                    sub[:, :, np.arange(len(ids)), np.arange(len(ids))] = 0  # the word itself: 0, as Clark's code
                     for d in directions:
                         pred = sub.argmax(-1) if d == "dep->head" else sub.argmax(-2)  # (layer, head, word)
                         hits[d].append(np.moveaxis(pred[:, :, scored] == gold[None, None, :], -1, 0))

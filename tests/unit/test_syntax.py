@@ -186,10 +186,11 @@ def planted_syntax(tmp_path):
 
 
 def _brute_force_clark(layout, parses, features, examples):
-    """Clark et al.'s syntax protocol written from the paper's description, one loop per word: the accuracy of every
-    (relation, direction, layer, head), the cases per relation and the best offset baseline's accuracy per
-    relation (the offset right most often, any offset tried). Independent of ``align_feature`` and
-    ``word_level_map``: tokens are given to words by their character offsets here."""
+    """Clark et al.'s syntax protocol written from the paper's description and their released evaluation
+    (``attn_head_predictor``: the word's own weight set to 0, then the first maximum over the sentence's words), one
+    loop per word: the accuracy of every (relation, direction, layer, head), the cases per relation and the best
+    offset baseline's accuracy per relation (the offset right most often, any offset tried). Independent of
+    ``align_feature`` and ``word_level_map``: tokens are given to words by their character offsets here."""
     store = open_attention_store(layout.attention)
     ctx = dict(zip(examples["id"], examples["context"]))
     correct, cases, offsets = {}, {}, {}
@@ -216,7 +217,12 @@ def _brute_force_clark(layout, parses, features, examples):
                         if h == 0:
                             continue
                         for direction, scores in (("dep->head", w[i]), ("head<-dep", w[:, i])):
-                            best = max((j for j in range(m) if j != i), key=lambda j: (scores[j], -j))
+                            scores = scores.copy()
+                            scores[i] = 0  # Clark's code: the word's own weight is 0, not excluded
+                            best = 0
+                            for j in range(1, m):  # the first maximum, as np.argmax
+                                if scores[j] > scores[best]:
+                                    best = j
                             key = (rel, direction, layer, head)
                             correct[key] = correct.get(key, 0) + int(best == h - 1)
             for i, (h, rel) in enumerate(zip(sent["head"], sent["relation"])):
@@ -250,6 +256,25 @@ def test_syntax_table_equals_a_brute_force_loop_of_clarks_protocol_on_random_map
         assert r.accuracy == pytest.approx(correct[key] / cases[r.relation], abs=1e-12), key
         assert r.baseline == pytest.approx(baseline[r.relation], abs=1e-12)
     assert table.attrs["cut_sentences"] == 0 and table.attrs["whole_sentences"] > 0
+
+
+def test_a_row_with_no_weight_on_other_words_predicts_the_first_word_as_clarks_code(planted_syntax):
+    """Head (1, 0) attends to [CLS] only: every word's row (and column) restricted to its sentence is all zeros, as
+    the MiniLM's layer 0 head 2 on a sentence-initial "Two" once its weights underflow in float16. Clark et al.'s code
+    gives the word itself weight 0 and takes the first maximum: the sentence's first word is predicted for every
+    word, so the first word (a ``nummod`` "Two" whose head is the next word) is never right."""
+    layout, parses, features, _ = planted_syntax
+    table = syntax_table(layout, parses, features, write=False)
+    correct, cases, _ = _brute_force_clark(layout, parses, features, _examples(layout))
+    arcs = parses[parses["head"] > 0]
+    on_first = (arcs["head"] == 1).groupby(arcs["relation"]).sum()
+    cell = table[(table["layer"] == 1) & (table["head"] == 0)]
+    assert len(cell) == 4 * 2
+    for r in cell.itertuples(index=False):
+        assert correct[(r.relation, r.direction, 1, 0)] == on_first[r.relation]
+        assert r.accuracy == pytest.approx(on_first[r.relation] / cases[r.relation], abs=1e-12), r
+    first_next = ((arcs["word"] == 1) & (arcs["head"] == 2)).sum()
+    assert first_next > 0  # the case that excluding the word itself (weight -inf) would count as right
 
 
 def test_sentences_cut_by_the_span_boundary_are_not_cases_and_are_counted(planted_syntax):
@@ -296,10 +321,10 @@ def test_planted_gold_head_scores_one_in_both_directions_and_previous_head_the_o
         assert acc[(rel, "head<-dep", 1, 0)] == 1.0  # the head word spreads over its dependents (transposed)
         assert acc[(rel, "dep->head", 1, 0)] < 1.0
     # the previous-token head predicts offset -1, except at a sentence's first word: its previous token is outside
-    # the sentence, the restricted row is all zeros and the argmax takes the first other word (word 2)
+    # the sentence, the restricted row is all zeros and, the word's own weight being 0 as in Clark's code, the
+    # argmax takes the word itself: never right
     arcs = parses[parses["head"] > 0]
-    hit = ((arcs["head"] - arcs["word"]) == -1) | ((arcs["word"] == 1) & (arcs["head"] == 2))
-    expected = hit.groupby(arcs["relation"]).mean()
+    expected = ((arcs["head"] - arcs["word"]) == -1).groupby(arcs["relation"]).mean()
     dep = table[table["direction"] == "dep->head"].set_index(["relation", "layer", "head"])
     for rel in ("prev", "next", "far", "punct"):
         assert dep.loc[(rel, 0, 0), "accuracy"] == pytest.approx(expected[rel])
