@@ -32,8 +32,9 @@ from zarr.storage import LocalStore
 
 from .errors import StoreError
 
-__all__ = ["COMPLETE", "CONTRACT_ARRAYS", "CheckedStore", "damage_line", "error_text", "is_checksum_error",
-           "open_checked_group", "output_problem", "reading", "with_checksum"]
+__all__ = ["COMPLETE", "CONTRACT_ARRAYS", "CheckedStore", "LinkSafeStore", "damage_line", "error_text",
+           "is_checksum_error", "open_checked_group", "open_writable_group", "output_problem", "reading",
+           "with_checksum"]
 
 COMPLETE = {"write_empty_chunks": True}
 """Array config of every array attnclust writes: all chunks on disk, so a missing one is damage, never zeros."""
@@ -170,6 +171,59 @@ class CheckedStore(LocalStore):
             if value is None:
                 self._missing(key)
         return values
+
+
+class LinkSafeStore(LocalStore):
+    """A writable local zarr store that never writes or deletes through a symbolic link inside it.
+
+    zarr's :class:`~zarr.storage.LocalStore` creates a chunk's folders with ``mkdir(exist_ok=True)`` and
+    renames the chunk into place: a folder of the store replaced by a link (``attention/c/1 -> /elsewhere``)
+    would receive the shards. Every write and delete first checks the key's path below the root for links and
+    raises :class:`~attnclust.errors.StoreError` naming the link.
+    """
+
+    def _refuse_links(self, key: str) -> None:
+        from .safeio import link_between, link_line
+
+        link = link_between(self.root, Path(self.root) / key)
+        if link is not None:
+            raise StoreError(link_line(link, f"store {self.root}"))
+
+    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
+        self._refuse_links(key)
+        await super()._set(key, value, exclusive=exclusive)
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key`` (a link on its path is refused, not followed)."""
+        self._refuse_links(key)
+        await super().delete(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        """Remove everything under ``prefix`` (a link on its path is refused, not followed)."""
+        self._refuse_links(prefix.rstrip("/"))
+        await super().delete_dir(prefix)
+
+
+def open_writable_group(path: Path | str, *, mode: str, **options: Any):
+    """``zarr.open_group`` for writing, through :class:`LinkSafeStore`.
+
+    Parameters
+    ----------
+    path
+        The group's directory.
+    mode
+        ``"w"`` (create, replacing), ``"r+"`` or ``"a"``.
+    options
+        Passed to :func:`zarr.open_group` (e.g. ``zarr_format=3``).
+    """
+    import zarr
+
+    from .safeio import link_line
+
+    path = Path(path)
+    if path.is_symlink():
+        raise StoreError(link_line(path, f"store {path.parent}"))
+    return zarr.open_group(LinkSafeStore(path), mode=mode, **options)
 
 
 def open_checked_group(path: Path, *, fix: str, complete: tuple[str, ...] = ()):

@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import JobLocked, StoreError
-from .safeio import atomic_write_json
+from .safeio import atomic_write_json, first_link_in_tree, link_line
 
 __all__ = ["MARKER", "MARKER_SCHEMA", "TOKENIZER_FILES", "WEIGHT_FILES", "CompareLayout", "ModelDirLayout",
            "RunLayout", "StateDirectory"]
@@ -313,7 +313,8 @@ class RunLayout(StateDirectory):
 
         Allowed: a path that does not exist yet (its parent must be writable), an empty directory, or a
         directory marked as an attnclust run. Refused: an existing file, a directory holding anything else,
-        a marker of another schema version, a symbolic link among the run's entries, a read-only location.
+        a marker of another schema version, a symbolic link anywhere under the run directory (in its stores
+        too), a read-only location.
         ``adopt`` names entries an unmarked directory may hold as inputs (a store written by another tool under
         the store contract): they are read, never recorded as attnclust's, so never removed or overwritten.
 
@@ -350,10 +351,9 @@ class RunLayout(StateDirectory):
             raise StoreError(f"output dir {root}: marked by another attnclust version (run schema "
                              f"{marker.get('schema_version')!r}, this one writes {MARKER_VERSION}); choose a new "
                              f"--out")
-        links = [name for name in entries if (root / name).is_symlink()]
-        if links:
-            raise StoreError(f"output dir {root}: {links[0]} is a symbolic link; attnclust does not follow links "
-                             f"inside a run directory: remove it or choose a new --out")
+        link = first_link_in_tree(root)
+        if link is not None:
+            raise StoreError(link_line(link, f"output dir {root}"))
 
     def claim(self, *, adopt: tuple[str, ...] = ()) -> None:
         """Make the directory an attnclust run (after :meth:`check_writable`): create it and write the marker

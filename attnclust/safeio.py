@@ -25,7 +25,8 @@ from typing import Any
 from .errors import AttnclustError, ConfigError, DataError, StoreError
 
 __all__ = ["MAX_INPUT_BYTES", "MAX_INT_DIGITS", "MAX_JOB_BYTES", "append_text", "atomic_write", "atomic_write_bytes",
-           "atomic_write_json", "load_json", "load_yaml", "read_user_bytes", "refuse_links"]
+           "atomic_write_json", "first_link_in_tree", "link_between", "link_line", "load_json", "load_yaml",
+           "read_user_bytes", "refuse_links"]
 
 MAX_INPUT_BYTES = 4 << 30
 """The largest data, predictions or CoNLL-U file read (4 GiB; SQuAD 2.0's training set is 40 MB). Each is parsed
@@ -200,6 +201,43 @@ def refuse_links(path: str | os.PathLike[str]) -> None:
         if p.is_symlink():
             raise StoreError(f"{p}: this {what} is a symbolic link (to {os.readlink(p)}); attnclust never writes "
                              f"through links: remove the link (or replace it by a real {what}) and re-run")
+
+
+def link_between(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path | None:
+    """The first symbolic link among the components of ``path`` below ``root`` (``path`` itself included), or
+    ``None``. A write to ``path`` would land wherever such a link points."""
+    root, path = Path(root), Path(path)
+    for part in (*reversed(path.relative_to(root).parents[:-1]), path.relative_to(root)):
+        if (root / part).is_symlink():
+            return root / part
+    return None
+
+
+def first_link_in_tree(root: str | os.PathLike[str]) -> Path | None:
+    """The first symbolic link anywhere under the directory ``root`` (links are reported, never followed), in
+    sorted order, or ``None``."""
+    stack = [Path(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                return Path(entry.path)
+        stack.extend(Path(e.path) for e in reversed(entries) if e.is_dir(follow_symlinks=False))
+    return None
+
+
+def link_line(link: Path, where: str) -> str:
+    """One line refusing to write through ``link``, found in ``where`` (a run or store directory)."""
+    try:
+        target = os.readlink(link)
+    except OSError:
+        target = "?"
+    return (f"{where}: {link} is a symbolic link (to {target}); attnclust never writes through links: remove the "
+            f"link (the files it stands for are re-written by re-running the same command) or choose a new --out")
 
 
 def atomic_write(path: str | os.PathLike[str], write, *, mode: int | None = None) -> None:

@@ -467,7 +467,9 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         raise StoreError(f"store {path}: exists already; remove it first (attnclust removes only stores it wrote)")
     n = len(seq_len)
     width = int(seq_len.max())
-    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    from .integrity import open_writable_group
+
+    group = open_writable_group(path, mode="w", zarr_format=3)
     group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
                         "store": mode, "complete": False, **attrs})
     # compact: each chunk stored key-major (a head's [CLS]/[SEP]/punctuation columns become runs) and
@@ -518,7 +520,9 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
 
             group = open_checked_group(path, fix=DAMAGE_FIX, complete=CONTRACT_ARRAYS)
         else:
-            group = zarr.open_group(str(path), mode=mode)
+            from .integrity import open_writable_group
+
+            group = open_writable_group(path, mode=mode)
     except Exception as exc:  # zarr raises many types for unreadable stores
         raise StoreError(f"store {path}: not a readable zarr group ({type(exc).__name__}: {exc}); {fix}") from None
     attrs = dict(group.attrs)
@@ -587,7 +591,9 @@ def _check_exact(path: Path, exact, sample: np.ndarray, shape: tuple, seq_len: n
 
 def mark_store_complete(path: Path) -> None:
     """Set the store's ``complete`` attribute (after every shard was written)."""
-    group = _zarr().open_group(str(path), mode="r+")
+    from .integrity import open_writable_group
+
+    group = open_writable_group(path, mode="r+")
     group.attrs["complete"] = True
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..integrity import open_writable_group
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "QWORDS", "consolidate_head_outputs",
            "fit_logistic", "predict_logistic", "probe_fold_ids", "probe_heads", "probe_labels", "probe_table",
@@ -98,7 +99,7 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
     from ..integrity import COMPLETE, with_checksum
 
     shutil.rmtree(root, ignore_errors=True)
-    group = zarr.open_group(str(root), mode="w")
+    group = open_writable_group(root, mode="w")
     arrays: dict = {}
     seen = 0
     for part in parts:

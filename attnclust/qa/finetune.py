@@ -28,6 +28,7 @@ import pandas as pd
 from ..config import JobConfig, ModelConfig
 from ..errors import BackendUnavailable, ConfigError, StoreError
 from ..layout import ModelDirLayout
+from ..safeio import first_link_in_tree
 from ..store import atomic_write_json
 from .answers import NULL_INDEX, predict_answers, predict_logits, score_answers, write_predictions
 
@@ -138,10 +139,10 @@ def _check_model_dir(layout: ModelDirLayout) -> None:
     if not layout.is_finetune_dir() and any(out.iterdir()):
         raise ConfigError(f"--out {out}: exists and holds files not written by 'attnclust finetune'; choose an "
                           "empty or new directory")
-    links = sorted(p.name for p in out.iterdir() if p.is_symlink())
-    if links:
-        raise ConfigError(f"--out {out}: {links[0]} is a symbolic link; attnclust never writes through links: "
-                          f"remove it or choose a new --out")
+    link = first_link_in_tree(out)
+    if link is not None:
+        raise ConfigError(f"--out {out}: {link.relative_to(out)} is a symbolic link; attnclust never writes "
+                          f"through links: remove it or choose a new --out")
 
 
 def _file_identity(path: Path) -> list[int]:

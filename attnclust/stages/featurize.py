@@ -21,6 +21,7 @@ import numpy as np
 from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
 from ..featurize import CAUSAL_CONTEXT_VERSION, TokenContext, embed_with_context, get_featurizer
+from ..integrity import open_writable_group
 from ..layout import RunLayout
 from ..store import EMBED_SCHEMA, open_attention_store, open_embedding, read_features  # open_embedding: re-exported
 from .base import RunContext, Stage
@@ -62,7 +63,7 @@ def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_he
     n_maps = n_features * rows
     chunk = max(1, per_task * rows)
     dim = get_featurizer(cfg.method).dim(cfg)
-    group = zarr.open_group(str(path), mode="w", zarr_format=3)
+    group = open_writable_group(path, mode="w", zarr_format=3)
     group.attrs.update({"schema": EMBED_SCHEMA, "schema_version": 1, "method": cfg.method,
                         "settings": cfg.to_dict(), "complete": False, "num_layers": n_layers, "num_heads": n_heads})
     checked = {"compressors": with_checksum(ZstdCodec(level=0))}  # zarr's default compressor, and a checksum
@@ -138,7 +139,7 @@ def _write_rows(layout: RunLayout, start: int, stop: int, L: int, H: int, vector
 
     from ..integrity import COMPLETE
 
-    group = zarr.open_group(str(layout.embedding), mode="r+")
+    group = open_writable_group(layout.embedding, mode="r+")
     r0, r1 = start * L * H, stop * L * H
     rows = {"embedding": vectors.reshape(-1, vectors.shape[-1]),
             "feature_id": np.repeat(np.arange(start, stop, dtype=np.int64), L * H),
@@ -229,7 +230,7 @@ class FeaturizeStage(Stage):
         store = open_attention_store(ctx.layout.attention)
         method = ctx.cfg.featurize.method
         source = "compact" if store.mode == "compact" and method != "profile" else "full"
-        zarr.open_group(str(ctx.layout.embedding), mode="r+").attrs.update(
+        open_writable_group(ctx.layout.embedding, mode="r+").attrs.update(
             {"complete": True, "map_source": source, **({"resolved": resolved} if resolved else {})})
         return {"maps": self.n_maps_, "method": method, "map_source": source, **resolved}
 

@@ -10,6 +10,7 @@ import pytest
 
 from attnclust.errors import StoreError
 from attnclust.safeio import atomic_write
+from attnclust.stages import SerialExecutor
 
 
 def write(path: Path, data: bytes = b"new", **kw) -> None:
@@ -118,3 +119,63 @@ def test_a_head_output_part_is_written_atomically_and_never_through_a_link(tmp_p
     with pytest.raises(StoreError, match=r"this file is a symbolic link"):
         save_head_output_part(link, np.array([5, 6]), [out])
     assert target.read_bytes() == b"user's"
+
+
+class StopAfterBlock(SerialExecutor):
+    """Runs extraction blocks in-process and stops (as a kill would) once ``last`` has finished."""
+
+    def __init__(self, last: int):
+        self.last = last
+
+    def map(self, fn, items, **kwargs):
+        out = []
+        for item in items:
+            if item[2] == "extract" and item[4] > self.last:  # run_block(task, root, stage, fingerprint, block, args)
+                raise KeyboardInterrupt
+            out.append(fn(*item))
+        return out
+
+
+def test_a_link_planted_inside_a_store_of_an_interrupted_run_is_refused(tmp_path, tiny_bert_dir, small_squad,
+                                                                        capsys):
+    from attnclust.cli import main
+    from attnclust.config import load_job
+    from attnclust.pipeline import run_job
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    settings = [f"data.path={small_squad}", f"model.name={tiny_bert_dir}", "extract.features_per_task=1"]
+    with pytest.raises(KeyboardInterrupt):
+        run_job(load_job(None, settings), out, stages=("extract",), executor=StopAfterBlock(0), progress=False)
+    chunks = out / "attention.zarr" / "attention" / "c"
+    assert (chunks / "0").is_dir() and not (chunks / "1").exists()
+    elsewhere.mkdir()
+    (elsewhere / "mine.txt").write_text("the user's")
+    (chunks / "1").symlink_to(elsewhere, target_is_directory=True)
+    assert main(["extract", "--out", str(out), "--quiet", *(a for s in settings for a in ("--set", s))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"attnclust: error: output dir {out}: {chunks / '1'} is a symbolic link (to {elsewhere}); "
+                   f"attnclust never writes through links: remove the link (the files it stands for are re-written "
+                   f"by re-running the same command) or choose a new --out"]
+    assert [p.name for p in elsewhere.iterdir()] == ["mine.txt"]
+    (chunks / "1").unlink()
+    assert main(["extract", "--out", str(out), "--quiet", *(a for s in settings for a in ("--set", s))]) == 0
+    assert (chunks / "1").is_dir() and [p.name for p in elsewhere.iterdir()] == ["mine.txt"]
+
+
+def test_the_writable_store_refuses_a_link_on_a_chunk_path(tmp_path):
+    import numpy as np
+
+    from attnclust.integrity import open_writable_group
+
+    group = open_writable_group(tmp_path / "s.zarr", mode="w", zarr_format=3)
+    array = group.create_array("a", shape=(4, 2), chunks=(1, 2), dtype="float32")
+    array[0] = 1.0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "s.zarr" / "a" / "c" / "1").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(StoreError, match=rf"^store {tmp_path / 's.zarr'}: {tmp_path / 's.zarr' / 'a' / 'c' / '1'} "
+                                         rf"is a symbolic link \(to {elsewhere}\); attnclust never writes"):
+        array[1] = np.full(2, 2.0, dtype="float32")
+    assert list(elsewhere.iterdir()) == []
+    array[2] = 3.0                                            # other chunks still write
+    assert float(array[2, 0]) == 3.0
