@@ -602,6 +602,30 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         raise ConfigError(f"{name}: got {value!r}; allowed: {allowed}")
 
 
+def control_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The text of the tokenizer's special tokens (``[SEP]``, ``<|im_start|>``, ...), longest first.
+
+    A tokenizer reads these strings as the control ids they stand for wherever they occur; attnclust tokenises
+    data text with ``split_special_tokens=True`` so that a literal ``[SEP]`` or ``<|im_end|>`` in a context or a
+    question stays text and cannot end a segment or a chat turn.
+    """
+    found = {str(tok) for tok in getattr(tokenizer, "added_tokens_decoder", {}).values()
+             if getattr(tok, "special", False)}
+    found |= {str(tok) for tok in getattr(tokenizer, "all_special_tokens", ())}
+    return tuple(sorted((t for t in found if t.strip()), key=lambda t: (-len(t), t)))
+
+
+def examples_with_control_strings(examples: Iterable[Example], tokenizer: Any) -> dict[str, list[str]]:
+    """Example id -> the control-token strings (:func:`control_strings`) its question or context contains."""
+    strings = control_strings(tokenizer)
+    found = {}
+    for ex in examples:
+        hits = [t for t in strings if t in ex.question or t in ex.context]
+        if hits:
+            found[ex.id] = hits
+    return found
+
+
 def _truncate_questions(questions: list[str], tokenizer: Any, max_query_len: int) -> list[str]:
     """Shorten each question string so that it tokenises to at most ``max_query_len`` tokens.
 
@@ -611,13 +635,13 @@ def _truncate_questions(questions: list[str], tokenizer: Any, max_query_len: int
     same tokens. Leading whitespace is removed first, as Hugging Face's QA scripts do.
     """
     questions = [q.lstrip() for q in questions]
-    enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
     out = []
     for q, ids, offsets in zip(questions, enc["input_ids"], enc["offset_mapping"]):
         while len(ids) > max_query_len:
             cut = offsets[max_query_len - 1][1]
             q = q[: cut if cut < len(q) else len(q) - 1]
-            again = tokenizer(q, add_special_tokens=False, return_offsets_mapping=True)
+            again = tokenizer(q, add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
             ids, offsets = again["input_ids"], again["offset_mapping"]
         out.append(q)
     return out
@@ -647,6 +671,7 @@ def _encode(tokenizer: Any, questions: list[str], contexts: list[str], max_seq_l
         return_offsets_mapping=True,
         return_token_type_ids=True,
         padding=False,
+        split_special_tokens=True,  # a literal "[SEP]" in the data is text, not the separator (control_strings)
     )
 
 

@@ -119,8 +119,10 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
     q1 = q0 + len(question)
     chat = bool(getattr(tokenizer, "chat_template", None))
     enc = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)
+    ids, spans = _data_as_text(tokenizer, list(enc["input_ids"]), list(enc["offset_mapping"]), text,
+                               ((c0, c1), (q0, q1)))
     parts, offsets = [], []
-    for a, b in enc["offset_mapping"]:
+    for a, b in spans:
         if a < c1 and b > c0 and b > a:
             a, b = max(a, c0) - c0, min(b, c1) - c0
             while a < b and context[a].isspace():  # byte-level BPE's leading space ("Ġword") is not the word's
@@ -130,7 +132,35 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
         else:
             parts.append("question" if a < q1 and b > q0 and b > a else "instruction")
             offsets.append([-1, -1])
-    return {"input_ids": list(enc["input_ids"]), "part": parts, "offsets": offsets}
+    return {"input_ids": ids, "part": parts, "offsets": offsets}
+
+
+def _data_as_text(tokenizer: Any, ids: list[int], spans: list, text: str,
+                  data: tuple[tuple[int, int], ...]) -> tuple[list[int], list]:
+    """Replace each control token that the tokenizer found inside the data (a context or question holding the
+    literal ``<|im_start|>``) by the tokens of its text read as text, so the data cannot open or end a chat turn.
+
+    The prompt's own control tokens (from the template, outside ``data``'s character ranges) stay; a prompt whose
+    data holds no such string is returned unchanged.
+    """
+    special = {int(i) for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items()
+               if getattr(tok, "special", False)} | {int(i) for i in getattr(tokenizer, "all_special_ids", ())}
+
+    def injected(token: int, a: int, b: int) -> bool:
+        return token in special and b > a and any(lo <= a and b <= hi for lo, hi in data)
+
+    if not any(injected(t, a, b) for t, (a, b) in zip(ids, spans)):
+        return ids, spans
+    out_ids, out_spans = [], []
+    for token, (a, b) in zip(ids, spans):
+        if not injected(token, a, b):
+            out_ids.append(token)
+            out_spans.append((a, b))
+            continue
+        sub = tokenizer(text[a:b], add_special_tokens=False, return_offsets_mapping=True, split_special_tokens=True)
+        out_ids += list(sub["input_ids"])
+        out_spans += [(a + x, a + y) for x, y in sub["offset_mapping"]]
+    return out_ids, out_spans
 
 
 def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence[int], max_new_tokens: int,

@@ -31,7 +31,8 @@ from ..errors import ConfigError, DataError, StoreError
 from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
-from ..store import atomic_write_parquet, create_attention_store, mark_store_complete, open_attention_store
+from ..store import (COMPACT_ENCODING, atomic_write_parquet, create_attention_store, mark_store_complete,
+                     open_attention_store)
 from .base import RunContext, Stage
 from .store_plan import ExactSampleWriter, StorePlan, _size, plan_store
 
@@ -61,7 +62,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         feature in store order), ``dropped_features`` (example id -> features dropped by
         ``data.max_features_per_example``) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
-    from ..data import check_label_fields, extra_columns, read_squad, sample_path, tokenize_examples
+    from ..data import (check_label_fields, examples_with_control_strings, extra_columns, read_squad, sample_path,
+                        tokenize_examples)
     from ..models import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
@@ -88,7 +90,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
            if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
-            "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info}
+            "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info,
+            "control_strings": examples_with_control_strings(examples, tokenizer)}
 
 
 def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
@@ -282,6 +285,22 @@ def check_store_room(layout: RunLayout, projected: int, cfg: JobConfig, *, expec
     return None
 
 
+CONTROL_TEXT_VERSION = 1
+"""Version of how data text holding control-token strings is tokenised (as text: ``split_special_tokens``); in
+the fingerprint of a run whose data holds such strings, so its earlier extraction is not served."""
+
+
+def control_strings_note(found: dict[str, list[str]]) -> str:
+    """One line: how many questions held the model's control-token strings, which, and that they stayed text."""
+    strings = sorted({t for hits in found.values() for t in hits})
+    shown = ", ".join(repr(t) for t in strings[:4]) + (", ..." if len(strings) > 4 else "")
+    n = len(found)
+    return (f"note: {n:,} question{'s' if n != 1 else ''} ({', '.join(sorted(found)[:3])}"
+            f"{', ...' if n > 3 else ''}) {'hold' if n != 1 else 'holds'} the model's control-token strings in the context or the question "
+            f"({shown}); they are read as text, never as the control tokens, so the data cannot end a segment or "
+            f"a chat turn")
+
+
 def _capped_note(dropped: dict[str, int], cap: int | None) -> str:
     n, total = len(dropped), sum(dropped.values())
     kept = f"its first {cap}" if n == 1 else f"the first {cap} of each"
@@ -439,7 +458,8 @@ class _ShardFiller:
     row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.featurize.profile.profile_tensor`,
     stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
     then the maps are cast straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store each
-    row's largest weights (:func:`~attnclust.store.compact_maps`).
+    row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's row mass they hold
+    (the store's ``kept_mass``).
     """
 
     def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, cfg: JobConfig, device: str):
@@ -456,6 +476,7 @@ class _ShardFiller:
         # a full store created before attnclust stored profile vectors (resumed) has no array for them
         self.profile = None if store.profile is None else \
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
+        self.kept = None if self.compact is None else np.zeros((n, n_layers, n_heads), np.float32)
 
     def __call__(self, row, maps) -> dict[str, np.ndarray]:
         """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
@@ -469,8 +490,10 @@ class _ShardFiller:
         if self.compact is not None:
             from ..store import compact_maps
 
-            self.shard[j, :, :, :m, :m] = compact_maps(maps, mass=float(self.compact["mass"]),
-                                                       max_keys=self.compact["max_keys"]).cpu()
+            codes, kept = compact_maps(maps, mass=float(self.compact["mass"]), max_keys=self.compact["max_keys"],
+                                       with_kept=True)
+            self.shard[j, :, :, :m, :m] = codes.cpu()
+            self.kept[j] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
         elif self.quantise:
             self.shard[j, :, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
         else:
@@ -485,6 +508,8 @@ class _ShardFiller:
         self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
         if self.profile is not None:
             self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
+        if self.kept is not None:
+            self.store.kept_mass.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.kept
         self.seconds += time.perf_counter() - t0
 
 
@@ -593,11 +618,12 @@ class ExtractStage(Stage):
         ``auto`` run that resolves to ``full`` is the same extraction as ``store: full``; a compact store's
         ``extract.exact_sample`` too (the features it keeps when the budget cut it), and
         ``extract.compact_max_keys`` as fitted to the budget when it was ``null`` and a cap was needed
-        (:func:`~attnclust.stages.store_plan.fit_max_keys`)."""
+        (:func:`~attnclust.stages.store_plan.fit_max_keys`), and the compact rows' encoding
+        (:data:`~attnclust.store.COMPACT_ENCODING`: a store in another is extracted again)."""
         plan = self._store_plan(ctx)
         return {"extract.store": plan.mode,
-                **({"extract.exact_sample": len(plan.sample) if plan.sample_cut else ctx.cfg.extract.exact_sample}
-                   if plan.mode == "compact" else {}),
+                **({"extract.exact_sample": len(plan.sample) if plan.sample_cut else ctx.cfg.extract.exact_sample,
+                    "compact_encoding": COMPACT_ENCODING} if plan.mode == "compact" else {}),
                 **({"extract.compact_max_keys": plan.max_keys} if plan.fitted else {})}
 
     @staticmethod
@@ -614,6 +640,8 @@ class ExtractStage(Stage):
         inputs = ctx.inputs
         capped = {"features_capped_at": ctx.cfg.data.max_features_per_example} if inputs.get("dropped_features") \
             else {}
+        if inputs.get("control_strings"):  # data text holding "[SEP]" or "<|im_start|>" is tokenised as text
+            capped["control_strings_as_text"] = CONTROL_TEXT_VERSION
         if inputs["model_info"].get("kind") == "causal":  # the prompts and answers are the features
             capped.update({"model_kind": "causal", "model.gguf_file": ctx.cfg.model.gguf_file,
                            "extract.prompt": ctx.cfg.extract.prompt,
@@ -637,6 +665,8 @@ class ExtractStage(Stage):
                      f"{cfg.extract.max_seq_len} tokens: windowed into {total:,} prompts (overlap "
                      f"extract.doc_stride = {cfg.extract.doc_stride} tokens), each question's answer chosen across "
                      f"its windows")
+        if inputs.get("control_strings"):
+            ctx.note(control_strings_note(inputs["control_strings"]))
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
         plan = self._store_plan(ctx)
@@ -705,4 +735,8 @@ class ExtractStage(Stage):
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
-                "data_path": inputs["data_path"], "store": store.mode, **induction}
+                "data_path": inputs["data_path"], "store": store.mode,
+                "control_strings": {"examples": len(inputs.get("control_strings", {})),
+                                    "strings": sorted({t for hits in inputs.get("control_strings", {}).values()
+                                                       for t in hits})},
+                **induction}

@@ -133,6 +133,11 @@ class ReportStage(Stage):
         qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
         predictions = pd.read_parquet(layout.predictions) if qa else None
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
+        control = ctx.records.get("extract", {}).get("control_strings") or {}
+        if control.get("examples"):
+            notes.append(f"{control['examples']:,} question(s) held the model's control-token strings in the "
+                         f"context or the question ({', '.join(repr(t) for t in control['strings'][:4])}); they "
+                         f"were read as text, never as the control tokens.")
         examples = pd.read_parquet(layout.examples) if layout.examples.exists() else None
         ran = "importance" in ctx.records  # the importance stage ran (when skipped, it wrote nothing)
         importance = pd.read_parquet(layout.importance) if ran and layout.importance.exists() else None
@@ -194,12 +199,10 @@ def _clusters(n: int) -> str:
 def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str] | None = None,
                     medoids: dict[int, str] | None = None) -> str:
     """The report's note on a compact store: which maps each analysis read (``sources``: analysis -> ``full``,
-    ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them), and the compact rows' mass
-    and key cap. The cluster mean maps and medoids read what ``mean_maps`` and ``medoids`` say (cluster -> source,
+    ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them), and the share of the row
+    mass the compact rows keep as measured at extraction, with the key cap. The cluster mean maps and medoids read what ``mean_maps`` and ``medoids`` say (cluster -> source,
     :func:`~attnclust.analysis.atlas.cluster_mean_maps`, :func:`~attnclust.analysis.atlas.medoid_maps`; ``None``:
     the compact ones); the embedded question maps are the compact ones."""
-    compact = store.attrs.get("compact") or {}
-    mass, cap = compact.get("mass"), compact.get("max_keys")
     groups: dict[str, list[str]] = {"exact sample": [], "compact": [], "full": []}
     for name, source in sources.items():
         groups[source].append(name.replace("_", " "))
@@ -220,9 +223,9 @@ def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str]
             "compact": "compact maps",
             "full": "statistics (and profile vectors) computed from every exact map at extraction"}
     parts = [f"{said[source]}: {', '.join(names)}" for source, names in groups.items() if names]
-    kept = f"holding {mass:g} of the row" + (f", at most {cap:,} of them" if cap is not None else "")
-    return (f"The attention store is compact: each query row keeps only its largest weights ({kept}), so maps "
-            f"drawn from it are approximate. Read from {'; from '.join(parts)}.")
+    return (f"The attention store is compact: each query row keeps only its largest weights ({store.kept_text()}; "
+            f"the rest of the row is dropped), so maps drawn from it are approximate. Read from "
+            f"{'; from '.join(parts)}.")
 
 
 def _syntax_on(cfg) -> bool:
