@@ -180,14 +180,21 @@ def stop_token_ids(tokenizer, model=None) -> list[int]:
     """Token ids that end an answer: the tokenizer's end of sequence, ChatML's ``<|im_end|>`` and the model's
     generation config's ``eos_token_id`` (where they exist)."""
     ids: list[int] = []
-    candidates = [tokenizer.eos_token_id]
+    candidates = [("the tokenizer's eos_token", tokenizer.eos_token_id)]
     if "<|im_end|>" in tokenizer.get_vocab():
-        candidates.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        candidates.append(("<|im_end|>", tokenizer.convert_tokens_to_ids("<|im_end|>")))
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    candidates.extend(eos if isinstance(eos, list) else [eos])
-    for value in candidates:
-        if value is not None and int(value) not in ids:
-            ids.append(int(value))
+    candidates.extend(("generation_config.json's eos_token_id", v) for v in (eos if isinstance(eos, list) else [eos]))
+    size = max(len(tokenizer), int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0))
+    for where, value in candidates:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+            name = getattr(tokenizer, "name_or_path", "") or "the model"
+            raise ModelError(f"model.name {name!r}: {where} is {value!r}, not a token id (an integer 0..{size - 1}, "
+                             f"the vocabulary); fix the model folder's generation_config.json or tokenizer files")
+        if value not in ids:
+            ids.append(value)
     return ids
 
 

@@ -178,8 +178,17 @@ def gguf_location(cfg: ModelConfig) -> str | None:
             raise ModelError(f"model.name {name!r}: no such file; give an existing .gguf file, 'smollm2', a hub id "
                              f"or a local model directory")
         return str(path.parent)
-    if path.is_dir() and not (path / file).is_file():
-        raise ModelError(f"model.gguf_file {file!r}: not found in the directory {name!r}; name a .gguf file there")
+    if Path(file).name != file or file in ("", ".", ".."):
+        raise ModelError(f"model.gguf_file {file!r}: is a path; give the name of a .gguf file inside the model "
+                         f"directory {name!r} (or give the file's path as model.name)")
+    if path.is_dir():
+        if not (path / file).is_file():
+            raise ModelError(f"model.gguf_file {file!r}: not found in the directory {name!r}; name a .gguf file "
+                             f"there")
+        inside = (path / file).resolve()
+        if inside.parent != path.resolve():
+            raise ModelError(f"model.gguf_file {file!r}: is a link to {inside}, outside the directory {name!r}; "
+                             f"copy the file into the directory, or give its own path as model.name")
     return name
 
 
@@ -490,8 +499,11 @@ def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception, *,
         return (f"{where}: {cache_only} and {found}; pre-download it into this cache where the hub is reachable "
                 f"('hf download {source}' with the same HF_HOME){then}, or give a local directory or 'minilm' as "
                 f"model.name")
-    if Path(source).is_dir():
-        hint = "check that the directory holds a BERT-family checkpoint written by save_pretrained()"
+    if gguf_name(cfg) is not None:
+        hint = ("check that the file is a GGUF decoder language model that transformers' GGUF loader reads (Llama, "
+                "Mistral, Qwen2, GPT-2, ...) and that the gguf package is up to date")
+    elif Path(source).is_dir():
+        hint = "check that the directory holds a checkpoint written by save_pretrained()"
     else:
         hint = "check the hub id spelling, your network, or use a local directory / 'minilm'"
     return f"{where} ({first}); {hint}"

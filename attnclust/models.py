@@ -288,6 +288,10 @@ def describe_model(cfg: ModelConfig) -> dict:
         If the model cannot be found or loaded.
     """
     loaded = get_model(cfg)
+    if loaded.num_layers < 1 or loaded.num_heads < 1:
+        raise ModelError(f"model.name {cfg.name!r}: config.json gives {loaded.num_layers} layers x "
+                         f"{loaded.num_heads} attention heads; a model has at least one layer with one head: fix "
+                         f"num_hidden_layers / num_attention_heads in config.json")
     return {"source": resolve_model_path(cfg), "identity": model_identity(cfg), "num_layers": loaded.num_layers,
             "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind}
 

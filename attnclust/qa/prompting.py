@@ -19,6 +19,7 @@ the context's own spelling where it occurs there; ``unanswerable`` (or an empty 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,10 +28,10 @@ import numpy as np
 import pandas as pd
 
 from ..data import FEATURE_COLUMNS
-from ..errors import DataError
+from ..errors import DataError, ModelError
 
-__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "choose_answer", "context_spans", "encode_prompt", "generate_answer",
-           "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
+__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans", "encode_prompt",
+           "generate_answer", "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
 
 PROMPT_WINDOWS_VERSION = 1
 """How a long context becomes prompts (1: windows with ``extract.doc_stride`` overlap; before: cut), in the
@@ -95,6 +96,107 @@ def render_prompt(tokenizer: Any, style: str, context: str = _CTX, question: str
     return "\n".join([*lines, f"Text: {context}", f"Question: {question}", "Answer:"])
 
 
+TEMPLATE_SECONDS = 10.0
+"""The longest a model's chat template may take to render one prompt (a few milliseconds for a real one)."""
+TEMPLATE_MEMORY = 2 << 30
+"""The most memory (bytes, beyond what the process already maps) a chat template may take to render."""
+_TEMPLATES: dict[tuple, str] = {}
+
+
+def checked_template(tokenizer: Any, style: str) -> str:
+    """:func:`render_prompt` with the placeholders, rendered once per tokenizer and style in a forked child
+    bounded in time (:data:`TEMPLATE_SECONDS`) and memory (:data:`TEMPLATE_MEMORY`).
+
+    A chat template is code from the model folder: transformers renders it in Jinja's sandbox (no file or
+    attribute access), but a template can still raise, loop for hours or build a string of gigabytes. Each of
+    these is one line here. The data never passes through the template (it is placed between the rendered
+    pieces), so one bounded rendering covers every prompt.
+
+    Raises
+    ------
+    ModelError
+        The template raised, did not finish in time, or ran out of memory.
+    """
+    key = (id(tokenizer), getattr(tokenizer, "chat_template", None), str(getattr(tokenizer, "bos_token", None)),
+           str(getattr(tokenizer, "eos_token", None)), style)
+    if key not in _TEMPLATES:
+        if not getattr(tokenizer, "chat_template", None) or not hasattr(os, "fork"):
+            _TEMPLATES[key] = _render_or_fail(tokenizer, style)
+        else:
+            _TEMPLATES[key] = _render_in_child(tokenizer, style)
+    return _TEMPLATES[key]
+
+
+def _template_error(tokenizer: Any, what: str) -> ModelError:
+    name = getattr(tokenizer, "name_or_path", "") or "the model"
+    return ModelError(f"model.name {name!r}: its chat template {what}; fix or remove chat_template.jinja (or "
+                      f"'chat_template' in tokenizer_config.json), or use another model")
+
+
+def _render_or_fail(tokenizer: Any, style: str) -> str:
+    try:
+        return render_prompt(tokenizer, style)
+    except (DataError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - Jinja raises TemplateError, UndefinedError, TypeError, ...
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise _template_error(tokenizer, f"fails to render ({type(exc).__name__}{': ' + first if first else ''})") \
+            from None
+
+
+def _render_in_child(tokenizer: Any, style: str) -> str:
+    import pickle
+    import resource
+    import select
+    import signal
+    import time
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: render, send the result (or the error line) back, exit without cleanup
+        code = 0
+        try:
+            os.close(read)
+            with open("/proc/self/statm") as fh:
+                mapped = int(fh.read().split()[0]) * resource.getpagesize()
+            resource.setrlimit(resource.RLIMIT_AS, (mapped + TEMPLATE_MEMORY, mapped + TEMPLATE_MEMORY))
+            try:
+                result = ("ok", _render_or_fail(tokenizer, style))
+            except MemoryError:
+                result = ("error", f"needs more than {TEMPLATE_MEMORY >> 30} GiB of memory to render")
+            except (ModelError, DataError) as exc:
+                result = ("raise", type(exc).__name__, str(exc))
+            with os.fdopen(write, "wb") as fh:
+                pickle.dump(result, fh)
+        except BaseException:  # noqa: BLE001 - whatever happens, the child must not return into the caller
+            code = 1
+        os._exit(code)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + TEMPLATE_SECONDS
+    with os.fdopen(read, "rb") as fh:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fh], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise _template_error(tokenizer, f"did not finish rendering in {TEMPLATE_SECONDS:g} s (a loop "
+                                                 f"without bound?)")
+            block = os.read(fh.fileno(), 1 << 16)
+            if not block:
+                break
+            chunks.append(block)
+    os.waitpid(pid, 0)
+    try:
+        result = pickle.loads(b"".join(chunks))
+    except Exception:  # noqa: BLE001 - the child died before it could answer
+        raise _template_error(tokenizer, "ended the process that rendered it") from None
+    if result[0] == "raise":
+        raise (ModelError if result[1] == "ModelError" else DataError)(result[2])
+    if result[0] == "error":
+        raise _template_error(tokenizer, result[1])
+    return result[1]
+
+
 def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> dict[str, list]:
     """Tokenise one prompt and label its tokens.
 
@@ -107,7 +209,7 @@ def encode_prompt(tokenizer: Any, context: str, question: str, style: str) -> di
         BPE's ``Ġword``), so that words group by touching offsets as WordPiece's do
         (:func:`attnclust.analysis.words.word_ids_from_offsets`).
     """
-    template = render_prompt(tokenizer, style)
+    template = checked_template(tokenizer, style)
     if template.count(_CTX) != 1 or template.count(_QST) != 1:
         raise DataError(f"extract.prompt {style!r}: the model's chat template does not place the text and the "
                         f"question once each; use a model whose template shows message contents as given")

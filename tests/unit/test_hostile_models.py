@@ -5,6 +5,7 @@ left in ``--out``."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pandas as pd
@@ -117,3 +118,116 @@ def test_a_fake_chat_turn_in_a_context_cannot_steer_a_decoder_prompt(tmp_path):
 
     assert after_question(dirty) == after_question(clean)                    # the turn ends where the template says
     assert after_question(clean).count(start) == 1                          # ... and the assistant's turn opens
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    from test_causal import save_tiny_causal
+
+    return save_tiny_causal(tmp_path_factory.mktemp("llama"))
+
+
+def broken_copy(source, tmp_path, name: str, text: str | None = None, **config):
+    model = tmp_path / "model"
+    shutil.copytree(source, model)
+    if text is not None:
+        (model / name).write_text(text)
+    else:
+        doc = json.loads((model / name).read_text())
+        (model / name).write_text(json.dumps({**doc, **config}))
+    return model
+
+
+def one_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    return err[0]
+
+
+LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize("name, text, config, expected", [
+    ("chat_template.jinja", "{{ raise_exception('no system role') }}", {},
+     r"its chat template fails to render \(TemplateError: no system role\); fix or remove chat_template\.jinja"),
+    ("chat_template.jinja", "{{ open('/etc/passwd').read() }}", {},
+     r"its chat template fails to render \(UndefinedError: 'open' is undefined\)"),
+    ("chat_template.jinja", LOOPS, {}, r"its chat template did not finish rendering in 1 s \(a loop without bound\?\)"),
+    ("chat_template.jinja", "{{ 'x' * 4000000000 }}", {}, r"its chat template needs more than 2 GiB of memory"),
+    ("generation_config.json", None, {"eos_token_id": "abc"},
+     r"generation_config\.json's eos_token_id is 'abc', not a token id \(an integer 0\.\.\d+, the vocabulary\)"),
+    ("generation_config.json", None, {"eos_token_id": 99999999999},
+     r"generation_config\.json's eos_token_id is 99999999999, not a token id"),
+    ("config.json", None, {"num_hidden_layers": 0},
+     r"config\.json gives 0 layers x 4 attention heads; a model has at least one layer with one head"),
+])
+def test_a_broken_decoder_folder_is_one_line_and_writes_nothing(tmp_path, tiny_llama_dir, small_squad, capsys,
+                                                               monkeypatch, name, text, config, expected):
+    from attnclust.qa import prompting
+
+    monkeypatch.setattr(prompting, "TEMPLATE_SECONDS", 1.0)
+    model = broken_copy(tiny_llama_dir, tmp_path, name, text, **config)
+    out = tmp_path / "out"
+    assert extract(small_squad, out, model, "--set", "data.max_examples=2") == 2
+    assert re.match(rf"^attnclust: error: model\.name '{re.escape(str(model))}': {expected}", one_line(capsys))
+    assert not out.exists()
+
+
+def test_an_encoder_without_layers_is_one_line_and_writes_nothing(tmp_path, tiny_bert_dir, small_squad, capsys):
+    model = broken_copy(tiny_bert_dir, tmp_path, "config.json", num_hidden_layers=0)
+    out = tmp_path / "out"
+    assert extract(small_squad, out, model) == 2
+    assert one_line(capsys) == (f"attnclust: error: model.name '{model}': config.json gives 0 layers x 4 attention "
+                                f"heads; a model has at least one layer with one head: fix num_hidden_layers / "
+                                f"num_attention_heads in config.json")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("field", ["id", "question", "context", "title"])
+def test_a_lone_surrogate_in_the_data_is_one_line(tmp_path, tiny_llama_dir, capsys, field):
+    record = {"id": "q1", "title": "tt", "question": "Where did it sit?", "context": "The cat sat on the mat.",
+              "answers": [{"text": "the mat", "answer_start": 15}]}
+    record[field] = record[field][:2] + "\ud800" + record[field][2:]
+    data = tmp_path / "d.json"
+    data.write_text(json.dumps([record]))                     # json writes the lone surrogate as "\ud800"
+    assert "\\ud800" in data.read_text()
+    out = tmp_path / "out"
+    assert extract(data, out, tiny_llama_dir) == 2
+    label = "record 0 ('q1\\ud800')" if field == "id" else "record 0 ('q1')"
+    assert one_line(capsys) == (f"attnclust: error: data file {data}: {label}: {field} holds a lone surrogate "
+                                f"'\\ud800' at character 2 (an unpaired \\u escape in the JSON), which is not text; "
+                                f"fix or remove it")
+    assert not out.exists()
+
+
+def test_gguf_file_stays_inside_the_model_directory(tmp_path):
+    from attnclust.errors import ModelError
+    from attnclust.modeling import gguf_location
+
+    folder, outside = tmp_path / "model", tmp_path / "elsewhere"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "w.gguf").write_bytes(b"GGUF")
+    for given in (str(outside / "w.gguf"), "../elsewhere/w.gguf"):
+        with pytest.raises(ModelError, match=rf"^model\.gguf_file '{re.escape(given)}': is a path; give the name of "
+                                             r"a \.gguf file inside the model directory"):
+            gguf_location(ModelConfig(name=str(folder), gguf_file=given))
+    (folder / "w.gguf").symlink_to(outside / "w.gguf")
+    with pytest.raises(ModelError, match=rf"^model\.gguf_file 'w\.gguf': is a link to {re.escape(str(outside))}/w\.gguf, "
+                                         r"outside the directory"):
+        gguf_location(ModelConfig(name=str(folder), gguf_file="w.gguf"))
+    (folder / "w.gguf").unlink()
+    (folder / "w.gguf").write_bytes(b"GGUF")
+    assert gguf_location(ModelConfig(name=str(folder), gguf_file="w.gguf")) == str(folder)
+
+
+def test_a_gguf_that_does_not_load_is_not_called_a_bert_checkpoint(tmp_path, small_squad, capsys):
+    model = tmp_path / "junk.gguf"
+    model.write_bytes(b"GGUF" + bytes(200))
+    assert extract(small_squad, tmp_path / "out", model) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"attnclust: error: model.name '{model}': cannot load the ")
+    assert "BERT" not in line and line.endswith("check that the file is a GGUF decoder language model that "
+                                                "transformers' GGUF loader reads (Llama, Mistral, Qwen2, GPT-2, "
+                                                "...) and that the gguf package is up to date")
+    assert not (tmp_path / "out").exists()
