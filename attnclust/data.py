@@ -479,6 +479,8 @@ def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, st
         title = ""
     if not isinstance(title, str):
         raise DataError(f"{label}: title {_show(title)} is {_kind(title)}; make it a string or leave it out")
+    for field, value in (("id", rid), ("question", question), ("context", context), ("title", title)):
+        _refuse_surrogates(label, field, value)
     answers = _validate_answers(rec, context, label)
     impossible = rec.get("is_impossible")
     if impossible is None:
@@ -502,9 +504,23 @@ def _validate_record(raw: tuple[Any, str, int], where: str) -> tuple[Example, st
                             f"2**63-1); write it as a string (in quotes) or drop the field")
     nested = tuple(k for k, v in rec.items() if k not in _KNOWN_FIELDS and isinstance(k, str)
                    and isinstance(v, (dict, list)))
+    for field, value in ((f"answer {i} text", a.text) for i, a in enumerate(answers)):
+        _refuse_surrogates(label, field, value)
+    for field, value in ((f"field {k!r}", v) for k, v in extra if isinstance(v, str)):
+        _refuse_surrogates(label, field, value)
     example = Example(id=rid, title=title, question=question, context=context, answers=tuple(answers),
                       is_impossible=impossible, extra=extra, nested=nested)
     return example, label
+
+
+def _refuse_surrogates(label: str, field: str, value: str) -> None:
+    """Refuse text holding a lone UTF-16 surrogate (JSON's ``"\\ud800"`` escape without its pair): it is not
+    Unicode text, so no tokenizer, parquet file or terminal can take it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataError(f"{label}: {field} holds a lone surrogate {value[exc.start]!r} at character {exc.start:,} "
+                        f"(an unpaired \\u escape in the JSON), which is not text; fix or remove it") from None
 
 
 def _answer_items(rec: dict[str, Any], label: str, *, offsets: bool) -> list[tuple[str, str, str, Any, str]]:
