@@ -1,10 +1,10 @@
 """How a job setting is declared, and how pydantic's errors become one :class:`~attnclust.errors.ConfigError` line.
 
 The machinery under :mod:`attnclust.config`, which holds the job's sections: each setting declares what is allowed
-next to its type, ``Field(json_schema_extra={"allowed": ..., "fix": ...})``, built by :func:`_int`, :func:`_num`,
-:func:`_choice` and :func:`_setting`; validators whose allowed text depends on other values raise :func:`_cross`;
-:class:`_Model` is the frozen, strict base of every section, translating a ``ValidationError`` into the first
-error's dotted key, value, allowed values and fix.
+next to its type, ``Field(json_schema_extra={"allowed": ..., "fix": ...})``, built by :func:`_int`, :func:`_seed`,
+:func:`_num`, :func:`_choice` and :func:`_setting`; validators whose allowed text depends on other values raise
+:func:`_cross`; :class:`_Model` is the frozen, strict base of every section, translating a ``ValidationError`` into
+the first error's dotted key, value (cut short however large, :func:`_shown`), allowed values and fix.
 """
 
 from __future__ import annotations
@@ -28,6 +28,16 @@ def _setting(default: Any = None, allowed: str = "", fix: str = "", **constraint
 def _int(default: int | None, lo: int, hi: int | None = None, fix: str = "") -> Any:
     allowed = f"an integer >= {lo}" + (f" and <= {hi}" if hi is not None else "")
     return _setting(default, allowed, fix, ge=lo, le=hi)
+
+
+SEED_LIMIT = 2**32
+"""Seeds are below 2**32: NumPy's legacy ``RandomState`` and scikit-learn's ``random_state`` take no more."""
+
+
+def _seed(default: int) -> Any:
+    """A seed setting: 0 <= seed < 2**32, as scikit-learn, UMAP and ``transformers.set_seed`` accept."""
+    return _setting(default, f"an integer >= 0 and <= {SEED_LIMIT - 1} (2**32 - 1, the largest seed NumPy and "
+                    f"scikit-learn take)", ge=0, lt=SEED_LIMIT)
 
 
 def _auto_or_at_least(value: int | str, lo: int) -> int | str:
@@ -58,13 +68,68 @@ def _cross(key: str, value: Any, allowed: str, fix: str = "") -> PydanticCustomE
 
 # --- pydantic errors -> one ConfigError --------------------------------------------------------------------
 
+SHOWN_CHARS = 80
+"""Longest value an error line shows; a longer one is cut to ``SHOWN_CHARS - 3`` characters and ``...``."""
+
+
 def _fail(section: str, key: str, value: Any, allowed: str, fix: str = "") -> ConfigError:
     where = (f"{section}.{key}" if section and key else section or key) or "(top level)"
     long_int = isinstance(value, int) and abs(value) >= 10**60
-    shown = f"an integer of {len(str(abs(value)))} digits" if long_int else repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    shown = f"an integer of {len(str(abs(value)))} digits" if long_int else _shown(value, SHOWN_CHARS)
     msg = f"config {where}: got {shown}; allowed: {allowed}"
     return ConfigError(msg + (f"; {fix}" if fix else ""))
+
+
+class _Full(Exception):
+    pass
+
+
+def _shown(value: Any, limit: int) -> str:
+    """``repr(value)`` cut to ``limit`` characters, built only that far: a value from YAML may share its lists
+    (aliases), so its full repr can be astronomically long, and a list may hold itself (shown ``[...]``)."""
+    out: list[str] = []
+    room = [limit + 1]
+    open_ids: set[int] = set()
+
+    def emit(text: str) -> None:
+        out.append(text[:room[0]])
+        room[0] -= len(text)
+        if room[0] < 0:
+            raise _Full
+
+    def walk(item: Any) -> None:
+        if isinstance(item, (set, frozenset)) and not item:
+            emit(repr(item))
+        elif isinstance(item, (list, tuple, dict, set, frozenset)):
+            if id(item) in open_ids:
+                emit("{...}" if isinstance(item, dict) else "[...]")
+                return
+            open_ids.add(id(item))
+            brackets = ("(", ")") if isinstance(item, tuple) else ("[", "]") if isinstance(item, list) else \
+                ("frozenset({", "})") if isinstance(item, frozenset) else ("{", "}")
+            emit(brackets[0])
+            pairs = item.items() if isinstance(item, dict) else ((entry, None) for entry in item)
+            for i, (first, second) in enumerate(pairs):
+                emit(", " if i else "")
+                walk(first)
+                if isinstance(item, dict):
+                    emit(": ")
+                    walk(second)
+            emit("," if isinstance(item, tuple) and len(item) == 1 else "")
+            emit(brackets[1])
+            open_ids.discard(id(item))
+        elif isinstance(item, str):
+            emit(repr(item[:limit + 1]))
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= 10**60:
+            emit(f"<an integer of about {int(abs(item).bit_length() * 0.30103) + 1} digits>")
+        else:
+            emit(repr(item))
+
+    try:
+        walk(value)
+    except _Full:
+        return "".join(out)[:limit - 3] + "..."
+    return "".join(out)
 
 
 def _unknown(owner: type[_Model], key: Any) -> ConfigError:

@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--data", help="dataset file, overrides data.path")
         p.add_argument("--out", help="output directory (default: runs/<job name>)")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                       help="override a job setting, e.g. --set cluster.k=12 (repeatable)")
+                       help="override a job setting, e.g. --set cluster.k=12 (repeatable); a list setting takes "
+                       "YAML flow syntax or commas: --set 'probe.tasks=[answerable, qword]', --set probe.tasks=qword,"
+                       "correct")
         p.add_argument("--scheduler", help="Dask scheduler address or scheduler JSON file (default: embedded)")
         p.add_argument("--workers", type=integer, help="workers of the embedded cluster (default: CPU cores)")
         p.add_argument("--runtime", choices=("local", "local-cuda"), default="local",
@@ -49,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     ft.add_argument("--eval-data", help="data to score the model on afterwards, overrides finetune.eval_data")
     ft.add_argument("--out", help="model directory (default: models/<job name>); loads as model.name afterwards")
     ft.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                    help="override a job setting, e.g. --set finetune.max_steps=200 (repeatable)")
+                    help="override a job setting, e.g. --set finetune.max_steps=200 (repeatable); a list setting "
+                    "takes YAML flow syntax or commas: --set 'probe.labels=[topic]'")
     ft.add_argument("--force", action="store_true", help="start over when --out holds another configuration")
     ft.add_argument("--quiet", action="store_true", help="no progress bars or loss lines")
     ev = sub.add_parser("evaluate", help="score predictions with the official SQuAD 2.0 metric (prints JSON)")

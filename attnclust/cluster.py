@@ -84,9 +84,10 @@ from .config import ClusterConfig
 from .errors import ConfigError, StoreError
 from .placement import KnnPlacer
 
-__all__ = ["PLACEMENT", "FittedClusters", "OnStep", "Placement", "align_clusters", "assign_block", "best_jaccard",
-           "bootstrap_stability", "choose_k", "fit_clusters", "fit_from_store", "group_codes", "is_separated",
-           "place_rest", "sample_rows", "split_half_stability", "tied_candidates", "valley_ratio"]
+__all__ = ["PLACEMENT", "SEED_STREAMS", "FittedClusters", "OnStep", "Placement", "align_clusters", "assign_block",
+           "best_jaccard", "bootstrap_stability", "choose_k", "fit_clusters", "fit_from_store", "group_codes",
+           "is_separated", "place_rest", "sample_rows", "split_half_stability", "stream_seed", "tied_candidates",
+           "valley_ratio"]
 
 OnStep = Callable[[str, int, int, str], None]
 """``on_step(step, done, total, unit)``: ``done`` of ``total`` ``unit`` of ``step`` are finished (``done=0`` when
@@ -233,6 +234,18 @@ class FittedClusters:
             self.cluster_stability_ = self.cluster_stability_[source]
             self.cluster_dissolved_ = self.cluster_dissolved_[source]
         self.kmeans_ = kmeans
+
+
+SEED_STREAMS = {"resample": 1, "silhouette": 1, "umap_sample": 2, "stability_sample": 3, "k_search": 4,
+                "stability": 5, "k_labels": 6}
+"""The random streams of a fit, each an offset from ``cluster.random_state`` (or ``cluster.stability_seed`` for
+``resample`` and ``stability_sample``): distinct draws for distinct purposes from one seed."""
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    """The seed of one named stream (:data:`SEED_STREAMS`), within ``[0, 2**32)`` as scikit-learn and NumPy's
+    legacy seeding require for every seed a job accepts."""
+    return (int(seed) + SEED_STREAMS[stream]) % 2**32
 
 
 def sample_rows(n: int, size: int, random_state: int) -> np.ndarray:
@@ -596,7 +609,7 @@ def bootstrap_stability(z: np.ndarray, groups: np.ndarray | None, labels: np.nda
 
 def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend: str) -> dict[int, float]:
     """Silhouette of a quick KMeans (2 restarts) per candidate k on ``silhouette_sample`` maps, for reference."""
-    zs = z[sample_rows(len(z), cfg.silhouette_sample, cfg.random_state + 1)]
+    zs = z[sample_rows(len(z), cfg.silhouette_sample, stream_seed(cfg.random_state, "silhouette"))]
     scores: dict[int, float] = {}
     for k in ks:
         if k >= len(zs):
@@ -674,7 +687,8 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     z = fitted.reduce(x)
     lap("pca")
     measure = cfg.k == "auto" or cfg.stability_resamples is not None
-    pick = sample_rows(n, cfg.stability_sample, cfg.stability_seed + 3) if measure else np.arange(0)
+    pick = sample_rows(n, cfg.stability_sample, stream_seed(cfg.stability_seed, "stability_sample")) if measure \
+        else np.arange(0)
     zs, gs = z[pick], codes[pick]
     fitted.stability_maps_, fitted.stability_examples_ = len(pick), len(np.unique(gs))
     if cfg.k == "auto":
@@ -684,14 +698,16 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         candidates = range(cfg.k_min, cfg.k_max + 1)
         fitted.k_stability_ = split_half_stability(
             zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
-            random_state=cfg.random_state + 4, refine=2 * cfg.stability_tolerance, backend=backend,
+            random_state=stream_seed(cfg.random_state, "k_search"), refine=2 * cfg.stability_tolerance,
+            backend=backend,
             on_step=on_step, map_tasks=map_tasks)
         k = choose_k(fitted.k_stability_, cfg.stability_tolerance)  # the largest tied candidate
         tied = tied_candidates(fitted.k_stability_, cfg.stability_tolerance)
         if len(tied) > 1:  # the largest separated one, checked from the top down; none: the largest tied
             with _step(on_step, f"separation of {len(tied)} tied candidates"):
                 for candidate in reversed(tied):
-                    labels = _kmeans_labels(backend, zs, zs, candidate, cfg.random_state + 6, cfg.n_init)
+                    labels = _kmeans_labels(backend, zs, zs, candidate, stream_seed(cfg.random_state, "k_labels"),
+                                            cfg.n_init)
                     fitted.k_separated_[candidate] = is_separated(zs, labels)
                     if fitted.k_separated_[candidate]:
                         k = candidate
@@ -711,11 +727,12 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         labels = bk.to_numpy(kmeans.predict(zs)).astype(np.int64)
         fitted.cluster_stability_, fitted.cluster_dissolved_ = bootstrap_stability(
             zs, gs, labels, k, n_boot=cfg.stability_resamples, n_init=cfg.n_init,
-            resample_seed=cfg.stability_seed + 1, random_state=cfg.random_state + 5, backend=backend,
+            resample_seed=stream_seed(cfg.stability_seed, "resample"),
+            random_state=stream_seed(cfg.random_state, "stability"), backend=backend,
             on_step=on_step)
         lap("bootstrap")
     if cfg.umap and n > cfg.umap_neighbors + 1:
-        pick = sample_rows(n, cfg.umap_sample, cfg.random_state + 2)
+        pick = sample_rows(n, cfg.umap_sample, stream_seed(cfg.random_state, "umap_sample"))
         fits_all = len(pick) == (n if n_total is None else n_total)
         with _step(on_step, f"UMAP on {len(pick)} maps"):
             umap = bk.make_umap(backend, n_neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist,

@@ -19,13 +19,13 @@ import functools
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ._settings import _auto_or_at_least, _choice, _cross, _int, _Model, _num, _setting, _unknown
+from ._settings import _auto_or_at_least, _choice, _cross, _int, _Model, _num, _seed, _setting, _unknown
 from .errors import ConfigError
 
 __all__ = [
@@ -351,7 +351,7 @@ class ClusterConfig(_Model):
     stability_tolerance: float = _num(0.005, 0, hi=1, allowed="a number in [0, 1]")
     stability_resamples: int | None = _int(20, 2, fix="or null to skip the per-cluster stability")
     min_stability: float = _num(0.6, 0, hi=1, allowed="a number in [0, 1]")
-    stability_seed: int = _int(0, 0)
+    stability_seed: int = _seed(0)
     silhouette_sample: int = _int(4000, 10)
     pca_components: int | None = _int(50, 2)
     fit_sample: int = _int(200_000, 100)
@@ -360,7 +360,7 @@ class ClusterConfig(_Model):
     umap_neighbors: int = _int(15, 2)
     umap_min_dist: float = _num(0.1, 0, hi=1, allowed="a number in [0, 1]")
     placement: Placement = _choice("knn", Placement)
-    random_state: int = _int(0, 0)
+    random_state: int = _seed(0)
 
     @field_validator("k")
     @classmethod
@@ -453,7 +453,7 @@ class FinetuneConfig(_Model):
     logging_steps: int = _int(10, 1)
     save_steps: int = _int(500, 1)
     save_total_limit: int = _int(2, 1)
-    seed: int = _int(42, 0)
+    seed: int = _seed(42)
     precision: Precision = _choice("auto", Precision)
     eval_data: str | None = _setting(None, "a SQuAD-v2-format file, or null to skip scoring", pattern=_TEXT_PATTERN)
     eval_max_examples: int | None = _int(None, 1)
@@ -678,13 +678,32 @@ def _adapter(annotation: Any) -> TypeAdapter:
 
 
 def _typed(owner: type[_Model], key: str, text: str) -> Any:
-    """``text`` read as the type of ``owner.key`` (``12`` -> 12 for an int, ``auto`` stays text, ``null`` -> None)."""
+    """``text`` read as the type of ``owner.key`` (``12`` -> 12 for an int, ``auto`` stays text, ``null`` -> None,
+    ``[a, b]`` or ``a,b`` -> ``("a", "b")`` for a list)."""
     if text in _NULLS:
         return None
+    annotation = owner.model_fields[key].annotation
+    if tuple in {get_origin(a) for a in (annotation, *get_args(annotation))}:
+        return _listed(text, f"--set {owner.SECTION}.{key}")
     try:
         return _adapter(owner.model_fields[key].annotation).validate_strings(text)
     except ValidationError:
         return text  # not of the type: the model names it with what is allowed
+
+
+def _listed(text: str, where: str) -> Any:
+    """A list setting's ``--set`` value: YAML flow syntax (``[a, b]``, ``[]``, ``["a,b"]``, read by the safe
+    loader) or items separated by commas (``a,b``; one item alone is a list of one)."""
+    if not text.startswith("["):
+        return tuple(part.strip() for part in text.split(","))
+    from .safeio import load_yaml
+
+    try:
+        value = load_yaml(text, where)
+    except yaml.YAMLError:
+        return text  # not a list: validation names it with what is allowed
+    _refuse_alias_bombs(value, where)
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -711,7 +730,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     overrides
         Strings like ``cluster.k=12``, ``cluster.k=auto``, ``data.path=null`` or ``name=run2``. A value is
         parsed by the type of the setting it targets (``12`` -> 12 for an int, ``false`` -> False for a bool,
-        ``null`` -> None); a value that does not parse is passed on as text and refused by validation.
+        ``null`` -> None); a value that does not parse is passed on as text and refused by validation. A list
+        setting (``probe.tasks``, ``probe.labels``) takes YAML flow syntax, ``probe.tasks=[answerable, qword]``
+        (``[]`` for none, quotes around an item holding a comma), or items separated by commas,
+        ``probe.tasks=answerable,qword``.
         A malformed item (no ``=``, more than one dot) or an unknown section or setting raises ``ConfigError``.
 
     Returns
@@ -733,6 +755,60 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                               f"(got {type(section).__name__}); make it a mapping of settings")
         section[parts[1]] = value
     return out
+
+
+MAX_EXPANDED_VALUES = 100_000
+"""Most values a job's YAML aliases (``*name``) may expand to: a job holds about a hundred settings."""
+
+
+def _refuse_alias_bombs(raw: Any, where: str) -> None:
+    """Refuse YAML whose aliases expand past :data:`MAX_EXPANDED_VALUES` values, or make a list hold itself.
+
+    ``yaml.safe_load`` builds an aliased node once and shares it, so a "billion laughs" (ten levels of lists of
+    nine aliases of the level below: 9^10 values from about 500 bytes) loads quickly; whatever walks or prints the value
+    afterwards (validation, an error message) would not finish. The expanded size is counted here over the shared
+    lists and mappings, each once, before anything reads the values.
+    """
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+    shared = False
+
+    def size(item: Any) -> int:
+        nonlocal shared
+        if not isinstance(item, (list, dict)):
+            return 1
+        if id(item) in open_ids:
+            raise ConfigError(f"{where}: a YAML alias refers to itself (a list or mapping that holds itself); a job "
+                              f"setting is never recursive: write the value out")
+        if id(item) in sizes:
+            shared = True
+            return sizes[id(item)]
+        open_ids.add(id(item))
+        total = 1
+        for child in [*item.keys(), *item.values()] if isinstance(item, dict) else item:
+            total += size(child)  # one frame a level: the parser's own nesting limit keeps it in the stack
+        sizes[id(item)] = total
+        open_ids.discard(id(item))
+        return total
+
+    try:
+        total = size(raw)
+    except RecursionError:
+        raise ConfigError(f"{where}: is nested too deeply (lists or mappings inside each other); a job file nests "
+                          f"two levels: fix the file") from None
+    if total <= MAX_EXPANDED_VALUES or not shared:  # without aliases the file's size bounds it
+        return
+    path, node = [], raw
+    while isinstance(node, dict) and len(path) < 2:  # name the section.key that expands
+        big = next((k for k, v in node.items() if size(v) > MAX_EXPANDED_VALUES), None)
+        if big is None:
+            break
+        path.append(str(big))
+        node = node[big]
+    at = f" in {'.'.join(path)}" if path else ""
+    raise ConfigError(f"{where}: YAML aliases (*name){at} expand to {total:,} values, more than the "
+                      f"{MAX_EXPANDED_VALUES:,} a job may hold (an alias expansion bomb?); write the values out "
+                      f"instead of aliasing them")
 
 
 def default_job_path() -> Path:
@@ -778,6 +854,7 @@ def load_job(path: str | Path | None = None, overrides: list[str] | None = None)
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    _refuse_alias_bombs(raw, source)
     raw = apply_overrides(raw, list(overrides or []))
     try:
         return JobConfig.from_dict(raw)

@@ -27,7 +27,7 @@ from .runtime import dask_client
 from .stages import COMMANDS, DaskExecutor, RunContext, check_stages, make_stages, run_stages, stage_names
 from .store import atomic_write_json, open_attention_store
 
-__all__ = ["JobResult", "make_job_id", "result_summary", "run_job"]
+__all__ = ["JobResult", "check_extract_inputs", "make_job_id", "result_summary", "run_job"]
 
 PACKAGES = ("attnclust", "torch", "torchvision", "transformers", "dask", "distributed", "zarr", "numpy",
             "pandas", "scikit-learn", "umap-learn")
@@ -108,6 +108,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
     layout.check_writable(adopt=adopt)
     if "extract" not in stages:
         open_attention_store(layout.attention)  # fail fast on a missing or foreign store
+        check_extract_inputs(layout)
     job_id = job_id or make_job_id(cfg.name)
     ctx = RunContext(layout=layout, cfg=cfg, job_id=job_id, backend="cpu", executor=executor, progress=progress,
                      should_stop=should_stop, on_event=on_event)
@@ -143,6 +144,75 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
                 _write_job_json(layout, cfg, job_id, ctx.backend, ctx.records)
         result.stages["total_seconds"] = round(time.perf_counter() - started, 3)
     return result
+
+
+def check_extract_inputs(layout: RunLayout) -> None:
+    """Refuse to serve a run whose data file or model changed since its ``extract`` stage read them.
+
+    ``attnclust run`` (and ``attnclust extract``) see such a change in the extract stage's fingerprint; a command
+    that runs later stages alone takes that stage's recorded fingerprint, so it checks here, before anything is
+    found complete or re-run: the data file the run read (its recorded ``data.path``, or the bundled sample)
+    against the recorded content hash, and the model (its recorded ``model.name`` and ``model.revision``) against
+    the recorded weights identity (:func:`attnclust.modeling.model_identity`). A data file or model that is gone
+    is not a change (the later stages read only the run's own outputs). A run without an extract record (a store
+    another tool wrote) has nothing to check.
+
+    Raises
+    ------
+    attnclust.errors.StoreError
+        One line naming the changed file or model and the command that rebuilds the run.
+    """
+    import json
+
+    from .errors import StoreError
+
+    try:
+        record = json.loads(layout.stage_record("extract").read_text())
+        parts = record["parts"]
+        keys, identity = dict(parts["keys"]), dict(parts["identity"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    fix = ("so this run's results no longer match it; re-run 'attnclust run --force' with the same data and model "
+           "for this output dir to rebuild them, or write to another --out")
+    changed = _data_changed(keys, identity)
+    if changed is not None:
+        raise StoreError(f"output dir {layout.root}: the data file {changed} changed since the run's stage "
+                         f"'extract' read it (its content differs), {fix}")
+    changed = _model_changed(keys, identity)
+    if changed is not None:
+        raise StoreError(f"output dir {layout.root}: the model {changed!r} changed since the run's stage 'extract' "
+                         f"read it (its weights, configuration or tokenizer files differ), {fix}")
+
+
+def _data_changed(keys: dict, identity: dict) -> Path | None:
+    """The recorded data file, when its content no longer has the recorded hash."""
+    from .data import sample_path
+    from .stages.extract import file_sha256
+
+    recorded = identity.get("data_file_content")
+    path = Path(keys["data.path"]).expanduser() if keys.get("data.path") else sample_path()
+    if not isinstance(recorded, str) or not path.is_file():
+        return None
+    try:
+        return None if file_sha256(path) == recorded else path
+    except OSError:  # unreadable now: the later stages do not read it
+        return None
+
+
+def _model_changed(keys: dict, identity: dict) -> str | None:
+    """The recorded model's name, when its weights identity is no longer the recorded one."""
+    from .config import ModelConfig
+    from .modeling import model_identity
+
+    recorded = identity.get("model_weights")
+    if not isinstance(recorded, str) or not isinstance(keys.get("model.name"), str):
+        return None
+    try:
+        cfg = ModelConfig(name=keys["model.name"], revision=keys.get("model.revision"),
+                          gguf_file=identity.get("model.gguf_file"))
+        return None if model_identity(cfg) == recorded else cfg.name
+    except (AttnclustError, OSError):  # gone or unreadable now: the later stages do not load it
+        return None
 
 
 def _write_job_json(layout: RunLayout, cfg: JobConfig, job_id: str, backend: str, records: dict) -> None:
