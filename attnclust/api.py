@@ -10,7 +10,7 @@ import pandas as pd
 from .config import JobConfig, load_job
 from .errors import StoreError
 from .layout import RunLayout
-from .store import DIMS, open_attention_store, read_features, read_table
+from .store import DIMS, decode_compact, open_attention_store, read_features, read_table
 
 __all__ = ["Output", "open_output", "run"]
 
@@ -79,12 +79,16 @@ class Output:
     @cached_property
     def attention(self):
         """``xarray.DataArray`` (feature, layer, head, query, key), dask-backed, with ``seq_len`` and
-        ``example_id`` coordinates on ``feature``."""
+        ``example_id`` coordinates on ``feature``. A compact store's maps are decoded as
+        :meth:`~attnclust.store.AttentionStore.read_map` decodes them (each row's largest weights, rows summing to
+        at most 1); ``attrs["compact"]["kept"]`` holds the measured share of the row mass they keep."""
         import dask.array as da
         import xarray as xr
 
         arr = da.from_zarr(self._store.attention)
-        if self._store.scale != 1.0:  # a uint8 store: weights = stored * scale
+        if self._store.mode == "compact":  # square-root codes, whole rows in every chunk
+            arr = arr.map_blocks(decode_compact, dtype="float32")
+        elif self._store.scale != 1.0:  # a uint8 store: weights = stored * scale
             arr = arr.astype("float32") * self._store.scale
         feats = self.features
         return xr.DataArray(arr, dims=DIMS, name="attention", coords={
@@ -148,6 +152,73 @@ class Output:
         da_ = self.attention.isel(feature=feature_id, layer=layer, head=head, query=slice(0, n),
                                   key=slice(0, n)).compute()
         return da_.assign_coords(query_token=("query", tokens), key_token=("key", tokens))
+
+    # Inline views (attnclust/report/views.py): drawn in a notebook cell by the report's own template and script.
+
+    def grid_view(self, *, examples: int = 1):
+        """The report's layer x head grid, drawn inline in Jupyter; clicking a cell opens the head's panel.
+
+        Parameters
+        ----------
+        examples : int, optional
+            Sampled questions whose maps of every head the head panels show (0: none, the smallest page).
+
+        Returns
+        -------
+        attnclust.report.views.GridView
+            ``_repr_html_()`` (self-contained HTML), ``figure()`` (matplotlib).
+        """
+        from .report.views import grid_view
+
+        return grid_view(self, examples=examples)
+
+    def head_view(self, layer: int, head: int, *, examples: int = 1):
+        """One head's panel of the report, drawn inline: cluster mix, roles, measures and example maps.
+
+        Parameters
+        ----------
+        layer, head : int
+            The head, counted from 0.
+        examples : int, optional
+            The head's maps shown, those nearest its dominant cluster's centre first.
+
+        Returns
+        -------
+        attnclust.report.views.HeadView
+            ``_repr_html_()`` (self-contained HTML), ``figure()`` (matplotlib).
+
+        Raises
+        ------
+        attnclust.AttnclustError
+            ``layer`` or ``head`` is out of the run's range (the message gives it).
+        """
+        from .report.views import head_view
+
+        return head_view(self, layer, head, examples=examples)
+
+    def map_view(self, feature_id: int, layer: int, head: int):
+        """One map with its tokens, drawn inline as the report draws it (hover a cell for the tokens and weight).
+
+        Parameters
+        ----------
+        feature_id : int
+            The feature (``feature_id`` of :attr:`features`, the row of the store).
+        layer, head : int
+            The head, counted from 0.
+
+        Returns
+        -------
+        attnclust.report.views.MapView
+            ``weights`` (query, key) and ``tokens``; ``_repr_html_()`` (self-contained HTML), ``figure()``.
+
+        Raises
+        ------
+        attnclust.AttnclustError
+            ``feature_id``, ``layer`` or ``head`` is out of the run's range (the message gives it).
+        """
+        from .report.views import map_view
+
+        return map_view(self, feature_id, layer, head)
 
 
 def open_output(path: str | Path) -> Output:

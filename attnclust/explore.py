@@ -394,11 +394,15 @@ class ExploreApp:
         """``/api/map`` as JSON: ``feature``, ``layer``, ``head``, ``example_id``, ``seq_len``, ``tokens``,
         ``segment_ids``, ``question``, ``answer`` (the gold answer's inclusive token span ``[start, end]``, or
         ``null`` when it is not in this feature or the run has no answer positions), ``weights`` (query rows of
-        key weights, rounded to :data:`MAP_DECIMALS`) and ``source`` (:meth:`map_source`: ``full``, ``exact
-        sample`` or ``compact``)."""
+        key weights, rounded to :data:`MAP_DECIMALS`), ``source`` (:meth:`map_source`: ``full``, ``exact
+        sample`` or ``compact``) and ``kept_mass``: for a compact map the share of the exact row mass its rows
+        hold, averaged over them as measured at extraction (:meth:`~attnclust.store.AttentionStore.read_kept_mass`;
+        each row sums to at most 1, short by what it dropped), ``null`` for an exact map."""
         import numpy as np
 
         weights, tokens = self.read_map(feature, layer, head)
+        source = self.map_source(feature)
+        kept = round(self.store.read_kept_mass(feature, layer, head), 4) if source == "compact" else None
         row = self.features.loc[feature]
         a, b = int(row.get("answer_start_token", -1)), int(row.get("answer_end_token", -1))
         return {"feature": feature, "layer": layer, "head": head, "example_id": str(row["example_id"]),
@@ -406,7 +410,7 @@ class ExploreApp:
                 "question": self.questions().get(str(row["example_id"]), ""),
                 "answer": [a, b] if 0 <= a <= b < len(tokens) else None,
                 "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist(),
-                "source": self.map_source(feature)}
+                "source": source, "kept_mass": kept}
 
     def map_png(self, feature: int, layer: int, head: int) -> bytes:
         """``/api/map?format=png``: the map drawn at full length with token labels (matplotlib Agg).
@@ -432,8 +436,10 @@ class ExploreApp:
         ax.set_xticks(np.arange(n), labels, rotation=90, fontsize=6)
         ax.set_yticks(np.arange(n), labels, fontsize=6)
         source = self.map_source(feature)
+        kept = f": its rows keep {self.store.read_kept_mass(feature, layer, head):.3g} of their mass on average" \
+            if source == "compact" else ""
         ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens)" + ("" if source == "full" else
-                                                                          f", {source} map"), fontsize=9)
+                                                                          f", {source} map{kept}"), fontsize=9)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         buf = io.BytesIO()

@@ -7,9 +7,14 @@ Store contract (documented in docs/reference/store.md; other tools rely on it)::
         seq_len             int32 (feature)
         attrs               schema, schema_version, store (full | compact), model, max_seq_len, num_layers,
                             num_heads[, complete, quantization, compact]
-    with store: compact (``extract.store: compact``, for dataset-scale runs):
+    with store: compact (``extract.store: compact``, for dataset-scale runs; attrs compact: mass, max_keys,
+    encoding "sqrt-uint8", and once complete kept: the measured share of each row's mass its kept keys hold):
         attention           uint8 (feature, layer, head, query, key): per query row only its largest weights
-                            holding >= compact.mass of the row, as max(1, round(255 * weight)); 0 elsewhere
+                            (the fewest holding compact.mass of the row, at most compact.max_keys of them), each
+                            as round(255 * sqrt(weight)); 0 elsewhere. A reader takes (value / 255) ** 2 and
+                            divides a row by its sum where that exceeds 1 (:func:`decode_compact`)
+        kept_mass           float32 (feature, layer, head): the mean over each map's query rows of the share of
+                            the exact row's mass that its kept keys hold (1 - this is the mass a row dropped)
         profile             float32 (feature, layer, head, component): the ``profile`` featurizer's vectors of
                             the exact maps, computed at extraction
         exact               float16 (sample, layer, head, query, key): the exact maps of a sample of features
@@ -46,6 +51,7 @@ from .safeio import atomic_write as _atomic_write
 from .safeio import atomic_write_bytes, atomic_write_json  # re-exported: their home before safeio
 
 __all__ = [
+    "COMPACT_ENCODING",
     "DIMS",
     "EMBED_SCHEMA",
     "MAP_SOURCES",
@@ -56,10 +62,12 @@ __all__ = [
     "atomic_write_parquet",
     "check_store_tables",
     "compact_maps",
+    "decode_compact",
     "quantize_uint8",
     "read_table",
     "create_attention_store",
     "exact_sample_ids",
+    "kept_mass_summary",
     "mark_store_complete",
     "open_attention_store",
     "open_embedding",
@@ -75,6 +83,13 @@ MAP_SOURCES = ("full", "compact", "exact sample")
 """What an analysis read its maps from: every exact map of a ``full`` store, the approximate maps of a ``compact``
 store, or the ``exact sample`` of a compact store (:meth:`AttentionStore.exact_source`)."""
 DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
+COMPACT_ENCODING = "sqrt-uint8"
+"""``attrs["compact"]["encoding"]`` of the compact stores this attnclust writes and reads: each kept weight ``w``
+as ``round(255 * sqrt(w))`` (:func:`compact_maps`), read back as ``(value / 255) ** 2`` (:func:`decode_compact`),
+within ``sqrt(w) / 255 + 4e-6`` of ``w``: 0.00013 at 0.001, 0.0037 at 0.9. The square root spends the byte's levels
+where a diffuse row's many small weights lie; a linear byte holds nothing finer than 1/255 = 0.0039, four times
+the ~0.001 of most keys of a diffuse 384-token row."""
+_SQUARES = (np.arange(256, dtype=np.float32) / np.float32(255)) ** 2  # compact code -> weight
 EMBED_SCHEMA = "attnclust.embedding"
 """``schema`` attribute of a run's ``embedding.zarr`` (written by :mod:`attnclust.stages.featurize`)."""
 EMBED_FIX = "re-run 'attnclust featurize --force' for this output dir to rewrite it"
@@ -110,6 +125,9 @@ class AttentionStore:
         (sample, layer, head, query, key).
     exact_features
         int64 (sample,): the feature id of each row of ``exact`` (``None`` without one).
+    kept_mass
+        In a compact store the float32 zarr array (feature, layer, head) of the share of each map's exact row
+        mass that its kept keys hold, averaged over its query rows (:meth:`read_kept_mass`); ``None`` otherwise.
     """
 
     path: Path
@@ -119,6 +137,7 @@ class AttentionStore:
     profile: Any = None
     exact: Any = None
     exact_features: np.ndarray | None = None
+    kept_mass: Any = None
 
     @property
     def mode(self) -> str:
@@ -212,15 +231,51 @@ class AttentionStore:
 
     @property
     def scale(self) -> float:
-        """Multiplier from stored values to attention weights (1 for float16, 1/255 for a uint8 store)."""
+        """Multiplier from stored values to attention weights (1 for float16, 1/255 for a uint8 full store); a
+        compact store's codes are not linear in the weights (:meth:`decode`)."""
         return float((self.attrs.get("quantization") or {}).get("scale", 1.0))
+
+    def decode(self, values) -> np.ndarray:
+        """Stored values of ``attention`` (..., query, key) as float32 weights of the same shape: a compact
+        store's codes by :func:`decode_compact`, a uint8 full store's times :attr:`scale`, float16 as they are."""
+        return self._decode(values)
+
+    @property
+    def kept(self) -> dict | None:
+        """A compact store's measured share of the exact row mass its rows keep, from ``attrs["compact"]["kept"]``
+        (written when the store is complete, :func:`mark_store_complete`): ``mean`` over every query row, and
+        over the maps' own means (:meth:`read_kept_mass`) the 5th percentile ``p05`` and the least ``min``.
+        ``None`` for a full store or one not complete."""
+        return (self.attrs.get("compact") or {}).get("kept") if self.mode == "compact" else None
+
+    def kept_text(self) -> str:
+        """How much of each row's mass a compact store's rows keep, for notes: the measured figures of
+        :attr:`kept` (``at most 2 keys a row; measured: 0.372 of a row's mass on average, under 0.121 in 5% of
+        maps, 0.0511 in the least``), or the setting, said as such, when they were not recorded."""
+        kept, compact = self.kept, self.attrs.get("compact") or {}
+        cap = compact.get("max_keys")
+        most = f"at most {cap:,} key{'s' if cap != 1 else ''} a row; " if cap is not None else ""
+        if not kept:
+            return (f"{most}up to {compact.get('mass', 'extract.compact_mass')} of a row's mass, the share kept not "
+                    f"measured")
+        return (f"{most}measured: {kept['mean']:.3g} of a row's mass on average, under {kept['p05']:.3g} in 5% of "
+                f"maps, {kept['min']:.3g} in the least")
+
+    def read_kept_mass(self, feature: int, layer: int, head: int) -> float:
+        """The share of a compact map's exact row mass that its kept keys hold, averaged over its query rows
+        (1 minus it is the mass its rows dropped, :func:`compact_maps`); 1.0 in a full store."""
+        if self.kept_mass is None:
+            return 1.0
+        with self._reading(feature, feature + 1):
+            return float(self.kept_mass[feature, layer, head])
 
     def read_map(self, feature: int, layer: int, head: int) -> np.ndarray:
         """One map at its true length, (query, key) float32.
 
-        In a compact store the map is approximate: each query row holds only its largest weights (at least
-        ``attrs["compact"]["mass"]`` of the row's exact mass on them, unless capped at ``max_keys``), each
-        within 1/510 of the exact weight (1/255 for kept weights below 1/510), and zeros elsewhere.
+        In a compact store the map is approximate: each query row holds only its largest weights (the fewest
+        holding ``attrs["compact"]["mass"]`` of the row's exact mass, at most ``max_keys`` of them), each within
+        ``sqrt(w) / 255 + 4e-6`` of the exact weight ``w`` (:data:`COMPACT_ENCODING`), zeros elsewhere; a row
+        sums to at most 1, short of it by the mass it dropped (:meth:`read_kept_mass`, :attr:`kept`).
         """
         n = int(self.seq_len[feature])
         with self._reading(feature, feature + 1):
@@ -267,6 +322,8 @@ class AttentionStore:
     def _decode(self, values, scale: float | None = None) -> np.ndarray:
         import torch  # torch's float16 -> float32 conversion is ~3x faster than NumPy's
 
+        if scale is None and self.mode == "compact":
+            return decode_compact(values)
         scale = self.scale if scale is None else scale
         out = torch.from_numpy(np.ascontiguousarray(values)).float().numpy()
         return out * np.float32(scale) if scale != 1.0 else out
@@ -325,8 +382,34 @@ def quantize_uint8(weights: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(np.nan_to_num(np.asarray(weights, dtype=np.float64)), 0.0, 1.0) * 255).astype(np.uint8)
 
 
-def compact_maps(maps, *, mass: float, max_keys: int | None = None):
-    """Each query row's largest weights holding at least ``mass`` of the row, quantised, the rest zero.
+def decode_compact(values) -> np.ndarray:
+    """A compact store's codes as weights: ``(value / 255) ** 2``, each row divided by its sum where that exceeds 1
+    (the codes round each weight to the nearest level, so a row that kept all its mass can read a little over 1).
+
+    Parameters
+    ----------
+    values : numpy.ndarray of uint8, shape (..., query, key)
+        Codes of :func:`compact_maps` (0: a key the row does not keep).
+
+    Returns
+    -------
+    numpy.ndarray of float32, same shape
+        Rows that sum to at most 1: the kept weights, each within ``sqrt(w) / 255 + 4e-6`` of the exact ``w``
+        before a row over 1 is scaled down, and 0 elsewhere.
+    """
+    values = np.asarray(values)
+    if values.dtype != np.uint8:
+        raise ValueError(f"compact codes of dtype {values.dtype}: expected uint8 (a compact store's attention)")
+    out = _SQUARES[values]
+    sums = out.sum(-1, keepdims=True)
+    over = sums > 1
+    if over.any():
+        np.divide(out, sums, out=out, where=over)
+    return out
+
+
+def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: bool = False):
+    """Each query row's largest weights holding at least ``mass`` of the row, encoded, the rest zero.
 
     Parameters
     ----------
@@ -337,12 +420,18 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None):
         Share of each row's sum to keep (0 < mass <= 1): the fewest largest weights whose sum reaches it.
     max_keys
         Most weights kept per row (``None``: no cap); a row that needs more keeps only this many.
+    with_kept
+        Also return the share of each row's sum that its kept keys hold.
 
     Returns
     -------
-    torch.Tensor
-        (..., query, key) uint8: ``max(1, round(255 * weight))`` on the kept keys (so the nonzero entries are
-        exactly the kept keys), 0 elsewhere. Among equal weights at the cut, the lowest keys are kept.
+    codes : torch.Tensor
+        (..., query, key) uint8: ``round(255 * sqrt(weight))`` on the kept keys (:data:`COMPACT_ENCODING`; a kept
+        weight under ``1 / 510 ** 2``, whose code is 0, is dropped), 0 elsewhere. Among equal weights at the cut,
+        the lowest keys are kept.
+    kept : torch.Tensor
+        Only with ``with_kept``: (..., query) float32, the exact mass of each row's kept keys over the row's sum
+        (1 for a row that sums to 0).
 
     Notes
     -----
@@ -357,9 +446,12 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None):
     n = a.shape[-1]
     if a.device.type == "cpu":
         flat = a.reshape(-1, n) if a.numel() else a.new_zeros((0, n))
-        return torch.from_numpy(_compact_cpu(flat, mass, max_keys).reshape(a.shape))
+        codes, kept = _compact_cpu(flat, mass, max_keys)
+        codes = torch.from_numpy(codes.reshape(a.shape))
+        return (codes, torch.from_numpy(kept.reshape(a.shape[:-1]))) if with_kept else codes
     values = torch.sort(a, dim=-1, descending=True).values
-    count = (values.cumsum(-1) < mass * a.sum(-1, keepdim=True)).sum(-1, keepdim=True) + 1
+    sums, running = a.sum(-1, keepdim=True), values.cumsum(-1)
+    count = (running < mass * sums).sum(-1, keepdim=True) + 1
     count.clamp_(max=n if max_keys is None else min(n, max_keys))
     cut = values.gather(-1, count - 1)  # the smallest kept weight
     keep = a >= cut
@@ -369,12 +461,16 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None):
         ties = a[rows] == cut[rows]
         left = count[rows] - (a[rows] > cut[rows]).sum(-1, keepdim=True)
         keep[rows] = (a[rows] > cut[rows]) | (ties & (ties.cumsum(-1) <= left))
-    q = a.mul(255).round_().clamp_(1, 255).mul_(keep)
-    return q.to(torch.uint8)
+    codes = a.clamp(0, 1).sqrt_().mul_(255).round_().mul_(keep).to(torch.uint8)
+    if not with_kept:
+        return codes
+    held = running.gather(-1, count - 1)  # the kept keys' sum: ties at the cut are equal weights
+    return codes, torch.where(sums > 0, held / sums.clamp(min=torch.finfo(a.dtype).tiny), 1.0)[..., 0]
 
 
-def _compact_cpu(flat, mass: float, max_keys: int | None) -> np.ndarray:
-    """:func:`compact_maps` of (row, key) float32 CPU rows: the same numbers as its torch path, twice as fast.
+def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`compact_maps` of (row, key) float32 CPU rows, its codes and the kept share of each row: the same
+    numbers as its torch path, twice as fast.
 
     The running sum is torch's (it accumulates in double, as the GPU path's), over the values sorted largest
     first; it never decreases, so the keys to keep are one binary search per row, and whether a row has more
@@ -393,13 +489,18 @@ def _compact_cpu(flat, mass: float, max_keys: int | None) -> np.ndarray:
     ascending = np.sort(arr, axis=-1)
     largest = ascending[:, ::-1][:, :keys]  # the keys largest values, largest first
     running = torch.from_numpy(largest.copy()).cumsum(-1)  # never decreasing
-    count = torch.searchsorted(running, flat.sum(-1, keepdim=True) * mass).numpy()[:, 0] + 1  # sums below + 1
+    sums = flat.sum(-1, keepdim=True)
+    count = torch.searchsorted(running, sums * mass).numpy()[:, 0] + 1  # sums below + 1
     np.minimum(count, keys, out=count)
-    cut = ascending[np.arange(len(arr)), n - count]  # the smallest kept weight
+    index = np.arange(len(arr))
+    held, sums = running.numpy()[index, count - 1], sums.numpy()[:, 0]  # the kept keys' sum (ties: equal weights)
+    kept = np.divide(held, sums, out=np.ones_like(sums), where=sums > 0)
+    cut = ascending[index, n - count]  # the smallest kept weight
     at_least = n - torch.searchsorted(torch.from_numpy(ascending), torch.from_numpy(cut[:, None])).numpy()[:, 0]
-    q = np.rint(arr * np.float32(255))
-    np.clip(q, 1, 255, out=q)
-    q = q.astype(np.uint8)
+    q = np.clip(arr, 0, 1)
+    np.sqrt(q, out=q)
+    q *= np.float32(255)
+    q = np.rint(q, out=q).astype(np.uint8)
     q *= arr >= cut[:, None]
     extra = np.flatnonzero(at_least > count)  # rows with more weights equal to the cut than places left
     if len(extra):
@@ -407,7 +508,7 @@ def _compact_cpu(flat, mass: float, max_keys: int | None) -> np.ndarray:
         ties = rows == cuts
         left = count[extra][:, None] - (rows > cuts).sum(-1, keepdims=True)
         q[extra] *= (rows > cuts) | (ties & (np.cumsum(ties, axis=-1) <= left))
-    return q
+    return q, kept
 
 
 def _zarr():
@@ -429,15 +530,19 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     ``profile_dim`` wide is created when it is given (the extract stage gives it in every mode); a compact store
     always has one (17 wide unless given).
 
-    ``mode="compact"`` stores uint8 maps that keep only each row's largest weights (:func:`compact_maps`), and
-    a ``profile`` array ``profile_dim`` wide; ``attrs["compact"]`` records ``mass`` and ``max_keys``; ``dtype``
-    is not used. The zero runs cost almost nothing after zstd (measured: 0.0104 of raw float32 per map against
+    ``mode="compact"`` stores uint8 maps that keep only each row's largest weights (:func:`compact_maps`), a
+    ``profile`` array ``profile_dim`` wide and a ``kept_mass`` array (feature, layer, head); ``attrs["compact"]``
+    records ``mass``, ``max_keys`` and ``encoding`` (:data:`COMPACT_ENCODING`); ``dtype`` is not used. The zero
+    runs cost almost nothing after zstd (measured with a linear byte code: 0.0104 of raw float32 per map against
     0.0137 for ragged key-ordered uint8 weights + int16 key deltas and 0.0275 for largest-first weights + keys).
     Its chunks are stored key-major (zarr's ``transpose`` codec) and compressed by Blosc zstd level 1 with
     bit-shuffling: 0.0108 of raw float32 per map against 0.01163 in query-major order with zstd level 1 (2
-    cores). Level 5 (0.00965) was the default until the SQuAD2-dev rehearsal showed the write to be the largest
-    part of a compact extraction: over 126 generated SQuAD-v2 features in one process and one thread, level 1
-    converted and wrote at 47 ms a feature against 60 for level 5, for 8% more bytes (``bench/README.md``).
+    cores). The square-root code's small weights take distinct values where a linear byte rounded them all to 1:
+    over 308 generated SQuAD-v2 features of the packaged MiniLM, uncapped rows at ``compact_mass`` 0.95 take 0.0295
+    of raw float32 per map (0.0133 for the linear code, 384 wide). Level 5 (0.00965, linear code) was the default
+    until the SQuAD2-dev rehearsal showed the write to be the largest part of a compact extraction: over 126
+    generated SQuAD-v2 features in one process and one thread, level 1 converted and wrote at 47 ms a feature
+    against 60 for level 5, for 8% more bytes (``bench/README.md``).
 
     ``exact_features`` (compact only; :func:`exact_sample_ids`): features whose exact maps are also kept, as
     float16 in the ``exact`` array (one shard per feature, so each extract task writes only its own features'),
@@ -452,10 +557,11 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         raise ValueError("an exact sample is kept by a compact store only (a full store is exact throughout)")
     if mode == "compact":  # uint8, each row's largest weights only
         dtype = "uint8"
-        attrs = {**attrs, "compact": {"mass": compact_mass, "max_keys": compact_max_keys}}
+        attrs = {**attrs, "compact": {"mass": compact_mass, "max_keys": compact_max_keys,
+                                      "encoding": COMPACT_ENCODING}}
         if len(sample):
             attrs["exact_sample"] = {"features": len(sample)}
-    if dtype == "uint8":
+    elif dtype == "uint8":  # linear: a compact store's codes are not (COMPACT_ENCODING)
         attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
     zarr = _zarr()
     from zarr.codecs import BloscCodec, TransposeCodec, ZstdCodec
@@ -488,6 +594,10 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         "profile", shape=(n, num_layers, num_heads, profile_dim), dtype="float32", fill_value=0,
         chunks=(features_per_task, num_layers, num_heads, profile_dim), config=COMPLETE,
         compressors=with_checksum(ZstdCodec(level=1)), dimension_names=(*DIMS[:3], "component"))
+    kept_mass = None if mode != "compact" else group.create_array(
+        "kept_mass", shape=(n, num_layers, num_heads), dtype="float32", fill_value=0,
+        chunks=(features_per_task, num_layers, num_heads), config=COMPLETE,
+        compressors=with_checksum(ZstdCodec(level=1)), dimension_names=DIMS[:3])
     exact = None
     if len(sample):
         side = int(seq_len[sample].max())
@@ -504,7 +614,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     seq[:] = seq_len.astype(np.int32)
     return AttentionStore(path=path, attention=attention, seq_len=np.asarray(seq_len, np.int32),
                           attrs=dict(group.attrs), profile=profile, exact=exact,
-                          exact_features=sample if len(sample) else None)
+                          exact_features=sample if len(sample) else None, kept_mass=kept_mass)
 
 
 def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool = True) -> AttentionStore:
@@ -537,7 +647,12 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
     if store_mode not in STORE_MODES:
         raise StoreError(f"store {path}: attribute store = {store_mode!r} is not one of "
                          f"{' | '.join(STORE_MODES)}; {fix}")
-    names = ("attention", "profile") if store_mode == "compact" else ("attention",)
+    encoding = (attrs.get("compact") or {}).get("encoding", "linear-uint8")
+    if store_mode == "compact" and encoding != COMPACT_ENCODING:
+        raise StoreError(f"store {path}: compact maps in encoding {encoding!r}, not {COMPACT_ENCODING!r} (this "
+                         f"attnclust's; a linear byte read a diffuse row's small weights too large); re-run "
+                         f"'attnclust extract --force' for this output dir to rewrite them")
+    names = ("attention", "profile", "kept_mass") if store_mode == "compact" else ("attention",)
     if store_mode == "compact" and attrs.get("exact_sample"):
         names = (*names, "exact", "exact_feature")
     try:
@@ -554,10 +669,13 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
 
         raise StoreError(f"store {path}: arrays {', '.join(names)}, seq_len unreadable ({error_text(exc)}); the "
                          f"store is damaged: {DAMAGE_FIX}") from None
-    attention, profile = arrays["attention"], arrays.get("profile")
+    attention, profile, kept_mass = arrays["attention"], arrays.get("profile"), arrays.get("kept_mass")
     if profile is not None and tuple(profile.shape[:3]) != tuple(attention.shape[:3]):
         raise StoreError(f"store {path}: profile has shape {tuple(profile.shape)}, attention "
                          f"{tuple(attention.shape)}; expected (feature, layer, head, component) matching; {fix}")
+    if kept_mass is not None and tuple(kept_mass.shape) != tuple(attention.shape[:3]):
+        raise StoreError(f"store {path}: kept_mass has shape {tuple(kept_mass.shape)}, attention "
+                         f"{tuple(attention.shape)}; expected (feature, layer, head) matching; {fix}")
     shape = attention.shape
     if len(shape) != 5 or shape[3] != shape[4] or shape[0] != len(seq_len):
         raise StoreError(f"store {path}: attention has shape {shape} with {len(seq_len)} seq_len values; "
@@ -571,7 +689,7 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
     if require_complete and attrs.get("complete", True) is False:
         raise StoreError(f"store {path}: extraction did not finish; re-run the same command to resume it")
     return AttentionStore(path=path, attention=attention, seq_len=seq_len, attrs=attrs, profile=profile,
-                          exact=exact, exact_features=sample)
+                          exact=exact, exact_features=sample, kept_mass=kept_mass)
 
 
 def _check_exact(path: Path, exact, sample: np.ndarray, shape: tuple, seq_len: np.ndarray, fix: str) -> None:
@@ -590,11 +708,29 @@ def _check_exact(path: Path, exact, sample: np.ndarray, shape: tuple, seq_len: n
 
 
 def mark_store_complete(path: Path) -> None:
-    """Set the store's ``complete`` attribute (after every shard was written)."""
+    """Set the store's ``complete`` attribute (after every shard was written); in a compact store first record
+    ``attrs["compact"]["kept"]``, the measured share of the row mass its rows keep (:attr:`AttentionStore.kept`)."""
     from .integrity import open_writable_group
 
+    store = open_attention_store(path, require_complete=False)
     group = open_writable_group(path, mode="r+")
+    if store.mode == "compact":
+        group.attrs["compact"] = {**store.attrs["compact"], "kept": kept_mass_summary(store)}
     group.attrs["complete"] = True
+
+
+def kept_mass_summary(store: AttentionStore) -> dict:
+    """The share of the exact row mass a compact store's rows keep, from its ``kept_mass`` array: ``mean`` over
+    every query row of every map (each map's mean weighted by its rows), and over the maps' means the 5th
+    percentile ``p05`` and the least ``min``; 4 significant digits."""
+    with store._reading(0, store.n_features):
+        per_map = np.asarray(store.kept_mass[:], dtype=np.float64)  # (feature, layer, head)
+    if per_map.size == 0:
+        return {"mean": 1.0, "p05": 1.0, "min": 1.0}
+    rows = np.broadcast_to(store.seq_len.astype(np.float64)[:, None, None], per_map.shape)
+    return {name: float(f"{value:.4g}") for name, value in (("mean", (per_map * rows).sum() / rows.sum()),
+                                                            ("p05", np.percentile(per_map, 5)),
+                                                            ("min", per_map.min()))}
 
 
 def check_store_tables(root: Path) -> None:

@@ -536,9 +536,10 @@ def write_compact_decoy(root: str | Path, sample) -> Path:
         block = np.zeros((stop - start, *store.attention.shape[1:]), np.uint8)
         for f in range(start, stop):
             n = int(seq_len[f])
-            block[f - start, :, :, :n, :n] = max(1, round(255 / n))
+            block[f - start, :, :, :n, :n] = round(255 * np.sqrt(1 / n))  # the compact code of 1/n
         store.attention.with_config(write)[start:stop] = block
     store.profile.with_config(write)[:] = np.random.default_rng(0).random(store.profile.shape, np.float32)
+    store.kept_mass.with_config(write)[:] = 1.0  # a uniform row keeps every key
     side = store.exact.shape[-1]
     for i, f in enumerate(sample):
         store.exact.with_config(write)[i] = exact[int(f)][:, :, :side, :side]

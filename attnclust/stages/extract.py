@@ -14,7 +14,6 @@ so an edited file or a re-trained model is never served from an old extraction.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import shutil
 import time
 from pathlib import Path
@@ -27,9 +26,11 @@ from ..qa.prompting import PROMPT_WINDOWS_VERSION
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
+from ..data import FEATURE_LAYOUT_VERSION
 from ..errors import ConfigError, DataError, StoreError
 from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
+from ..hfdata import data_fingerprint
 from ..layout import RunLayout
 from ..store import (COMPACT_ENCODING, atomic_write_parquet, create_attention_store, mark_store_complete,
                      open_attention_store)
@@ -43,15 +44,6 @@ __all__ = ["ExtractStage", "batch_ranges", "check_store_room", "compact_store_by
            "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes", "store_plan"]
 
 
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file's content (read in 1 MiB pieces)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for piece in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
 def prepare_inputs(cfg: JobConfig) -> dict:
     """Read and validate the data, tokenise it, load the model once; nothing is written.
 
@@ -60,14 +52,15 @@ def prepare_inputs(cfg: JobConfig) -> dict:
     dict
         ``data_path``, ``data_sha256``, ``examples`` (one row per question), ``features`` (planned: one row per
         feature in store order), ``dropped_features`` (example id -> features dropped by
-        ``data.max_features_per_example``) and ``model_info`` (:func:`attnclust.models.describe_model`).
+        ``data.max_features_per_example``), ``normalised`` (what the features change of the tokenizer's output:
+        :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
     from ..data import (check_label_fields, examples_with_control_strings, extra_columns, read_squad, sample_path,
                         tokenize_examples)
     from ..models import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
-    examples = read_squad(path, max_examples=cfg.data.max_examples)
+    examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split)
     if cfg.probe.enabled:
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
@@ -88,9 +81,10 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         "is_impossible": [e.is_impossible for e in examples],
         **{name: values for name, values in extra_columns(examples).items()  # the data's own labels (probe.labels)
            if name not in ("id", "answer_texts", "answer_starts")}})
-    return {"data_path": str(path), "data_sha256": file_sha256(path), "examples": table,
+    return {"data_path": str(path), "data_sha256": data_fingerprint(path, cfg.data.split), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
             "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info,
+            "normalised": list(features.attrs.get("normalised", ())),
             "control_strings": examples_with_control_strings(examples, tokenizer)}
 
 
@@ -610,8 +604,9 @@ class ExtractStage(Stage):
 
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
         """:attr:`reads`, plus ``extract.head_outputs`` when on (off, earlier runs' fingerprints stay as they were;
-        on, a run without head outputs is not served)."""
-        return self.reads + (("extract.head_outputs",) if cfg.extract.head_outputs else ())
+        on, a run without head outputs is not served), and ``data.split`` when set (likewise)."""
+        return self.reads + (("extract.head_outputs",) if cfg.extract.head_outputs else ()) + (
+            ("data.split",) if cfg.data.split is not None else ())
 
     def resolved_keys(self, ctx: RunContext) -> dict:
         """``extract.store`` as resolved for this run's features (``auto`` -> ``full`` or ``compact``), so an
@@ -631,8 +626,9 @@ class ExtractStage(Stage):
         return store_plan(ctx.cfg, ctx.inputs["features"]["seq_len"].to_numpy(), ctx.inputs["model_info"])
 
     def identity(self, ctx: RunContext) -> dict:
-        """The data file's content hash, the model's identity (weights, tokenizer, chat template, generation
-        config: :func:`~attnclust.models.model_identity`), the backend, the statistics' versions,
+        """The data's content identity (:func:`~attnclust.hfdata.data_fingerprint`), the model's identity
+        (weights, tokenizer, chat template, generation config: :func:`~attnclust.models.model_identity`), the
+        backend, the statistics' versions,
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
         features, so the fingerprint, as they were); for a causal model also the settings of its prompts and
         answers (``extract.prompt``, ``extract.max_new_tokens``, ``model.gguf_file``), which an encoder's
@@ -642,6 +638,8 @@ class ExtractStage(Stage):
             else {}
         if inputs.get("control_strings"):  # data text holding "[SEP]" or "<|im_start|>" is tokenised as text
             capped["control_strings_as_text"] = CONTROL_TEXT_VERSION
+        if inputs.get("normalised"):  # features that differ from the tokenizer's output (RoBERTa's segments ...)
+            capped["features_normalised"] = FEATURE_LAYOUT_VERSION
         if inputs["model_info"].get("kind") == "causal":  # the prompts and answers are the features
             capped.update({"model_kind": "causal", "model.gguf_file": ctx.cfg.model.gguf_file,
                            "extract.prompt": ctx.cfg.extract.prompt,

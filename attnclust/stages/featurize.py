@@ -9,7 +9,8 @@ that declares ``uses_context`` also gets the token masks of its maps, read from 
 this featurizer's version (:func:`stored_profile`: every store attnclust writes; no map is read). Other stores
 (a full store of another tool or an older attnclust) are featurized from their maps. On a compact store
 (``extract.store: compact``) any other featurizer works on the reconstructed maps, which keep only each row's
-largest weights (``extract.compact_mass`` of the row), and the stage says so in one note.
+largest weights (up to ``extract.compact_mass`` of the row), and the stage says so in one note with the share of
+the row mass they hold as measured at extraction.
 """
 
 from __future__ import annotations
@@ -194,10 +195,9 @@ class FeaturizeStage(Stage):
         store = open_attention_store(ctx.layout.attention, require_complete=False)
         if store.mode != "compact":
             return
-        mass = store.attrs.get("compact", {}).get("mass")
         if method != "profile":
             ctx.note(f"featurize: the store is compact: {method} reads reconstructed maps that keep only each "
-                     f"row's largest weights (>= {mass} of its mass, uint8); extract.store: full gives exact maps")
+                     f"row's largest weights ({store.kept_text()}); extract.store: full gives exact maps")
             return
         stored = (store.attrs.get("profile") or {}).get("version")
         if stored != featurizer.version:

@@ -200,9 +200,11 @@ def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str]
                     medoids: dict[int, str] | None = None) -> str:
     """The report's note on a compact store: which maps each analysis read (``sources``: analysis -> ``full``,
     ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them), and the share of the row
-    mass the compact rows keep as measured at extraction, with the key cap. The cluster mean maps and medoids read what ``mean_maps`` and ``medoids`` say (cluster -> source,
-    :func:`~attnclust.analysis.atlas.cluster_mean_maps`, :func:`~attnclust.analysis.atlas.medoid_maps`; ``None``:
-    the compact ones); the embedded question maps are the compact ones."""
+    mass the compact rows keep as measured at extraction, with the key cap
+    (:meth:`~attnclust.store.AttentionStore.kept_text`). The cluster mean maps and medoids read what ``mean_maps``
+    and ``medoids`` say (cluster -> source, :func:`~attnclust.analysis.atlas.cluster_mean_maps`,
+    :func:`~attnclust.analysis.atlas.medoid_maps`; ``None``: the compact ones); the embedded question maps are the
+    compact ones."""
     groups: dict[str, list[str]] = {"exact sample": [], "compact": [], "full": []}
     for name, source in sources.items():
         groups[source].append(name.replace("_", " "))

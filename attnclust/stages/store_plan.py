@@ -13,7 +13,7 @@ them through :class:`ExactSampleWriter`, beside the shard.
 A compact store fits the budget too: with ``extract.compact_max_keys: null`` (the default) its exact sample takes
 at most :data:`SAMPLE_SHARE` of the budget (fewer features than ``extract.exact_sample`` when theirs would take
 more: :func:`fit_sample_size`) and each row keeps at most the most keys that the rest of the budget holds beside
-the profile vectors (:func:`fit_max_keys`), by the estimate :data:`ROW_BYTES_PER_SQRT_KEY`; when every row's whole
+the profile vectors (:func:`fit_max_keys`), by the estimate :data:`ROW_BYTES_ONE_KEY`; when every row's whole
 length fits, there is no cap. A cap below what a row needs for ``extract.compact_mass`` keeps less of that row's
 mass: the pre-flight line names the cap.
 """
@@ -29,22 +29,25 @@ from ..config import JobConfig
 from ..errors import ConfigError
 from ..store import exact_sample_ids
 
-__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_PER_SQRT_KEY", "SAMPLE_SHARE", "StorePlan",
+__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "SAMPLE_SHARE",
+           "StorePlan",
            "compact_rows_bytes", "fit_max_keys", "fit_sample_size", "plan_store"]
 
 
 # The compact rows' bytes on disk over their bound (uint8 true-length maps before compression), with margin:
-# measured 0.19 for MiniLM over generated SQuAD-v2 data (2,077 features: 1.05 GB of rows, bound 5.25 GB,
-# extract.compact_mass 0.95); 0.5 leaves room for a model whose rows need over twice as many keys.
-COMPACT_EXPECTED_RATIO = 0.5
+# measured with the square-root code (attnclust.store.COMPACT_ENCODING) at extract.compact_mass 0.95 over generated
+# SQuAD-v2 data: 0.48 for the packaged MiniLM (308 features, median 160 tokens), 0.61 for a random-init BERT-base
+# (12 x 12, 32 features of 70-299 tokens, diffuse rows that keep most keys); 0.8 leaves room above both.
+COMPACT_EXPECTED_RATIO = 0.8
 
-# What a compact row that keeps k keys takes on disk, at most, in bytes: ROW_BYTES_PER_SQRT_KEY x sqrt(k). Measured
-# (the store's codecs: key-major, Blosc zstd-1 bit-shuffled, 384 wide) on 32 generated SQuAD-v2 features of 70-299
-# tokens, bytes a row at 1, 2, 4, 8, 16, 32 keys: the packaged MiniLM 4.0, 7.3, 11.6, 17.1, 23.9, 31.6 (uncapped at
-# compact_mass 0.95: 43.3 for 89 keys); a random-init BERT-base (12 x 12) 3.1, 4.5, 6.6, 9.9, 14.6, 21.4. A row's
-# bytes grow as the square root of its keys (the positions of more keys cost fewer bits each); 7 sqrt(k) lies 15-75%
-# above every measured point, so a store sized by it lands under its budget.
-ROW_BYTES_PER_SQRT_KEY = 7.0
+# What a compact row that keeps k keys takes on disk, at most, in bytes: ROW_BYTES_ONE_KEY x k ** ROW_KEYS_EXPONENT.
+# Measured (the store's codecs: key-major, Blosc zstd-1 bit-shuffled, 384 wide; the square-root code) on 32
+# generated SQuAD-v2 features of 70-299 tokens, bytes a row at 1, 2, 4, 8, 16, 32 keys: the packaged MiniLM 4.4,
+# 8.6, 14.5, 23.1, 35.5, 52.9 (uncapped at compact_mass 0.95: 88.8 for 89 keys); a random-init BERT-base (12 x 12)
+# 4.8, 7.2, 11.0, 16.9, 26.7, 42.9. A row's bytes grow slower than its keys (the positions of more keys cost fewer
+# bits each); 6.4 k ** 0.7 lies 17-69% above every measured point, so a store sized by it lands under its budget.
+ROW_BYTES_ONE_KEY = 6.4
+ROW_KEYS_EXPONENT = 0.7
 
 # The share of extract.store_budget_gb a compact store fitted to it (compact_max_keys null) gives its exact sample
 # at most: extract.exact_sample's 256 features of SQuAD-like lengths take 1.3 GB of float16 maps for MiniLM (6 x 12
@@ -125,7 +128,7 @@ class StorePlan:
         if self.mode == "full":
             return self.full_bytes
         rows = int(COMPACT_EXPECTED_RATIO * self.compact_bytes)
-        if self.max_keys is not None:  # a cap bounds each row's bytes (ROW_BYTES_PER_SQRT_KEY)
+        if self.max_keys is not None:  # a cap bounds each row's bytes (ROW_BYTES_ONE_KEY)
             rows = min(rows, self.rows_bytes)
         return rows + self.sample_bytes
 
@@ -141,11 +144,12 @@ class StorePlan:
         cut = (f"; extract.exact_sample = {self.sample_setting:,}, cut to a third of the budget"
                if self.sample_cut else "")
         compact = (f"up to {_size(self.compact_bytes)} (compact: uint8 true-length maps before compression, of "
-                   f"which only the largest weights holding {mass:g} of each row are nonzero{cap}, so far less in "
-                   f"practice)") + (f" plus the exact float16 maps of {len(self.sample):,} features "
-                                    f"({_size(self.sample_bytes)}{cut})" if len(self.sample) else
-                                    f" and no exact maps (extract.exact_sample = {self.sample_setting:,}: not one "
-                                    f"feature's fit a third of the budget)" if self.sample_cut else "")
+                   f"which only each row's largest weights, up to {mass:g} of the row, are nonzero{cap}, so far "
+                   f"less in practice; the share kept is measured at extraction)") + (
+            f" plus the exact float16 maps of {len(self.sample):,} features ({_size(self.sample_bytes)}{cut})"
+            if len(self.sample) else
+            f" and no exact maps (extract.exact_sample = {self.sample_setting:,}: not one feature's fit a third of "
+            f"the budget)" if self.sample_cut else "")
         if self.setting == "full":
             return f"store {full}"
         if self.setting == "compact":
@@ -232,9 +236,10 @@ def fit_sample_size(seq_len: np.ndarray, maps: int, size: int, room: float) -> i
 
 def compact_rows_bytes(seq_len: np.ndarray, maps: int, max_keys: int) -> float:
     """The compact rows' bytes on disk, estimated: ``maps`` maps a feature, each row of a feature ``L`` long
-    keeping at most ``min(max_keys, L)`` keys, at :data:`ROW_BYTES_PER_SQRT_KEY` x sqrt(keys) bytes a row."""
+    keeping at most ``min(max_keys, L)`` keys, at :data:`ROW_BYTES_ONE_KEY` x keys ** :data:`ROW_KEYS_EXPONENT`
+    bytes a row."""
     lengths = np.asarray(seq_len, dtype=np.float64)
-    return ROW_BYTES_PER_SQRT_KEY * maps * float((lengths * np.sqrt(np.minimum(lengths, max_keys))).sum())
+    return ROW_BYTES_ONE_KEY * maps * float((lengths * np.minimum(lengths, max_keys) ** ROW_KEYS_EXPONENT).sum())
 
 
 def fit_max_keys(seq_len: np.ndarray, maps: int, room: float) -> int | None:

@@ -13,7 +13,7 @@ from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 from attnclust.stages.extract import ExtractStage, prepare_inputs
-from attnclust.store import compact_maps, create_attention_store, open_attention_store
+from attnclust.store import COMPACT_ENCODING, compact_maps, create_attention_store, open_attention_store
 
 
 def _run(tmp_path, tiny_bert_dir, small_squad, name, stages=("extract",), featurize=None, **extract):
@@ -46,16 +46,16 @@ def _brute_force_count(row: np.ndarray, mass: float) -> int:
 
 def _check_row(exact_row: np.ndarray, stored_row: np.ndarray, mass: float, cap: int | None = None) -> None:
     """A compact row: its nonzero keys are the fewest largest weights reaching ``mass`` (brute force), each
-    within 1/510 of the exact weight (1/255 below 1/510), and nothing else is stored."""
+    stored as the square root code, ``(v / 255) ** 2`` within ``sqrt(w) / 255 + 4e-6`` of the exact ``w``, and
+    nothing else is stored."""
     kept = np.flatnonzero(stored_row)
     need = _brute_force_count(exact_row, mass)
     assert len(kept) == (need if cap is None else min(need, cap))
     if cap is None or need <= cap:
         assert exact_row[kept].sum() >= mass * exact_row.sum() - 1e-6
     assert exact_row[kept].min() >= np.delete(exact_row, kept).max(initial=0) - 1e-7
-    np.testing.assert_allclose(stored_row[kept] / 255, exact_row[kept], atol=1 / 255 + 1e-7)
-    big = exact_row[kept] >= 1 / 510
-    np.testing.assert_allclose(stored_row[kept][big] / 255, exact_row[kept][big], atol=1 / 510 + 1e-7)
+    read = (stored_row[kept].astype(np.float64) / 255) ** 2
+    assert (np.abs(read - exact_row[kept]) <= np.sqrt(exact_row[kept]) / 255 + 4e-6).all()
 
 
 def test_compact_maps_keep_the_fewest_largest_weights_holding_the_mass():
@@ -75,7 +75,7 @@ def test_a_key_cap_bounds_the_kept_keys():
 
     maps = torch.full((1, 10, 10), 0.1)   # uniform: 0.95 would need 10 keys
     stored = compact_maps(maps, mass=0.95, max_keys=4)
-    assert ((stored > 0).sum(-1) == 4).all() and (stored[stored > 0] == 26).all()
+    assert ((stored > 0).sum(-1) == 4).all() and (stored[stored > 0] == round(255 * 0.1 ** 0.5)).all()
 
 
 def test_read_map_reconstruction_keeps_the_mass_and_is_zero_elsewhere(both):
@@ -140,7 +140,10 @@ def test_settings_are_in_the_fingerprint_and_pooled_reads_the_reconstruction(tmp
     _, out = _run(tmp_path, tiny_bert_dir, small_squad, "p", stages=("extract", "featurize"), store="compact",
                   compact_mass=0.8, compact_max_keys=3, featurize={"method": "pooled", "grid": 4})
     store = open_attention_store(out.attention)
-    assert store.attrs["compact"] == {"mass": 0.8, "max_keys": 3}
+    compact = store.attrs["compact"]
+    assert {k: compact[k] for k in ("mass", "max_keys", "encoding")} == {"mass": 0.8, "max_keys": 3,
+                                                                        "encoding": COMPACT_ENCODING}
+    assert 0 < compact["kept"]["min"] <= compact["kept"]["p05"] <= compact["kept"]["mean"] <= 1
     assert int((np.asarray(store.attention[:]) > 0).sum(-1).max()) == 3
     from attnclust.stages.featurize import open_embedding
 
@@ -165,7 +168,8 @@ def test_a_full_store_without_profile_opens_and_a_compact_store_without_one_is_r
     compact = create_attention_store(tmp_path / "c.zarr", seq_len=seq, num_layers=1, num_heads=2,
                                      features_per_task=2, attrs={}, mode="compact")
     opened = open_attention_store(compact.path, require_complete=False)
-    assert opened.mode == "compact" and opened.profile.shape == (2, 1, 2, 17) and opened.scale == pytest.approx(1 / 255)
+    assert opened.mode == "compact" and opened.profile.shape == (2, 1, 2, 17) and opened.kept_mass.shape == (2, 1, 2)
+    assert opened.attrs["compact"]["encoding"] == COMPACT_ENCODING and "quantization" not in opened.attrs
     shutil.rmtree(compact.path / "profile")
     with pytest.raises(StoreError, match="missing array 'profile'.*compact store"):
         open_attention_store(compact.path, require_complete=False)
@@ -204,5 +208,7 @@ def test_compact_chunks_are_stored_key_major_and_read_back_query_major(tmp_path)
     assert inner[2]["configuration"]["shuffle"] == "bitshuffle"
     opened = open_attention_store(store.path, require_complete=False)
     np.testing.assert_array_equal(np.asarray(opened.attention[:]), block)
-    np.testing.assert_allclose(opened.read_map(1, 1, 0), block[1, 1, 0, :3, :3] / 255, atol=1e-7)
+    read = (block[1, 1, 0, :3, :3] / 255) ** 2
+    read /= np.maximum(read.sum(-1, keepdims=True), 1)   # a row over 1 is scaled to 1
+    np.testing.assert_allclose(opened.read_map(1, 1, 0), read, atol=1e-6)
     assert opened.read_map(1, 1, 0)[2, 0] == 0 and opened.read_map(1, 1, 0)[0, 2] > 0

@@ -19,7 +19,8 @@ from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_tokens
 
 
 def reference_compact_maps(maps, *, mass: float, max_keys: int | None = None):
-    """``compact_maps`` as it was: a full sort of each row, the running sum, a scatter back (the reference)."""
+    """``compact_maps`` as a full sort of each row, the running sum, a scatter back of the square-root codes
+    (the reference)."""
     import torch
 
     a = maps.float()
@@ -28,7 +29,7 @@ def reference_compact_maps(maps, *, mass: float, max_keys: int | None = None):
     if max_keys is not None:
         count.clamp_(max=max_keys)
     keep = torch.arange(a.shape[-1], device=a.device) < count
-    q = values.mul_(255).round_().clamp_(1, 255).mul_(keep).to(torch.uint8)
+    q = values.clamp_(0, 1).sqrt_().mul_(255).round_().mul_(keep).to(torch.uint8)
     return torch.zeros_like(q).scatter_(-1, index, q)
 
 
@@ -161,7 +162,7 @@ def test_compact_maps_keep_the_lowest_keys_among_ties_on_rows_full_of_ties():
                 row, count = a[idx], min(int(counts[idx]), cap or n)
                 kept = sorted(range(n), key=lambda j: (-row[j], j))[:count]
                 want = np.zeros(n, np.uint8)
-                want[kept] = np.clip(np.rint(row[kept] * np.float32(255)), 1, 255)
+                want[kept] = np.rint(np.sqrt(row[kept]) * np.float32(255))
                 np.testing.assert_array_equal(got[idx], want, err_msg=f"{n} {mass} {cap} {idx}")
 
 

@@ -25,6 +25,8 @@ def written_store(path: Path, *, mode: str = "full"):
     store.attention.with_config({"write_empty_chunks": True})[:] = values
     if store.profile is not None:
         store.profile[:] = rng.random(store.profile.shape, dtype=np.float32)
+    if store.kept_mass is not None:
+        store.kept_mass[:] = 1.0
     mark_store_complete(path)
     return open_attention_store(path)
 

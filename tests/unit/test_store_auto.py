@@ -6,7 +6,6 @@ source each analysis states, and bad settings."""
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import numpy as np
@@ -21,8 +20,10 @@ from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 from attnclust.stages.report import map_source_note
-from attnclust.stages.store_plan import ROW_BYTES_PER_SQRT_KEY, compact_rows_bytes, fit_max_keys, plan_store
-from attnclust.store import exact_sample_ids, open_attention_store, read_features
+from attnclust.stages.store_plan import (ROW_BYTES_ONE_KEY, ROW_KEYS_EXPONENT, compact_rows_bytes, fit_max_keys,
+                                         plan_store)
+from attnclust.store import (create_attention_store, exact_sample_ids, mark_store_complete, open_attention_store,
+                             read_features)
 from attnclust.synthetic import write_compact_decoy, write_planted_qa_store, write_planted_store
 
 
@@ -83,7 +84,7 @@ def _brute_rows_bytes(lengths, maps: int, cap: int) -> float:
     total = 0.0
     for n in lengths:
         for _ in range(maps * int(n)):
-            total += ROW_BYTES_PER_SQRT_KEY * math.sqrt(min(cap, int(n)))
+            total += ROW_BYTES_ONE_KEY * min(cap, int(n)) ** ROW_KEYS_EXPONENT
     return total
 
 
@@ -93,7 +94,8 @@ def test_fit_max_keys_is_the_largest_cap_whose_rows_fit(seed):
     lengths = rng.integers(3, 60, size=9)
     maps = 6
     whole = _brute_rows_bytes(lengths, maps, int(lengths.max()))
-    for room in [*rng.uniform(0, 1.2 * whole, size=12), whole * (1 + 1e-9), _brute_rows_bytes(lengths, maps, 5)]:
+    five = _brute_rows_bytes(lengths, maps, 5) * (1 + 1e-12)  # the two sums may round apart by an ulp
+    for room in [*rng.uniform(0, 1.2 * whole, size=12), whole * (1 + 1e-9), five]:
         fits = [k for k in range(1, int(lengths.max()) + 1) if _brute_rows_bytes(lengths, maps, k) <= room]
         want = None if _brute_rows_bytes(lengths, maps, int(lengths.max())) <= room else max(fits, default=0)
         assert fit_max_keys(lengths, maps, room) == want, (room, want)
@@ -371,7 +373,9 @@ def test_explore_shows_the_exact_map_of_a_sample_feature_and_says_which(small_pl
         else:
             n = int(before.seq_len[f])
             assert got["source"] == "compact"
-            np.testing.assert_allclose(weights, np.full((n, n), round(255 / n) / 255), atol=1e-5)
+            uniform = (round(255 * (1 / n) ** 0.5) / 255) ** 2              # the decoy's square-root code of 1/n
+            np.testing.assert_allclose(weights, np.full((n, n), uniform / max(1, n * uniform)), atol=1e-5)
+            assert got["kept_mass"] == 1.0 and (weights.sum(-1) <= 1 + 1e-6).all()
     assert json.loads(json.dumps(app.map_json(0, 0, 0)))["source"] == "exact sample"
     assert read_features(root)["feature_id"].tolist() == list(range(before.n_features))
 
@@ -465,15 +469,21 @@ def test_medoid_maps_read_the_exact_sample_of_a_compact_store(tmp_path):
     assert "compact maps: cluster mean maps, the medoids of 1 cluster without maps in the sample" in note
 
 
-def test_the_note_names_the_key_cap(tmp_path):
-    class Store:
-        attrs = {"compact": {"mass": 0.95, "max_keys": 11}}
-        exact, exact_features = None, None
-
-    note = map_source_note(Store(), {"roles": "full"})
-    assert note.startswith("The attention store is compact: each query row keeps only its largest weights (holding "
-                           "0.95 of the row, at most 11 of them), so maps drawn from it are approximate.")
-    assert "compact maps: cluster mean maps, medoid maps" in note
+def test_the_note_names_the_key_cap_and_the_measured_kept_mass(tmp_path):
+    """The note states the share of the row mass the rows keep as the store measured it, not the setting."""
+    seq = np.array([4, 8], np.int32)
+    store = create_attention_store(tmp_path / "attention.zarr", seq_len=seq, num_layers=1, num_heads=2,
+                                   features_per_task=2, attrs={}, mode="compact", compact_mass=0.95,
+                                   compact_max_keys=11)
+    store.kept_mass[:] = np.array([[[0.2, 0.4]], [[0.5, 0.7]]], np.float32)
+    mark_store_complete(store.path)
+    note = map_source_note(open_attention_store(store.path), {"roles": "full"})
+    mean = (4 * (0.2 + 0.4) + 8 * (0.5 + 0.7)) / (2 * 12)                # each map's mean weighted by its rows
+    assert note.startswith(f"The attention store is compact: each query row keeps only its largest weights (at "
+                           f"most 11 keys a row; measured: {mean:.3g} of a row's mass on average, under "
+                           f"{np.percentile([0.2, 0.4, 0.5, 0.7], 5):.3g} in 5% of maps, 0.2 in the least; the "
+                           f"rest of the row is dropped), so maps drawn from it are approximate.")
+    assert "0.95" not in note and "compact maps: cluster mean maps, medoid maps" in note
 
 
 def test_read_exact_map_is_one_head_of_read_exact(tmp_path):

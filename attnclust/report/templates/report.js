@@ -10,6 +10,13 @@
   var lastFocus = null;
   var API = null; /* null: no server; else a promise of the longest feature ({feature_id, seq_len, ...}) */
   var SERVED = location.protocol === "http:" || location.protocol === "https:";
+  /* Element ids: the report page's own names or, in an inline notebook view (attnclust/report/views.py wraps this
+     script in a function of ATTNCLUST_VIEW, the id of the view's root element), that id, a dash and the same
+     name, so that several views share a page. A view never calls the explore server. */
+  var VIEW = typeof ATTNCLUST_VIEW === "string" ? ATTNCLUST_VIEW : null;
+  function byId(name) { return document.getElementById(VIEW ? VIEW + "-" + name : name); }
+  function within(name, selector) { var node = byId(name); return node ? node.querySelectorAll(selector) : []; }
+  function scope() { return VIEW ? document.getElementById(VIEW) : document; }
 
   function el(tag, attrs, text) {
     var node = document.createElement(tag);
@@ -37,9 +44,11 @@
     if (!inflated[qi]) { inflated[qi] = inflate(EXP.questions[qi].maps); }
     return inflated[qi];
   }
+  /* A question holds the maps of every (layer, head) in order, or of the (layer, head) pairs it lists in `pairs`. */
   function headSlice(bytes, q, layer, head) {
-    var n = q.n, off = (layer * EXP.heads + head) * n * n;
-    return bytes.subarray(off, off + n * n);
+    var n = q.n, at = layer * EXP.heads + head;
+    if (q.pairs) { at = q.pairs.findIndex(function (p) { return p[0] === layer && p[1] === head; }); }
+    return at < 0 ? new Uint8Array(0) : bytes.subarray(at * n * n, (at + 1) * n * n);
   }
   function inSpan(span, i) { return span !== null && span !== undefined && i >= span[0] && i <= span[1]; }
 
@@ -140,14 +149,14 @@
   }
 
   function openHead(layer, head, point) {
-    var info = HEADS[layer + "," + head], panel = document.getElementById("head-panel");
-    var body = document.getElementById("head-panel-body");
+    var info = HEADS[layer + "," + head], panel = byId("head-panel");
+    var body = byId("head-panel-body");
     if (!panel || !body) { return; }
     lastFocus = document.activeElement;
     body.textContent = "";
     var title = "L" + layer + "H" + head;
     if (info) { title += " · cluster " + info.dominant + " (" + pct(info.purity) + " of its maps)"; }
-    document.getElementById("head-panel-title").textContent = title;
+    byId("head-panel-title").textContent = title;
     if (info) {
       var descr = DATA.descr[String(info.dominant)];
       if (descr) { body.appendChild(el("p", {}, "Dominant cluster " + info.dominant + ": " + descr)); }
@@ -211,7 +220,8 @@
       body.appendChild(placeholder("This report embeds no example maps."));
     }
     panel.hidden = false;
-    document.getElementById("head-panel-close").focus();
+    var close = byId("head-panel-close");
+    if (close) { close.focus(); }
   }
 
   /* ---------------------------------------------------------------- any map from the explore server */
@@ -242,7 +252,9 @@
       var q = { n: n, tokens: m.tokens, answer: m.answer, pred: null };
       container.replaceChild(mapView(q, values, "Feature " + m.feature + " (example " + m.example_id + "), L" +
         layer + "H" + head + (m.question ? " on “" + m.question + "”" : "") + " (" + n + " tokens" +
-        (m.source && m.source !== "full" ? ", " + m.source + " map" : "") + ")"), slot);
+        (m.source && m.source !== "full" ? ", " + m.source + " map" : "") +
+        (m.kept_mass !== null && m.kept_mass !== undefined ?
+          ": its rows keep " + m.kept_mass.toFixed(3) + " of their mass on average" : "") + ")"), slot);
     }, function (err) {
       if (token === container.loadToken) { slot.textContent = "The map could not be loaded: " + err.message; }
     });
@@ -253,7 +265,8 @@
     var box = el("div", { "class": "hp-any" });
     box.appendChild(el("h4", {}, "Any question"));
     if (!API) {
-      box.appendChild(el("p", { "class": "muted" }, "Run `attnclust explore DIR` to load any map."));
+      box.appendChild(el("p", { "class": "muted" },
+        DATA.any_map_hint || "Run `attnclust explore DIR` to load any map."));
       return box;
     }
     var bar = el("div", { "class": "hp-any-bar" });
@@ -301,51 +314,53 @@
   }
 
   function closeHead() {
-    var panel = document.getElementById("head-panel");
+    var panel = byId("head-panel");
     if (!panel || panel.hidden) { return; }
     panel.hidden = true;
     if (lastFocus && lastFocus.focus) { lastFocus.focus(); }
   }
 
   function setupGrid() {
-    document.querySelectorAll("#grid [data-layer][data-head]").forEach(function (cell) {
+    within("grid", "[data-layer][data-head]").forEach(function (cell) {
       var open = function () { openHead(Number(cell.dataset.layer), Number(cell.dataset.head)); };
       cell.addEventListener("click", open);
       cell.addEventListener("keydown", function (ev) {
         if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); open(); }
       });
     });
-    var select = document.getElementById("grid-color");
+    var select = byId("grid-color");
     if (select) {
       select.addEventListener("change", function () {
         var mode = select.value;
-        document.querySelectorAll("#grid [data-layer][data-head]").forEach(function (cell) {
+        within("grid", "[data-layer][data-head]").forEach(function (cell) {
           var bg = cell.getAttribute("data-" + mode + "-bg"), fg = cell.getAttribute("data-" + mode + "-fg");
           if (bg) { cell.style.background = bg; cell.style.color = fg; }
         });
-        document.querySelectorAll("#grid [data-legend]").forEach(function (ul) {
+        within("grid", "[data-legend]").forEach(function (ul) {
           ul.hidden = ul.getAttribute("data-legend") !== mode;
         });
       });
     }
-    var close = document.getElementById("head-panel-close");
+    var close = byId("head-panel-close");
     if (close) { close.addEventListener("click", closeHead); }
-    document.addEventListener("keydown", function (ev) { if (ev.key === "Escape") { closeHead(); } });
-    document.querySelectorAll(".show-heads").forEach(function (btn) {
+    document.addEventListener("keydown", function (ev) {  /* in a view, only from inside it (Escape is Jupyter's) */
+      if (ev.key === "Escape" && (!VIEW || scope().contains(document.activeElement))) { closeHead(); }
+    });
+    scope().querySelectorAll(".show-heads").forEach(function (btn) {
       btn.addEventListener("click", function () {
         var on = btn.getAttribute("aria-pressed") !== "true", c = btn.getAttribute("data-cluster");
         btn.setAttribute("aria-pressed", on ? "true" : "false");
-        document.querySelectorAll("#grid [data-cluster]").forEach(function (cell) {
+        within("grid", "[data-cluster]").forEach(function (cell) {
           if (cell.getAttribute("data-cluster") === c) { cell.classList.toggle("hl", on); }
         });
-        if (on) { document.getElementById("grid").scrollIntoView(); }
+        if (on) { byId("grid").scrollIntoView(); }
       });
     });
   }
 
   /* ---------------------------------------------------------------- UMAP */
   function setupUmap() {
-    var canvas = document.getElementById("umap-canvas"), tip = document.getElementById("umap-tip");
+    var canvas = byId("umap-canvas"), tip = byId("umap-tip");
     if (!canvas || !EXP || !EXP.umap) { return; }
     var U = EXP.umap, n = U.x.length, px = new Float32Array(n), py = new Float32Array(n);
     var x0 = Math.min.apply(null, U.x), x1 = Math.max.apply(null, U.x);
@@ -406,20 +421,20 @@
 
   /* ---------------------------------------------------------------- per-question view */
   function setupQuestions() {
-    var qs = document.getElementById("question-select");
+    var qs = byId("question-select");
     if (!qs || !EXP) { return; }
-    var ls = document.getElementById("qv-layer"), hs = document.getElementById("qv-head");
-    var box = document.getElementById("qv-map"), token = 0;
+    var ls = byId("qv-layer"), hs = byId("qv-head");
+    var box = byId("qv-map"), token = 0;
     function show() {
       var qi = -1;
       EXP.questions.forEach(function (q, i) { if (q.id === qs.value) { qi = i; } });
       if (qi < 0) { return; }
       var q = EXP.questions[qi], layer = Number(ls.value), head = Number(hs.value), mine = ++token;
-      document.getElementById("qv-gold").textContent = q.gold === null ? "(not in this run)" :
+      byId("qv-gold").textContent = q.gold === null ? "(not in this run)" :
         (q.gold.length ? q.gold.join(" | ") : "none: the question is unanswerable");
-      document.getElementById("qv-prediction").textContent = q.prediction === null ? "(no predictions in this run)" :
+      byId("qv-prediction").textContent = q.prediction === null ? "(no predictions in this run)" :
         (q.prediction ? q.prediction : "(no answer)");
-      document.getElementById("qv-verdict").textContent = q.verdict === null ? "–" : q.verdict;
+      byId("qv-verdict").textContent = q.verdict === null ? "–" : q.verdict;
       box.textContent = "";
       questionMaps(qi).then(function (bytes) {
         if (mine !== token) { return; }
@@ -433,12 +448,12 @@
   }
 
   function init() {
-    var node = document.getElementById("attnclust-data");
+    var node = byId("attnclust-data");
     if (!node) { return; }
     DATA = JSON.parse(node.textContent);
     EXP = DATA.explorer;
     DATA.heads.forEach(function (h) { HEADS[h.layer + "," + h.head] = h; });
-    if (SERVED) {
+    if (SERVED && !VIEW) {
       API = getJson("/api/features?sort=longest&limit=1").then(function (body) {
         if (!body.results || !body.results.length) { throw new Error("the run has no features"); }
         return body.results[0];
@@ -448,6 +463,13 @@
     setupGrid();
     setupUmap();
     setupQuestions();
+    showView(DATA.show);
+  }
+
+  /* An inline view's picture (attnclust/report/views.py): one head's panel, or one map with its tokens. */
+  function showView(show) {
+    if (show && show.head) { openHead(show.head[0], show.head[1]); }
+    if (show && show.map) { mapInto(byId("map"), show.map.question, show.map.layer, show.map.head, show.map.caption); }
   }
   if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", init); } else { init(); }
 }());

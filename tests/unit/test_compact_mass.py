@@ -1,0 +1,202 @@
+"""What a compact store's rows hold against the exact maps: decoded rows sum to at most 1 and stay near the exact
+rows on long diffuse maps (Dirichlet rows, softmax of small logits, a random BERT's 384-token features), every
+reader (``read_map``, ``open_output(...).attention``, the explorer) serves the same weights, and the share of the
+row mass the rows keep is measured at extraction and stated by the notes instead of the setting."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from attnclust.config import JobConfig
+from attnclust.errors import StoreError
+from attnclust.layout import RunLayout
+from attnclust.pipeline import run_job
+from attnclust.stages import COMMANDS, SerialExecutor
+from attnclust.stages.extract import prepare_inputs
+from attnclust.store import compact_maps, create_attention_store, open_attention_store
+
+WIDTH = 384
+PROSE = ("The scheduler assigns each task to the worker whose queue holds the fewest pending bytes, then records "
+         "the assignment in a journal that survives a restart. When a worker stops answering heartbeats, its "
+         "tasks return to the pool and their partial outputs are discarded, because a shard written halfway "
+         "cannot be told apart from a finished one without its checksum. Compression runs before the checksum, "
+         "so a corrupted block fails verification instead of decompressing into plausible garbage. ")
+
+
+def _rows(kind: str, rng: np.random.Generator, shape=(2, 3, WIDTH)) -> np.ndarray:
+    """(layer, head, query, key) float32 maps whose every row is a distribution over ``WIDTH`` keys."""
+    if kind == "dirichlet":
+        return rng.dirichlet(np.ones(WIDTH), size=shape).astype(np.float32)
+    scale = {"small logits": 0.5, "peaked": 6.0}[kind]
+    logits = rng.normal(size=(*shape, WIDTH)) * scale
+    maps = np.exp(logits - logits.max(-1, keepdims=True))
+    return (maps / maps.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _kept_share(exact: np.ndarray, mass: float, cap: int | None) -> np.ndarray:
+    """Per row: the exact mass of the fewest largest weights reaching ``mass`` of the row (at most ``cap``), over
+    the row's sum, by a sort in float64 (independent of the store's code)."""
+    ordered = -np.sort(-exact.astype(np.float64), axis=-1)
+    total = ordered.sum(-1, keepdims=True)
+    count = (np.cumsum(ordered, -1) < mass * total).sum(-1) + 1
+    count = np.minimum(count, exact.shape[-1] if cap is None else cap)
+    top = np.take_along_axis(np.cumsum(ordered, -1), count[..., None] - 1, -1)
+    return (top / total)[..., 0]
+
+
+@pytest.mark.parametrize("kind", ["dirichlet", "small logits", "peaked"])
+def test_compact_rows_sum_to_at_most_one_and_stay_near_the_exact_rows(tmp_path, kind):
+    """Rows of 384 keys through a compact store and back: every decoded row sums to at most 1, the mean row L1
+    distance to the exact rows is what the dropped 5% and the rounding cost (under 0.1; a byte that gave every kept
+    key at least 1/255 inflated a diffuse row to 1.2-1.4), and each kept weight reads back within
+    sqrt(w) / 255 of the exact one."""
+    import torch
+
+    exact = _rows(kind, np.random.default_rng(0))
+    store = create_attention_store(tmp_path / "c.zarr", seq_len=np.array([WIDTH], np.int32), num_layers=2,
+                                   num_heads=3, features_per_task=1, attrs={}, mode="compact")
+    store.attention[0] = compact_maps(torch.from_numpy(exact), mass=0.95).numpy()
+    opened = open_attention_store(store.path, require_complete=False)
+    for layer in range(2):
+        for head in range(3):
+            read, want = opened.read_map(0, layer, head).astype(np.float64), exact[layer, head].astype(np.float64)
+            assert read.sum(-1).max() <= 1 + 1e-6, read.sum(-1).max()
+            assert np.abs(read - want).sum(-1).mean() < 0.1, np.abs(read - want).sum(-1).mean()
+            kept = read > 0
+            assert (np.abs(read - want)[kept] <= np.sqrt(want[kept]) / 255 + 1e-5).all()
+            np.testing.assert_allclose(read.sum(-1), _kept_share(want, 0.95, None), atol=0.02)
+
+
+@pytest.mark.parametrize("cap", [None, 2])
+def test_compact_maps_give_the_exact_share_of_each_row_they_keep(cap):
+    import torch
+
+    exact = _rows("dirichlet", np.random.default_rng(1), shape=(2, 2, 50))
+    codes, kept = compact_maps(torch.from_numpy(exact), mass=0.9, max_keys=cap, with_kept=True)
+    assert kept.shape == exact.shape[:-1] and kept.dtype == torch.float32
+    on = codes.numpy() > 0
+    np.testing.assert_allclose(kept.numpy(), (exact * on).sum(-1) / exact.sum(-1), atol=1e-6)
+    np.testing.assert_allclose(kept.numpy(), _kept_share(exact, 0.9, cap), atol=1e-6)
+
+
+@pytest.fixture
+def prose_squad(tmp_path):
+    """Two long contexts of technical prose, two questions each: every question spans two windows of 300-384
+    tokens."""
+    data = []
+    for i, start in enumerate(("The scheduler", "Compression")):
+        context = PROSE * 6
+        qas = [{"id": f"p{i}{j}", "question": question,
+                "answers": [{"text": answer, "answer_start": context.index(answer)}], "is_impossible": False}
+               for j, (question, answer) in enumerate((("What runs before the checksum?", "Compression"),
+                                                       ("Where is the assignment recorded?", "in a journal")))]
+        data.append({"title": start, "paragraphs": [{"context": context, "qas": qas}]})
+    path = tmp_path / "prose.json"
+    path.write_text(json.dumps({"version": "v2.0", "data": data}))
+    return path
+
+
+def _run(tmp_path, model_dir, data, name, stages=("extract",), **extract):
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(data)}, "model": {"name": str(model_dir)},
+                               "extract": {"batch_size": 2, "features_per_task": 2, "store": "compact", **extract},
+                               "featurize": {"method": "pooled", "grid": 4},
+                               "cluster": {"umap": False, "k": 2, "stability_resamples": 2}})
+    layout = RunLayout(tmp_path / name)
+    run_job(cfg, layout.root, stages=stages, executor=SerialExecutor(), progress=False)
+    return cfg, layout
+
+
+def _fresh_maps(cfg, model_dir) -> dict[int, np.ndarray]:
+    """Each feature's exact maps from an unbatched forward of the model: {feature_id: (layer, head, q, k)}."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir, attn_implementation="eager").eval()
+    out = {}
+    for _, feat in prepare_inputs(cfg)["features"].iterrows():
+        with torch.inference_mode():
+            att = model(input_ids=torch.tensor([list(feat["input_ids"])]),
+                        token_type_ids=torch.tensor([list(feat["segment_ids"])]), output_attentions=True).attentions
+        out[int(feat["feature_id"])] = torch.stack(att, 1)[0].numpy()
+    return out
+
+
+def test_every_reader_of_a_compact_run_gets_rows_near_a_fresh_forward(tmp_path, tiny_bert_dir, prose_squad):
+    """A random BERT's 384-token maps are diffuse: outside the exact sample, ``read_map``, ``open_output(...)
+    .attention`` and the explorer's ``/api/map`` serve the same rows, each summing to at most 1, within a mean row
+    L1 of 0.1 of the exact maps; the store measured the share of the row mass its rows keep, and the extract
+    stage's fingerprint names the encoding."""
+    from attnclust.api import open_output
+    from attnclust.explore import ExploreApp
+
+    cfg, layout = _run(tmp_path, tiny_bert_dir, prose_squad, "c", stages=COMMANDS["run"], exact_sample=1)
+    store = open_attention_store(layout.attention)
+    fresh = _fresh_maps(cfg, tiny_bert_dir)
+    assert store.n_features == 8 and store.seq_len.min() > 300 and store.seq_len.max() == WIDTH
+    attention, app = open_output(layout.root).attention, ExploreApp(layout.root)
+    outside = [f for f in range(store.n_features) if f not in set(store.exact_features.tolist())]
+    shares = {f: _kept_share(fresh[f], cfg.extract.compact_mass, None).mean(-1) for f in fresh}  # (layer, head)
+    for f in outside:
+        for layer, head in ((0, 0), (1, 3)):
+            read = store.read_map(f, layer, head).astype(np.float64)
+            assert read.sum(-1).max() <= 1 + 1e-6, read.sum(-1).max()
+            assert np.abs(read - fresh[f][layer, head]).sum(-1).mean() < 0.1
+            n = int(store.seq_len[f])
+            np.testing.assert_array_equal(np.asarray(attention[f, layer, head, :n, :n]), read.astype(np.float32))
+            served = app.map_json(f, layer, head)
+            assert served["source"] == "compact"
+            np.testing.assert_allclose(np.asarray(served["weights"]), read, atol=1e-4)
+            assert served["kept_mass"] == pytest.approx(shares[f][layer, head], abs=1e-4)
+    for f in range(store.n_features):
+        np.testing.assert_allclose(np.asarray(store.kept_mass[f]), shares[f], atol=1e-4)
+    every = np.stack([shares[f] for f in range(store.n_features)])
+    rows = store.seq_len[:, None, None] * np.ones_like(every)      # a map's mean weighs as many rows as it has
+    kept = store.attrs["compact"]["kept"]
+    assert kept["mean"] == pytest.approx((every * rows).sum() / rows.sum(), rel=1e-3)
+    assert kept["min"] == pytest.approx(every.min(), rel=1e-3) and 0.9 < kept["mean"] < 1
+    record = json.loads(layout.stage_record("extract").read_text())
+    assert record["parts"]["keys"]["compact_encoding"] == store.attrs["compact"]["encoding"]
+
+
+def test_notes_state_the_measured_kept_mass_not_the_setting(tmp_path, tiny_bert_dir, prose_squad, capsys):
+    """Two keys a row of diffuse 384-key rows keep a few percent of each row, not extract.compact_mass's 0.95:
+    the featurize note and the report's note give the share measured against a fresh forward."""
+    from attnclust.stages.base import RunContext
+    from attnclust.stages.featurize import FeaturizeStage
+    from attnclust.stages.report import map_source_note
+
+    cfg, layout = _run(tmp_path, tiny_bert_dir, prose_squad, "capped", exact_sample=0, compact_max_keys=2)
+    fresh = _fresh_maps(cfg, tiny_bert_dir)
+    mean = np.mean([_kept_share(maps, cfg.extract.compact_mass, 2).mean() for maps in fresh.values()])
+    assert mean < 0.5
+    ctx = RunContext(layout=layout, cfg=cfg, job_id="t", backend="cpu", executor=None, progress=True)
+    FeaturizeStage().check(ctx)
+    note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("featurize: ")]
+    report = map_source_note(open_attention_store(layout.attention), {})
+    for text in (*note, report):
+        said = re.search(r"at most 2 keys a row; measured: ([0-9.e-]+) of a row's mass on average", text)
+        assert said and float(said[1]) == pytest.approx(mean, rel=0.01) and "0.95" not in text, text
+    assert len(note) == 1
+
+
+def test_a_compact_store_in_another_encoding_is_refused_in_one_line(tmp_path):
+    import zarr
+
+    store = create_attention_store(tmp_path / "c.zarr", seq_len=np.array([3], np.int32), num_layers=1,
+                                   num_heads=1, features_per_task=1, attrs={}, mode="compact")
+    group = zarr.open_group(str(store.path), mode="r+")
+    group.attrs["compact"] = {"mass": 0.95, "max_keys": None}     # as a store of a linear byte code records it
+    with pytest.raises(StoreError, match=r"^store .*c\.zarr: compact maps in encoding 'linear-uint8', not "
+                                         r"'sqrt-uint8' .*re-run 'attnclust extract --force' for this output dir "
+                                         r"to rewrite them$"):
+        open_attention_store(store.path, require_complete=False)
+
+
+def test_decoding_codes_of_another_dtype_is_one_line():
+    from attnclust.store import decode_compact
+
+    with pytest.raises(ValueError, match=r"^compact codes of dtype float32: expected uint8 \(a compact store's "
+                                         r"attention\)$"):
+        decode_compact(np.zeros((2, 2), np.float32))
