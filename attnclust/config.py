@@ -77,7 +77,13 @@ class DataConfig(_Model):
     Parameters
     ----------
     path
-        A SQuAD v2.0 file (nested JSON, flat JSON list, or JSONL); ``None`` uses the bundled sample.
+        A SQuAD v2.0 file (nested JSON, flat JSON list, or JSONL); a Hugging Face form with the hub's SQuAD v2
+        columns: a parquet or Arrow file, a ``save_to_disk`` folder, or a hub dataset id like
+        ``rajpurkar/squad_v2`` (needs ``pip install datasets`` and the network or its cache); ``None`` uses the
+        bundled sample. See :doc:`/guide/datasets`.
+    split
+        The split of a ``save_to_disk`` ``DatasetDict`` folder or of a hub dataset (``validation``); needed when
+        it holds several, ``None`` reads the only one. A single file is one split: leave it ``None``.
     max_examples
         Keep only the first N validated examples; ``None`` keeps all.
     max_features_per_example
@@ -86,7 +92,9 @@ class DataConfig(_Model):
     """
 
     SECTION = "data"
-    path: str | None = _setting(None, "a file path, or null for the bundled sample", pattern=_TEXT_PATTERN)
+    path: str | None = _setting(None, "a file path, a save_to_disk folder, a hub dataset id, or null for the "
+                                "bundled sample", pattern=_TEXT_PATTERN)
+    split: str | None = _setting(None, "a split name like validation, or null", pattern=r"^\w[\w.-]*$")
     max_examples: int | None = _int(None, 1)
     max_features_per_example: int | None = _setting(16, "an integer >= 1, or null to keep every feature", ge=1)
 

@@ -6,7 +6,9 @@ Three input layouts are read into the same :class:`Example` records:
 * a flat JSON list of records ``{"id", "question", "context", "answers", "title"?, "is_impossible"?}``, where
   ``answers`` is either a list of ``{"text", "answer_start"}`` objects or the Hugging Face ``squad_v2`` column
   layout ``{"text": [...], "answer_start": [...]}``;
-* the same records as JSONL, one object per line (detected from the content, not only the file extension).
+* the same records as JSONL, one object per line (detected from the content, not only the file extension);
+* the Hugging Face forms of the flat records: a parquet or Arrow file, a ``save_to_disk`` folder, a hub dataset id
+  (:mod:`attnclust.hfdata` reads their rows; they are validated here as JSON records are).
 
 Every record is validated before anything is returned, and each problem raises :class:`~attnclust.errors.DataError`
 with one line that names the file, the record (position and id), the field, the value and the fix.
@@ -32,13 +34,17 @@ import numpy as np
 import pandas as pd
 
 from .errors import ConfigError, DataError
+from .hfdata import read_records, resolve_source
 from .safeio import load_json, read_user_bytes
 
 __all__ = [
     "FEATURE_COLUMNS",
+    "FEATURE_LAYOUT_VERSION",
+    "WORD_MARKERS",
     "Answer",
     "Example",
     "check_label_fields",
+    "check_pair_layout",
     "extra_columns",
     "read_gold",
     "read_squad",
@@ -200,14 +206,20 @@ def sample_path() -> pathlib.Path:
     return res
 
 
-def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None) -> list[Example]:
+def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None,
+               split: str | None = None) -> list[Example]:
     """Read and validate a SQuAD-v2-format dataset.
 
     Parameters
     ----------
     path
         A nested SQuAD v2.0 JSON file, a JSON list of flat records, or JSONL with one flat record per line (the
-        layout is detected from the content). Use :func:`sample_path` for the bundled sample.
+        layout is detected from the content); or, with the Hugging Face SQuAD v2 columns, a parquet or Arrow
+        file, a ``save_to_disk`` folder or a hub dataset id (:func:`attnclust.hfdata.resolve_source`). Use
+        :func:`sample_path` for the bundled sample.
+    split
+        ``data.split``: the split of a ``save_to_disk`` ``DatasetDict`` folder or of a hub dataset; ``None`` for a
+        file, or to read the only split of a folder.
     max_examples
         Keep only the first N examples, in file order, after the whole file has been validated; ``None`` keeps
         all.
@@ -221,9 +233,11 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None)
     ------
     DataError
         If the file is missing, unreadable, malformed or holds no question, or if any record is invalid. Records
-        are numbered from 0 in file order; the message also gives the JSON path (nested) or line (JSONL).
+        are numbered from 0 in file order (rows of a table); the message also gives the JSON path (nested) or
+        line (JSONL). A table's column missing or of another type is named with the schema expected.
     ConfigError
-        If ``max_examples`` is not a positive integer or ``None``.
+        If ``max_examples`` is not a positive integer or ``None``, or ``split`` does not fit the data (set for a
+        single file, not one of a folder's splits, or missing where there are several).
     """
     if max_examples is not None and (
         isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1
@@ -233,10 +247,14 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None)
         )
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"data path: got {path!r}; allowed: a file path (str or pathlib.Path)")
-    file = pathlib.Path(path)
-    where = f"data file {os.fspath(path)}"
-    text = _read_text(file, where)
-    examples = [_validate_record(raw, where) for raw in _records(_parse_json(text, file, where), where)]
+    source = resolve_source(path, split)
+    where = source.where
+    if source.kind == "json":
+        file = pathlib.Path(path)
+        raw_records = _records(_parse_json(_read_text(file, where), file, where), where)
+    else:
+        raw_records = read_records(source)
+    examples = [_validate_record(raw, where) for raw in raw_records]
     if not examples:
         raise DataError(f"{where}: holds no questions; the file must contain at least one question")
     _check_unique_ids([(ex.id, label) for ex, label in examples], where)
@@ -250,9 +268,9 @@ def read_gold(path: str | os.PathLike[str]) -> dict[str, list[str]]:
     Parameters
     ----------
     path
-        Any layout :func:`read_squad` reads. Ids and answers are checked as :func:`read_squad` checks them,
-        except that only the answer texts are required: questions, contexts and ``answer_start`` are not looked
-        at, as in the official evaluation script.
+        Any layout :func:`read_squad` reads (of a ``save_to_disk`` folder, its only split). Ids and answers are
+        checked as :func:`read_squad` checks them, except that only the answer texts are required: questions,
+        contexts and ``answer_start`` are not looked at, as in the official evaluation script.
 
     Returns
     -------
@@ -268,9 +286,14 @@ def read_gold(path: str | os.PathLike[str]) -> dict[str, list[str]]:
         id or an ``answers`` list of texts, or an id repeats.
     """
     where = _where("gold file", path)
-    file, text = _open_text(path, where)
+    source = resolve_source(path, role="gold") if isinstance(path, (str, os.PathLike)) else None
+    if source is not None and source.kind != "json":  # a table: its rows, with id and answers columns at least
+        where, raw_records = source.where, read_records(source, required=("id", "answers"))
+    else:
+        file, text = _open_text(path, where)
+        raw_records = _records(_parse_json(text, file, where), where)
     labelled = []
-    for rec, loc, position in _records(_parse_json(text, file, where), where):
+    for rec, loc, position in raw_records:
         rid, label = _record_id(rec, loc, position, where, expected="an object with id and answers")
         labelled.append((rid, label, [t for t, *_ in _answer_items(rec, label, offsets=False)]))
     if not labelled:
@@ -676,6 +699,63 @@ def _answer_tokens(offsets: Sequence[Sequence[int]], start: int, end: int, cs: i
     return first, last
 
 
+FEATURE_LAYOUT_VERSION = 1
+"""Version of how :func:`tokenize_examples` departs from the tokenizer's raw output (segment ids from the pair's
+sequence ids, offsets without whitespace, control ids inside the data read as unknown); in the extraction's
+fingerprint of a run whose features it changed (``frame.attrs["normalised"]``), so an earlier extraction of the same
+model is not served."""
+WORD_MARKERS = ("▁", "Ġ")
+"""SentencePiece's and byte-level BPE's word-start marker: a token that is the marker alone stands for whitespace."""
+
+
+def check_pair_layout(tokenizer: Any) -> None:
+    """Refuse, in one line, a tokenizer whose question/context pair is not ``CLS question SEP.. context SEP``.
+
+    The first position counts as [CLS] and the special tokens after it as separators by their text
+    (:data:`attnclust.featurize.base.CLS_TOKENS`, :data:`attnclust.analysis.stats.SEP_TOKENS`): BERT, DistilBERT,
+    ELECTRA, ALBERT and DeBERTa (``[CLS]``, ``[SEP]``) and RoBERTa (``<s>``, ``</s></s>``) pass; a template with its
+    [CLS] last (XLNet) or special tokens of other names would give wrong ``to_cls``/``to_sep`` and is refused.
+    """
+    from .analysis.stats import SEP_TOKENS
+    from .featurize.base import CLS_TOKENS
+
+    enc = tokenizer("a", "b")
+    tokens, seq = tokenizer.convert_ids_to_tokens(enc["input_ids"]), enc.sequence_ids()
+    special = [(i, t) for i, (t, s) in enumerate(zip(tokens, seq)) if s is None]
+    data = [s for s in seq if s is not None]
+    if (not special or special[0] != (0, tokens[0]) or tokens[0] not in CLS_TOKENS
+            or any(t not in SEP_TOKENS for _, t in special[1:]) or data != sorted(data) or seq[-1] is not None):
+        raise ConfigError(f"tokenizer {type(tokenizer).__name__}: encodes a question/context pair as "
+                          f"{' '.join(t if s is None else ('question' if s == 0 else 'context') for t, s in zip(tokens, seq))}; "
+                          f"attnclust needs [CLS] or <s> first and [SEP] or </s> separators (BERT, RoBERTa, "
+                          f"DistilBERT, ELECTRA, ALBERT, DeBERTa: docs/guide/models.md); use a model of those families")
+
+
+def _context_offsets(context: str, tokens: Sequence[str], offsets: Sequence[Sequence[int]],
+                     seq: Sequence[int | None]) -> list[list[int]]:
+    """``[start, end)`` of each context token in the context without whitespace at either end; ``[-1, -1]`` for the
+    question and special tokens.
+
+    SentencePiece tokenizers (DeBERTa-v2/v3) give a word's first piece (``▁word``) the space before it, and a
+    marker alone (``▁``, ``Ġ``: whitespace before a piece that carries no marker) the space or, ALBERT's, the next
+    piece's first character; here the marker alone gets an empty span where the next piece starts. Then, for every
+    family as for WordPiece, pieces of one word touch and words do not
+    (:func:`attnclust.analysis.words.word_ids_from_offsets`, :func:`attnclust.analysis.parses.align_feature`).
+    """
+    out = []
+    for token, (a, b), s in zip(tokens, offsets, seq):
+        if s != 1:
+            out.append([-1, -1])
+            continue
+        a, b = int(a), int(b)
+        while a < b and context[a].isspace():
+            a += 1
+        while b > a and context[b - 1].isspace():
+            b -= 1
+        out.append([a, a if token in WORD_MARKERS else b])
+    return out
+
+
 def _encode(tokenizer: Any, questions: list[str], contexts: list[str], max_seq_len: int, doc_stride: int) -> Any:
     return tokenizer(
         questions,
@@ -730,20 +810,24 @@ def tokenize_examples(
     pandas.DataFrame
         One row per feature, examples in input order and spans in context order, with columns
         ``example_id`` (str), ``span`` (int32, 0-based within the example), ``seq_len`` (int32, number of
-        tokens), ``input_ids`` (list of int), ``tokens`` (list of str), ``segment_ids`` (list of int: the
-        tokenizer's token type ids, for BERT 0 for ``[CLS]``, the question and the first ``[SEP]``, 1 for the
-        context and the final ``[SEP]``), ``offsets`` (list of ``[start, end)`` character offsets into the
-        context for context tokens, ``[-1, -1]`` for question and special tokens), ``context_start`` /
+        tokens), ``input_ids`` (list of int), ``tokens`` (list of str), ``segment_ids`` (list of int: 0 for
+        ``[CLS]``, the question and the separator(s) after it, 1 for the context and the final separator: BERT's
+        token type ids, also for tokenizers that give none, as RoBERTa's), ``offsets`` (list of ``[start, end)``
+        character offsets into the context for context tokens, without whitespace at either end, a lone word-start
+        marker ``▁``/``Ġ`` empty; ``[-1, -1]`` for question and special tokens), ``context_start`` /
         ``context_end`` (int32, first / last token index of the context in this feature), and
         ``answer_start_token`` / ``answer_end_token`` (int32, token indices of the first gold answer when it lies
         wholly inside this feature, else -1). The list columns have length ``seq_len``.
         ``frame.attrs["dropped_features"]`` maps the id of each example cut by ``max_features_per_example``
-        to the number of its features dropped (empty when none was cut).
+        to the number of its features dropped (empty when none was cut); ``frame.attrs["normalised"]`` lists what
+        differs from the tokenizer's own output (``segments``, ``offsets``, ``control_ids``: a control token the
+        tokenizer made of the data's text, read as its unknown token instead); empty for BERT's WordPiece.
 
     Raises
     ------
     ConfigError
-        If a length setting is out of range or the tokenizer cannot give character offsets.
+        If a length setting is out of range, the tokenizer cannot give character offsets, or its pair layout is not
+        one attnclust reads (:func:`check_pair_layout`).
     DataError
         If there are no examples, an id repeats, or an example yields a feature without context tokens (e.g. a
         context of characters the tokenizer drops); every example yields at least one feature or this is raised.
@@ -759,6 +843,7 @@ def tokenize_examples(
             f"tokenizer {type(tokenizer).__name__}: is not a fast (Rust) tokenizer, which is needed for character "
             "offsets; load it with AutoTokenizer.from_pretrained(..., use_fast=True)"
         )
+    check_pair_layout(tokenizer)
     n_special = tokenizer.num_special_tokens_to_add(pair=True)
     room = max_seq_len - max_query_len - n_special
     if room < 1:
@@ -783,6 +868,8 @@ def tokenize_examples(
 
     rows: dict[str, list[Any]] = {name: [] for name in FEATURE_COLUMNS}
     dropped: dict[str, int] = {}
+    normalised: set[str] = set()
+    special_ids = set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}
     for lo in range(0, len(examples), _TOKENIZE_BATCH):
         batch = examples[lo:lo + _TOKENIZE_BATCH]
         questions = _truncate_questions([ex.question for ex in batch], tokenizer, max_query_len)
@@ -813,16 +900,29 @@ def tokenize_examples(
                     "with this tokenizer; fix the context text or drop the example"
                 )
             cs, ce = ctx[0], ctx[-1]
-            offsets = [[int(a), int(b)] if s == 1 else [-1, -1] for (a, b), s in zip(enc["offset_mapping"][f], seq)]
+            ids = list(enc["input_ids"][f])
+            if tokenizer.unk_token_id is not None and any(i in special_ids for i, s in zip(ids, seq) if s is not None):
+                # a Unigram vocabulary holds its control pieces: DeBERTa reads a literal "[SEP]" in the text as one
+                ids = [tokenizer.unk_token_id if s is not None and i in special_ids else i for i, s in zip(ids, seq)]
+                normalised.add("control_ids")
+            tokens = tokenizer.convert_ids_to_tokens(ids)
+            offsets = _context_offsets(ex.context, tokens, enc["offset_mapping"][f], seq)
+            # segment 0: [CLS], the question and the separators after it; 1: the context and the final separator
+            # (BERT's token type ids; RoBERTa's tokenizer gives none, DeBERTa-v3's model reads none)
+            segments = [int(t >= cs) for t in range(len(ids))]
+            if segments != list(enc["token_type_ids"][f]):
+                normalised.add("segments")
+            if "offsets" not in normalised and offsets != [[int(a), int(b)] if s == 1 else [-1, -1]
+                                                           for (a, b), s in zip(enc["offset_mapping"][f], seq)]:
+                normalised.add("offsets")
             if ex.answers:
                 start = ex.answers[0].answer_start
                 a_start, a_end = _answer_tokens(offsets, start, start + len(ex.answers[0].text), cs, ce)
             else:
                 a_start = a_end = -1
-            ids = list(enc["input_ids"][f])
             for name, value in (
                 ("example_id", ex.id), ("span", spans[k]), ("seq_len", len(ids)), ("input_ids", ids),
-                ("tokens", tokenizer.convert_ids_to_tokens(ids)), ("segment_ids", list(enc["token_type_ids"][f])),
+                ("tokens", tokens), ("segment_ids", segments),
                 ("offsets", offsets), ("context_start", cs), ("context_end", ce),
                 ("answer_start_token", a_start), ("answer_end_token", a_end),
             ):
@@ -837,4 +937,5 @@ def tokenize_examples(
     for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
         frame[name] = frame[name].astype(np.int32)
     frame.attrs["dropped_features"] = dropped
+    frame.attrs["normalised"] = sorted(normalised)
     return frame

@@ -185,17 +185,19 @@ def check_extract_inputs(layout: RunLayout) -> None:
 
 
 def _data_changed(keys: dict, identity: dict) -> Path | None:
-    """The recorded data file, when its content no longer has the recorded hash."""
+    """The recorded data file or ``save_to_disk`` folder, when its content no longer has the recorded identity
+    (:func:`attnclust.hfdata.data_fingerprint`). A hub dataset id is no local path: it is not downloaded again
+    here (``attnclust run`` and ``extract`` compare it when they load it)."""
     from .data import sample_path
-    from .stages.extract import file_sha256
+    from .hfdata import data_fingerprint
 
     recorded = identity.get("data_file_content")
     path = Path(keys["data.path"]).expanduser() if keys.get("data.path") else sample_path()
-    if not isinstance(recorded, str) or not path.is_file():
+    if not isinstance(recorded, str) or not path.exists():
         return None
     try:
-        return None if file_sha256(path) == recorded else path
-    except OSError:  # unreadable now: the later stages do not read it
+        return None if data_fingerprint(path, keys.get("data.split")) == recorded else path
+    except (OSError, AttnclustError):  # unreadable now: the later stages do not read it
         return None
 
 

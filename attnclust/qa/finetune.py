@@ -114,11 +114,12 @@ def _precision(cfg: JobConfig, device: str) -> dict:
     return {"fp16": p == "fp16", "bf16": p == "bf16", "precision": p}
 
 
-def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer) -> tuple[list, pd.DataFrame]:
+def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer,
+          split: str | None = None) -> tuple[list, pd.DataFrame]:
     from ..data import read_squad, sample_path, tokenize_examples
 
     file = Path(path).expanduser() if path else sample_path()
-    examples = read_squad(file, max_examples=max_examples)
+    examples = read_squad(file, max_examples=max_examples, split=split)
     features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
                                  doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
                                  max_features_per_example=cfg.data.max_features_per_example)
@@ -145,7 +146,13 @@ def _check_model_dir(layout: ModelDirLayout) -> None:
                           f"through links: remove it or choose a new --out")
 
 
-def _file_identity(path: Path) -> list[int]:
+def _file_identity(path: Path, split: str | None = None) -> list[int] | str:
+    """A data file's size and modification time; a ``save_to_disk`` folder's or a hub dataset's content identity
+    (:func:`attnclust.hfdata.data_fingerprint`)."""
+    if not path.is_file():
+        from ..hfdata import data_fingerprint
+
+        return data_fingerprint(path, split)
     st = path.stat()
     return [st.st_size, st.st_mtime_ns]
 
@@ -155,8 +162,9 @@ def _fingerprint(cfg: JobConfig, data_path: str) -> str:
 
     ft = {k: v for k, v in cfg.finetune.to_dict().items() if not k.startswith("eval_")
           and k not in ("logging_steps", "save_steps", "save_total_limit")}  # these may change on a resume
-    blob = {"model": cfg.model.to_dict(), "data": {**cfg.data.to_dict(), "path": data_path},
-            "data_file": _file_identity(Path(data_path)) if data_path != "sample" else None,
+    data = {k: v for k, v in cfg.data.to_dict().items() if k != "split" or v is not None}  # unset: as before it
+    blob = {"model": cfg.model.to_dict(), "data": {**data, "path": data_path},
+            "data_file": _file_identity(Path(data_path), cfg.data.split) if data_path != "sample" else None,
             "tokens": {k: getattr(cfg.extract, k) for k in ("max_seq_len", "doc_stride", "max_query_len")},
             "finetune": ft, "backend": cfg.backend}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
@@ -217,13 +225,14 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
     device = _device(cfg)
     precision = _precision(cfg, device)
     tokenizer = get_tokenizer(cfg.model)
-    examples, features = _read(cfg, cfg.data.path, cfg.data.max_examples, tokenizer)
+    examples, features = _read(cfg, cfg.data.path, cfg.data.max_examples, tokenizer, split=cfg.data.split)
     evaluation = None
     if ft.eval_data:
         evaluation = _read(cfg, ft.eval_data, ft.eval_max_examples, tokenizer)
     layout = ModelDirLayout(out)
     _check_model_dir(layout)
-    data_path = str(Path(cfg.data.path).expanduser().resolve()) if cfg.data.path else "sample"
+    local = Path(cfg.data.path).expanduser() if cfg.data.path else None
+    data_path = "sample" if local is None else str(local.resolve()) if local.exists() else cfg.data.path  # hub id
     fp = _fingerprint(cfg, data_path)
     # before anything is written: a model that cannot load leaves nothing. Transformers' default (fused)
     # attention for training; a new QA head starts from the same weights on every run of this config.

@@ -43,8 +43,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # array maths on attention maps that the model runner and the job's validation need, no files: per-map
     # statistics and token masks, the featurizers and their registry (the other analyses sit in "methods")
     ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),
-    # reading the user's data: SQuAD files, tokenisation into features
-    ("data", ("attnclust.data",)),
+    # reading the user's data: SQuAD files and the Hugging Face forms (hfdata), tokenisation into features
+    ("data", ("attnclust.data", "attnclust.hfdata")),
     # the job: every setting, validated (against the featurizer registry and the packaged sample data); how a
     # setting is declared and its errors told (_settings)
     ("config", ("attnclust._settings", "attnclust.config")),
