@@ -17,7 +17,6 @@ from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError
 
-
 # --- declaring settings: the type's constraint and the "allowed" text in one place ---------------------------
 
 def _setting(default: Any = None, allowed: str = "", fix: str = "", **constraints: Any) -> Any:

@@ -32,9 +32,22 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import ModelError
-from .modeling import (PACKAGED, PACKAGED_CAUSAL, ForwardOutput, LoadedModel, _cache_only_reason, _from_hub,
-                       _load_failure, gguf_identity, gguf_location, gguf_name, model_identity, quiet_transformers,
-                       resolve_model_path, source_kwargs)
+from .modeling import (
+    PACKAGED,
+    PACKAGED_CAUSAL,
+    ForwardOutput,
+    LoadedModel,
+    _cache_only_reason,
+    _from_hub,
+    _load_failure,
+    gguf_identity,
+    gguf_location,
+    gguf_name,
+    model_identity,
+    quiet_transformers,
+    resolve_model_path,
+    source_kwargs,
+)
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -53,14 +53,14 @@ count too), and each cluster of the final model scores its best Jaccard similari
 stability is the mean over the resamples. Hennig reads below 0.6 as unstable, 0.75 and above as stable; clusters
 below ``min_stability`` are reported unstable.
 
-**Placing the maps outside the UMAP sample** (``placement``; issue 15). By default (:data:`PLACEMENT` ``knn``) a
-map not in the UMAP sample is placed at the inverse-distance weighted mean of the 2-D positions of its 10 nearest
-sample maps in the reduced space (:class:`attnclust.placement.KnnPlacer`, built once by the fit and shipped to
-the workers with the rest of :class:`FittedClusters`); the UMAP is then fitted on an exact scikit-learn
-neighbour graph on CPU, as it needs no ``transform``. On the bench's 1M generated profile vectors it placed the
-980k maps in 12.6 s against 123 s for umap-learn's ``transform``, and kept more 10-nearest neighbourhoods
-(recall ratio 1.34 on 50k; ``python -m bench.placement``, ``bench/README.md``). ``fit_clusters(..., placement="umap")`` keeps the UMAP's own ``transform`` (umap-learn with
-NN-descent on CPU, cuML on GPU); the job setting ``cluster.placement`` picks one.
+**Placing the maps outside the UMAP sample** (``placement``; issue 15). By default (:data:`PLACEMENT` ``knn``) a map not
+in the UMAP sample is placed at the inverse-distance weighted mean of the 2-D positions of its 10 nearest sample maps in
+the reduced space (:class:`attnclust.placement.KnnPlacer`, built once by the fit and shipped to the workers with the
+rest of :class:`FittedClusters`); the UMAP is then fitted on an exact scikit-learn neighbour graph on CPU, as it needs
+no ``transform``. On the bench's 1M generated profile vectors it placed the 980k maps in 12.6 s against 123 s for
+umap-learn's ``transform``, and kept more 10-nearest neighbourhoods (recall ratio 1.34 on 50k; ``python -m
+bench.placement``, ``bench/README.md``). ``fit_clusters(..., placement="umap")`` keeps the UMAP's own ``transform``
+(umap-learn with NN-descent on CPU, cuML on GPU); the job setting ``cluster.placement`` picks one.
 
 The fit tells its steps (reading the sample, PCA, each candidate k, the final KMeans, the resamples, UMAP) to an
 optional ``on_step(step, done, total, unit)`` callback (:data:`OnStep`), which draws progress bars on the driver

@@ -40,7 +40,6 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -554,7 +553,10 @@ class _Handler(BaseHTTPRequestHandler):
                                                         f"requests for localhost")
             path = _check_path(self.path)
             query = parse_qs(self.path.split("#", 1)[0].partition("?")[2], keep_blank_values=True)
-            arg: Callable[[str], str | None] = lambda k: query.get(k, [None])[-1]
+
+            def arg(k: str) -> str | None:
+                return query.get(k, [None])[-1]
+
             app = self.app
             self._identity = app.refresh()  # the run on disk is the one served, or 409
             if path in ("/", "/report.html"):

@@ -1,12 +1,13 @@
 """2-D placement of the maps outside the UMAP sample by their nearest sample maps.
 
 UMAP is fitted on ``umap_sample`` maps (:func:`attnclust.cluster.fit_clusters`); every other map is placed at the
-inverse-distance weighted mean of the 2-D positions of its ``n_neighbors`` nearest sample maps in the reduced
-space ``z`` the UMAP was fitted on (an exact duplicate of a sample map takes that map's position). umap-learn's
-own ``transform`` starts from a similar weighted mean (with its fuzzy-graph weights) and then refines it with more
-epochs of its optimiser; without them this placement was 9.8x faster on 980k generated maps and kept more of the
-10-nearest neighbourhoods (recall ratio 1.34 on 50k; ``python -m bench.placement``, ``bench/README.md``). The neighbour search is an inverted file over the sample (:class:`KnnPlacer`),
-brute force within cells (``z`` is low-dimensional: 17-d profile vectors, or at most ``pca_components``).
+inverse-distance weighted mean of the 2-D positions of its ``n_neighbors`` nearest sample maps in the reduced space
+``z`` the UMAP was fitted on (an exact duplicate of a sample map takes that map's position). umap-learn's own
+``transform`` starts from a similar weighted mean (with its fuzzy-graph weights) and then refines it with more epochs of
+its optimiser; without them this placement was 9.8x faster on 980k generated maps and kept more of the 10-nearest
+neighbourhoods (recall ratio 1.34 on 50k; ``python -m bench.placement``, ``bench/README.md``). The neighbour search is
+an inverted file over the sample (:class:`KnnPlacer`), brute force within cells (``z`` is low-dimensional: 17-d profile
+vectors, or at most ``pca_components``).
 """
 
 from __future__ import annotations

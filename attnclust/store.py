@@ -563,7 +563,6 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
             attrs["exact_sample"] = {"features": len(sample)}
     elif dtype == "uint8":  # linear: a compact store's codes are not (COMPACT_ENCODING)
         attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
-    zarr = _zarr()
     from zarr.codecs import BloscCodec, TransposeCodec, ZstdCodec
 
     from .integrity import COMPLETE, with_checksum
@@ -619,7 +618,6 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
 
 def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool = True) -> AttentionStore:
     """Open and check an attention store written by attnclust or any tool following the store contract."""
-    zarr = _zarr()
     path = Path(path)
     fix = "run 'attnclust extract' for this output dir, or point --out at a directory holding one"
     if not path.exists():

@@ -186,7 +186,8 @@ def planted_head_map(kind: str, tokens: PlantedTokens, *, rng: np.random.Generat
         near = (np.abs(idx[:, None] - idx[None, :]) <= 2) & (idx[:, None] != idx[None, :])
         p = near / near.sum(1, keepdims=True)
     else:
-        raise ValueError(f"planted_head_map: unknown kind {kind!r}; allowed: {', '.join(HEAD_TYPES + EXTRA_HEAD_TYPES)}")
+        raise ValueError(f"planted_head_map: unknown kind {kind!r}; allowed: "
+                         f"{', '.join(HEAD_TYPES + EXTRA_HEAD_TYPES)}")
     r = rng.dirichlet(np.full(n, 0.5), size=n)
     return ((1 - noise) * p + noise * r).astype(np.float32)
 
@@ -297,8 +298,8 @@ def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_feature
 
 
 QA_HEAD_TYPES = (*HEAD_TYPES, *EXTRA_HEAD_TYPES, "answer", "noise", "uniform")
-"""The head types of :func:`planted_qa_map`: :data:`HEAD_TYPES` and :data:`EXTRA_HEAD_TYPES` plus ``answer`` (question rows attend to the gold
-answer span), ``noise`` (pure Dirichlet(0.5) rows) and ``uniform``."""
+"""The head types of :func:`planted_qa_map`: :data:`HEAD_TYPES` and :data:`EXTRA_HEAD_TYPES` plus ``answer``
+(question rows attend to the gold answer span), ``noise`` (pure Dirichlet(0.5) rows) and ``uniform``."""
 
 
 def planted_answer_span(tokens: PlantedTokens, *, rng: np.random.Generator, max_len: int = 4) -> tuple[int, int]:

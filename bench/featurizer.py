@@ -109,7 +109,8 @@ def bench_cluster_quality(ctx, n_per_type: int, lengths: tuple[int, int]) -> Non
         "per_type": n_per_type, "lengths": list(lengths), "noise": 0.2,
         "ours": "profile (the default) at true length with token masks; pooled 32x32; resnet = ResNet-18, "
                 f"weights none, 224 px, precision auto -> {resolve_precision('auto', 'cpu')}",
-        "seed": "384-padded, per-column MinMaxScaler 0-255, 3 channels, ResNet-50 at 384 px, random init (the seed used Barlow Twins weights)",
+        "seed": "384-padded, per-column MinMaxScaler 0-255, 3 channels, ResNet-50 at 384 px, random init (the seed "
+                "used Barlow Twins weights)",
         "clustering": "sklearn KMeans k=8, n_init=20, random_state=0 on every arm",
         "featurize_seconds": {name: round(t, 3) for name, (_, t) in arms.items()}})
     print("#   ARI vs the 8 planted types: " + ", ".join(f"{k} {v:.3f}" for k, v in scores.items()), flush=True)

@@ -7,11 +7,12 @@ say (``pca_components`` 50 is above the 17 profile dims: no PCA). UMAP (the demo
 rows are then placed by umap-learn's ``transform`` and by :class:`attnclust.placement.KnnPlacer`, the arms
 interleaved (A, B, A, B ...) for ``--reps`` repetitions; the median seconds of each give ``placement_speedup``.
 
-Quality: for each placed map, the share of its 10 nearest placed maps in 2-D that are among its 10 nearest placed
-maps in ``z`` (kNN recall), averaged (``knn_recall_at_10``; also at 100 neighbours, as within one planted
-prototype the 10 nearest are mostly noise); ``placement_quality_ratio`` is kNN placement's over the transform's.
-``knn_exact`` is the same placement with an exact brute-force search (one cell), for reference. Trustworthiness (scikit-learn, 10 neighbours) on a subsample of the placed maps is reported too.
-umap-learn's one-time numba compilation is paid before anything is timed.
+Quality: for each placed map, the share of its 10 nearest placed maps in 2-D that are among its 10 nearest placed maps
+in ``z`` (kNN recall), averaged (``knn_recall_at_10``; also at 100 neighbours, as within one planted prototype the 10
+nearest are mostly noise); ``placement_quality_ratio`` is kNN placement's over the transform's. ``knn_exact`` is the
+same placement with an exact brute-force search (one cell), for reference. Trustworthiness (scikit-learn, 10 neighbours)
+on a subsample of the placed maps is reported too. umap-learn's one-time numba compilation is paid before anything is
+timed.
 """
 
 from __future__ import annotations

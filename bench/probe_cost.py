@@ -7,13 +7,12 @@
     .venv/bin/python -m bench --only probe                        # the same, as a group of the bench
 
 Without ``--run`` the extract stage (packaged MiniLM, bundled sample, head outputs on) writes a run into a temporary
-directory first (not part of any figure). Then, ``--reps`` times each (with ``--run``, in a directory of links to its files, so
-that nothing is written into it): the ``syntax`` analysis
-(:func:`attnclust.analysis.syntax.syntax_table` on the bundled gold parses, parses cache removed each time, so
-matching and alignment are included) and the ``probe`` analysis (:func:`attnclust.analysis.probes.probe_table` on
-the stored head outputs with the default settings: tasks ``answerable`` and ``qword``, 20 permutations, top-8).
-The median is the figure, printed as ``name value unit`` and merged by name into ``--out`` (``bench/results.json``
-by default); nothing here is a timed test.
+directory first (not part of any figure). Then, ``--reps`` times each (with ``--run``, in a directory of links to its
+files, so that nothing is written into it): the ``syntax`` analysis (:func:`attnclust.analysis.syntax.syntax_table` on
+the bundled gold parses, parses cache removed each time, so matching and alignment are included) and the ``probe``
+analysis (:func:`attnclust.analysis.probes.probe_table` on the stored head outputs with the default settings: tasks
+``answerable`` and ``qword``, 20 permutations, top-8). The median is the figure, printed as ``name value unit`` and
+merged by name into ``--out`` (``bench/results.json`` by default); nothing here is a timed test.
 """
 
 from __future__ import annotations

@@ -305,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{t} thread{'s' * (t > 1)}, n={n}, {n_maps} maps: "
                   + ", ".join(f"{k} {v:.0f} maps/s" for k, v in rate.items())
                   + f"; profile {rate['profile'] / rate['reference']:.2f}x the reference's speed, pooled "
-                    f"{rate['pooled'] / rate['profile']:.2f}x profile's (was {rate['pooled'] / rate['reference']:.2f}x)")
+                    f"{rate['pooled'] / rate['profile']:.2f}x profile's "
+                    f"(was {rate['pooled'] / rate['reference']:.2f}x)")
             print("    seconds: " + "; ".join(f"{k} " + " ".join(f"{s:.3f}" for s in v) for k, v in times.items()))
     torch.set_num_threads(default_threads)
     print("differences: ok" if ok else f"differences: ABOVE --atol {args.atol:g} or --atol-reference "

@@ -317,8 +317,8 @@ def write_bert_base(folder: Path) -> dict:
     import torch
     from transformers import BertConfig, BertModel
 
-    from attnclust.modeling import PACKAGED, resolve_model_path
     from attnclust.config import ModelConfig
+    from attnclust.modeling import PACKAGED, resolve_model_path
 
     minilm = Path(resolve_model_path(ModelConfig(name="minilm")))
     vocab = (minilm / "vocab.txt").read_text(encoding="utf-8").splitlines()

@@ -6,13 +6,14 @@ attention output projection), pooled per feature at [CLS] (``cls``) and over the
 (:func:`save_head_output_part`, :func:`consolidate_head_outputs`, :func:`read_head_outputs`).
 
 The ``probe`` analysis fits, per (task, layer, head), an L2-regularised logistic regression (C = 1, on features
-standardised with the training folds' mean and deviation; several classes one-vs-rest, the highest decision value
-wins) on that head's pooled output and reports its cross-validated accuracy over features. Folds keep each
-example's features together and balance the classes over examples (scikit-learn's ``StratifiedKFold`` on one label
-per example: then shuffling labels among the examples of a fold is an exact null): 5 folds, or as many as the rarest class has examples. The baseline predicts the training folds'
-majority class. The p-value compares the accuracy with ``probe.permutations`` refits per head on labels shuffled
-among whole examples within each fold (:func:`permuted_labels`), pooled over the heads of the task by default
-(:func:`permutation_p_values`); q-values are Benjamini-Hochberg over the heads of a task (:func:`attnclust.analysis.roles.bh_qvalues`).
+standardised with the training folds' mean and deviation; several classes one-vs-rest, the highest decision value wins)
+on that head's pooled output and reports its cross-validated accuracy over features. Folds keep each example's features
+together and balance the classes over examples (scikit-learn's ``StratifiedKFold`` on one label per example: then
+shuffling labels among the examples of a fold is an exact null): 5 folds, or as many as the rarest class has examples.
+The baseline predicts the training folds' majority class. The p-value compares the accuracy with ``probe.permutations``
+refits per head on labels shuffled among whole examples within each fold (:func:`permuted_labels`), pooled over the
+heads of the task by default (:func:`permutation_p_values`); q-values are Benjamini-Hochberg over the heads of a task
+(:func:`attnclust.analysis.roles.bh_qvalues`).
 
 The fits are Newton steps (IRLS) batched over the permutations and classes of a head (:func:`fit_logistic`): the
 same optimum as ``sklearn.linear_model.LogisticRegression(C=1)`` (the tests compare them), at a cost that allows
@@ -93,7 +94,6 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
     """
     import shutil
 
-    import zarr
     from zarr.codecs import ZstdCodec
 
     from ..integrity import COMPLETE, with_checksum
@@ -532,7 +532,8 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null,
 
 def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame, example_ids: np.ndarray, *,
                 tasks: Sequence[str], pooling: str, permutations: int, top_k: int, seed: int = 0,
-                null: str = "pooled", on_head: Callable[[str, int, int], None] | None = None) -> tuple[pd.DataFrame, dict]:
+                null: str = "pooled", on_head: Callable[[str, int, int], None] | None = None
+                ) -> tuple[pd.DataFrame, dict]:
     """The ``probe`` analysis over every task: ``probes.parquet``'s rows and ``probes_summary.json``.
 
     Parameters

@@ -19,16 +19,15 @@ broad       ``exp(entropy) / n``                 none: tested against :data:`BRO
 ==========  ===================================  ============================================================
 
 A mass role's per-map effect is the **lift**: ``(score - null) / (1 - null)``, the share of the mass a uniform row
-leaves off the target that the head puts on it (0 for a uniform head, 1 for a head that attends only there;
-undefined, NaN, when the null is 1, e.g. one segment). Block also needs the rows spread inside their own
-segment (:data:`BLOCK_MIN_SPREAD`), as Pande et al. weight their block sieve by row entropy. The tested difference is ``lift - ROLE_MARGIN``: a head
-only barely above uniform gets no role. Pande et al. test a ratio ``score / null`` against ``tau = 3``; a ratio
-cannot serve the block role (its null is often above 1/3), and for rare targets ``3 / n`` is a few percent of the
-mass, so one margin on the lift is used for every mass role instead. ``broad`` tests the effective share of keys
-``exp(entropy) / n`` (the row perplexity over the keys, mean row entropy in nats; 1 for uniform rows, about 0.9
-for Dirichlet(4) rows, 0.5 for Dirichlet(0.5) noise, ``1 / n`` for one key) against :data:`BROAD_MIN_SHARE`;
-it is length-free where ``entropy_norm`` is not (Dirichlet(0.5) noise has ``entropy_norm`` 0.76 at 16 tokens
-and 0.88 at 384).
+leaves off the target that the head puts on it (0 for a uniform head, 1 for a head that attends only there; undefined,
+NaN, when the null is 1, e.g. one segment). Block also needs the rows spread inside their own segment
+(:data:`BLOCK_MIN_SPREAD`), as Pande et al. weight their block sieve by row entropy. The tested difference is ``lift -
+ROLE_MARGIN``: a head only barely above uniform gets no role. Pande et al. test a ratio ``score / null`` against ``tau =
+3``; a ratio cannot serve the block role (its null is often above 1/3), and for rare targets ``3 / n`` is a few percent
+of the mass, so one margin on the lift is used for every mass role instead. ``broad`` tests the effective share of keys
+``exp(entropy) / n`` (the row perplexity over the keys, mean row entropy in nats; 1 for uniform rows, about 0.9 for
+Dirichlet(4) rows, 0.5 for Dirichlet(0.5) noise, ``1 / n`` for one key) against :data:`BROAD_MIN_SHARE`; it is
+length-free where ``entropy_norm`` is not (Dirichlet(0.5) noise has ``entropy_norm`` 0.76 at 16 tokens and 0.88 at 384).
 
 The maps of one example (its features, i.e. spans, share a question and context) are not independent: the
 differences are averaged per example (over its features) and the test is a one-sided one-sample t-test of the
@@ -62,8 +61,8 @@ __all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "FDR_LEVEL", "ROLES", "ROLE_MA
 
 ROLES = ("previous", "next", "local", "self", "cls", "sep", "punct", "block", "broad")
 """The roles tested for every head, in the order of the ``q_<role>`` columns."""
-ROLE_SCORES = {"previous": "to_prev", "next": "to_next", "local": "to_local", "self": "to_self", "cls": "to_cls", "sep": "to_sep",
-               "punct": "to_punct", "block": "own_segment"}
+ROLE_SCORES = {"previous": "to_prev", "next": "to_next", "local": "to_local", "self": "to_self", "cls": "to_cls",
+               "sep": "to_sep", "punct": "to_punct", "block": "own_segment"}
 """Mass role -> the per-map statistic that scores it."""
 ROLE_MARGIN = 0.1
 """A mass role needs a lift ``(score - null) / (1 - null)`` above this (10% of the mass a uniform row leaves off

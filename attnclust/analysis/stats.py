@@ -15,8 +15,8 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "local_keys", "Statistic", "map_statistics",
-           "stat_columns", "statistic", "statistics_versions", "token_masks"]
+__all__ = ["LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "Statistic", "local_keys",
+           "map_statistics", "stat_columns", "statistic", "statistics_versions", "token_masks"]
 
 SEP_TOKENS = frozenset({"[SEP]", "</s>", "<sep>"})
 PUNCT_TOKENS = frozenset({".", ",", "Ġ.", "Ġ,", "▁.", "▁,"})

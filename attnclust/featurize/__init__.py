@@ -18,8 +18,17 @@ its fingerprint, records it with the embedding and hands the tasks the resolved 
 
 from __future__ import annotations
 
-from .base import (CAUSAL_CONTEXT_VERSION, CLS_TOKENS, FEATURIZERS, Featurizer, TokenContext, embed_with_context,
-                   featurizer_names, get_featurizer, register_featurizer)
+from .base import (
+                   CAUSAL_CONTEXT_VERSION,
+                   CLS_TOKENS,
+                   FEATURIZERS,
+                   Featurizer,
+                   TokenContext,
+                   embed_with_context,
+                   featurizer_names,
+                   get_featurizer,
+                   register_featurizer,
+)
 
 __all__ = ["CAUSAL_CONTEXT_VERSION", "CLS_TOKENS", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
            "featurizer_names", "get_featurizer", "register_featurizer"]

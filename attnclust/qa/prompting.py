@@ -30,8 +30,8 @@ import pandas as pd
 from ..data import FEATURE_COLUMNS
 from ..errors import DataError, ModelError
 
-__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans", "encode_prompt",
-           "generate_answer", "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
+__all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans",
+           "encode_prompt", "generate_answer", "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
 
 PROMPT_WINDOWS_VERSION = 1
 """How a long context becomes prompts (1: windows with ``extract.doc_stride`` overlap; before: cut), in the

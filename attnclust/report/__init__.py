@@ -18,9 +18,11 @@ with a column in the heads table gets a layer x head heatmap per column.
 
 from __future__ import annotations
 
-from . import methods_section  # noqa: F401 - importing it registers the "Methods" section
-from . import modes_section  # noqa: F401 - importing it registers the "What predicts a right answer" section
-from . import probes_section  # noqa: F401 - importing it registers the "Probes" section
+from . import (
+    methods_section,  # noqa: F401 - importing it registers the "Methods" section
+    modes_section,  # noqa: F401 - importing it registers the "What predicts a right answer" section
+    probes_section,  # noqa: F401 - importing it registers the "Probes" section
+)
 from .figures import MAX_SCATTER_POINTS, HeadGrid, cluster_palette, head_grid, head_matrix
 from .formatting import column_units, fmt
 from .inputs import ReportInputs

@@ -202,9 +202,8 @@ def describe_change(old: dict, new: dict) -> str:
 
 def run_block(task: Callable, root: str, stage: str, fingerprint: str, block: int, args: tuple) -> Any:
     """Run one block of a stage and write its completion marker (only after the block's data is written)."""
-    from ..store import atomic_write_json
-
     from ..models import trim_heap
+    from ..store import atomic_write_json
 
     try:
         result = task(root, block, *args)

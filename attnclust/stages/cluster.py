@@ -7,9 +7,9 @@ cluster its centre is matched to). The fitted models are shared with every worke
 is labelled by its own task (:func:`attnclust.cluster.assign_block`), as dask-ml's ``ParallelPostFit`` does.
 ``cluster_model.json`` (:func:`model_record`) holds the chosen k, every candidate's stability and each cluster's.
 
-The fit's steps are shown on the driver as progress bars (:class:`~attnclust.stages.executors.StepBars`: ``cluster: choosing k 3/11
-candidates``, ``cluster: per-cluster stability 5/20 resamples``); when the fit runs on a Dask worker, its steps
-come back to the driver as Dask events.
+The fit's steps are shown on the driver as progress bars (:class:`~attnclust.stages.executors.StepBars`: ``cluster:
+choosing k 3/11 candidates``, ``cluster: per-cluster stability 5/20 resamples``); when the fit runs on a Dask worker,
+its steps come back to the driver as Dask events.
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.induction import INDUCTION_VERSION, write_induction
-from ..qa.prompting import PROMPT_WINDOWS_VERSION
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
@@ -32,8 +31,14 @@ from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..hfdata import data_fingerprint
 from ..layout import RunLayout
-from ..store import (COMPACT_ENCODING, atomic_write_parquet, create_attention_store, mark_store_complete,
-                     open_attention_store)
+from ..qa.prompting import PROMPT_WINDOWS_VERSION
+from ..store import (
+    COMPACT_ENCODING,
+    atomic_write_parquet,
+    create_attention_store,
+    mark_store_complete,
+    open_attention_store,
+)
 from .base import RunContext, Stage
 from .store_plan import ExactSampleWriter, StorePlan, _size, plan_store
 
@@ -55,8 +60,14 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         ``data.max_features_per_example``), ``normalised`` (what the features change of the tokenizer's output:
         :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
-    from ..data import (check_label_fields, examples_with_control_strings, extra_columns, read_squad, sample_path,
-                        tokenize_examples)
+    from ..data import (
+        check_label_fields,
+        examples_with_control_strings,
+        extra_columns,
+        read_squad,
+        sample_path,
+        tokenize_examples,
+    )
     from ..models import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
@@ -290,9 +301,9 @@ def control_strings_note(found: dict[str, list[str]]) -> str:
     shown = ", ".join(repr(t) for t in strings[:4]) + (", ..." if len(strings) > 4 else "")
     n = len(found)
     return (f"note: {n:,} question{'s' if n != 1 else ''} ({', '.join(sorted(found)[:3])}"
-            f"{', ...' if n > 3 else ''}) {'hold' if n != 1 else 'holds'} the model's control-token strings in the context or the question "
-            f"({shown}); they are read as text, never as the control tokens, so the data cannot end a segment or "
-            f"a chat turn")
+            f"{', ...' if n > 3 else ''}) {'hold' if n != 1 else 'holds'} the model's control-token strings in the "
+            f"context or the question ({shown}); they are read as text, never as the control tokens, so the data "
+            f"cannot end a segment or a chat turn")
 
 
 def _capped_note(dropped: dict[str, int], cap: int | None) -> str:

@@ -136,7 +136,6 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
 
 def _write_rows(layout: RunLayout, start: int, stop: int, L: int, H: int, vectors: np.ndarray) -> None:
     """Write (feature, layer * head, dim) vectors of features ``start:stop`` and their index arrays."""
-    import zarr
 
     from ..integrity import COMPLETE
 
@@ -224,7 +223,6 @@ class FeaturizeStage(Stage):
         """Mark the embedding complete; record the number of maps, the method and the maps it read
         (``map_source``: ``full``, or ``compact`` when a featurizer other than ``profile`` read a compact store's
         maps; ``profile`` copies vectors computed from every exact map)."""
-        import zarr
 
         resolved = _resolved(ctx)
         store = open_attention_store(ctx.layout.attention)

@@ -302,9 +302,9 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars, *, examples
             qa: dict | None, predictions: pd.DataFrame | None) -> pd.DataFrame | None:
     """The ``probe`` analysis (``probes.parquet``, ``probes_summary.json``), or ``None`` with one line saying why.
 
-    ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` are the run's, as the report stage read them
-    (``None`` when absent). The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are probed;
-    the table's ``attrs["summary"]`` holds ``probes_summary.json``.
+    ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` are the run's, as the report stage read them (``None``
+    when absent). The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are
+    probed; the table's ``attrs["summary"]`` holds ``probes_summary.json``.
     """
     from ..analysis.probes import probe_labels, probe_table, read_head_outputs
     from ..store import atomic_write_json

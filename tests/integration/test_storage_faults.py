@@ -79,8 +79,8 @@ def stage_done(out: Path, stage: str) -> bool:
 def corrupt_shard(out: Path, shard: int) -> None:
     """Flip bytes inside one shard of the attention store (its data and its checksummed index), and in the chunk
     of ``profile`` vectors of the same features (which the featurize stage reads instead of the maps)."""
-    path = out / "attention.zarr" / "attention" / "c" / str(shard) / "0" / "0" / "0" / "0"
-    for path in (path, profile_chunk(out, shard)):
+    shard_file = out / "attention.zarr" / "attention" / "c" / str(shard) / "0" / "0" / "0" / "0"
+    for path in (shard_file, profile_chunk(out, shard)):
         raw = bytearray(path.read_bytes())
         for i in (len(raw) - 5, len(raw) - 6):  # inside the shard index / chunk checksum (crc32c)
             raw[i] ^= 0xFF

@@ -137,7 +137,8 @@ def test_runs_with_other_features_are_refused_through_the_real_command(runs, tmp
                                 n_heads=4, lengths=(16, 48), kinds=KINDS, shuffle_heads=False)
     out = tmp_path / "c"
     r = subprocess.run([sys.executable, "-m", "attnclust.cli", "compare", str(a), str(other.root), "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, check=False, cwd=Path(__file__).resolve().parents[2])
+                       capture_output=True, text=True, timeout=300, check=False,
+                       cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("attnclust: error: runs ") and "6 features in A, 5 in B" in lines[0]

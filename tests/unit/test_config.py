@@ -1,6 +1,20 @@
-import pytest
+import json
+import pickle
+import sys
+from pathlib import Path
 
-from attnclust.config import JobConfig, apply_overrides, default_job_path, load_job
+import pytest
+from pydantic import ValidationError
+
+from attnclust.config import (
+    ClusterConfig,
+    ExtractConfig,
+    FinetuneConfig,
+    JobConfig,
+    apply_overrides,
+    default_job_path,
+    load_job,
+)
 from attnclust.errors import ConfigError
 
 
@@ -66,15 +80,6 @@ def test_config_is_frozen():
 
 
 # --- pydantic models: keys, typed overrides, strict types, errors ------------------------------------------
-
-import json
-import pickle
-import sys
-from pathlib import Path
-
-from pydantic import ValidationError
-
-from attnclust.config import ClusterConfig, ExtractConfig, FinetuneConfig
 
 JOBS = sorted((Path(__file__).resolve().parents[2] / "jobs").glob("*.yaml"))
 
@@ -191,7 +196,8 @@ def test_k_of_one_is_refused():
     ({"extract": {"batch_size": True}}, r"^config extract\.batch_size: got True; allowed: an integer >= 1$"),
     ({"data": {"max_examples": "12"}}, r"^config data\.max_examples: got '12'; allowed: an integer >= 1$"),
     ({"featurize": {"grid": 3.5}}, r"^config featurize\.grid: got 3\.5; allowed: an integer >= 2 and <= 256$"),
-    ({"featurize": {"method": ["pooled"]}}, r"^config featurize\.method: got \['pooled'\]; allowed: pooled \| resnet \| profile"),
+    ({"featurize": {"method": ["pooled"]}},
+     r"^config featurize\.method: got \['pooled'\]; allowed: pooled \| resnet \| profile"),
     ({"finetune": {"epochs": 0}}, r"^config finetune\.epochs: got 0; allowed: a number > 0$"),
     ({"finetune": {"learning_rate": float("nan")}}, r"^config finetune\.learning_rate: got nan; allowed: a number"),
     ({"finetune": {"precision": "fp8"}}, r"^config finetune\.precision: got 'fp8'; allowed: auto \| fp32 \| fp16"),

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from attnclust.analysis.heads import HeadContext
-from attnclust.errors import DataError
 from attnclust.analysis.induction import INDUCTION_LENGTH, induction_inputs, measure_induction, read_induction
 from attnclust.analysis.retrieval import decoder_heads, feature_copy_steps
+from attnclust.errors import DataError
 from attnclust.layout import RunLayout
 from attnclust.store import atomic_write_parquet, create_attention_store, mark_store_complete
 
@@ -131,12 +131,11 @@ def test_encoder_runs_get_empty_decoder_columns(planted_causal):
 
 
 def test_induction_diagnostic_of_a_tiny_llama_has_one_score_per_head(tmp_path):
+    from test_causal import save_tiny_causal
     from transformers import AutoTokenizer
 
     from attnclust.config import ModelConfig
     from attnclust.models import get_model
-
-    from test_causal import save_tiny_causal
 
     path = save_tiny_causal(tmp_path / "llama")
     tokenizer = AutoTokenizer.from_pretrained(path)

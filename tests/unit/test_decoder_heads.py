@@ -1,5 +1,6 @@
-"""Decoder head types on planted causal maps with known answers: induction (Olsson et al.: attention from the second occurrence to the token after the first) and retrieval (Wu et
-al.: the top-attended key at a copy step is the copied token)."""
+"""Decoder head types on planted causal maps with known answers: induction (Olsson et al.: attention from the second
+occurrence to the token after the first) and retrieval (Wu et al.: the top-attended key at a copy step is the copied
+token)."""
 
 from __future__ import annotations
 

@@ -213,8 +213,8 @@ def test_gguf_file_stays_inside_the_model_directory(tmp_path):
                                              r"a \.gguf file inside the model directory"):
             gguf_location(ModelConfig(name=str(folder), gguf_file=given))
     (folder / "w.gguf").symlink_to(outside / "w.gguf")
-    with pytest.raises(ModelError, match=rf"^model\.gguf_file 'w\.gguf': is a link to {re.escape(str(outside))}/w\.gguf, "
-                                         r"outside the directory"):
+    with pytest.raises(ModelError, match=rf"^model\.gguf_file 'w\.gguf': is a link to "
+                                         rf"{re.escape(str(outside))}/w\.gguf, outside the directory"):
         gguf_location(ModelConfig(name=str(folder), gguf_file="w.gguf"))
     (folder / "w.gguf").unlink()
     (folder / "w.gguf").write_bytes(b"GGUF")

@@ -71,7 +71,8 @@ def test_importance_equals_central_finite_differences_of_the_loss_per_example(mo
                 minus = torch.ones(2, 4, dtype=torch.float64)
                 plus[layer, head] += eps
                 minus[layer, head] -= eps
-                signed[i, layer, head] = (loss_with_gate(model, row, plus) - loss_with_gate(model, row, minus)) / (2 * eps)
+                signed[i, layer, head] = (loss_with_gate(model, row, plus)
+                                          - loss_with_gate(model, row, minus)) / (2 * eps)
     np.testing.assert_allclose(grads, np.abs(signed), rtol=1e-5, atol=1e-8)
     # the absolute value is taken per example: the signs differ between examples, so the mean of |dL/dxi| is
     # not |mean dL/dxi| (a gradient of the summed loss would give the latter)
@@ -183,7 +184,8 @@ def run_tiny(tmp_path, model_dir, data, **analysis):
     from attnclust.stages import SerialExecutor
 
     cfg = JobConfig.from_dict({"name": "imp", "backend": "cpu", "data": {"path": str(data)},
-                               "model": {"name": str(model_dir)}, "extract": {"max_seq_len": 96, "doc_stride": 32, "max_query_len": 32},
+                               "model": {"name": str(model_dir)},
+                               "extract": {"max_seq_len": 96, "doc_stride": 32, "max_query_len": 32},
                                "importance": analysis})
     out = tmp_path / "run"
     return out, run_job(cfg, out, stages=("extract", "qa", "importance"), executor=SerialExecutor(), progress=True)

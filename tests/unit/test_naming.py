@@ -136,7 +136,8 @@ def test_two_clusters_of_one_kind_read_apart():
     table = clusters_of(maps, features)
     assert table["description"].nunique() == len(table)
     assert list(table["pattern_type"]) == ["diagonal", "diagonal", "vertical", "vertical", "heterogeneous"]
-    assert all("previous" in d for d in table["description"][:2]) and all("[CLS]" in d for d in table["description"][2:4])
+    assert all("previous" in d for d in table["description"][:2])
+    assert all("[CLS]" in d for d in table["description"][2:4])
     # the shares alone do not make them read apart: a further trait is appended to both of a pair
     for pair in ((0, 1), (2, 3)):
         a, b = (table.loc[i, "description"] for i in pair)

@@ -223,8 +223,8 @@ def test_free_space_check_counts_a_partial_store_as_room_and_skips_a_finished_on
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12, projected - held))
     check_store_room(layout, projected, cfg)                       # what is left fits
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12, projected - held - 1))
-    with pytest.raises(StoreError, match=rf"up to {(projected - held) / 1e3:.1f} kB more \(true-length maps before compression; "
-                                         rf"{held / 1e3:.1f} kB already written\), more than the "
+    with pytest.raises(StoreError, match=rf"up to {(projected - held) / 1e3:.1f} kB more \(true-length maps before "
+                                         rf"compression; {held / 1e3:.1f} kB already written\), more than the "
                                          rf"{(projected - held - 1) / 1e3:.1f} kB free on the disk of .*; free space "
                                          r"or choose another --out, lower data\.max_features_per_example or "
                                          r"data\.max_examples$"):

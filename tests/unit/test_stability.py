@@ -232,7 +232,8 @@ def test_a_refit_keeps_the_stability_of_the_cluster_it_matches():
     from types import SimpleNamespace
 
     x, _, examples = planted_blobs()
-    fitted = fit_clusters(x, ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=3), groups=examples)
+    fitted = fit_clusters(x, ClusterConfig(k=6, pca_components=None, umap=False, stability_resamples=3),
+                          groups=examples)
     fitted.cluster_stability_ = np.arange(6, dtype=float)
     fitted.cluster_dissolved_ = np.arange(6, dtype=float) / 10
     order = np.array([3, 5, 0, 1, 4, 2])

@@ -20,10 +20,20 @@ from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 from attnclust.stages.report import map_source_note
-from attnclust.stages.store_plan import (ROW_BYTES_ONE_KEY, ROW_KEYS_EXPONENT, compact_rows_bytes, fit_max_keys,
-                                         plan_store)
-from attnclust.store import (create_attention_store, exact_sample_ids, mark_store_complete, open_attention_store,
-                             read_features)
+from attnclust.stages.store_plan import (
+    ROW_BYTES_ONE_KEY,
+    ROW_KEYS_EXPONENT,
+    compact_rows_bytes,
+    fit_max_keys,
+    plan_store,
+)
+from attnclust.store import (
+    create_attention_store,
+    exact_sample_ids,
+    mark_store_complete,
+    open_attention_store,
+    read_features,
+)
 from attnclust.synthetic import write_compact_decoy, write_planted_qa_store, write_planted_store
 
 
@@ -124,7 +134,6 @@ def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp
     store = open_attention_store(RunLayout(out).attention)
     assert store.attrs["compact"]["max_keys"] == 3
     for f in range(store.n_features):
-        n = int(store.seq_len[f])
         for layer in range(2):
             for head in range(4):
                 assert (np.count_nonzero(store.read_map(f, layer, head), axis=-1) <= 3).all()

@@ -141,7 +141,7 @@ def planted_syntax(tmp_path):
     features = pd.read_parquet(layout.features)
     contexts, offsets, conllu = [], [], []
     store = open_attention_store(layout.attention, mode="r+")
-    for f, seq in enumerate(planted.tokens):
+    for seq in planted.tokens:
         toks = list(seq.tokens)
         ctx_pos = [i for i, s in enumerate(seq.segment_ids) if s == 1][:-1]  # context tokens (not the last [SEP])
         text, off, glued = "", [[-1, -1] for _ in toks], set()
