@@ -26,17 +26,18 @@ __all__ = [
     "MAX_SCATTER_POINTS",
     "HeadGrid",
     "cluster_palette",
+    "draw_token_map",
     "head_grid",
     "head_heatmap_figure",
     "head_layout_figure",
     "head_matrix",
+    "k_score_figure",
     "layer_bars_figure",
     "mean_map_figure",
     "medoid_figure",
     "null_odds_figure",
     "png_data_uri",
     "pruning_figure",
-    "k_score_figure",
     "umap_figure",
     "umap_points",
 ]
@@ -203,16 +204,31 @@ def medoid_figure(m: np.ndarray, toks: list[str], shown: int, c: int) -> Figure:
     side = min(6.0, max(3.2, 1.6 + 0.07 * shown))
     fig = Figure(figsize=(side + 0.6, side))
     ax = fig.subplots()
+    draw_token_map(ax, m, toks, shown)
+    ax.set_title(f"cluster {c}: medoid", fontsize=9)
+    return fig
+
+
+def draw_token_map(ax, m: np.ndarray, toks: list[str], shown: int) -> None:
+    """Draw a map on ``ax`` with its tokens on the axes and a colour bar, cropped to the first ``shown`` tokens (the
+    medoid's picture, and a notebook's map and head views, :mod:`attnclust.report.views`).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    m : numpy.ndarray, shape (query, key) = (n, n)
+    toks : list of str, length n
+    shown : int
+        Number of leading tokens drawn (``<= n``).
+    """
     im = ax.imshow(m[:shown, :shown], cmap="viridis", interpolation="nearest", vmin=0.0)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
     labels = [short(t, 14).replace("$", r"\$") for t in toks[:shown]]
     fs = max(4.5, min(8.0, 280.0 / max(shown, 1)))
     ax.set_xticks(np.arange(shown), labels, rotation=90, fontsize=fs)
     ax.set_yticks(np.arange(shown), labels, fontsize=fs)
-    ax.set_title(f"cluster {c}: medoid", fontsize=9)
     ax.set_xlabel("key", fontsize=8)
     ax.set_ylabel("query", fontsize=8)
-    return fig
 
 
 def umap_points(maps: pd.DataFrame) -> np.ndarray:

@@ -38,9 +38,10 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_site_builds_with_warnings_as_errors_and_every_page_is_there(site):
-    for page in ("index", "getting-started", "guide/index", "guide/patterns", "guide/heads", "guide/importance",
-                 "guide/compare", "guide/scale", "reference/jobs", "reference/outputs", "reference/store",
-                 "reference/cli", "reference/api", "methods", "design", "tutorial/atlas"):
+    for page in ("index", "getting-started", "guide/index", "guide/notebook", "guide/patterns", "guide/heads",
+                 "guide/importance", "guide/compare", "guide/scale", "guide/datasets", "guide/models",
+                 "reference/jobs", "reference/outputs", "reference/store", "reference/cli", "reference/api", "methods",
+                 "design", "tutorial/atlas"):
         assert (site / f"{page}.html").is_file(), page
 
 
@@ -48,6 +49,7 @@ def test_tutorial_notebook_was_executed(site):
     page = (site / "tutorial" / "atlas.html").read_text()
     assert page.count('class="cell_output') >= 10
     assert len(re.findall(r'<img[^>]+src="[^"]*\.png"', page)) >= 2  # the map and the change heatmap
+    assert re.findall(r'<div class="attnclust-view" id="[^"]+" data-view="(\w+)"', page) == ["grid", "head", "map"]
     text = _text(site / "tutorial" / "atlas.html")
     assert "Traceback" not in text and "Error" not in text
 
