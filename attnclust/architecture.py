@@ -3,18 +3,56 @@
 Head gates (:func:`attnclust.analysis.importance.gated`) and the capture of each head's context vector
 (:func:`attnclust.models.run_forward` with ``head_outputs=True``) both hook the input of each layer's attention
 output projection: the concatenated heads' context vectors, before they are mixed. This module finds that
-projection; it sits below both :mod:`attnclust.models` and :mod:`attnclust.analysis`, so that neither imports the
-other for it.
+projection and installs the hooks (:func:`hook_attention_outputs`); it sits below both :mod:`attnclust.models` and
+:mod:`attnclust.analysis`, so that neither imports the other for it.
+
+ALBERT shares one layer's weights across its layers: its layers run the same projection module one after the
+other, so one hook on that module tells the calls apart by counting them from the start of the encoder's forward.
+Which families work, and what each needs, is the user guide's "Which models work" page (docs/guide/models.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from .errors import ModelError
 
-__all__ = ["attention_outputs"]
+__all__ = ["attention_outputs", "check_supported", "hook_attention_outputs"]
+
+
+def _albert_inner_groups(model: Any, label: str) -> str | None:
+    """Why an ALBERT model's layers cannot be read one attention block each (``None`` when they can)."""
+    config = model.config
+    inner = int(getattr(config, "inner_group_num", 1) or 1)
+    if getattr(config, "model_type", "") != "albert" or inner == 1:
+        return None
+    layers = int(config.num_hidden_layers)
+    return (f"{label}: ALBERT with inner_group_num={inner} runs {inner} attention blocks in each of its {layers} "
+            f"layers ({layers * inner} attention maps per input, {layers} layers in its config); attnclust reads one "
+            f"attention block per layer: use an ALBERT checkpoint with inner_group_num=1 (every released one)")
+
+
+def check_supported(model: Any, name: str) -> None:
+    """Refuse, in one line, an encoder whose attention maps do not come one per layer of its configuration.
+
+    Parameters
+    ----------
+    model
+        A transformers question-answering model.
+    name
+        How the user named it (``model.name``), for the message.
+
+    Raises
+    ------
+    ModelError
+        ALBERT with ``inner_group_num`` other than 1.
+    """
+    why = _albert_inner_groups(model, f"model.name {name!r}")
+    if why:
+        raise ModelError(why)
 
 
 def attention_outputs(model: Any) -> list:
@@ -24,23 +62,86 @@ def attention_outputs(model: Any) -> list:
     ----------
     model
         A transformers question-answering model: BERT-style encoders (``encoder.layer[i].attention.output.dense``:
-        BERT, RoBERTa, ELECTRA, MiniLM ...) or DistilBERT (``transformer.layer[i].attention.out_lin``).
+        BERT, RoBERTa, ELECTRA, DeBERTa-v2/v3, MiniLM ...), DistilBERT (``transformer.layer[i].attention.out_lin``)
+        or ALBERT (``encoder.albert_layer_groups[g].albert_layers[0].attention.dense``, layer ``i`` in group
+        ``g = i * groups // layers``: with one group, the same module for every layer).
 
     Returns
     -------
     list of torch.nn.Linear
-        One per layer, in layer order.
+        One per layer, in layer order (a module shared by several layers appears once for each).
 
     Raises
     ------
     ModelError
-        The model has neither layout.
+        The model has none of these layouts, or is an ALBERT with several attention blocks per layer.
     """
     base = getattr(model, getattr(model, "base_model_prefix", ""), model)
     with contextlib.suppress(AttributeError):
         return [layer.attention.output.dense for layer in base.encoder.layer]
     with contextlib.suppress(AttributeError):
         return [layer.attention.out_lin for layer in base.transformer.layer]
-    raise ModelError(f"importance: model type {type(model).__name__}: no per-layer attention output projection "
-                     f"found; head gates support BERT-style encoders (encoder.layer[i].attention.output.dense) and "
-                     f"DistilBERT; set importance.enabled=false for this model")
+    why = _albert_inner_groups(model, f"model type {type(model).__name__}")
+    if why:
+        raise ModelError(f"head gates and head outputs: {why}")
+    with contextlib.suppress(AttributeError):
+        groups, n = base.encoder.albert_layer_groups, int(model.config.num_hidden_layers)
+        return [groups[int(i / (n / len(groups)))].albert_layers[0].attention.dense for i in range(n)]
+    raise ModelError(f"head gates and head outputs: model type {type(model).__name__}: no per-layer attention output "
+                     f"projection found; they support BERT-style encoders (encoder.layer[i].attention.output.dense: "
+                     f"BERT, RoBERTa, ELECTRA, DeBERTa), DistilBERT and ALBERT (docs/guide/models.md); set "
+                     f"importance.enabled=false and extract.head_outputs=false for this model")
+
+
+def hook_attention_outputs(model: Any, make_hook: Callable[[int], Callable]) -> list:
+    """Register ``make_hook(layer)`` as a forward pre-hook on each layer's attention output projection.
+
+    Where layers share one projection module (ALBERT), a single hook on it hands each call to the hook of the layer
+    that makes it: the calls are counted per thread from the start of the encoder's forward (its layers run in
+    order), so the ``k``-th call is the ``k``-th layer that shares the module.
+
+    Parameters
+    ----------
+    model
+        A model :func:`attention_outputs` understands.
+    make_hook
+        ``make_hook(layer) -> hook(module, args)``: a forward pre-hook for that layer.
+
+    Returns
+    -------
+    list of torch.utils.hooks.RemovableHandle
+        Remove every one to take the hooks off.
+    """
+    modules = attention_outputs(model)
+    layers_of: dict[int, list[int]] = {}
+    for layer, module in enumerate(modules):
+        layers_of.setdefault(id(module), []).append(layer)
+    if all(len(layers) == 1 for layers in layers_of.values()):
+        return [module.register_forward_pre_hook(make_hook(i)) for i, module in enumerate(modules)]
+    calls = threading.local()
+
+    def start(module, args):
+        calls.count = {}
+
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    handles = [base.encoder.register_forward_pre_hook(start)]
+    for key, layers in layers_of.items():
+        hooks = [make_hook(i) for i in layers]
+        handles.append(modules[layers[0]].register_forward_pre_hook(_shared_hook(calls, key, hooks, layers)))
+    return handles
+
+
+def _shared_hook(calls: threading.local, key: int, hooks: list[Callable], layers: list[int]) -> Callable:
+    """The one pre-hook of a module shared by ``layers``: call ``k`` of a forward goes to ``hooks[k]``."""
+
+    def hook(module, args):
+        count = getattr(calls, "count", None)
+        done = count.get(key, 0) if count is not None else len(hooks)
+        if done >= len(hooks):
+            raise ModelError(f"head gates and head outputs: the attention output projection shared by layers "
+                             f"{layers} ran more often than those layers in one forward of the encoder; run the "
+                             f"whole model, without gradient checkpointing")
+        count[key] = done + 1
+        return hooks[done](module, args)
+
+    return hook

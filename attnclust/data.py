@@ -723,12 +723,18 @@ def check_pair_layout(tokenizer: Any) -> None:
     tokens, seq = tokenizer.convert_ids_to_tokens(enc["input_ids"]), enc.sequence_ids()
     special = [(i, t) for i, (t, s) in enumerate(zip(tokens, seq)) if s is None]
     data = [s for s in seq if s is not None]
-    if (not special or special[0] != (0, tokens[0]) or tokens[0] not in CLS_TOKENS
+    between = seq[max(i for i, s in enumerate(seq) if s == 0) + 1:seq.index(1)] if {0, 1} <= set(data) else []
+    if (not special or special[0] != (0, tokens[0]) or tokens[0] not in CLS_TOKENS or None not in between
             or any(t not in SEP_TOKENS for _, t in special[1:]) or data != sorted(data) or seq[-1] is not None):
+        shown: list[str] = []
+        for token, s in zip(tokens, seq):
+            word = token if s is None else ("question" if s == 0 else "context")
+            if s is None or not shown or shown[-1] != word:
+                shown.append(word)
         raise ConfigError(f"tokenizer {type(tokenizer).__name__}: encodes a question/context pair as "
-                          f"{' '.join(t if s is None else ('question' if s == 0 else 'context') for t, s in zip(tokens, seq))}; "
-                          f"attnclust needs [CLS] or <s> first and [SEP] or </s> separators (BERT, RoBERTa, "
-                          f"DistilBERT, ELECTRA, ALBERT, DeBERTa: docs/guide/models.md); use a model of those families")
+                          f"{' '.join(shown)}; attnclust needs [CLS] or <s> first and [SEP] or </s> separators "
+                          f"(BERT, RoBERTa, DistilBERT, ELECTRA, ALBERT, DeBERTa: docs/guide/models.md); use a model "
+                          f"of those families")
 
 
 def _context_offsets(context: str, tokens: Sequence[str], offsets: Sequence[Sequence[int]],

@@ -29,8 +29,19 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import ModelError
-from .modeling import (PACKAGED, ForwardOutput, HeadOutputs, LoadedModel, _cache_only_reason, _from_hub,
-                       _load_failure, model_identity, quiet_transformers, resolve_model_path, source_kwargs)
+from .modeling import (
+    PACKAGED,
+    ForwardOutput,
+    HeadOutputs,
+    LoadedModel,
+    _cache_only_reason,
+    _from_hub,
+    _load_failure,
+    model_identity,
+    quiet_transformers,
+    resolve_model_path,
+    source_kwargs,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,10 +124,12 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     Raises
     ------
     ModelError
-        If the path does not resolve or the weights do not load (one line, with the fix).
+        If the path does not resolve, the weights do not load, or the architecture is one attnclust cannot read
+        (:func:`attnclust.architecture.check_supported`) (one line, with the fix).
     """
     import torch
 
+    from .architecture import check_supported
     from .causal import load_causal_model, model_kind
 
     if model_kind(cfg) == "causal":
@@ -138,6 +151,7 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     finally:
         torch.random.set_rng_state(state)
     model.eval().to(device)
+    check_supported(model, cfg.name)
     missing = [k for k in info.get("missing_keys", ()) if k.split(".")[0] == HEAD_PREFIX]
     config = model.config
     return LoadedModel(model=model, head_trained=not missing, num_layers=int(config.num_hidden_layers),
@@ -303,7 +317,8 @@ def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]
     Parameters
     ----------
     model
-        The model the batch is for (its pad id, and whether it takes ``token_type_ids``).
+        The model the batch is for (its pad id, and whether it takes ``token_type_ids``: only when its forward
+        has them and its configuration has at least two types).
     rows : pandas.DataFrame or mapping
         ``input_ids`` and ``segment_ids``: one list of token ids / token type ids per feature.
     device
@@ -330,7 +345,9 @@ def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]
         types[i, :len(seg)] = seg
         mask[i, :len(tok_ids)] = 1
     inputs = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
-    if "token_type_ids" in inspect.signature(model.forward).parameters:
+    # a model with fewer than two token types (RoBERTa: 1, DeBERTa-v3: 0) is given none: it reads zeros
+    if "token_type_ids" in inspect.signature(model.forward).parameters and \
+            int(getattr(model.config, "type_vocab_size", 2)) >= 2:
         inputs["token_type_ids"] = torch.from_numpy(types)
     return {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
 
@@ -386,12 +403,11 @@ def _capture_hook(layer: int, n_heads: int):
 
 def _install_capture(model: Any, n_heads: int) -> None:
     """Hook every layer's attention output projection once per model; the hooks act only for a thread that asked."""
-    from .architecture import attention_outputs
+    from .architecture import hook_attention_outputs
 
     with _LOCK:
         if model not in _HOOKED:
-            _HOOKED[model] = [m.register_forward_pre_hook(_capture_hook(i, n_heads))
-                              for i, m in enumerate(attention_outputs(model))]
+            _HOOKED[model] = hook_attention_outputs(model, lambda layer: _capture_hook(layer, n_heads))
 
 
 def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",

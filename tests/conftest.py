@@ -69,6 +69,22 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def family_model(tmp_path_factory):
+    """``make(family)`` -> the directory of a tiny random QA model of that family (RoBERTa, DistilBERT, ELECTRA,
+    ALBERT, DeBERTa-v2) with a tokenizer of its kind, saved once per session (:mod:`families`)."""
+    from families import save_family_model
+
+    made: dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            made[family] = save_family_model(family, tmp_path_factory.mktemp(family))
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def small_planted_run(tmp_path_factory):
     """``make(name)`` -> a finished run directory (featurize, cluster, report; UMAP off, k = 2) over a small planted
     store of 6 features, 2 layers x 2 heads, lengths 8..40 (:func:`attnclust.synthetic.write_planted_store`)."""

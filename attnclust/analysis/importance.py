@@ -8,9 +8,10 @@ the global ranking of the normalised importance, least important first, and the 
 after each step of the removal, against the same number of heads removed at random.
 
 transformers 5 dropped BERT's ``head_mask`` argument, so the gates are forward pre-hooks on each layer's attention
-output projection (:func:`gated`). Per-example gradients come from a per-example gate of shape (feature, layer,
-head): features of a batch do not interact (eval mode), so the gradient of the summed loss with respect to feature
-``b``'s gate is feature ``b``'s own gradient.
+output projection (:func:`gated`; ALBERT's layers share one, whose hook tells its calls apart:
+:func:`attnclust.architecture.hook_attention_outputs`). Per-example gradients come from a per-example gate of shape
+(feature, layer, head): features of a batch do not interact (eval mode), so the gradient of the summed loss with
+respect to feature ``b``'s gate is feature ``b``'s own gradient.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..architecture import attention_outputs  # re-exported: its home before architecture.py
+from ..architecture import attention_outputs, hook_attention_outputs  # the first re-exported: its former home
 from ..errors import ModelError
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def gated(model: Any, gate: torch.Tensor) -> Iterator[None]:
         raise ModelError(f"importance: gate of shape {tuple(gate.shape)}; expected (layer, head) = "
                          f"({len(modules)}, {n_heads}) or (feature, layer, head)")
     with _GATE_LOCK:
-        handles = [m.register_forward_pre_hook(_gate_hook(gate, i, n_heads)) for i, m in enumerate(modules)]
+        handles = hook_attention_outputs(model, lambda layer: _gate_hook(gate, layer, n_heads))
         try:
             yield
         finally:

@@ -19,6 +19,8 @@ __all__ = ["LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch
            "map_statistics", "stat_columns", "statistic", "statistics_versions", "token_masks"]
 
 SEP_TOKENS = frozenset({"[SEP]", "</s>", "<sep>"})
+"""Separator tokens by their text; an encoder's tokenizer whose pair uses others is refused
+(:func:`attnclust.data.check_pair_layout`), and the data's own text never carries them (it is read as text)."""
 PUNCT_TOKENS = frozenset({".", ",", "Ġ.", "Ġ,", "▁.", "▁,"})
 
 

@@ -8,7 +8,8 @@ A word is a run of consecutive tokens. The grouping is given as ``word_ids``: on
 at 0 and growing by 0 (same word) or 1 (next word) from token to token.
 Groupings come from the tokenizer's word pieces (:func:`word_ids_from_pieces`, the ``##`` continuation of
 WordPiece), from character offsets (:func:`word_ids_from_offsets`, pieces whose character spans touch without
-whitespace: the way for byte-level BPE, whose pieces carry no ``##``), or from a parse's words
+whitespace: the way for byte-level BPE and SentencePiece, whose pieces carry no ``##``; ``features.parquet``'s
+offsets hold no whitespace for any tokenizer, :func:`attnclust.data.tokenize_examples`), or from a parse's words
 (:func:`attnclust.analysis.parses.align_feature`).
 
 Labels for people (:func:`readable_tokens`): a causal model's byte-level BPE tokens (GPT-2, SmolLM2, Qwen:

@@ -18,7 +18,8 @@ __all__ = ["CAUSAL_CONTEXT_VERSION", "CLS_TOKENS", "FEATURIZERS", "Featurizer", 
            "featurizer_names", "get_featurizer", "register_featurizer"]
 
 CLS_TOKENS = frozenset({"[CLS]", "<s>", "<cls>"})
-"""Tokens counted as [CLS] (besides the first position, which always is)."""
+"""Tokens counted as [CLS] (besides the first position, which always is); an encoder's tokenizer whose pair does
+not start with one is refused (:func:`attnclust.data.check_pair_layout`)."""
 
 CAUSAL_CONTEXT_VERSION = 1
 """How featurizers that read token masks treat a causal model's maps (1: the causal uniform null,
