@@ -14,7 +14,7 @@ from __future__ import annotations
 from .api import Output, open_output, run
 from .config import JobConfig, load_job
 from .errors import AttnclustError, BackendUnavailable, ConfigError, DataError, ModelError, StoreError
-from .store import DIMS
+from .store.contract import DIMS
 
 __all__ = ["DIMS", "AttnclustError", "BackendUnavailable", "ConfigError", "DataError", "JobConfig", "ModelError",
            "Output", "StoreError", "load_job", "open_output", "run"]

@@ -10,7 +10,7 @@ import pandas as pd
 from .config import JobConfig, load_job
 from .errors import StoreError
 from .layout import RunLayout
-from .store import DIMS, decode_compact, open_attention_store, read_features, read_table
+from .store.contract import DIMS, decode_compact, open_attention_store, read_features, read_table
 
 __all__ = ["Output", "open_output", "run"]
 

@@ -114,14 +114,14 @@ def _require_gpu():
 
 def make_kmeans(backend: Resolved, *, n_clusters: int, random_state: int, n_init: int = 4, max_iter: int = 300):
     """A KMeans estimator with the scikit-learn interface (``fit``, ``predict``, ``cluster_centers_``); on CPU
-    scikit-learn's, with OpenMP on one thread (:class:`attnclust._kmeans.OneThreadKMeans` says why)."""
+    scikit-learn's, with OpenMP on one thread (:class:`attnclust.cluster.kmeans.OneThreadKMeans` says why)."""
     if backend == "gpu":
         _require_gpu()
         from cuml.cluster import KMeans
 
         return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter,
                       init="scalable-k-means++", output_type="numpy")
-    from ._kmeans import OneThreadKMeans
+    from .cluster.kmeans import OneThreadKMeans
 
     return OneThreadKMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
 

@@ -105,7 +105,7 @@ def check_same_features(a: Path, b: Path):
     attnclust.errors.StoreError
         A run's store or features table is missing or damaged.
     """
-    from .store import check_store_tables, open_attention_store, read_features
+    from .store.contract import check_store_tables, open_attention_store, read_features
 
     a, b = Path(a), Path(b)
     for root in (a, b):
@@ -377,7 +377,7 @@ def write_comparison(comparison: Comparison, out: str | Path) -> dict[str, Path]
     attnclust.errors.StoreError
         ``out`` may not be written (foreign files, a user's file at one of the names, read-only, in use).
     """
-    from .store import atomic_write_bytes, atomic_write_parquet
+    from .store.contract import atomic_write_bytes, atomic_write_parquet
 
     layout = CompareLayout(out)
     layout.check_writable()

@@ -110,9 +110,9 @@ class ModelConfig(_Model):
     revision
         Hub revision (branch, tag or commit) for hub ids.
     kind
-        ``encoder`` (a BERT-family question-answering model: answers from start/end logits), ``causal`` (a
-        decoder language model prompted to answer: :mod:`attnclust.causal`), or ``auto``: causal for ``smollm2``,
-        a ``.gguf`` file or a checkpoint whose architecture is a causal LM, encoder otherwise.
+        ``encoder`` (a BERT-family question-answering model: answers from start/end logits), ``causal`` (a decoder
+        language model prompted to answer: :mod:`attnclust.models.decoder`), or ``auto``: causal for ``smollm2``, a
+        ``.gguf`` file or a checkpoint whose architecture is a causal LM, encoder otherwise.
     gguf_file
         The GGUF file to load (transformers' GGUF loader, weights dequantised) from the hub repository or
         directory ``name``; a path to a ``.gguf`` file as ``name`` needs none.
@@ -181,7 +181,7 @@ class ExtractConfig(_Model):
     compact_max_keys
         Most keys a compact store keeps per query row; a row that needs more keeps only this many, so less than
         ``compact_mass``. ``None`` (default): the most that ``store_budget_gb`` holds beside the exact sample and
-        the profile vectors, by a measured per-row estimate (:mod:`attnclust.stages.store_plan`); no cap when
+        the profile vectors, by a measured per-row estimate (:mod:`attnclust.store.plan`); no cap when
         every row fits whole. The pre-flight line names the cap, and the fingerprint records it.
     overlap
         Convert and store batch ``i``'s maps in a second thread while the forward of batch ``i + 1`` runs (the
@@ -344,7 +344,7 @@ class ClusterConfig(_Model):
         UMAP settings.
     placement
         How maps outside the UMAP sample get their 2-D position: ``knn`` (the weighted mean of their 10 nearest
-        sample maps' positions, :mod:`attnclust.placement`) or ``umap`` (umap-learn's / cuML's ``transform``).
+        sample maps' positions, :mod:`attnclust.cluster.placement`) or ``umap`` (umap-learn's / cuML's ``transform``).
     random_state
         Seed for sampling, KMeans and UMAP; the same seed gives the same labels.
     """
@@ -503,8 +503,8 @@ class SyntaxConfig(_Model):
     Parameters
     ----------
     conllu
-        A CoNLL-U file of gold parses of (some of) the run's contexts; its sentences are matched to the contexts
-        by their words (:mod:`attnclust.analysis.parses`). ``bundled`` names ``attnclust/data/sample_syntax.conllu``,
+        A CoNLL-U file of gold parses of (some of) the run's contexts; its sentences are matched to the contexts by
+        their words (:mod:`attnclust.analysis.parses`). ``bundled`` names ``attnclust/resources/sample_syntax.conllu``,
         parses of sentences of the bundled sample; with another ``data.path`` the analysis is skipped with one line.
     spacy_model
         An installed spaCy pipeline (e.g. ``en_core_web_sm``) that parses the contexts when ``conllu`` is null.
@@ -523,7 +523,7 @@ class SyntaxConfig(_Model):
         if self.conllu is None:
             return None
         if self.conllu == BUNDLED_CONLLU:
-            from .data import sample_path
+            from .data.squad import sample_path
 
             return sample_path().with_name("sample_syntax.conllu")
         return Path(self.conllu).expanduser()

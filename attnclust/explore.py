@@ -106,7 +106,7 @@ def finished_run(root: str | os.PathLike[str]) -> RunLayout:
     if missing or not layout.stage_record("report").exists():
         what = ", ".join(missing) if missing else "the report stage's record"
         raise StoreError(f"run dir {given}: not a finished run ({what} missing); {fix}")
-    from .integrity import output_problem
+    from .store.integrity import output_problem
 
     problem = next((p for p in map(output_problem, needed[:3]) if p), None)  # parquet footers, zarr metadata
     if problem:
@@ -227,7 +227,7 @@ class ExploreApp:
         """The attention store (opened once, read map by map)."""
         with self._lock:
             if self._store is None:
-                from .store import open_attention_store
+                from .store.contract import open_attention_store
 
                 self._store = open_attention_store(self.layout.attention)
             return self._store
@@ -237,7 +237,7 @@ class ExploreApp:
         """``features.parquet`` indexed by ``feature_id``."""
         with self._lock:
             if self._features is None:
-                from .store import read_features
+                from .store.contract import read_features
 
                 self._features = read_features(self.root).set_index("feature_id", drop=False)
             return self._features
@@ -273,7 +273,7 @@ class ExploreApp:
         """
         with self._lock:
             if self._heads is None:
-                from .store import read_table
+                from .store.contract import read_table
 
                 heads = read_table(self.layout.table("heads"), fix="re-run 'attnclust report' for this run")
                 heads = heads.sort_values(["layer", "head"])

@@ -105,7 +105,7 @@ def figure_names() -> list[str]:
 def _table(layout: RunLayout, path: Path, figure: str, fix: str) -> pd.DataFrame:
     if not path.exists():
         raise DataError(f"figure {figure}: {path.name} not found in {layout.root}; {fix}")
-    from .store import read_table
+    from .store.contract import read_table
 
     return read_table(path, fix=fix)
 
@@ -235,7 +235,7 @@ def cluster_maps_figure(layout: RunLayout) -> Figure:
     matplotlib.figure.Figure
     """
     from .analysis.atlas import cluster_mean_maps, medoid_maps
-    from .store import read_features
+    from .store.contract import read_features
 
     fix = "run 'attnclust report' for this run first"
     maps = _table(layout, layout.table("maps"), "cluster_maps", fix)
@@ -514,7 +514,7 @@ def write_figure(run_dir: str | os.PathLike[str], name: str, fmt: str | None = N
         The run lacks what the figure shows.
     """
     from .explore import finished_run
-    from .store import atomic_write_bytes
+    from .store.contract import atomic_write_bytes
 
     out_path = None if out is None else Path(out)
     fmt = _format(fmt, out_path)

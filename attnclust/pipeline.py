@@ -25,7 +25,7 @@ from .errors import AttnclustError
 from .layout import RunLayout
 from .runtime import dask_client
 from .stages import COMMANDS, DaskExecutor, RunContext, check_stages, make_stages, run_stages, stage_names
-from .store import atomic_write_json, open_attention_store
+from .store.contract import atomic_write_json, open_attention_store
 
 __all__ = ["JobResult", "check_extract_inputs", "make_job_id", "result_summary", "run_job"]
 
@@ -153,7 +153,7 @@ def check_extract_inputs(layout: RunLayout) -> None:
     that runs later stages alone takes that stage's recorded fingerprint, so it checks here, before anything is
     found complete or re-run: the data file the run read (its recorded ``data.path``, or the bundled sample)
     against the recorded content hash, and the model (its recorded ``model.name`` and ``model.revision``) against
-    the recorded weights identity (:func:`attnclust.modeling.model_identity`). A data file or model that is gone
+    the recorded weights identity (:func:`attnclust.models.sources.model_identity`). A data file or model that is gone
     is not a change (the later stages read only the run's own outputs). A run without an extract record (a store
     another tool wrote) has nothing to check.
 
@@ -186,10 +186,10 @@ def check_extract_inputs(layout: RunLayout) -> None:
 
 def _data_changed(keys: dict, identity: dict) -> Path | None:
     """The recorded data file or ``save_to_disk`` folder, when its content no longer has the recorded identity
-    (:func:`attnclust.hfdata.data_fingerprint`). A hub dataset id is no local path: it is not downloaded again
+    (:func:`attnclust.data.hf.data_fingerprint`). A hub dataset id is no local path: it is not downloaded again
     here (``attnclust run`` and ``extract`` compare it when they load it)."""
-    from .data import sample_path
-    from .hfdata import data_fingerprint
+    from .data.hf import data_fingerprint
+    from .data.squad import sample_path
 
     recorded = identity.get("data_file_content")
     path = Path(keys["data.path"]).expanduser() if keys.get("data.path") else sample_path()
@@ -204,7 +204,7 @@ def _data_changed(keys: dict, identity: dict) -> Path | None:
 def _model_changed(keys: dict, identity: dict) -> str | None:
     """The recorded model's name, when its weights identity is no longer the recorded one."""
     from .config import ModelConfig
-    from .modeling import model_identity
+    from .models.sources import model_identity
 
     recorded = identity.get("model_weights")
     if not isinstance(recorded, str) or not isinstance(keys.get("model.name"), str):

@@ -467,7 +467,7 @@ def _write_planted(root, model: str, max_seq_len: int, head_types: np.ndarray, s
     Returns the run's :class:`~attnclust.layout.RunLayout`.
     """
     from .layout import RunLayout
-    from .store import atomic_write_parquet, create_attention_store, mark_store_complete
+    from .store.contract import atomic_write_parquet, create_attention_store, mark_store_complete
 
     n_layers, n_heads = head_types.shape
     layout = RunLayout(root)
@@ -517,7 +517,7 @@ def write_compact_decoy(root: str | Path, sample) -> Path:
     """
     import shutil
 
-    from .store import create_attention_store, mark_store_complete, open_attention_store
+    from .store.contract import create_attention_store, mark_store_complete, open_attention_store
 
     path = Path(root) / "attention.zarr"
     full = open_attention_store(path)

@@ -1,7 +1,7 @@
 """``checksum_write_ratio`` / ``checksum_read_ratio``: what the stores' chunk checksums cost.
 
 Every chunk attnclust writes ends with a CRC-32C (zarr's ``crc32c`` codec after the compressor) and is read
-through :class:`attnclust.integrity.CheckedStore` (a missing chunk raises). This times writing and reading the
+through :class:`attnclust.store.integrity.CheckedStore` (a missing chunk raises). This times writing and reading the
 same attention shards with and without both, in one run with the arms interleaved (A, B, A, B, ...), and prints
 the median time with / without for a full (float16, zstd-1) and a compact (uint8, Blosc zstd-5) store.
 
@@ -49,7 +49,7 @@ def _compact(maps: np.ndarray) -> np.ndarray:
 
 def _write(path: Path, seq_len: np.ndarray, values: np.ndarray, *, mode: str, checked: bool) -> None:
     """Write the shards as extraction does, with the checksum codec or without it."""
-    import attnclust.integrity as integrity
+    import attnclust.store.integrity as integrity
     from attnclust.store import create_attention_store, mark_store_complete
 
     original = integrity.with_checksum
@@ -73,7 +73,7 @@ def _read(path: Path, *, checked: bool) -> float:
     through a plain zarr open of a store without checksums."""
     import zarr
 
-    import attnclust.integrity as integrity
+    import attnclust.store.integrity as integrity
     from attnclust.store import open_attention_store
 
     original = integrity.open_checked_group

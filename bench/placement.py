@@ -4,7 +4,7 @@ Vectors as in :mod:`bench.cluster_scale` (the default featurizer's vectors of th
 prototypes, plus Gaussian noise, block by block from per-block seeds), reduced as the demo job's cluster settings
 say (``pca_components`` 50 is above the 17 profile dims: no PCA). UMAP (the demo's ``umap_neighbors``,
 ``umap_min_dist``, NN-descent so that it can ``transform``) is fitted on a ``--sample`` of rows; ``--rows`` other
-rows are then placed by umap-learn's ``transform`` and by :class:`attnclust.placement.KnnPlacer`, the arms
+rows are then placed by umap-learn's ``transform`` and by :class:`attnclust.cluster.placement.KnnPlacer`, the arms
 interleaved (A, B, A, B ...) for ``--reps`` repetitions; the median seconds of each give ``placement_speedup``.
 
 Quality: for each placed map, the share of its 10 nearest placed maps in 2-D that are among its 10 nearest placed maps
@@ -75,7 +75,7 @@ def measure_placement(n_sample: int = 20_000, n_rows: int = 50_000, reps: int = 
     trust_sample
         Placed rows scored by trustworthiness (0: none).
     n_neighbors
-        Neighbours of the kNN placement (default :data:`attnclust.placement.N_NEIGHBORS`).
+        Neighbours of the kNN placement (default :data:`attnclust.cluster.placement.N_NEIGHBORS`).
     cfg
         The job settings whose ``featurize`` and ``cluster`` sections are used (default ``jobs/demo.yaml``).
 
@@ -86,8 +86,8 @@ def measure_placement(n_sample: int = 20_000, n_rows: int = 50_000, reps: int = 
         ``placement_quality_ratio``, trustworthiness of each arm, settings and the load average.
     """
     from attnclust import backend as bk
+    from attnclust.cluster.placement import N_NEIGHBORS, KnnPlacer
     from attnclust.config import load_job
-    from attnclust.placement import N_NEIGHBORS, KnnPlacer
 
     from .e2e import warm_umap
 

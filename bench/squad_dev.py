@@ -212,7 +212,7 @@ def compact_max_keys(run: Path) -> int | None:
 def dev_compact_plan(run: Path, layers: int, heads: int):
     """The compact store ``extract.store: auto`` fits to the default budget for a model of ``layers`` x ``heads``
     over the features of ``run`` (the dev arm's), as the extract stage's pre-flight would: its key cap
-    (``max_keys``) and exact sample (``sample``) (:class:`attnclust.stages.store_plan.StorePlan`)."""
+    (``max_keys``) and exact sample (``sample``) (:class:`attnclust.store.plan.StorePlan`)."""
     import pandas as pd
 
     from attnclust.config import JobConfig
@@ -318,7 +318,7 @@ def write_bert_base(folder: Path) -> dict:
     from transformers import BertConfig, BertModel
 
     from attnclust.config import ModelConfig
-    from attnclust.modeling import PACKAGED, resolve_model_path
+    from attnclust.models.sources import PACKAGED, resolve_model_path
 
     minilm = Path(resolve_model_path(ModelConfig(name="minilm")))
     vocab = (minilm / "vocab.txt").read_text(encoding="utf-8").splitlines()

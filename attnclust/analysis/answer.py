@@ -27,7 +27,7 @@ import logging
 import numpy as np
 import pandas as pd
 
-from ..store import open_attention_store
+from ..store.contract import open_attention_store
 from .heads import HeadContext, head_analysis
 from .stats import token_masks
 

@@ -23,7 +23,7 @@ import pandas as pd
 from ..errors import DataError
 from ..featurize.pooled import pool_maps
 from ..layout import RunLayout
-from ..store import atomic_write_parquet, open_attention_store
+from ..store.contract import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
 from .stats import local_keys, map_statistics, stat_columns, token_masks
 

@@ -166,6 +166,6 @@ def _open_store(layout):
     path = getattr(layout, "attention", None)
     if path is None or not path.exists():
         return None
-    from ..store import open_attention_store
+    from ..store.contract import open_attention_store
 
     return open_attention_store(path)

@@ -9,7 +9,7 @@ after each step of the removal, against the same number of heads removed at rand
 
 transformers 5 dropped BERT's ``head_mask`` argument, so the gates are forward pre-hooks on each layer's attention
 output projection (:func:`gated`; ALBERT's layers share one, whose hook tells its calls apart:
-:func:`attnclust.architecture.hook_attention_outputs`). Per-example gradients come from a per-example gate of shape
+:func:`attnclust.models.hooks.hook_attention_outputs`). Per-example gradients come from a per-example gate of shape
 (feature, layer, head): features of a batch do not interact (eval mode), so the gradient of the summed loss with
 respect to feature ``b``'s gate is feature ``b``'s own gradient.
 """
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..architecture import attention_outputs, hook_attention_outputs  # the first re-exported: its former home
 from ..errors import ModelError
+from ..models.hooks import attention_outputs, hook_attention_outputs  # the first re-exported: its former home
 
 if TYPE_CHECKING:
     import torch
@@ -141,7 +141,7 @@ def head_gradients(model: Any, rows: pd.DataFrame, *, batch_size: int, device: s
     """
     import torch
 
-    from ..models import batch_inputs
+    from ..models.runner import batch_inputs
     from ..qa.finetune import training_labels
 
     if model.training:

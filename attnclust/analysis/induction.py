@@ -133,7 +133,7 @@ def measure_induction(loaded: Any, tokenizer: Any, *, device: str = "cpu", n_seq
         One row per (``layer``, ``head``): ``induction_score`` float64 in [0, 1] and ``induction_p`` (the
         permutation p-value of :func:`induction_pvalues`).
     """
-    from ..causal import causal_forward
+    from ..models.decoder import causal_forward
 
     vocab_size = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
     ids, start = induction_inputs(tokenizer, vocab_size=vocab_size, n_sequences=n_sequences, length=length,
@@ -201,8 +201,8 @@ def write_induction(layout: Any, cfg: Any, *, device: str = "cpu") -> float:
     """
     import time
 
-    from ..models import get_model, get_tokenizer
-    from ..store import atomic_write_parquet
+    from ..models.runner import get_model, get_tokenizer
+    from ..store.contract import atomic_write_parquet
 
     t0 = time.perf_counter()
     table = measure_induction(get_model(cfg.model, device=device), get_tokenizer(cfg.model), device=device)

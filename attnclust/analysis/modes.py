@@ -134,7 +134,7 @@ def question_vectors(layout, features: pd.DataFrame, example_ids) -> tuple[np.nd
         The questions that have a feature, in the order of ``example_ids``.
     vectors : numpy.ndarray of float64, shape (question, layer, head, dim)
     """
-    from ..store import open_embedding
+    from ..store.contract import open_embedding
 
     first = features.assign(example_id=features["example_id"].astype(str)).groupby("example_id")["feature_id"].min()
     first = first.reindex(pd.Index(np.asarray(example_ids).astype(str))).dropna().astype(np.int64)

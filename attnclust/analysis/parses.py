@@ -370,7 +370,7 @@ def load_parses(layout: RunLayout, *, conllu: str | os.PathLike[str] | None = No
     else:
         parses = spacy_parses(contexts, model=spacy_model)
     parses["source"] = source  # what the cache was made from (checked on the next call)
-    from ..store import atomic_write_parquet
+    from ..store.contract import atomic_write_parquet
 
     layout.record(layout.parses)
     atomic_write_parquet(parses, layout.parses)

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..integrity import open_writable_group
+from ..store.integrity import open_writable_group
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "QWORDS", "consolidate_head_outputs",
            "fit_logistic", "predict_logistic", "probe_fold_ids", "probe_heads", "probe_labels", "probe_table",
@@ -96,7 +96,7 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
 
     from zarr.codecs import ZstdCodec
 
-    from ..integrity import COMPLETE, with_checksum
+    from ..store.integrity import COMPLETE, with_checksum
 
     shutil.rmtree(root, ignore_errors=True)
     group = open_writable_group(root, mode="w")
@@ -139,7 +139,7 @@ def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tupl
         float32.
     """
     from ..errors import StoreError
-    from ..integrity import open_checked_group, reading
+    from ..store.integrity import open_checked_group, reading
 
     fix = "re-run 'attnclust extract --force' for this output dir to rewrite it"
     try:  # a missing chunk raises (integrity.py), never reads as NaN or zeros

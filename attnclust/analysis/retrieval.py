@@ -25,7 +25,7 @@ import logging
 import numpy as np
 import pandas as pd
 
-from ..store import open_attention_store
+from ..store.contract import open_attention_store
 from .answer import MAX_FEATURES, RIGHT_MIN_F1
 from .decoder import RETRIEVAL_MIN, copy_steps, retrieval_scores
 from .heads import HeadContext, head_analysis

@@ -105,7 +105,7 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     DataError
         ``features`` has no ``offsets``, a direction is unknown, or no arc of a whole sentence lies in any feature.
     """
-    from ..store import atomic_write_parquet, open_attention_store
+    from ..store.contract import atomic_write_parquet, open_attention_store
 
     bad = [d for d in directions if d not in DIRECTIONS]
     if bad or not directions:

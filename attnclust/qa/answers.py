@@ -156,7 +156,7 @@ def predict_logits(loaded, features: pd.DataFrame, *, batch_size: int, device: s
     """
     from tqdm.auto import tqdm
 
-    from ..models import run_forward
+    from ..models.runner import run_forward
 
     order = features.sort_values("seq_len", kind="stable")
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -275,7 +275,7 @@ def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
     table : pandas.DataFrame
         The first table :func:`score_answers` returns.
     """
-    from ..store import atomic_write_bytes, atomic_write_parquet
+    from ..store.contract import atomic_write_bytes, atomic_write_parquet
 
     folder = Path(folder)
     layout = RunLayout(folder)
@@ -313,7 +313,7 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     StoreError
         If ``qa.parquet`` holds no logits (written by an older attnclust).
     """
-    from ..store import atomic_write_json, read_features
+    from ..store.contract import atomic_write_json, read_features
 
     out = Path(out)
     features = read_features(out)

@@ -29,7 +29,7 @@ from ..config import JobConfig, ModelConfig
 from ..errors import BackendUnavailable, ConfigError, StoreError
 from ..layout import ModelDirLayout
 from ..safeio import first_link_in_tree
-from ..store import atomic_write_json
+from ..store.contract import atomic_write_json
 from .answers import NULL_INDEX, predict_answers, predict_logits, score_answers, write_predictions
 
 __all__ = ["finetune_model", "training_labels"]
@@ -76,7 +76,7 @@ def _collate(model):
     """A training batch: the inputs padded by :func:`attnclust.models.batch_inputs`, and the labels."""
     import torch
 
-    from ..models import batch_inputs
+    from ..models.runner import batch_inputs
 
     def collate(items: list[dict]) -> dict:
         batch = batch_inputs(model, {"input_ids": [it["input_ids"] for it in items],
@@ -116,7 +116,7 @@ def _precision(cfg: JobConfig, device: str) -> dict:
 
 def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer,
           split: str | None = None) -> tuple[list, pd.DataFrame]:
-    from ..data import read_squad, sample_path, tokenize_examples
+    from ..data.squad import read_squad, sample_path, tokenize_examples
 
     file = Path(path).expanduser() if path else sample_path()
     examples = read_squad(file, max_examples=max_examples, split=split)
@@ -148,9 +148,9 @@ def _check_model_dir(layout: ModelDirLayout) -> None:
 
 def _file_identity(path: Path, split: str | None = None) -> list[int] | str:
     """A data file's size and modification time; a ``save_to_disk`` folder's or a hub dataset's content identity
-    (:func:`attnclust.hfdata.data_fingerprint`)."""
+    (:func:`attnclust.data.hf.data_fingerprint`)."""
     if not path.is_file():
-        from ..hfdata import data_fingerprint
+        from ..data.hf import data_fingerprint
 
         return data_fingerprint(path, split)
     st = path.stat()
@@ -213,8 +213,8 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
         What ``out/finetune.json`` records: settings, steps, seconds, the loss history, ``resumed_from`` and,
         with ``finetune.eval_data``, the official SQuAD 2.0 scores.
     """
-    from ..causal import model_kind
-    from ..models import get_tokenizer, load_model
+    from ..models.decoder import model_kind
+    from ..models.runner import get_tokenizer, load_model
 
     if model_kind(cfg.model) == "causal":
         raise ConfigError(f"finetune: model.name {cfg.model.name!r} is a causal language model, and fine-tuning "
@@ -282,7 +282,7 @@ def _begin(layout: ModelDirLayout, fp: str, force: bool) -> bool:
         record = None
     if record is not None and record.get("fingerprint") == fp and layout.record.exists():
         return True
-    from ..store import atomic_write_bytes
+    from ..store.contract import atomic_write_bytes
 
     atomic_write_bytes(started, fp.encode())
     return False
@@ -334,7 +334,7 @@ def _evaluate(cfg: JobConfig, layout: ModelDirLayout, evaluation: tuple[list, pd
     The model is loaded as extraction loads it (:func:`attnclust.models.get_model`), so that an extraction job
     on the model directory answers these questions as this evaluation did.
     """
-    from ..models import get_model
+    from ..models.runner import get_model
 
     out = layout.root
     examples, features = evaluation

@@ -4,7 +4,7 @@ Each SQuAD-v2 question becomes one prompt: an instruction (answer with words cop
 ``unanswerable``), the context and the question, in the model's chat template when it has one (else as plain
 text). The model answers by greedy decoding; the prompt and its answer together are one *feature* of
 ``features.parquet``, whose maps extraction takes in one teacher-forced forward pass
-(:func:`attnclust.causal.causal_forward`). Each token is labelled by its part (``instruction``, ``context``,
+(:func:`attnclust.models.decoder.causal_forward`). Each token is labelled by its part (``instruction``, ``context``,
 ``question``, ``answer``; column ``part``); context tokens carry ``[start, end)`` character offsets into the
 context, as an encoder's do, so the word and syntax tools apply; ``segment_ids`` is 1 on context tokens, 0
 elsewhere. A context too long for ``extract.max_seq_len`` (less room for the answer) is windowed as an encoder's
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..data import FEATURE_COLUMNS
+from ..data.squad import FEATURE_COLUMNS
 from ..errors import DataError, ModelError
 
 __all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans",
@@ -441,7 +441,7 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
         the number of windows dropped; ``frame.attrs["windowed_contexts"]`` maps the id of each example whose
         context took more than one window to its number of windows.
     """
-    from ..causal import stop_token_ids
+    from ..models.decoder import stop_token_ids
 
     if decoding not in ("greedy", "context"):
         raise DataError(f"extract.decoding {decoding!r}: unknown; allowed: greedy | context")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from markupsafe import Markup
 
-from ..store import atomic_write_bytes
+from ..store.contract import atomic_write_bytes
 from .inputs import ReportInputs
 from .registry import ReportSection, environment, sections_in_order
 

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..errors import AttnclustError
-from ..store import quantize_uint8, read_table
+from ..store.contract import quantize_uint8, read_table
 from .figures import cluster_palette, draw_token_map, head_grid
 from .formatting import plain_text, short
 from .inputs import MAP_COLUMNS, ReportInputs

@@ -188,7 +188,7 @@ class _Driver:
             record = dict(self.record)
             self.client.set_metadata([META, self.job_id], record)  # under the lock: writes stay in order
             if self.layout is not None and self.layout.is_run():
-                from ..store import atomic_write_json
+                from ..store.contract import atomic_write_json
 
                 state = {k: v for k, v in record.items() if k != "log_tail"}
                 atomic_write_json(self.layout.service_state, state)
@@ -457,7 +457,7 @@ def _dashboard(client) -> str | None:
 def _absolute(cfg):
     """The job with local paths made absolute: the driver runs in another process, maybe another cwd."""
     from ..config import DataConfig, ModelConfig
-    from ..models import PACKAGED
+    from ..models.runner import PACKAGED
 
     changes = {}
     if cfg.data.path:
@@ -681,7 +681,7 @@ def cancel(client, job_id: str) -> int:
     client.set_metadata([META, job_id], record)
     layout = RunLayout(record["out"]) if record.get("out") else None
     if layout is not None and layout.is_run():  # the driver writes it too once it stops; this covers a queued one
-        from ..store import atomic_write_json
+        from ..store.contract import atomic_write_json
 
         with contextlib.suppress(OSError):
             atomic_write_json(layout.service_state,

@@ -7,10 +7,10 @@ writes, a ``plan`` of blocks, a per-block ``task`` (runs on a Dask worker or in-
 fingerprints and any content identity it declares (data file hash, model weights): a key a stage does not read
 never invalidates it, and a refused re-run names the key that changed, with its old and new values.
 
-A stage is complete only when its record matches *and* the outputs it recorded at the end are still there and
-open (a cheap check: parquet footers, JSON, zarr metadata and chunk files; :func:`attnclust.integrity.output_problem`).
-A selected stage whose output is missing or damaged runs again (and what depends on it is invalidated); an
-upstream stage that is not selected is refused in one line naming the output and the command that rebuilds it.
+A stage is complete only when its record matches *and* the outputs it recorded at the end are still there and open (a
+cheap check: parquet footers, JSON, zarr metadata and chunk files; :func:`attnclust.store.integrity.output_problem`). A
+selected stage whose output is missing or damaged runs again (and what depends on it is invalidated); an upstream stage
+that is not selected is refused in one line naming the output and the command that rebuilds it.
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def describe_change(old: dict, new: dict) -> str:
 
 def run_block(task: Callable, root: str, stage: str, fingerprint: str, block: int, args: tuple) -> Any:
     """Run one block of a stage and write its completion marker (only after the block's data is written)."""
-    from ..models import trim_heap
-    from ..store import atomic_write_json
+    from ..runtime import trim_heap
+    from ..store.contract import atomic_write_json
 
     try:
         result = task(root, block, *args)
@@ -247,7 +247,7 @@ def _output_problem(layout: RunLayout, stage: Stage, record: dict) -> str | None
 
     A record written before outputs were recorded (no ``outputs`` key) is checked on the outputs that exist.
     """
-    from ..integrity import output_problem
+    from ..store.integrity import output_problem
 
     recorded = record.get("outputs")
     paths = ([layout.root / rel for rel in recorded] if isinstance(recorded, list)
@@ -353,7 +353,7 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
 
 
 def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
-    from ..store import atomic_write_json
+    from ..store.contract import atomic_write_json
 
     layout = ctx.layout
     layout.record(*stage.outputs(layout))
@@ -372,7 +372,7 @@ def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
     except AttnclustError:
         raise
     except (ValueError, RuntimeError) as exc:  # a chunk of an input store failed its checksum
-        from ..integrity import error_text, is_checksum_error
+        from ..store.integrity import error_text, is_checksum_error
 
         if not is_checksum_error(exc) or not stage.inputs:
             raise

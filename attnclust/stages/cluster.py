@@ -23,11 +23,11 @@ import numpy as np
 import pandas as pd
 
 from .. import backend as bk
-from ..cluster import FittedClusters, assign_block
+from ..cluster.fit import FittedClusters, assign_block
 from ..config import ClusterConfig
 from ..errors import ConfigError
 from ..layout import RunLayout
-from ..store import atomic_write_json, atomic_write_parquet, open_attention_store
+from ..store.contract import atomic_write_json, atomic_write_parquet, open_attention_store
 from .base import RunContext, Stage
 from .executors import StepBars
 
@@ -75,7 +75,7 @@ def _distributed_kmeans(client, layout: RunLayout, fitted, random_state: int):
     """Refit the final KMeans on every map across all GPU workers (k chosen on the sample stays)."""
     import dask.array as da
 
-    from ..store import open_embedding
+    from ..store.contract import open_embedding
 
     emb = da.from_zarr(open_embedding(layout.root)["embedding"])
     dim = fitted.pca_.n_components if fitted.pca_ is not None else emb.shape[1]
@@ -87,7 +87,7 @@ class ClusterStage(Stage):
     """Cluster labels, centroid distances and 2-D positions of every map."""
 
     name = "cluster"
-    version = 2  # 2: maps outside the UMAP sample placed by kNN (attnclust.placement), not umap-learn's transform
+    version = 2  # 2: maps outside the UMAP sample placed by kNN (cluster.placement), not umap-learn's transform
     inputs = ("featurize",)
     task = staticmethod(assign_block)
     reads = ("cluster.k", "cluster.k_min", "cluster.k_max", "cluster.n_init", "cluster.stability_splits",
@@ -124,8 +124,8 @@ class ClusterStage(Stage):
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Fit on a sample (one task), share the fitted models, plan labelling blocks of whole embedding chunks
         (:data:`ASSIGN_ROWS` maps or more each)."""
-        from ..cluster import fit_from_store
-        from ..store import open_embedding
+        from ..cluster.fit import fit_from_store
+        from ..store.contract import open_embedding
 
         cfg = ctx.cfg.cluster
         emb = open_embedding(ctx.layout.root)["embedding"]

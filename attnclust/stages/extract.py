@@ -25,22 +25,22 @@ from ..analysis.induction import INDUCTION_VERSION, write_induction
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
-from ..data import FEATURE_LAYOUT_VERSION
+from ..data.hf import data_fingerprint
+from ..data.squad import FEATURE_LAYOUT_VERSION
 from ..errors import ConfigError, DataError, StoreError
 from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
-from ..hfdata import data_fingerprint
 from ..layout import RunLayout
 from ..qa.prompting import PROMPT_WINDOWS_VERSION
-from ..store import (
+from ..store.contract import (
     COMPACT_ENCODING,
     atomic_write_parquet,
     create_attention_store,
     mark_store_complete,
     open_attention_store,
 )
+from ..store.plan import ExactSampleWriter, StorePlan, _size, plan_store
 from .base import RunContext, Stage
-from .store_plan import ExactSampleWriter, StorePlan, _size, plan_store
 
 PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
@@ -60,7 +60,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         ``data.max_features_per_example``), ``normalised`` (what the features change of the tokenizer's output:
         :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.describe_model`).
     """
-    from ..data import (
+    from ..data.squad import (
         check_label_fields,
         examples_with_control_strings,
         extra_columns,
@@ -68,7 +68,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         sample_path,
         tokenize_examples,
     )
-    from ..models import describe_model, get_tokenizer
+    from ..models.runner import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
     examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split)
@@ -104,7 +104,7 @@ def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
     prompt_features`), the model run on this process's device (the GPU when the backend may use one)."""
     import torch
 
-    from ..models import get_model
+    from ..models.runner import get_model
     from ..qa.prompting import prompt_features
 
     device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
@@ -219,7 +219,7 @@ def _held_bytes(path: Path) -> int | None:
     What an unfinished store holds is either kept (a resume) or removed before the store is written anew, so
     it counts as room. A finished store is reused as is when the stage is complete, so it is not checked.
     """
-    from ..store import open_attention_store
+    from ..store.contract import open_attention_store
 
     if not path.exists():
         return 0
@@ -341,8 +341,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..causal import causal_forward
-    from ..models import fix_malloc_thresholds, get_model, run_forward
+    from ..models.decoder import causal_forward
+    from ..models.runner import get_model, run_forward
+    from ..runtime import fix_malloc_thresholds
 
     fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
     layout = RunLayout(root)
@@ -493,7 +494,7 @@ class _ShardFiller:
         if self.profile is not None:
             self.profile[j] = vectors
         if self.compact is not None:
-            from ..store import compact_maps
+            from ..store.contract import compact_maps
 
             codes, kept = compact_maps(maps, mass=float(self.compact["mass"]), max_keys=self.compact["max_keys"],
                                        with_kept=True)
@@ -555,7 +556,7 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
 
 def store_plan(cfg: JobConfig, seq_len: np.ndarray, model_info: dict) -> StorePlan:
     """The store these features get: ``extract.store`` resolved (``auto``: full within ``extract.store_budget_gb``)
-    and a compact store's exact sample (:func:`attnclust.stages.store_plan.plan_store`)."""
+    and a compact store's exact sample (:func:`attnclust.store.plan.plan_store`)."""
     layers, heads = model_info["num_layers"], model_info["num_heads"]
     return plan_store(cfg, seq_len, num_layers=layers, num_heads=heads,
                       full_bytes=store_bytes(seq_len, num_layers=layers, num_heads=heads,
@@ -594,7 +595,7 @@ def slim_features(inputs: dict) -> None:
     only. The token, id and offset lists are Python objects: at SQuAD2-dev's 12,214 features they held ~0.5 GB of
     the driver's memory for the whole run (RSS 1.78 GB after :func:`prepare_inputs`, 1.21 GB without its tables).
     """
-    from ..models import trim_heap
+    from ..runtime import trim_heap
 
     features = inputs["features"]
     inputs["features"] = features[[c for c in ("feature_id", "example_id", "seq_len") if c in features]].copy()
@@ -624,7 +625,7 @@ class ExtractStage(Stage):
         ``auto`` run that resolves to ``full`` is the same extraction as ``store: full``; a compact store's
         ``extract.exact_sample`` too (the features it keeps when the budget cut it), and
         ``extract.compact_max_keys`` as fitted to the budget when it was ``null`` and a cap was needed
-        (:func:`~attnclust.stages.store_plan.fit_max_keys`), and the compact rows' encoding
+        (:func:`~attnclust.store.plan.fit_max_keys`), and the compact rows' encoding
         (:data:`~attnclust.store.COMPACT_ENCODING`: a store in another is extracted again)."""
         plan = self._store_plan(ctx)
         return {"extract.store": plan.mode,
@@ -637,7 +638,7 @@ class ExtractStage(Stage):
         return store_plan(ctx.cfg, ctx.inputs["features"]["seq_len"].to_numpy(), ctx.inputs["model_info"])
 
     def identity(self, ctx: RunContext) -> dict:
-        """The data's content identity (:func:`~attnclust.hfdata.data_fingerprint`), the model's identity
+        """The data's content identity (:func:`~attnclust.data.hf.data_fingerprint`), the model's identity
         (weights, tokenizer, chat template, generation config: :func:`~attnclust.models.model_identity`), the
         backend, the statistics' versions,
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
@@ -687,7 +688,7 @@ class ExtractStage(Stage):
 
     def verify(self, ctx: RunContext) -> None:
         """``features.parquet`` still describes the store row for row (before any later stage reads them)."""
-        from ..store import check_store_tables
+        from ..store.contract import check_store_tables
 
         if ctx.layout.attention.exists() and ctx.layout.features.exists():
             check_store_tables(ctx.layout.root)

@@ -22,9 +22,14 @@ import numpy as np
 from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
 from ..featurize import CAUSAL_CONTEXT_VERSION, TokenContext, embed_with_context, get_featurizer
-from ..integrity import open_writable_group
 from ..layout import RunLayout
-from ..store import EMBED_SCHEMA, open_attention_store, open_embedding, read_features  # open_embedding: re-exported
+from ..store.contract import (  # open_embedding: re-exported
+    EMBED_SCHEMA,
+    open_attention_store,
+    open_embedding,
+    read_features,
+)
+from ..store.integrity import open_writable_group
 from .base import RunContext, Stage
 
 __all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding",
@@ -48,7 +53,7 @@ def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_he
     import zarr
     from zarr.codecs import ZstdCodec
 
-    from ..integrity import with_checksum
+    from ..store.integrity import with_checksum
 
     path = layout.embedding
     if done and path.exists():
@@ -137,7 +142,7 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
 def _write_rows(layout: RunLayout, start: int, stop: int, L: int, H: int, vectors: np.ndarray) -> None:
     """Write (feature, layer * head, dim) vectors of features ``start:stop`` and their index arrays."""
 
-    from ..integrity import COMPLETE
+    from ..store.integrity import COMPLETE
 
     group = open_writable_group(layout.embedding, mode="r+")
     r0, r1 = start * L * H, stop * L * H

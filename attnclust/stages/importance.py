@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..config import JobConfig
 from ..layout import RunLayout
-from ..store import atomic_write_parquet, read_features
+from ..store.contract import atomic_write_parquet, read_features
 from .base import RunContext, Stage
 
 __all__ = ["ImportanceStage", "evaluation_features", "importance_block", "pruning_block"]
@@ -83,7 +83,7 @@ def importance_block(root: str, block: int, feature_ids: np.ndarray, cfg: JobCon
         ``block``, ``features`` and ``seconds``.
     """
     from ..analysis.importance import head_gradients
-    from ..models import get_model
+    from ..models.runner import get_model
 
     t0 = time.perf_counter()
     layout = RunLayout(root)
@@ -109,7 +109,7 @@ def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: Job
     import torch
 
     from ..analysis.importance import gated
-    from ..models import get_model
+    from ..models.runner import get_model
     from ..qa.answers import predict_answers, predict_logits, score_answers
 
     layout = RunLayout(root)

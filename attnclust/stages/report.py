@@ -21,7 +21,7 @@ from ..analysis.words import readable_tokens
 from ..config import BUNDLED_CONLLU
 from ..errors import DataError
 from ..layout import RunLayout
-from ..store import atomic_write_parquet, open_attention_store, read_features
+from ..store.contract import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
@@ -307,7 +307,7 @@ def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars, *, examples
     probed; the table's ``attrs["summary"]`` holds ``probes_summary.json``.
     """
     from ..analysis.probes import probe_labels, probe_table, read_head_outputs
-    from ..store import atomic_write_json
+    from ..store.contract import atomic_write_json
 
     layout, cfg = ctx.layout, ctx.cfg
     layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration

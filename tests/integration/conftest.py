@@ -159,7 +159,7 @@ def set_task_delay(client, seconds: float | None) -> None:
         def setup(self, worker):
             import time
 
-            from attnclust import models
+            from attnclust.models import runner as models
 
             self.original = models.get_model
 
@@ -170,7 +170,7 @@ def set_task_delay(client, seconds: float | None) -> None:
             models.get_model = slow_get_model
 
         def teardown(self, worker):
-            from attnclust import models
+            from attnclust.models import runner as models
 
             models.get_model = self.original
 

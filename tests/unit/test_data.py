@@ -48,7 +48,7 @@ def sample_features(sample_examples, tokenizer):
 def test_sample_is_packaged_official_squad_v2():
     path = sample_path()
     assert path.is_file()
-    assert path.parent.name == "data" and path.parent.parent.name == "attnclust"
+    assert path.parent.name == "resources" and path.parent.parent.name == "attnclust"
     doc = json.loads(path.read_text(encoding="utf-8"))
     assert doc["version"] == "v2.0"
     for article in doc["data"]:

@@ -22,7 +22,7 @@ GLIBC = hasattr(ctypes.CDLL(None), "mallinfo2")  # glibc >= 2.33
 PROBE = """
 import ctypes, json, sys
 import numpy as np
-from attnclust.models import fix_malloc_thresholds
+from attnclust.runtime import fix_malloc_thresholds
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -88,7 +88,7 @@ def test_run_forward_maps_are_the_models_layers_in_order(tmp_path, tiny_model):
 # threshold, so heap memory that cannot shrink from its top), then report RSS before and after trim_heap().
 FRAGMENTS = """
 import json, psutil
-from attnclust.models import trim_heap
+from attnclust.runtime import trim_heap
 
 blocks = [bytearray(b"x" * (64 << 10)) for _ in range(4000)]
 del blocks[::2]                 # every other chunk freed: 125 MiB free in the middle of the heap
@@ -112,7 +112,7 @@ def test_every_block_trims_the_heap_after_its_task(tmp_path, monkeypatch):
     from attnclust.stages import base
 
     calls = []
-    monkeypatch.setattr("attnclust.models.trim_heap", lambda: calls.append("trim") or True)
+    monkeypatch.setattr("attnclust.runtime.trim_heap", lambda: calls.append("trim") or True)
 
     def task(root, block):
         calls.append("task")

@@ -1,4 +1,4 @@
-"""Hugging Face forms of SQuAD v2 as ``data.path`` (:mod:`attnclust.hfdata`): parquet and Arrow files and
+"""Hugging Face forms of SQuAD v2 as ``data.path`` (:mod:`attnclust.data.hf`): parquet and Arrow files and
 ``save_to_disk`` folders read as the equivalent JSON, their records and columns checked in one line, their content in
 the run's fingerprint; a hub id through ``datasets`` (faked here: the tests need neither it nor the network), and
 offline or without ``datasets`` one line with the fix. The folders are written with pyarrow in the layout
@@ -20,8 +20,8 @@ import pytest
 from attnclust.cli import main
 from attnclust.config import load_job
 from attnclust.data import read_gold, read_squad
+from attnclust.data.hf import data_fingerprint, resolve_source
 from attnclust.errors import AttnclustError, ConfigError, DataError, StoreError
-from attnclust.hfdata import data_fingerprint, resolve_source
 from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor

@@ -17,7 +17,7 @@ from attnclust.cli import main
 from attnclust.config import ModelConfig, load_job
 from attnclust.errors import ConfigError, StoreError
 from attnclust.layout import RunLayout
-from attnclust.modeling import model_identity
+from attnclust.models.sources import model_identity
 from attnclust.pipeline import check_extract_inputs, run_job
 from attnclust.stages import SerialExecutor
 

@@ -202,7 +202,7 @@ def test_a_lone_surrogate_in_the_data_is_one_line(tmp_path, tiny_llama_dir, caps
 
 def test_gguf_file_stays_inside_the_model_directory(tmp_path):
     from attnclust.errors import ModelError
-    from attnclust.modeling import gguf_location
+    from attnclust.models.sources import gguf_location
 
     folder, outside = tmp_path / "model", tmp_path / "elsewhere"
     folder.mkdir()

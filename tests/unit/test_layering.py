@@ -38,13 +38,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("errors", ("attnclust.errors",)),
     # no knowledge of jobs or runs: bounded reads and atomic writes, chunk checksums, argparse types, the parts of
     # a transformers model that are hooked, the clustering algorithms' small pieces
-    ("foundations", ("attnclust.safeio", "attnclust.integrity", "attnclust.argtypes", "attnclust.architecture",
-                     "attnclust._kmeans", "attnclust.placement")),
+    ("foundations", ("attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes", "attnclust.models.hooks",
+                     "attnclust.cluster.kmeans", "attnclust.cluster.placement")),
     # array maths on attention maps that the model runner and the job's validation need, no files: per-map
     # statistics and token masks, the featurizers and their registry (the other analyses sit in "methods")
     ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),
-    # reading the user's data: SQuAD files and the Hugging Face forms (hfdata), tokenisation into features
-    ("data", ("attnclust.data", "attnclust.hfdata")),
+    # reading the user's data: SQuAD files and the Hugging Face forms (data.hf), tokenisation into features
+    ("data", ("attnclust.data", "attnclust.data.hf")),
     # the job: every setting, validated (against the featurizer registry and the packaged sample data); how a
     # setting is declared and its errors told (_settings)
     ("config", ("attnclust._settings", "attnclust.config")),
@@ -53,10 +53,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the attention and embedding stores' contract, and reading a run's tables
     ("stores", ("attnclust.store",)),
     # where a model's files come from (packaged, a directory, the hub, a GGUF file), what a load returns
-    ("model sources", ("attnclust.modeling",)),
+    ("model sources", ("attnclust.models.sources",)),
     # loading and running models (decoders in causal, below the runner that dispatches to it), the CPU/GPU
     # backends, the Dask runtime
-    ("compute", ("attnclust.causal", "attnclust.models", "attnclust.backend", "attnclust.runtime")),
+    ("compute", ("attnclust.models.decoder", "attnclust.models", "attnclust.backend", "attnclust.runtime")),
     # the task the models are measured on: question answering (answers, scoring, fine-tuning, prompting)
     ("task", ("attnclust.qa",)),
     # methods on a run: clustering and the per-head analyses that read stores and models

@@ -165,7 +165,7 @@ def test_a_link_planted_inside_a_store_of_an_interrupted_run_is_refused(tmp_path
 def test_the_writable_store_refuses_a_link_on_a_chunk_path(tmp_path):
     import numpy as np
 
-    from attnclust.integrity import open_writable_group
+    from attnclust.store.integrity import open_writable_group
 
     group = open_writable_group(tmp_path / "s.zarr", mode="w", zarr_format=3)
     array = group.create_array("a", shape=(4, 2), chunks=(1, 2), dtype="float32")

@@ -297,7 +297,7 @@ def test_albert_with_two_groups_gates_each_group_and_layer(tmp_path):
     from families import save_family_model
     from transformers import AutoModelForQuestionAnswering
 
-    from attnclust.architecture import attention_outputs
+    from attnclust.models.hooks import attention_outputs
 
     path = save_family_model("albert", tmp_path / "albert", num_hidden_layers=4, num_hidden_groups=2)
     model = AutoModelForQuestionAnswering.from_pretrained(path, attn_implementation="eager").eval()
@@ -357,9 +357,9 @@ def test_a_pair_layout_without_a_leading_cls_is_refused_in_one_line():
 def test_pooled_head_outputs_are_the_heads_context_vectors_at_cls_and_over_the_context(family_model, family):
     import torch
 
-    from attnclust.architecture import attention_outputs
-    from attnclust.modeling import LoadedModel
     from attnclust.models import batch_inputs, run_forward
+    from attnclust.models.hooks import attention_outputs
+    from attnclust.models.sources import LoadedModel
 
     model = load(family_model, family)
     examples = read_squad(sample_path())[:3]

@@ -80,7 +80,7 @@ def test_checkpoint_without_qa_head_is_flagged_and_seeded(tmp_path):
     assert loaded.head_trained is False and (loaded.num_layers, loaded.num_heads) == (1, 2)
     assert get_model(ModelConfig(name=str(tmp_path / "enc"))) is loaded        # cached per process
     # the random head is seeded: a second process (worker) gets the same one
-    from attnclust import models
+    from attnclust.models import runner as models
 
     models._CACHE.clear()
     again = get_model(ModelConfig(name=str(tmp_path / "enc")))

@@ -10,11 +10,12 @@ import threading
 
 import pytest
 
-from attnclust import modeling, models
 from attnclust.cli import main
 from attnclust.config import ModelConfig
 from attnclust.errors import ModelError
 from attnclust.models import describe_model, get_tokenizer
+from attnclust.models import runner as models
+from attnclust.models import sources as modeling
 
 MISSING = "someorg/some-model"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

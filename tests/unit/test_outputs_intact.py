@@ -12,9 +12,9 @@ import pytest
 
 from attnclust.config import JobConfig
 from attnclust.errors import StoreError
-from attnclust.integrity import output_problem
 from attnclust.layout import RunLayout
 from attnclust.stages import RunContext, SerialExecutor, Stage, run_stages
+from attnclust.store.integrity import output_problem
 
 CFG = JobConfig.from_dict({"cluster": {"k": 8}})
 
@@ -133,7 +133,7 @@ class Vectors(Stage):
         import zarr
         from zarr.codecs import ZstdCodec
 
-        from attnclust.integrity import with_checksum
+        from attnclust.store.integrity import with_checksum
 
         group = zarr.open_group(str(ctx.layout.file("vectors.zarr")), mode="w")
         group.create_array("v", data=np.arange(64, dtype=np.float32), chunks=(32,),

@@ -5,8 +5,8 @@ import pytest
 from test_progress import write_embedding  # the embedding store a featurize stage would leave
 
 from attnclust.cluster import assign_block, fit_clusters, place_rest
+from attnclust.cluster.placement import KnnPlacer, place_by_neighbours
 from attnclust.config import ClusterConfig
-from attnclust.placement import KnnPlacer, place_by_neighbours
 
 
 def brute_force_place(z_sample, xy_sample, z, k):

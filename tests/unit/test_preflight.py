@@ -269,7 +269,7 @@ def test_new_settings_defaults_and_yaml_spelling():
 def test_a_compact_store_needs_room_for_its_expected_size_not_its_bound(tmp_path, monkeypatch):
     """A compact store's bound (every weight a byte) overstates it about fivefold: the free space must hold the
     exact sample and the rows at COMPACT_EXPECTED_RATIO of their bound; between that and the bound, a note."""
-    from attnclust.stages.store_plan import COMPACT_EXPECTED_RATIO, plan_store
+    from attnclust.store.plan import COMPACT_EXPECTED_RATIO, plan_store
 
     cfg = JobConfig.from_dict({"extract": {"store": "compact", "exact_sample": 2}})
     seq = np.array([100, 200, 300, 400])

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-import attnclust.cluster as cluster_mod
+import attnclust.cluster.stability as cluster_mod
 from attnclust.cluster import (
     best_jaccard,
     bootstrap_stability,

@@ -20,19 +20,19 @@ from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 from attnclust.stages.report import map_source_note
-from attnclust.stages.store_plan import (
-    ROW_BYTES_ONE_KEY,
-    ROW_KEYS_EXPONENT,
-    compact_rows_bytes,
-    fit_max_keys,
-    plan_store,
-)
 from attnclust.store import (
     create_attention_store,
     exact_sample_ids,
     mark_store_complete,
     open_attention_store,
     read_features,
+)
+from attnclust.store.plan import (
+    ROW_BYTES_ONE_KEY,
+    ROW_KEYS_EXPONENT,
+    compact_rows_bytes,
+    fit_max_keys,
+    plan_store,
 )
 from attnclust.synthetic import write_compact_decoy, write_planted_qa_store, write_planted_store
 

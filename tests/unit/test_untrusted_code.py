@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from attnclust import modeling, models
 from attnclust.config import ModelConfig
 from attnclust.errors import ModelError
+from attnclust.models import runner as models
+from attnclust.models import sources as modeling
 
 REFUSAL = r"has 'auto_map': the model needs its own Python code \(evil\.py\), which attnclust never runs"
 

@@ -1,4 +1,4 @@
-"""The embedded cluster's workers start with attnclust's malloc settings (models.malloc_environ), unless the
+"""The embedded cluster's workers start with attnclust's malloc settings (runtime.malloc_environ), unless the
 user's environment chose its own."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from attnclust.models import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, malloc_environ
-from attnclust.runtime import dask_client
+from attnclust.runtime import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, dask_client, malloc_environ
 
 SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .errors import ConfigError, DataError
-from .safeio import MAX_INPUT_BYTES, read_user_bytes
+from ..errors import ConfigError, DataError
+from ..safeio import MAX_INPUT_BYTES, read_user_bytes
 
 __all__ = ["DataSource", "data_fingerprint", "file_sha256", "is_offline", "read_records", "resolve_source"]
 

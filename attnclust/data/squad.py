@@ -8,7 +8,7 @@ Three input layouts are read into the same :class:`Example` records:
   layout ``{"text": [...], "answer_start": [...]}``;
 * the same records as JSONL, one object per line (detected from the content, not only the file extension);
 * the Hugging Face forms of the flat records: a parquet or Arrow file, a ``save_to_disk`` folder, a hub dataset id
-  (:mod:`attnclust.hfdata` reads their rows; they are validated here as JSON records are).
+  (:mod:`attnclust.data.hf` reads their rows; they are validated here as JSON records are).
 
 Every record is validated before anything is returned, and each problem raises :class:`~attnclust.errors.DataError`
 with one line that names the file, the record (position and id), the field, the value and the fix.
@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError, DataError
-from .hfdata import read_records, resolve_source
-from .safeio import load_json, read_user_bytes
+from ..errors import ConfigError, DataError
+from ..safeio import load_json, read_user_bytes
+from .hf import read_records, resolve_source
 
 __all__ = [
     "FEATURE_COLUMNS",
@@ -190,18 +190,18 @@ def sample_path() -> pathlib.Path:
     Returns
     -------
     pathlib.Path
-        ``attnclust/data/sample_squad.json`` inside the installed package.
+        ``attnclust/resources/sample_squad.json`` inside the installed package.
 
     Raises
     ------
     DataError
         If the file is missing from the installation.
     """
-    res = importlib.resources.files("attnclust") / "data" / "sample_squad.json"
+    res = importlib.resources.files("attnclust") / "resources" / "sample_squad.json"
     if not isinstance(res, pathlib.Path) or not res.is_file():
         raise DataError(
             f"bundled sample {res}: not found in the installed package; reinstall attnclust from a wheel or "
-            "checkout that includes attnclust/data/sample_squad.json (package data)"
+            "checkout that includes attnclust/resources/sample_squad.json (package data)"
         )
     return res
 
@@ -215,7 +215,7 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None,
     path
         A nested SQuAD v2.0 JSON file, a JSON list of flat records, or JSONL with one flat record per line (the
         layout is detected from the content); or, with the Hugging Face SQuAD v2 columns, a parquet or Arrow
-        file, a ``save_to_disk`` folder or a hub dataset id (:func:`attnclust.hfdata.resolve_source`). Use
+        file, a ``save_to_disk`` folder or a hub dataset id (:func:`attnclust.data.hf.resolve_source`). Use
         :func:`sample_path` for the bundled sample.
     split
         ``data.split``: the split of a ``save_to_disk`` ``DatasetDict`` folder or of a hub dataset; ``None`` for a
@@ -716,8 +716,8 @@ def check_pair_layout(tokenizer: Any) -> None:
     ELECTRA, ALBERT and DeBERTa (``[CLS]``, ``[SEP]``) and RoBERTa (``<s>``, ``</s></s>``) pass; a template with its
     [CLS] last (XLNet) or special tokens of other names would give wrong ``to_cls``/``to_sep`` and is refused.
     """
-    from .analysis.stats import SEP_TOKENS
-    from .featurize.base import CLS_TOKENS
+    from ..analysis.stats import SEP_TOKENS
+    from ..featurize.base import CLS_TOKENS
 
     enc = tokenizer("a", "b")
     tokens, seq = tokenizer.convert_ids_to_tokens(enc["input_ids"]), enc.sequence_ids()

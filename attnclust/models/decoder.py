@@ -1,7 +1,7 @@
 """Causal (decoder) language models as a model kind: which kind a model is, loading, the forward.
 
 Where a model's files come from (GGUF files and the packaged ``smollm2`` included) and the hub's rules are in
-:mod:`attnclust.modeling`, shared with :mod:`attnclust.models`, which dispatches a causal model's loading here.
+:mod:`attnclust.models.sources`, shared with :mod:`attnclust.models`, which dispatches a causal model's loading here.
 
 A decoder is studied while it answers: :mod:`attnclust.qa.prompting` turns each question into a prompt, the model
 answers by greedy decoding, and extraction runs one teacher-forced forward pass over prompt + answer whose
@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import ModelError
-from .modeling import (
+from ..config import ModelConfig
+from ..errors import ModelError
+from .sources import (
     PACKAGED,
     PACKAGED_CAUSAL,
     ForwardOutput,
@@ -60,7 +60,7 @@ _KINDS: dict[tuple, str] = {}
 _KINDS_LOCK = threading.Lock()
 GGUF_BAR = "de-quantizing GGUF tensors"
 """Words of the progress bar that transformers' GGUF loader draws with tqdm of its own (not silenced by
-:func:`~attnclust.modeling.quiet_transformers`)."""
+:func:`~attnclust.models.sources.quiet_transformers`)."""
 
 
 def _config_kind(doc: Any) -> str:
@@ -114,7 +114,7 @@ def _read_config(cfg: ModelConfig, source: str) -> Any:
     """The model's configuration as a dict: ``config.json`` of a directory, else transformers' ``AutoConfig``."""
     path = Path(source)
     if path.is_dir():
-        from .safeio import load_json, read_user_bytes
+        from ..safeio import load_json, read_user_bytes
 
         where = f"model.name {cfg.name!r}: config.json"
         return load_json(read_user_bytes(path / "config.json", where, limit=16 << 20, error=ModelError), where,

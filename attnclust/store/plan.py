@@ -27,7 +27,7 @@ import numpy as np
 
 from ..config import JobConfig
 from ..errors import ConfigError
-from ..store import exact_sample_ids
+from .contract import exact_sample_ids
 
 __all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "SAMPLE_SHARE",
            "StorePlan",

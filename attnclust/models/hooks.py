@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ModelError
+from ..errors import ModelError
 
 __all__ = ["attention_outputs", "check_supported", "hook_attention_outputs"]
 

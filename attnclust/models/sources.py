@@ -1,8 +1,9 @@
 """What both model kinds build on: where a model's files come from, the hub's rules, and what a load returns.
 
-:mod:`attnclust.models` (the model runner, QA encoders, the entry points for every kind) and :mod:`attnclust.causal`
-(decoder language models) both use these pieces, and :mod:`attnclust.models` dispatches to :mod:`attnclust.causal`;
-here, below both, so that neither imports the other for them (``models`` re-exports the public names).
+:mod:`attnclust.models` (the model runner, QA encoders, the entry points for every kind) and
+:mod:`attnclust.models.decoder` (decoder language models) both use these pieces, and :mod:`attnclust.models` dispatches
+to :mod:`attnclust.models.decoder`; here, below both, so that neither imports the other for them (``models`` re-exports
+the public names).
 
 - Sources: the packaged models (``minilm``; ``smollm2``, a GGUF file), a local directory (checked, custom code
   refused), a hub id; :func:`resolve_model_path`, :func:`model_identity`, the GGUF helpers.
@@ -25,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import ModelConfig
-from .errors import ModelError
-from .layout import WEIGHT_FILES, ModelDirLayout
+from ..config import ModelConfig
+from ..errors import ModelError
+from ..layout import WEIGHT_FILES, ModelDirLayout
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +67,7 @@ class LoadedModel:
     num_layers, num_heads
         Attention geometry: the ``layer`` and ``head`` dimensions of the maps (query heads).
     kind
-        ``encoder`` (a QA model, above) or ``causal`` (a decoder LM: :mod:`attnclust.causal`).
+        ``encoder`` (a QA model, above) or ``causal`` (a decoder LM: :mod:`attnclust.models.decoder`).
     """
 
     model: Any
@@ -87,7 +88,8 @@ class ForwardOutput:
     start_logits, end_logits : numpy.ndarray, shape (feature, token)
         float32; entries past a feature's ``seq_len`` are padding. ``None`` from a causal model.
     token_logprobs : numpy.ndarray, shape (feature, token), or None
-        A causal model's log-probability of each token given those before it (:func:`attnclust.causal.causal_forward`).
+        A causal model's log-probability of each token given those before it
+        (:func:`attnclust.models.decoder.causal_forward`).
     """
 
     attentions: torch.Tensor | None
@@ -298,7 +300,7 @@ def _refuse_custom_code(name: str, path: Path) -> None:
     """
     import json
 
-    from .safeio import load_json, read_user_bytes
+    from ..safeio import load_json, read_user_bytes
 
     for file in CODE_CONFIGS:
         if not (path / file).exists():

@@ -30,7 +30,7 @@ stage's ``embedding.zarr`` is opened here (:func:`open_embedding`), below both t
 Dask task owns one whole shard of ``attention`` (a block of features), so no two tasks ever write the same chunk or
 shard.
 Every array is complete (each chunk and shard is on disk, all-zero ones too) and attnclust writes each chunk with
-a CRC-32C checksum (:mod:`attnclust.integrity`): a missing or damaged chunk is read as an error naming the
+a CRC-32C checksum (:mod:`attnclust.store.integrity`): a missing or damaged chunk is read as an error naming the
 features it holds, never as zeros.
 """
 
@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import StoreError
-from .layout import RunLayout
-from .safeio import atomic_write as _atomic_write
-from .safeio import atomic_write_bytes, atomic_write_json  # re-exported: their home before safeio
+from ..errors import StoreError
+from ..layout import RunLayout
+from ..safeio import atomic_write as _atomic_write
+from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported: their home before safeio
 
 __all__ = [
     "COMPACT_ENCODING",

@@ -30,7 +30,7 @@ from zarr.codecs import Crc32cCodec
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore
 
-from .errors import StoreError
+from ..errors import StoreError
 
 __all__ = ["COMPLETE", "CONTRACT_ARRAYS", "CheckedStore", "LinkSafeStore", "damage_line", "error_text",
            "is_checksum_error", "open_checked_group", "open_writable_group", "output_problem", "reading",
@@ -183,7 +183,7 @@ class LinkSafeStore(LocalStore):
     """
 
     def _refuse_links(self, key: str) -> None:
-        from .safeio import link_between, link_line
+        from ..safeio import link_between, link_line
 
         link = link_between(self.root, Path(self.root) / key)
         if link is not None:
@@ -218,7 +218,7 @@ def open_writable_group(path: Path | str, *, mode: str, **options: Any):
     """
     import zarr
 
-    from .safeio import link_line
+    from ..safeio import link_line
 
     path = Path(path)
     if path.is_symlink():

@@ -1,0 +1,421 @@
+"""Fitting the clusters: KMeans (k given, or chosen by split-half stability in :mod:`.stability`) and a 2-D UMAP
+over all map vectors, then labelling every map.
+
+Fitting happens on samples (``fit_sample`` maps for PCA and KMeans, ``stability_sample`` of them for choosing k and
+for the per-cluster stability, ``silhouette_sample`` for the silhouette kept for reference, ``umap_sample`` for
+UMAP), in one Dask task, which runs the split-half fits of each candidate k as tasks of their own across the workers
+(:func:`attnclust.cluster.tasks.dask_tasks`); assigning labels, centroid distances and UMAP coordinates to every map
+runs in tasks of whole embedding chunks (:data:`attnclust.stages.cluster.ASSIGN_ROWS` maps or more each). Estimators
+come from :mod:`attnclust.backend` factories, so the same code drives scikit-learn/umap-learn on CPU and cuML on
+GPU. A fixed ``random_state`` gives the same labels; every KMeans keeps the best of ``n_init`` k-means++ restarts.
+The method (choosing k, the separation test, per-cluster stability, the seeds) and its figures are on the methods
+page, "Clusters and their names".
+
+**Placing the maps outside the UMAP sample** (``placement``). By default (:data:`PLACEMENT` ``knn``) a map not in
+the UMAP sample is placed at the inverse-distance weighted mean of the 2-D positions of its 10 nearest sample maps in
+the reduced space (:class:`attnclust.cluster.placement.KnnPlacer`, built once by the fit and shipped to the workers
+with the rest of :class:`FittedClusters`); the UMAP is then fitted on an exact scikit-learn neighbour graph on CPU,
+as it needs no ``transform``; ``python -m bench.placement`` measures it against umap-learn's ``transform``
+(bench/README.md). ``fit_clusters(..., placement="umap")`` keeps the UMAP's own ``transform`` (umap-learn with
+NN-descent on CPU, cuML on GPU); the job setting ``cluster.placement`` picks one.
+
+The fit tells its steps (reading the sample, PCA, each candidate k, the final KMeans, the resamples, UMAP) to an
+optional ``on_step(step, done, total, unit)`` callback (:data:`~attnclust.cluster.tasks.OnStep`), which draws
+progress bars on the driver (:class:`attnclust.stages.executors.StepBars`) or relays them from a worker; it never
+changes what is computed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from .. import backend as bk
+from ..config import ClusterConfig
+from ..errors import ConfigError, StoreError
+from . import stability
+from .placement import KnnPlacer
+from .stability import (
+    align_clusters,
+    bootstrap_stability,
+    choose_k,
+    group_codes,
+    is_separated,
+    split_half_stability,
+    tied_candidates,
+)
+from .tasks import MapTasks, OnStep, dask_tasks, in_dask_worker, step
+
+__all__ = ["PLACEMENT", "SEED_STREAMS", "FittedClusters", "Placement", "assign_block", "fit_clusters", "fit_from_store",
+           "place_rest", "sample_rows", "stream_seed"]
+
+
+Placement = Literal["knn", "umap"]
+"""How maps outside the UMAP sample are placed: ``knn`` (:class:`attnclust.cluster.placement.KnnPlacer`) or ``umap``
+(the fitted UMAP's ``transform``)."""
+
+PLACEMENT: Placement = "knn"
+"""The default :data:`Placement` (the job setting ``cluster.placement`` defaults to it too)."""
+
+
+@dataclass
+class FittedClusters:
+    """Fitted models; attributes end in ``_``.
+
+    Attributes
+    ----------
+    k_
+        Number of clusters used.
+    k_scores_
+        Silhouette score per candidate k, for reference (empty when k was given); k is chosen by ``k_stability_``.
+    k_separated_
+        Tied candidate k -> whether its partition of the stability sample is separated (:func:`is_separated`),
+        for the candidates checked (from the largest down to the first separated one); empty without a tie.
+    k_stability_
+        Split-half stability per candidate k: the ARI of each split, shape (split,), twice as many splits for a
+        contender (empty when k was given).
+    cluster_stability_, cluster_dissolved_
+        Per cluster of ``kmeans_``, shape (cluster,): the mean best Jaccard similarity over the bootstrap
+        resamples, and the share of resamples in which it was at most :data:`DISSOLVED`; NaN for a cluster with
+        no map in the stability sample; None when ``stability_resamples`` is null.
+    stability_maps_, stability_examples_
+        Maps and examples (groups) of the stability sample (0 when nothing was measured on it).
+    pca_, kmeans_, umap_
+        Fitted estimators (``pca_``/``umap_`` may be None).
+    umap_rows_, umap_xy_
+        Global row numbers the UMAP was fitted on and their 2-D coordinates.
+    placement_
+        How maps outside the UMAP sample are placed: ``knn`` (by ``placer_``), ``umap_transform`` (by
+        ``umap_.transform``), or None (no UMAP, or it was fitted on every map).
+    placer_
+        The :class:`attnclust.cluster.placement.KnnPlacer` over the UMAP sample (``placement_ == "knn"``), else None.
+    timings_
+        Seconds per part of the fit (``pca``, ``choose_k``, ``silhouette``, ``kmeans``, ``bootstrap``, ``umap``,
+        ``placement_index``).
+    """
+
+    k_: int
+    kmeans_: Any
+    pca_: Any = None
+    umap_: Any = None
+    k_scores_: dict[int, float] = field(default_factory=dict)
+    k_stability_: dict[int, np.ndarray] = field(default_factory=dict)
+    k_separated_: dict[int, bool] = field(default_factory=dict)
+    cluster_stability_: np.ndarray | None = None
+    cluster_dissolved_: np.ndarray | None = None
+    stability_maps_: int = 0
+    stability_examples_: int = 0
+    umap_rows_: np.ndarray | None = None
+    umap_xy_: np.ndarray | None = None
+    placement_: str | None = None
+    placer_: KnnPlacer | None = None
+    timings_: dict[str, float] = field(default_factory=dict)
+
+    def reduce(self, x: np.ndarray) -> np.ndarray:
+        """(map, dim) vectors -> (map, pca_components) float32 through the fitted PCA (unchanged without one)."""
+        x = np.asarray(x, dtype=np.float32)
+        return bk.to_numpy(self.pca_.transform(x)).astype(np.float32) if self.pca_ is not None else x
+
+    def replace_kmeans(self, kmeans: Any) -> None:
+        """Use ``kmeans`` (a refit with the same k, e.g. across GPU workers) as the final model: its clusters
+        take the per-cluster stability of the old cluster each is matched to (:func:`align_clusters`)."""
+        old = bk.to_numpy(self.kmeans_.cluster_centers_)
+        new = bk.to_numpy(kmeans.cluster_centers_)
+        source = align_clusters(old, new)
+        if self.cluster_stability_ is not None:
+            self.cluster_stability_ = self.cluster_stability_[source]
+            self.cluster_dissolved_ = self.cluster_dissolved_[source]
+        self.kmeans_ = kmeans
+
+
+SEED_STREAMS = {"resample": 1, "silhouette": 1, "umap_sample": 2, "stability_sample": 3, "k_search": 4,
+                "stability": 5, "k_labels": 6}
+"""The random streams of a fit, each an offset from ``cluster.random_state`` (or ``cluster.stability_seed`` for
+``resample`` and ``stability_sample``): distinct draws for distinct purposes from one seed."""
+
+
+def stream_seed(seed: int, stream: str) -> int:
+    """The seed of one named stream (:data:`SEED_STREAMS`), within ``[0, 2**32)`` as scikit-learn and NumPy's
+    legacy seeding require for every seed a job accepts."""
+    return (int(seed) + SEED_STREAMS[stream]) % 2**32
+
+
+def sample_rows(n: int, size: int, random_state: int) -> np.ndarray:
+    """Sorted row numbers of a uniform sample of ``min(n, size)`` rows (all rows when ``n <= size``)."""
+    if n <= size:
+        return np.arange(n)
+    rng = np.random.default_rng(random_state)
+    return np.sort(rng.choice(n, size=size, replace=False))
+
+
+def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend: str) -> dict[int, float]:
+    """Silhouette of a quick KMeans (2 restarts) per candidate k on ``silhouette_sample`` maps, for reference."""
+    zs = z[sample_rows(len(z), cfg.silhouette_sample, stream_seed(cfg.random_state, "silhouette"))]
+    scores: dict[int, float] = {}
+    for k in ks:
+        if k >= len(zs):
+            continue
+        km = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=2)
+        labels = bk.to_numpy(km.fit_predict(zs))
+        if len(np.unique(labels)) >= 2:
+            scores[k] = bk.silhouette(backend, zs, labels, random_state=cfg.random_state)
+    return scores
+
+
+def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
+                 rows: np.ndarray | None = None, n_total: int | None = None, groups: np.ndarray | None = None,
+                 on_step: OnStep | None = None, placement: Placement | None = None,
+                 map_tasks: MapTasks | None = None) -> FittedClusters:
+    """Fit PCA, choose k, fit KMeans, measure per-cluster stability and fit UMAP on the sampled vectors ``x``.
+
+    Parameters
+    ----------
+    x
+        (map, dim) sampled map vectors.
+    cfg
+        Cluster settings.
+    backend
+        ``cpu`` or ``gpu``.
+    rows
+        Global row number of each sampled vector (for reusing UMAP coordinates of fitted points).
+    n_total
+        Number of maps the model will be applied to (default: ``len(x)``); when UMAP is fitted on all of them,
+        it needs no ``transform`` and uses an exact neighbour graph.
+    groups
+        (map,) example of each sampled vector: split-half stability and the bootstrap split and resample
+        examples, never the maps of one example apart. None: each map counts as its own example.
+    on_step
+        Told each step as it starts and finishes (:data:`OnStep`): ``PCA to 50 dims``, ``choosing k`` (one
+        count per candidate k, unit ``candidates``), ``silhouette of 11 candidates (for reference)``, ``fitting
+        KMeans k=8``, ``per-cluster stability`` (one count per resample, unit ``resamples``), ``UMAP on 14040
+        maps``.
+    placement
+        How :func:`assign_block` places maps outside the UMAP sample (:data:`Placement`; None: ``cfg.placement``,
+        the job setting ``cluster.placement``): ``knn`` indexes the
+        sample (``placer_``) and lets the UMAP fit on an exact neighbour graph on CPU; ``umap`` keeps the UMAP
+        able to ``transform`` (NN-descent on CPU).
+    map_tasks
+        How the split-half fits of choosing k run (:data:`MapTasks`; ``None``: in this process, one after the other).
+
+    Returns
+    -------
+    FittedClusters
+    """
+    placement = cfg.placement if placement is None else placement
+    if placement not in ("knn", "umap"):
+        raise ValueError(f"fit_clusters: placement {placement!r} is not one of 'knn', 'umap'")
+    x = np.asarray(x, dtype=np.float32)
+    n = len(x)
+    rows = np.arange(n) if rows is None else np.asarray(rows)
+    codes = group_codes(groups, n)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 3)
+        clock = now
+
+    if cfg.k != "auto" and cfg.k > n:
+        raise ConfigError(f"config cluster.k: got {cfg.k} but there are only {n} maps; lower k")
+    pca = None
+    if cfg.pca_components is not None and cfg.pca_components < min(x.shape):
+        with step(on_step, f"PCA to {cfg.pca_components} dims"):
+            pca = bk.make_pca(backend, n_components=cfg.pca_components, random_state=cfg.random_state)
+            pca.fit(x)
+    fitted = FittedClusters(k_=0, kmeans_=None, pca_=pca)
+    z = fitted.reduce(x)
+    lap("pca")
+    measure = cfg.k == "auto" or cfg.stability_resamples is not None
+    pick = sample_rows(n, cfg.stability_sample, stream_seed(cfg.stability_seed, "stability_sample")) if measure \
+        else np.arange(0)
+    zs, gs = z[pick], codes[pick]
+    fitted.stability_maps_, fitted.stability_examples_ = len(pick), len(np.unique(gs))
+    if cfg.k == "auto":
+        if min(cfg.k_max, len(zs) - 1) < cfg.k_min:
+            raise ConfigError(f"config cluster.k_min: {cfg.k_min} needs more than {len(zs)} maps; give k "
+                              f"explicitly or use more data")
+        candidates = range(cfg.k_min, cfg.k_max + 1)
+        fitted.k_stability_ = split_half_stability(
+            zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
+            random_state=stream_seed(cfg.random_state, "k_search"), refine=2 * cfg.stability_tolerance,
+            backend=backend,
+            on_step=on_step, map_tasks=map_tasks)
+        k = choose_k(fitted.k_stability_, cfg.stability_tolerance)  # the largest tied candidate
+        tied = tied_candidates(fitted.k_stability_, cfg.stability_tolerance)
+        if len(tied) > 1:  # the largest separated one, checked from the top down; none: the largest tied
+            with step(on_step, f"separation of {len(tied)} tied candidates"):
+                for candidate in reversed(tied):
+                    labels = stability._kmeans_labels(backend, zs, zs, candidate,
+                                                      stream_seed(cfg.random_state, "k_labels"), cfg.n_init)
+                    fitted.k_separated_[candidate] = is_separated(zs, labels)
+                    if fitted.k_separated_[candidate]:
+                        k = candidate
+                        break
+        lap("choose_k")
+        with step(on_step, f"silhouette of {len(fitted.k_stability_)} candidates (for reference)"):
+            fitted.k_scores_ = _silhouette_scores(z, sorted(fitted.k_stability_), cfg, backend)
+        lap("silhouette")
+    else:
+        k = int(cfg.k)
+    with step(on_step, f"fitting KMeans k={k}"):
+        kmeans = bk.make_kmeans(backend, n_clusters=k, random_state=cfg.random_state, n_init=cfg.n_init)
+        kmeans.fit(z)
+    lap("kmeans")
+    fitted.k_, fitted.kmeans_ = k, kmeans
+    if cfg.stability_resamples is not None:
+        labels = bk.to_numpy(kmeans.predict(zs)).astype(np.int64)
+        fitted.cluster_stability_, fitted.cluster_dissolved_ = bootstrap_stability(
+            zs, gs, labels, k, n_boot=cfg.stability_resamples, n_init=cfg.n_init,
+            resample_seed=stream_seed(cfg.stability_seed, "resample"),
+            random_state=stream_seed(cfg.random_state, "stability"), backend=backend,
+            on_step=on_step)
+        lap("bootstrap")
+    if cfg.umap and n > cfg.umap_neighbors + 1:
+        pick = sample_rows(n, cfg.umap_sample, stream_seed(cfg.random_state, "umap_sample"))
+        fits_all = len(pick) == (n if n_total is None else n_total)
+        with step(on_step, f"UMAP on {len(pick)} maps"):
+            umap = bk.make_umap(backend, n_neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist,
+                                random_state=cfg.random_state,
+                                exact_knn_of=z[pick] if (fits_all or placement == "knn") and backend == "cpu"
+                                else None)
+            fitted.umap_xy_ = bk.to_numpy(umap.fit_transform(z[pick])).astype(np.float32)
+        fitted.umap_, fitted.umap_rows_ = umap, rows[pick]
+        lap("umap")
+        if not fits_all:
+            fitted.placement_ = "knn" if placement == "knn" else "umap_transform"
+        if placement == "knn" and not fits_all:
+            fitted.placer_ = KnnPlacer(random_state=cfg.random_state).fit(z[pick], fitted.umap_xy_)
+            lap("placement_index")
+    fitted.timings_ = timings
+    return fitted
+
+
+def _example_ids(out: Path, feature_id: np.ndarray) -> np.ndarray:
+    """(map,) example of each map, from ``features.parquet``; the feature id itself when the run has none (a
+    bare embedding store, as in tests)."""
+    from ..layout import RunLayout
+
+    path = RunLayout(out).features
+    if not path.exists():
+        return feature_id
+    features = pd.read_parquet(path, columns=["feature_id", "example_id"])
+    example = pd.Series(pd.factorize(features["example_id"])[0], index=features["feature_id"].to_numpy())
+    found = np.isin(feature_id, example.index.to_numpy())
+    if not found.all():
+        raise StoreError(f"{path}: no row for feature {int(feature_id[~found][0])} of embedding.zarr, so its "
+                         f"example is unknown; the output dir mixes runs, re-run 'attnclust run --force'")
+    return example.loc[feature_id].to_numpy()
+
+
+def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: OnStep | None = None
+                   ) -> FittedClusters:
+    """Dask task: read the fit sample from ``embedding.zarr`` and fit (:func:`fit_clusters`).
+
+    Parameters
+    ----------
+    out
+        The run directory.
+    cfg
+        Cluster settings (``fit_sample`` maps are read, all of them when there are fewer).
+    backend
+        ``cpu`` or ``gpu``.
+    on_step
+        Told each step (:data:`OnStep`): ``reading 14040 maps``, then those of :func:`fit_clusters`. In a Dask
+        task it must pickle (a module-level function or a ``functools.partial`` of one).
+
+    Returns
+    -------
+    FittedClusters
+        Fitted with each map's example (from ``features.parquet``) as its group. On a Dask worker, choosing k
+        runs each candidate's split-half fits as a task of its own across the cluster's workers
+        (:func:`dask_tasks`); elsewhere one after the other.
+    """
+    from ..store.contract import open_embedding
+
+    group = open_embedding(Path(out))
+    emb = group["embedding"]
+    rows = sample_rows(emb.shape[0], cfg.fit_sample, cfg.random_state)
+    with step(on_step, f"reading {len(rows)} maps"):
+        if len(rows) == emb.shape[0]:
+            x, feature_id = emb[:], group["feature_id"][:]
+        else:
+            x = emb.get_orthogonal_selection((rows, slice(None)))
+            feature_id = group["feature_id"].get_orthogonal_selection((rows,))
+        examples = _example_ids(Path(out), np.asarray(feature_id, dtype=np.int64))
+    return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
+                        placement=cfg.placement, map_tasks=dask_tasks if in_dask_worker() else None)
+
+
+def place_rest(fitted: FittedClusters, z: np.ndarray) -> np.ndarray:
+    """2-D positions of maps outside the UMAP sample: by ``fitted.placer_`` if the fit built one, else by the
+    UMAP's ``transform``.
+
+    Parameters
+    ----------
+    fitted
+        A fit with a UMAP (:func:`fit_clusters`).
+    z
+        (map, dim) reduced vectors (:meth:`FittedClusters.reduce`).
+
+    Returns
+    -------
+    np.ndarray
+        (map, 2) float32.
+    """
+    if fitted.placer_ is not None:
+        return fitted.placer_.transform(z)
+    return bk.to_numpy(fitted.umap_.transform(z)).astype(np.float32)
+
+
+def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters) -> pd.DataFrame:
+    """Dask task: cluster label, distance to its centroid and UMAP position of rows ``r0:r1``.
+
+    A map of the UMAP sample keeps its UMAP position; any other is placed by ``fitted.placer_`` (kNN placement)
+    when the fit built one, else by ``fitted.umap_.transform``.
+
+    Parameters
+    ----------
+    out
+        The run directory (``embedding.zarr`` is read).
+    block
+        Block number (for the task key only).
+    r0, r1
+        Rows of the block.
+    fitted
+        The fit (:func:`fit_clusters`).
+
+    Returns
+    -------
+    pd.DataFrame
+        One row per map: ``feature_id``, ``layer``, ``head``, ``cluster``, ``centroid_dist``, ``umap_x``,
+        ``umap_y``.
+    """
+    from ..store.contract import open_embedding
+
+    group = open_embedding(Path(out))
+    z = fitted.reduce(group["embedding"][r0:r1])
+    labels = bk.to_numpy(fitted.kmeans_.predict(z)).astype(np.int32)
+    centers = bk.to_numpy(fitted.kmeans_.cluster_centers_).astype(np.float32)
+    dist = np.linalg.norm(z - centers[labels], axis=1).astype(np.float32)
+    xy = np.full((r1 - r0, 2), np.nan, dtype=np.float32)
+    if fitted.umap_ is not None:
+        rows = np.arange(r0, r1)
+        pos = np.searchsorted(fitted.umap_rows_, rows)
+        pos = np.minimum(pos, len(fitted.umap_rows_) - 1)
+        known = fitted.umap_rows_[pos] == rows
+        xy[known] = fitted.umap_xy_[pos[known]]
+        if (~known).any():
+            xy[~known] = place_rest(fitted, z[~known])
+    return pd.DataFrame({
+        "feature_id": group["feature_id"][r0:r1].astype(np.int64),
+        "layer": group["layer"][r0:r1].astype(np.int16),
+        "head": group["head"][r0:r1].astype(np.int16),
+        "cluster": labels, "centroid_dist": dist, "umap_x": xy[:, 0], "umap_y": xy[:, 1],
+    })

@@ -1,0 +1,34 @@
+"""The stores of a run: the attention store's contract, reading and writing it (:mod:`.contract`), chunk checksums
+and link-safe writes (:mod:`.integrity`), and the storage plan (:mod:`.plan`: full or compact, the key cap, the
+exact sample)."""
+
+from __future__ import annotations
+
+from .contract import (
+    COMPACT_ENCODING,
+    DIMS,
+    EMBED_SCHEMA,
+    MAP_SOURCES,
+    SCHEMA_VERSION,
+    AttentionStore,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+    check_store_tables,
+    compact_maps,
+    create_attention_store,
+    decode_compact,
+    exact_sample_ids,
+    kept_mass_summary,
+    mark_store_complete,
+    open_attention_store,
+    open_embedding,
+    quantize_uint8,
+    read_features,
+    read_table,
+)
+
+__all__ = ["AttentionStore", "COMPACT_ENCODING", "DIMS", "EMBED_SCHEMA", "MAP_SOURCES", "SCHEMA_VERSION",
+           "atomic_write_bytes", "atomic_write_json", "atomic_write_parquet", "check_store_tables", "compact_maps",
+           "create_attention_store", "decode_compact", "exact_sample_ids", "kept_mass_summary", "mark_store_complete",
+           "open_attention_store", "open_embedding", "quantize_uint8", "read_features", "read_table"]
