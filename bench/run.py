@@ -19,9 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .common import RESULTS, ROOT
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe")
 ON_REQUEST = ("squad_dev",)  # groups run only when --only names them (the dev rehearsal takes ~15 minutes)
 # what each group of the --gpu arm would measure (printed as skipped where no GPU is usable); ``None``: not a
@@ -132,9 +133,9 @@ def _setup(mode: str, tmp: Path, sizes: dict, backend: str = "cpu") -> Ctx:
     from attnclust.models import get_model
     from attnclust.stages.extract import prepare_inputs
 
-    from .inproc import job_config
-    from .squadgen import write_squad
-    from .timing import machine
+    from .common.inproc import job_config
+    from .common.results import machine
+    from .common.squadgen import write_squad
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     data_path = write_squad(tmp / "data" / "generated_squad_v2.json", sizes["dataset_examples"], seed=0)
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if not groups:
             return 0
         backend = "gpu"
-    args.out = args.out or str(ROOT / "bench" / ("results_gpu.json" if args.gpu else "results.json"))
+    args.out = args.out or str(RESULTS if not args.gpu else RESULTS.with_name("results_gpu.json"))
     mode = "quick" if args.quick else "full"
     sizes = dict(MODES[mode])
     for item in args.size:
@@ -215,61 +216,61 @@ def main(argv: list[str] | None = None) -> int:
         s = ctx.sizes
         ctx.overrides = {k: v for k, v in sizes.items() if MODES[mode][k] != v}
         if "extract" in groups:
-            from .extraction import bench_extract
+            from .figures.extraction import bench_extract
 
             bench_extract(ctx, s["extract_examples"], s["extract_reps"])
         if "store" in groups:
-            from .extraction import bench_store
+            from .figures.extraction import bench_store
 
             bench_store(ctx)
         if "featurize" in groups:
-            from .featurizer import bench_featurize_resnet
+            from .figures.featurizer import bench_featurize_resnet
 
             bench_featurize_resnet(ctx, s["featurize_features"], s["featurize_reps"])
         if "compile" in groups:
-            from .numba_cache import bench_compile
+            from .figures.numba_cache import bench_compile
 
             bench_compile(ctx)
         if "e2e" in groups or "cluster" in groups:
-            from .e2e import warm_umap
+            from .figures.e2e import warm_umap
 
             ctx.state["umap_compile_s"] = warm_umap()
             print(f"# umap-learn numba compilation, one-time per process, paid here and excluded from the figures: "
                   f"{ctx.state['umap_compile_s']:.0f} s", flush=True)
         if "e2e" in groups:
-            from .e2e import bench_e2e
+            from .figures.e2e import bench_e2e
 
             bench_e2e(ctx, n_seed_features=s["seed_features"], maps_timed=s["seed_maps_timed"],
                       n_default_examples=s["default_examples"], default_reps=s["default_reps"])
         if "quality" in groups:
-            from .featurizer import bench_cluster_quality
+            from .figures.featurizer import bench_cluster_quality
 
             bench_cluster_quality(ctx, s["quality_per_type"], (16, 384))
         if "scale" in groups:
-            from .scale import bench_scale
+            from .figures.scale import bench_scale
 
             bench_scale(ctx, s["scale_n"], s["scale_reps"])
         if "cluster" in groups:
-            from .cluster_scale import bench_cluster
-            from .placement import bench_placement
+            from .figures.cluster_scale import bench_cluster
+            from .figures.placement import bench_placement
 
             bench_cluster(ctx, s["cluster_rows"], s["cluster_name"])
             bench_placement(ctx)
-        if "probe" in groups:  # the syntax and probe analyses' seconds (bench/probe_cost.py)
-            from .probe_cost import bench_probe_cost
+        if "probe" in groups:  # the syntax and probe analyses' seconds (bench/figures/probe_cost.py)
+            from .figures.probe_cost import bench_probe_cost
 
             bench_probe_cost(ctx)
-        if "squad_dev" in groups:  # the dev rehearsal: the CLI in children (bench/squad_dev.py)
-            from .squad_dev import bench_squad_dev
+        if "squad_dev" in groups:  # the dev rehearsal: the CLI in children (bench/figures/squad_dev.py)
+            from .figures.squad_dev import bench_squad_dev
 
             arm_keys = ("squad_dev_small", "squad_dev_mid", "squad_dev_questions")
             bench_squad_dev(ctx, [s[k] for k in arm_keys if s[k]], s["squad_dev_bert_features"],
                             [MODES["full"][k] for k in arm_keys])
         if "estimates" in groups:
-            from .estimates import estimate_rows, estimate_text
+            from .figures.estimates import estimate_rows, estimate_text
 
             print("# per-stage costs per example and one-H100 times: ESTIMATES from the model config and public "
-                  "specs (not measured; see bench/estimates.py)", flush=True)
+                  "specs (not measured; see bench/figures/estimates.py)", flush=True)
             rows = estimate_rows(ctx)
             for name, value, unit, settings in rows:
                 ctx.results.append({"name": f"estimate_{name}", "value": _clean(value), "goal": "estimate",

@@ -1,4 +1,4 @@
-"""The dev rehearsal's arithmetic (bench/squad_dev.py): the p95 latency and the per-feature growth ratio, each
+"""The dev rehearsal's arithmetic (bench/figures/squad_dev.py): the p95 latency and the per-feature growth ratio, each
 against a loop written from its definition."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench.squad_dev import growth_ratio, p95
+from bench.figures.squad_dev import growth_ratio, p95
 
 
 def p95_by_definition(values) -> float:
@@ -70,7 +70,7 @@ def test_growth_ratio_needs_two_arms():
 
 
 def test_stage_peak_is_the_largest_sample_inside_else_the_nearest():
-    from bench.squad_dev import TreeRSS
+    from bench.common.memory import TreeRSS
 
     sampler = TreeRSS(pid=0)
     sampler.samples = [(0.0, 5), (1.0, 9), (2.0, 7), (3.0, 4), (10.0, 8)]
@@ -87,8 +87,8 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
     feature, and the extract-only run in the other mode is compact without an exact sample."""
     import types
 
-    import bench.squad_dev as sd
-    import bench.squadgen
+    import bench.common.squadgen
+    import bench.figures.squad_dev as sd
 
     stages = {name: {"seconds": s, "peak_rss": 1e9, "bytes": 1} for name, s in (("extract", 10.0), ("report", 5.0))}
     seen = []
@@ -115,7 +115,7 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
     monkeypatch.setattr(sd, "_arm", lambda ctx, q: dev)
     monkeypatch.setattr(sd, "run_cli", fake_run_cli)
     monkeypatch.setattr(sd, "write_bert_base", lambda folder: {"checked": True})
-    monkeypatch.setattr(bench.squadgen, "write_squad", lambda path, n, seed=0: path)
+    monkeypatch.setattr(bench.common.squadgen, "write_squad", lambda path, n, seed=0: path)
     figures = {}
     ctx = types.SimpleNamespace(tmp=tmp_path, state={},
                                 figure=lambda name, value, op, goal, settings: figures.update({name: value}))

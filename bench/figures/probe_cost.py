@@ -2,8 +2,8 @@
 
 ::
 
-    .venv/bin/python -m bench.probe_cost                          # extract the first 40 sample questions, time both
-    .venv/bin/python -m bench.probe_cost --run /tmp/p_demo --reps 1 --out /tmp/probe_cost.json
+    .venv/bin/python -m bench.figures.probe_cost                  # extract the first 40 sample questions, time both
+    .venv/bin/python -m bench.figures.probe_cost --run /tmp/p_demo --reps 1 --out /tmp/probe_cost.json
     .venv/bin/python -m bench --only probe                        # the same, as a group of the bench
 
 Without ``--run`` the extract stage (packaged MiniLM, bundled sample, head outputs on) writes a run into a temporary
@@ -24,9 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..common import RESULTS
+
 __all__ = ["bench_probe_cost", "main", "time_analyses"]
 
-ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -99,7 +100,7 @@ def time_analyses(root: Path, *, reps: int) -> tuple[dict[str, list[float]], dic
 
 def bench_probe_cost(ctx, examples: int = 40, reps: int = 1) -> None:
     """``python -m bench`` group ``probe``: extract ``examples`` sample questions into ``ctx.tmp``, time both."""
-    from .timing import median
+    from ..common.timing import median
 
     root = Path(ctx.tmp) / "probe_cost_run"
     _extract(root, examples)
@@ -111,13 +112,13 @@ def bench_probe_cost(ctx, examples: int = 40, reps: int = 1) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Extract (or reuse ``--run``), time the two analyses, print and record the figures."""
-    from .timing import cost_records, merge_records
+    from ..common.results import cost_records, merge_records
 
-    ap = argparse.ArgumentParser(prog="python -m bench.probe_cost", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.figures.probe_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--run", default=None, help="an existing run directory with head outputs (else one is extracted)")
     ap.add_argument("--examples", type=int, default=40, help="sample questions to extract without --run")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"), help="results JSON (merged by name)")
+    ap.add_argument("--out", default=str(RESULTS), help="results JSON (merged by name)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="attnclust-probe-cost-") as tmp:
         root = _view(Path(args.run), Path(tmp) / "view") if args.run else Path(tmp) / "run"

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from .timing import PeakRSS
+from ..common.memory import PeakRSS
 
 __all__ = ["bench_cluster"]
 

@@ -2,9 +2,9 @@
 
 ::
 
-    .venv/bin/python -m bench.prompts                               # SmolLM2, first 20 sample questions, 3 styles
-    .venv/bin/python -m bench.prompts --n 20 --styles short example --out /tmp/prompts.json
-    .venv/bin/python -m bench.prompts --decoding context                # answers restricted to context spans
+    .venv/bin/python -m bench.studies.prompts                       # SmolLM2, first 20 sample questions, 3 styles
+    .venv/bin/python -m bench.studies.prompts --n 20 --styles short example --out /tmp/prompts.json
+    .venv/bin/python -m bench.studies.prompts --decoding context        # answers restricted to context spans
 
 The model is loaded once (``model.name``, default the packaged ``smollm2``); for each style every question's prompt
 is answered by greedy decoding (:func:`attnclust.qa.prompting.prompt_features`, ``max_new_tokens`` 16, prompts cut
@@ -69,7 +69,7 @@ def measure_prompts(name: str, n: int, styles: list[str], *, max_new_tokens: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.prompts", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.prompts", description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2", help="model.name (default: the packaged smollm2)")
     parser.add_argument("--n", type=int, default=20, help="first N questions of the bundled sample")
     parser.add_argument("--styles", nargs="+", default=["plain", "short", "example"])

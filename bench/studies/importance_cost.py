@@ -1,7 +1,7 @@
 """Cost of the importance stage (head importance and the pruning curve) on the demo, against extraction.
 
-``.venv/bin/python -m bench.importance_cost`` runs the demo job (``jobs/demo.yaml``: the packaged MiniLM on the
-bundled sample) in-process through the pipeline's own stage runner (:mod:`bench.inproc`'s way: a
+``.venv/bin/python -m bench.studies.importance_cost`` runs the demo job (``jobs/demo.yaml``: the packaged MiniLM on the
+bundled sample) in-process through the pipeline's own stage runner (:mod:`bench.common.inproc`'s way: a
 ``SerialExecutor``, no Dask start-up), stages ``extract``, ``qa`` and ``importance`` only, in a temporary
 directory, and prints the seconds of each stage, the importance stage's split into the gradients and the pruning
 curve, and ``importance_vs_extract``: the importance stage's seconds over the extract stage's. Options override
@@ -19,9 +19,10 @@ from attnclust.config import load_job
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 
+from ..common import ROOT
+
 __all__ = ["importance_cost", "main"]
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def importance_cost(*, max_features: int | None = 64, steps: int = 10, seeds: int = 3,
@@ -68,7 +69,8 @@ def importance_cost(*, max_features: int | None = 64, steps: int = 10, seeds: in
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the figures, one per line, then the whole result as JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.importance_cost",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--max-features", type=int, default=64, help="importance.max_features (0: all)")
     parser.add_argument("--steps", type=int, default=10, help="importance.pruning_steps")
     parser.add_argument("--seeds", type=int, default=3, help="importance.pruning_random_seeds")

@@ -1,4 +1,4 @@
-"""``python -m bench.profile_speed``: the ``profile`` featurizer before and after its rewrite for speed, and
+"""``python -m bench.studies.profile_speed``: the ``profile`` featurizer before and after its rewrite for speed, and
 ``pooled`` for scale.
 
 One run, the same inputs for every arm: per length (576 maps at n=384, 1,000 maps at n=128 by default), planted
@@ -48,7 +48,7 @@ from attnclust.featurize.profile import (
     profile_maps,
 )
 
-from .timing import interleave, median
+from ..common.timing import interleave, median
 
 __all__ = ["main", "planted_inputs"]
 
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from attnclust.featurize.pooled import pool_maps
 
-    parser = argparse.ArgumentParser(prog="python -m bench.profile_speed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.profile_speed", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="384:576,128:1000",
                         help="comma-separated n:maps pairs (default %(default)s)")
     parser.add_argument("--reps", type=int, default=5, help="interleaved repetitions per arm (default %(default)s)")

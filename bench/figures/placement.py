@@ -1,6 +1,7 @@
-"""``python -m bench.placement [--rows N]``: placing maps outside the UMAP sample, kNN vs umap-learn's transform.
+"""``python -m bench.figures.placement [--rows N]``: placing maps outside the UMAP sample, kNN vs umap-learn's
+``transform``.
 
-Vectors as in :mod:`bench.cluster_scale` (the default featurizer's vectors of the eight planted head types as
+Vectors as in :mod:`bench.figures.cluster_scale` (the default featurizer's vectors of the eight planted head types as
 prototypes, plus Gaussian noise, block by block from per-block seeds), reduced as the demo job's cluster settings
 say (``pca_components`` 50 is above the 17 profile dims: no PCA). UMAP (the demo's ``umap_neighbors``,
 ``umap_min_dist``, NN-descent so that it can ``transform``) is fitted on a ``--sample`` of rows; ``--rows`` other
@@ -24,6 +25,8 @@ import sys
 import time
 
 import numpy as np
+
+from ..common import ROOT
 
 __all__ = ["bench_placement", "knn_recall", "main", "measure_placement"]
 
@@ -91,7 +94,7 @@ def measure_placement(n_sample: int = 20_000, n_rows: int = 50_000, reps: int = 
 
     from .e2e import warm_umap
 
-    cfg = cfg or load_job(os.path.join(os.path.dirname(__file__), "..", "jobs", "demo.yaml"))
+    cfg = cfg or load_job(ROOT / "jobs" / "demo.yaml")
     ccfg = cfg.cluster
     compile_s = warm_umap()
     x_fit = _vectors(cfg.featurize, n_sample, 0)
@@ -160,7 +163,7 @@ def bench_placement(ctx, n_rows: int = 50_000, reps: int = 3) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: print the figures and the whole record as JSON."""
-    p = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.figures.placement", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=50_000, help="maps placed (default 50000)")
     p.add_argument("--sample", type=int, default=20_000, help="maps UMAP is fitted on (default 20000)")
     p.add_argument("--reps", type=int, default=3, help="interleaved repetitions of each arm (default 3)")

@@ -4,7 +4,7 @@ cache (``attnclust.backend.enable_numba_cache``) holds it.
 Two fresh children, one after the other, share a fresh, empty cache directory (``NUMBA_CACHE_DIR``). Each times
 (import + a small UMAP workload) cold, then the same workload again with everything warm in the process; cold
 minus warm is that process's compile (and cache-load) cost. The first child compiles and fills the cache; the
-second child's figure is the one with the goal. ``python -m bench.numba_cache --child`` is the child.
+second child's figure is the one with the goal. ``python -m bench.figures.numba_cache --child`` is the child.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def _child() -> None:
 def _run_child(root: Path, cache: Path) -> dict:
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "bench.numba_cache", "--child"], cwd=root, env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench.figures.numba_cache", "--child"], cwd=root, env=env,
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench.numba_cache child failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"bench.figures.numba_cache child failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -102,5 +102,5 @@ def bench_compile(ctx) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--child"]:
-        sys.exit("usage: python -m bench.numba_cache --child (run by python -m bench --only compile)")
+        sys.exit("usage: python -m bench.figures.numba_cache --child (run by python -m bench --only compile)")
     _child()

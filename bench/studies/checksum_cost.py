@@ -8,7 +8,7 @@ the median time with / without for a full (float16, zstd-1) and a compact (uint8
 Maps: softmax rows of random logits over each feature's true length (64..128 tokens), zero beyond it, 8
 features x 6 layers x 12 heads per shard, 4 shards: the layout extraction writes.
 
-    .venv/bin/python -m bench.checksum_cost [--reps 5]
+    .venv/bin/python -m bench.studies.checksum_cost [--reps 5]
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def bench_checksum(reps: int = 5) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.checksum_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     mb = FEATURES * LAYERS * HEADS * 128 * 128 * 2 / 2 ** 20

@@ -1,10 +1,10 @@
 """Scaling figures: N examples vs 8N through extract + featurize + cluster (no UMAP), each run in a fresh process.
 
-The parent starts ``python -m bench.scale --data FILE --out DIR`` children, alternating N and 8N. A child imports,
-tokenises and loads the model (untimed: per-process fixed costs), then runs the stages in-process and prints one
-JSON line: stage seconds and its peak RSS before and after the stages. The peak is the kernel's per-address-space
-high-water mark (``VmHWM`` in /proc/self/status): ``getrusage(RUSAGE_SELF).ru_maxrss`` would not do, Linux
-carries the *parent's* high-water mark into a child across fork + exec.
+The parent starts ``python -m bench.figures.scale --data FILE --out DIR`` children, alternating N and 8N. A child
+imports, tokenises and loads the model (untimed: per-process fixed costs), then runs the stages in-process and prints
+one JSON line: stage seconds and its peak RSS before and after the stages. The peak is the kernel's per-address-space
+high-water mark (:func:`bench.common.memory.peak_rss_bytes`: ``VmHWM``; ``getrusage(RUSAGE_SELF).ru_maxrss`` would
+not do, Linux carries the *parent's* high-water mark into a child across fork + exec).
 
 Like with like: the N examples are a length-stratified subset of the 8N (evenly spaced in the 8N set's order of
 longest feature, both ends included), so both runs hold the same widest maps and the same length mix; a
@@ -23,23 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["bench_scale", "peak_rss_bytes"]
+__all__ = ["bench_scale"]
 
 
 SHARD_FEATURES = 4
 
 
-def peak_rss_bytes() -> int:
-    """This process's resident-memory high-water mark (VmHWM), bytes."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def _child(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.scale")
+    ap = argparse.ArgumentParser(prog="python -m bench.figures.scale")
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--backend", default="cpu", choices=("cpu", "gpu"))
@@ -49,7 +40,8 @@ def _child(argv: list[str]) -> None:
     from attnclust.models import get_model
     from attnclust.stages.extract import prepare_inputs
 
-    from .inproc import run_cluster, run_extract, run_featurize
+    from ..common.inproc import run_cluster, run_extract, run_featurize
+    from ..common.memory import peak_rss_bytes
 
     # Both arms use the same shard size (SHARD_FEATURES features per task), so N already spans several shards:
     # with streaming, the peak is bounded by one shard whatever N is. (With the auto size, one shard holds
@@ -117,11 +109,11 @@ def _write_subsets(ctx, n: int) -> dict[str, Path]:
 def _run_child(ctx, data: Path, tag: str) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ctx.root) + os.pathsep +
            os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "bench.scale", "--data", str(data), "--out", str(ctx.tmp / f"scale-{tag}"),
+    cmd = [sys.executable, "-m", "bench.figures.scale", "--data", str(data), "--out", str(ctx.tmp / f"scale-{tag}"),
            "--backend", ctx.backend]
     proc = subprocess.run(cmd, cwd=ctx.root, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench.scale child ({data.name}) failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"bench.figures.scale child ({data.name}) failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -132,7 +124,7 @@ def bench_scale(ctx, n: int, reps: int) -> None:
     for r in range(reps):
         for name in ("N", "8N"):
             runs[name].append(_run_child(ctx, paths[name], f"{name}-{r}"))
-    from .timing import median
+    from ..common.timing import median
 
     per_ex = {k: median([x["seconds"] / x["examples"] for x in v]) for k, v in runs.items()}
     rss = {k: median([x["maxrss"] for x in v]) for k, v in runs.items()}

@@ -5,7 +5,8 @@ FLOPs come from the model config (``2 * non-embedding params * tokens`` for the 
 published ResNet costs (torchvision quotes ResNet-18 1.8 and ResNet-50 4.1 "GFLOPS" at 224 px; those count
 multiply-adds, so 2x that is used here), scaled with pixels. Bytes are what a stage must move per example:
 attention maps at true length in float16, the store's bytes as measured by the ``store`` figures of this run
-(or the REFERENCE ratio 1/1.14 when those did not run). H100 figures are public specs: ~990 TFLOP/s dense bf16
+(when those did not run: 1/1.14, what zstd level 1 gave on dense float16 maps in the project's first measurement on
+the 2-core machine, and 1/7 for uint8 over float16). H100 figures are public specs: ~990 TFLOP/s dense bf16
 with ~60% achievable, 3.35 TB/s HBM3, PCIe Gen5 x16 ~50 GB/s in practice, NVMe ~7 GB/s. Nothing here was
 measured on an H100.
 """
@@ -58,7 +59,7 @@ def squad_dev_store_gb(ctx, compact_bytes_per_map: float, store_lens: np.ndarray
     tuple
         The projected GB (10^9 bytes) and the figure's settings (the assumptions spelled out).
     """
-    from .squadgen import SQUAD2_DEV_QUESTIONS
+    from ..common.squadgen import SQUAD2_DEV_QUESTIONS
 
     feats = ctx.inputs["features"]
     per_question = len(feats) / max(1, feats["example_id"].nunique())

@@ -2,8 +2,8 @@
 
 ::
 
-    .venv/bin/python -m bench.analysis_cost                     # 6 x 12 heads, 200 features of 64..384 tokens
-    .venv/bin/python -m bench.analysis_cost --features 48 --reps 1 --out /tmp/analysis_cost.json
+    .venv/bin/python -m bench.studies.analysis_cost             # 6 x 12 heads, 200 features of 64..384 tokens
+    .venv/bin/python -m bench.studies.analysis_cost --features 48 --reps 1 --out /tmp/analysis_cost.json
 
 A planted QA store (:func:`attnclust.synthetic.write_planted_qa_store`: every head one of the planted types, gold
 answer spans, a quarter of the questions unanswerable) is written to a temporary directory, its per-map
@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..common import RESULTS
+
 __all__ = ["ANALYSES", "main"]
 
 ANALYSES = ("roles", "answer_attention", "unanswerable_attention")
 """Registered head analyses timed here, one entry each."""
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _planted(root: Path, *, n_features: int, n_layers: int, n_heads: int, lengths: tuple[int, int]):
@@ -63,15 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     import attnclust.analysis  # noqa: F401  (registers the analyses)
     from attnclust.analysis.heads import HEAD_ANALYSES, HeadContext
 
-    from .timing import cost_records, merge_records
+    from ..common.results import cost_records, merge_records
 
-    ap = argparse.ArgumentParser(prog="python -m bench.analysis_cost", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.studies.analysis_cost", description=__doc__.splitlines()[0])
     ap.add_argument("--features", type=int, default=200)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--lengths", type=int, nargs=2, default=(64, 384), metavar=("LOW", "HIGH"))
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results.json"), help="results JSON (merged by name)")
+    ap.add_argument("--out", default=str(RESULTS), help="results JSON (merged by name)")
     args = ap.parse_args(argv)
     unknown = [a for a in ANALYSES if a not in HEAD_ANALYSES]
     if unknown:

@@ -5,7 +5,7 @@ is somewhat heavier than the demo).
 
 ::
 
-    .venv/bin/python -m bench.distances_cost [--features 195] [--lengths 69 384] [--all-rows-features 4]
+    .venv/bin/python -m bench.studies.distances_cost [--features 195] [--lengths 69 384] [--all-rows-features 4]
 
 Prints wall seconds, one line each (with the 1-minute load average beside them):
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from attnclust.store import open_attention_store
     from attnclust.synthetic import write_planted_store
 
-    parser = argparse.ArgumentParser(prog="python -m bench.distances_cost", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.distances_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--features", type=int, default=195, help="features of the planted store")
     parser.add_argument("--lengths", type=int, nargs=2, default=(69, 384), help="range of the true lengths")
     parser.add_argument("--all-rows-features", type=int, default=4,

@@ -1,5 +1,5 @@
 """The SQuAD2-dev rehearsal (``python -m bench --only squad_dev``): the default job, as a user runs it, over
-generated SQuAD-v2 data with dev's size and length distribution (:mod:`bench.squadgen`, 11,873 questions).
+generated SQuAD-v2 data with dev's size and length distribution (:mod:`bench.common.squadgen`, 11,873 questions).
 
 Each arm is the real command line in a child process, ``python -m attnclust.cli run --out DIR --set data.path=FILE``
 (``jobs/demo.yaml`` otherwise: every stage and the default analyses on; the bundled gold parses fit only the
@@ -44,12 +44,13 @@ import select
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
+
+from ..common.memory import TreeRSS
 
 __all__ = ["DEV_QUESTIONS", "bench_squad_dev", "growth_ratio", "p95", "write_bert_base"]
 
@@ -89,55 +90,6 @@ def growth_ratio(seconds: list[float], features: list[int]) -> tuple[float, list
     return max(ratios), ratios
 
 
-# ------------------------------------------------------------------------------------------ process tree memory
-class TreeRSS:
-    """Sample the summed RSS of a process and its descendants every ``interval`` seconds, with wall-clock times
-    (``time.time()``, comparable with file mtimes); ``samples`` is a list of ``(t, bytes)``. Every
-    ``pss_every``-th sample also sums PSS (``pss_samples``): RSS counts a page shared by N processes (torch's
-    libraries, the model mapped by each worker) N times, PSS once in all."""
-
-    def __init__(self, pid: int, interval: float = SAMPLE_S, pss_every: int = 5):
-        self.pid, self.interval, self.pss_every = pid, interval, pss_every
-        self.samples: list[tuple[float, int]] = []
-        self.pss_samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def tree_memory(self, pss: bool = False) -> int:
-        from .timing import tree_memory
-
-        return tree_memory(self.pid, pss=pss)
-
-    def _run(self) -> None:
-        i = 0
-        while not self._stop.is_set():
-            rss = self.tree_memory()
-            if rss:
-                self.samples.append((time.time(), rss))
-            if i % self.pss_every == 0:
-                pss = self.tree_memory(pss=True)
-                if pss:
-                    self.pss_samples.append((time.time(), pss))
-            i += 1
-            self._stop.wait(self.interval)
-
-    def start(self) -> TreeRSS:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def peak(self, t0: float = -math.inf, t1: float = math.inf) -> int:
-        """Largest sample within ``[t0, t1]``; when none fell there (a stage shorter than the gap between two
-        samples on a busy machine), the sample nearest to the interval; 0 without samples."""
-        inside = [rss for t, rss in self.samples if t0 <= t <= t1]
-        if inside:
-            return max(inside)
-        return min(self.samples, key=lambda s: min(abs(s[0] - t0), abs(s[0] - t1)), default=(0.0, 0))[1]
-
-
 # ------------------------------------------------------------------------------------------------ the CLI child
 def _env(ctx) -> dict:
     return {**os.environ, "HF_HUB_OFFLINE": "1",
@@ -168,7 +120,7 @@ def run_cli(ctx, out: Path, data: Path, sets: list[str], *, command: str = "run"
     with open(log, "w") as fh:
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=ctx.root, env=_env(ctx), stdout=fh, stderr=subprocess.STDOUT)
-        sampler = TreeRSS(proc.pid).start()
+        sampler = TreeRSS(proc.pid, SAMPLE_S).start()
         rc = proc.wait()
         wall = time.time() - t0
         sampler.stop()
@@ -277,7 +229,7 @@ def _get(url: str) -> float:
 
 def explore_latency(ctx, run: Path, n_features: int, layers: int, heads: int, n: int = N_REQUESTS) -> dict:
     """p95 milliseconds of ``/api/map`` and ``/api/search`` against ``attnclust explore RUN --port 0``."""
-    from .squadgen import WORDS
+    from ..common.squadgen import WORDS
 
     cmd = [sys.executable, "-m", "attnclust.cli", "explore", str(run), "--port", "0"]
     proc = subprocess.Popen(cmd, cwd=ctx.root, env=_env(ctx), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -339,7 +291,7 @@ def write_bert_base(folder: Path) -> dict:
 
 # ------------------------------------------------------------------------------------------------------ figure
 def _arm(ctx, questions: int) -> dict:
-    from .squadgen import write_squad
+    from ..common.squadgen import write_squad
 
     data = write_squad(ctx.tmp / "squad_dev" / f"gen_{questions}.json", questions, seed=0)
     out = ctx.tmp / "squad_dev" / f"run_{questions}"
@@ -389,7 +341,7 @@ def _slim(res: dict) -> dict:
 def _bert_pair(ctx, features_per_question: float, n_features: int, max_keys: int | None) -> dict:
     """BERT-base and MiniLM on the same ~``n_features`` generated features (every stage), then BERT-base's store
     in the other mode (extract only; a compact one with the key cap ``max_keys`` that auto fits at dev's size)."""
-    from .squadgen import write_squad
+    from ..common.squadgen import write_squad
 
     questions = max(1, round(n_features / features_per_question))
     data = write_squad(ctx.tmp / "squad_dev" / f"gen_bert_{questions}.json", questions, seed=0)
@@ -430,7 +382,7 @@ def bench_squad_dev(ctx, questions: list[int], bert_features: int, default_quest
 
     common = {"store_mode": dev["store"], "store_setting": dev["store_setting"], "features": dev["features"],
               "examples": dev["examples"],
-              "job": "jobs/demo.yaml (the default job), data.path = generated SQuAD v2 (bench/squadgen.py)"}
+              "job": "jobs/demo.yaml (the default job), data.path = generated SQuAD v2 (bench/common/squadgen.py)"}
     fig("e2e_min", dev["wall_s"] / 60, "e2e_min", {**common, "stages": dev["stages"], "wall_s": dev["wall_s"],
         "note": "the CLI child from start to exit: imports, Dask start-up, every stage"}, judged=at_dev)
     fig("disk_gb", dev["disk_bytes"] / 1e9, "disk_gb", {**common, "store_bytes": dev["store_bytes"],

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from .inproc import features_near_median, job_config, run_extract, run_featurize
-from .timing import interleave, median
+from ..common.inproc import features_near_median, job_config, run_extract, run_featurize
+from ..common.timing import interleave, median
 
 __all__ = ["bench_cluster_quality", "bench_featurize_resnet"]
 
@@ -77,7 +77,7 @@ def bench_cluster_quality(ctx, n_per_type: int, lengths: tuple[int, int]) -> Non
     from attnclust.featurize.resnet import resolve_precision
     from attnclust.synthetic import HEAD_TYPES, planted_head_maps
 
-    from .seed import SEED_SIZE, seed_featurize_maps, seed_resnet50
+    from ..common.seed import SEED_SIZE, seed_featurize_maps, seed_resnet50
 
     rng = np.random.default_rng(0)
     maps, labels, seqs = planted_head_maps(n_per_type, lengths=lengths, rng=rng, noise=0.2)

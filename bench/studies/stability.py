@@ -4,7 +4,7 @@ fit, the k chosen, every candidate's stability, each cluster's bootstrap stabili
 ::
 
     .venv/bin/attnclust run --out /tmp/stab_demo          # once: the demo job (jobs/demo.yaml), about a minute
-    .venv/bin/python -m bench.stability --out /tmp/stab_demo [--seeds 0 1 2] [--set cluster.stability_splits=6]
+    .venv/bin/python -m bench.studies.stability --out /tmp/stab_demo [--seeds 0 1 2] [--set cluster.stability_splits=6]
 
 The fit is the package's (:func:`attnclust.cluster.fit_from_store`, the job's cluster settings from
 ``jobs/demo.yaml`` with ``--set`` overrides, UMAP off: it does not touch k or the labels), once per seed
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from attnclust.stages.cluster import model_record
     from attnclust.stages.featurize import open_embedding
 
-    parser = argparse.ArgumentParser(prog="python -m bench.stability", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.studies.stability", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="/tmp/stab_demo", help="a finished run of the demo job")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

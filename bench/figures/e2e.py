@@ -6,9 +6,9 @@ import time
 
 from attnclust.stages.extract import plan_features
 
-from .inproc import features_near_median, job_config, run_all, select_features
-from .seed import SEED_K, SeedPipeline, seed_resnet50
-from .timing import median
+from ..common.inproc import features_near_median, job_config, run_all, select_features
+from ..common.seed import SEED_K, SeedPipeline, seed_resnet50
+from ..common.timing import median
 
 __all__ = ["bench_e2e", "warm_umap"]
 
@@ -16,8 +16,8 @@ __all__ = ["bench_e2e", "warm_umap"]
 def warm_umap() -> float:
     """Pay umap-learn's numba compilation (or its load from the on-disk cache) outside any timed arm; seconds.
 
-    Both paths umap-learn compiles separately (:func:`bench.numba_cache.umap_workload`): the cluster stage's exact
-    graph, and NN-descent + ``transform``.
+    Both paths umap-learn compiles separately (:func:`bench.figures.numba_cache.umap_workload`): the cluster
+    stage's exact graph, and NN-descent + ``transform``.
     """
     from .numba_cache import WORKLOADS, umap_workload
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .inproc import job_config, run_extract, select_features, store_nbytes
-from .timing import interleave, median
+from ..common.inproc import job_config, run_extract, select_features, store_nbytes
+from ..common.timing import interleave, median
 
 __all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches"]
 
@@ -52,7 +52,7 @@ def bare_forward(model, batches: list[dict]) -> float:
 
 
 def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> dict:
-    """The extract stage in-process (as :func:`bench.inproc.run_extract`) with the stage's phase seconds."""
+    """The extract stage in-process (as :func:`bench.common.inproc.run_extract`) with the stage's phase seconds."""
     import shutil
 
     from attnclust.pipeline import run_job
@@ -208,7 +208,7 @@ def bench_store(ctx) -> None:
 
 def bench_compact_store(ctx) -> None:
     """``store_compact_bytes_per_map`` on the compact store extracted by bench_extract, and the SQuAD2-dev
-    BERT-base projection from it (:func:`bench.estimates.squad_dev_store_gb`)."""
+    BERT-base projection from it (:func:`bench.figures.estimates.squad_dev_store_gb`)."""
     from attnclust.layout import RunLayout
     from attnclust.store import open_attention_store
 
