@@ -11,6 +11,7 @@ Notebook use::
 
 from __future__ import annotations
 
+from . import analysis  # noqa: F401 -- registers the analyses: their job sections (syntax, probe ...) are known
 from .api import Output, open_output, run
 from .config import JobConfig, load_job
 from .errors import AttnclustError, BackendUnavailable, ConfigError, DataError, ModelError, StoreError

@@ -5,6 +5,11 @@ next to its type, ``Field(json_schema_extra={"allowed": ..., "fix": ...})``, bui
 :func:`_num`, :func:`_choice` and :func:`_setting`; validators whose allowed text depends on other values raise
 :func:`_cross`; :class:`_Model` is the frozen, strict base of every section, translating a ``ValidationError`` into
 the first error's dotted key, value (cut short however large, :func:`_shown`), allowed values and fix.
+
+Plugins declare their settings beside their code, as models of their own: :func:`_add_fields` joins a plugin's
+fields to the model they belong to (a featurizer's settings to the ``featurize`` section, an analysis' section to
+the job), in place, so that ``featurize.grid`` or ``syntax.conllu`` stay keys of one job whoever declares them.
+It needs no knowledge of jobs (the layer below :mod:`attnclust.config`): the featurizers use it too.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 from typing import Any, ClassVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
 from .errors import ConfigError
@@ -170,6 +176,9 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     SECTION: ClassVar[str] = ""
+    DECLARED_IN: ClassVar[dict[str, type[_Model]]] = {}
+    """Field name -> the plugin's model that declared it, for the fields :func:`_add_fields` joined (its docstring
+    describes them); the model's own fields are not listed."""
 
     def __init__(self, **values: Any) -> None:
         with _translated(type(self)):
@@ -228,3 +237,54 @@ def _from_yaml(annotation: Any, value: Any) -> Any:
     if isinstance(value, list) and tuple in {get_origin(a) for a in (annotation, *get_args(annotation))}:
         return tuple(value)
     return value
+
+
+# --- plugins' settings joining the model they belong to ------------------------------------------------------
+
+def _fields_of(owner: type[BaseModel]) -> dict[str, FieldInfo]:
+    """The model's own field table (pydantic >= 2.10 keeps it in ``__pydantic_fields__``, earlier in
+    ``model_fields``), changed in place by :func:`_add_fields`."""
+    return owner.__dict__["__pydantic_fields__"] if "__pydantic_fields__" in owner.__dict__ else owner.model_fields
+
+
+def _add_fields(owner: type[_Model], fields: dict[str, FieldInfo], declared_in: type[_Model]) -> None:
+    """Add ``fields`` (declared by the plugin model ``declared_in``) to ``owner`` after its own, and rebuild its
+    validation: ``owner(name=...)``, ``to_dict`` and errors then treat them as ``owner``'s own.
+
+    A name ``owner`` has already is refused (``ValueError``) unless the same model declared it (a module
+    reloaded); a field's validators travel with it only through its annotation (``Annotated[..., AfterValidator]``),
+    not as ``field_validator`` methods of ``declared_in``.
+    """
+    table = _fields_of(owner)
+    declared = owner.__dict__.get("DECLARED_IN", {})
+    for name in fields:
+        first = declared.get(name, owner) if name in table else None
+        if first is not None and _name_of(first) != _name_of(declared_in):
+            raise ValueError(f"{declared_in.__name__}: setting {name!r} is already declared by {first.__name__} "
+                             f"(section '{owner.SECTION or 'the job'}'); choose another name, or use that model")
+    owner.DECLARED_IN = {**declared, **dict.fromkeys(fields, declared_in)}
+    table.update(fields)
+    owner.model_rebuild(force=True)
+
+
+def _remove_fields(owner: type[_Model], names: tuple[str, ...]) -> None:
+    """Undo :func:`_add_fields` for ``names`` (a plugin unregistered); names ``owner`` declares itself stay."""
+    table = _fields_of(owner)
+    declared = owner.__dict__.get("DECLARED_IN", {})
+    gone = [name for name in names if name in declared]
+    for name in gone:
+        table.pop(name, None)
+    owner.DECLARED_IN = {name: model for name, model in declared.items() if name not in gone}
+    if gone:
+        owner.model_rebuild(force=True)
+
+
+def _name_of(model: type) -> tuple[str, str]:
+    return model.__module__, model.__qualname__  # a module reloaded declares the same model again
+
+
+def _plugin_fields(model: type[_Model]) -> dict[str, FieldInfo]:
+    """Copies of ``model``'s fields, for :func:`_add_fields`."""
+    import copy
+
+    return {name: copy.copy(info) for name, info in model.model_fields.items()}

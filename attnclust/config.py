@@ -1,16 +1,24 @@
 """Job configuration: frozen pydantic v2 models validated on construction.
 
-A job file (YAML) maps onto :class:`JobConfig`; every section maps onto one stage's model. Unknown keys, wrong
-types and out-of-range values raise one :class:`~attnclust.errors.ConfigError` naming the dotted key, the value,
-what is allowed and the fix; a pydantic ``ValidationError`` never escapes this module. Types are strict (a bool
-is not an int, ``"12"`` is not an int), except that float settings accept integers. ``to_dict``/``from_dict``
-round-trip exactly, so the resolved configuration written to ``job.json`` can be read back.
+A job file (YAML) maps onto :class:`JobConfig`; every section maps onto one stage's model. Plugins declare their
+settings beside their code: each featurizer its settings model, whose fields join the ``featurize`` section
+(:attr:`attnclust.featurize.Featurizer.settings`), each analysis its own section (``syntax``, ``probe``,
+``importance``: :func:`attnclust.analysis.plugins.register_analysis`, which calls :func:`register_section`); the
+sections here are the stages'. Unknown keys, wrong types and out-of-range values raise one
+:class:`~attnclust.errors.ConfigError` naming the dotted key, the value, what is allowed and the fix; a pydantic
+``ValidationError`` never escapes this module. Types are strict (a bool is not an int, ``"12"`` is not an int),
+except that float settings accept integers. ``to_dict``/``from_dict`` round-trip exactly, so the resolved
+configuration written to ``job.json`` can be read back.
 
 Each setting declares what is allowed next to its type: ``Field(json_schema_extra={"allowed": ..., "fix": ...})``
 built by the helpers ``_int``, ``_num``, ``_choice`` and ``_setting``; validators that compute the allowed text
 at validation time (cross-field checks, the featurizer registry) raise ``PydanticCustomError`` carrying it. The
 helpers and the base model that turns pydantic's errors into one ``ConfigError`` line are in
 :mod:`attnclust._settings`; this module holds the sections, the job, ``--set`` overrides and job files.
+
+Kept whole (about 800 lines, most of them the sections' docstrings, which the job reference is generated from):
+``--set`` and the job file's reading are typed by the sections' fields and the job, and a module of their own
+would import this one and be imported back by it (``load_job`` is this module's public name).
 """
 
 from __future__ import annotations
@@ -23,48 +31,56 @@ from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import yaml
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
-from ._settings import _auto_or_at_least, _choice, _cross, _int, _Model, _num, _seed, _setting, _unknown
+from ._settings import (
+    _add_fields,
+    _auto_or_at_least,
+    _choice,
+    _cross,
+    _int,
+    _Model,
+    _num,
+    _plugin_fields,
+    _remove_fields,
+    _seed,
+    _setting,
+    _unknown,
+)
 from .errors import ConfigError
+from .featurize import FEATURIZERS, featurizer_names, watch_featurizers
 
 __all__ = [
+    "CORE_SECTIONS",
     "ClusterConfig",
     "DataConfig",
     "ExtractConfig",
     "FeaturizeConfig",
     "FinetuneConfig",
-    "ImportanceConfig",
     "JobConfig",
     "ModelConfig",
-    "ProbeConfig",
     "QAConfig",
     "ReportConfig",
-    "SyntaxConfig",
     "apply_overrides",
     "default_job_path",
     "load_job",
+    "register_section",
+    "unregister_section",
 ]
 
 Backend = Literal["auto", "cpu", "gpu"]
 Precision = Literal["auto", "fp32", "fp16", "bf16"]
-ResnetArch = Literal["resnet18", "resnet34", "resnet50"]
 StoreDtype = Literal["float16", "uint8"]
 StoreMode = Literal["auto", "full", "compact"]
 ModelKind = Literal["auto", "encoder", "causal"]
 PromptStyle = Literal["plain", "short", "example"]
 Decoding = Literal["greedy", "context"]
 Placement = Literal["knn", "umap"]
-ProbeTask = Literal["answerable", "qword", "correct"]
-ProbePooling = Literal["cls", "context_mean"]
-ProbeNull = Literal["pooled", "per_head"]
-BUNDLED_CONLLU = "bundled"
-"""``syntax.conllu`` value naming the gold parses packaged with the bundled sample data."""
 
 _NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,47}$"
 _TEXT_PATTERN = r"\S"  # not blank
 _NULLS = frozenset({"", "~", "null", "Null", "NULL"})  # YAML's spellings of null, for --set values
-_BUILTIN_FEATURIZERS = ("pooled", "resnet", "profile")
 
 
 def _unknown_section(key: Any) -> ConfigError:
@@ -238,19 +254,13 @@ class ExtractConfig(_Model):
         return self
 
 
-def _featurizer_names() -> tuple[str, ...]:
-    try:
-        from .featurize import featurizer_names
-    except ImportError:  # the registry is not there (yet): the built-in featurizers
-        return _BUILTIN_FEATURIZERS
-    return tuple(featurizer_names())
-
-
-FeaturizePrecision = Literal["auto", "float32", "bfloat16", "float16"]
-
-
 class FeaturizeConfig(_Model):
     """How each attention map becomes a vector.
+
+    The settings of the featurizers join this section (``featurize.grid``, ``featurize.arch`` ...): each
+    featurizer declares them beside its code, in its settings model (:attr:`attnclust.featurize.Featurizer.settings`:
+    :class:`attnclust.featurize.pooled.PooledSettings`, :class:`attnclust.featurize.resnet.ResnetSettings`), whose
+    docstring describes them.
 
     Parameters
     ----------
@@ -260,42 +270,15 @@ class FeaturizeConfig(_Model):
         token, segment focus, normalised entropy, confidence, far mass). ``pooled``: the true-length map
         average-pooled to ``grid x grid``, flattened. ``resnet``: a torchvision ResNet's penultimate layer on the
         map as a normalised 3-channel image.
-    grid
-        Pooled grid side (``pooled``).
-    arch, weights, image_size
-        ``resnet`` settings; ``weights`` is ``imagenet`` (torchvision download or TORCH_HOME cache), ``none``
-        (random init, for tests) or a path to a state dict.
-    batch_size
-        Maps per ResNet forward (``resnet``), or ``auto``: 16 on a CPU, 64 on a GPU
-        (:func:`attnclust.featurize.resnet.resolve_batch_size`).
-    precision
-        Arithmetic of the ResNet forward (``resnet``): ``auto`` = float16 autocast on a GPU, bfloat16 autocast on
-        a CPU with native bf16 (AVX512-BF16 / AMX, about 2.5x faster than float32 with cosine >= 0.9999 to the
-        float32 vectors), float32 otherwise; ``float32`` everywhere; ``bfloat16`` autocast everywhere (slow on a
-        CPU without native bf16); ``float16`` autocast everywhere (meant for GPUs). The driver resolves ``auto``
-        once and the tasks get the resolved value, so every worker runs what the fingerprint records. See
-        :func:`attnclust.featurize.resnet.resolve_precision`.
     """
 
     SECTION = "featurize"
     method: str = _setting("profile", "a registered featurizer")
-    grid: int = _int(32, 2, 256)
-    arch: ResnetArch = _choice("resnet18", ResnetArch)
-    weights: str = _setting("imagenet", "imagenet | none | a path to a .pth state dict", pattern=_TEXT_PATTERN)
-    image_size: int = _int(224, 32, 1024)
-    batch_size: int | Literal["auto"] = _setting("auto", "an integer >= 1 or 'auto'",
-                                                 "for example batch_size: 16 or batch_size: auto")
-    precision: FeaturizePrecision = _choice("auto", FeaturizePrecision)
-
-    @field_validator("batch_size")
-    @classmethod
-    def _positive_batch(cls, value: int | str) -> int | str:
-        return _auto_or_at_least(value, 1)
 
     @field_validator("method", mode="before")
     @classmethod
     def _registered(cls, value: Any) -> Any:
-        names = _featurizer_names()  # at validation time: other modules may register featurizers
+        names = featurizer_names()  # at validation time: other modules may register featurizers
         if not isinstance(value, str) or value not in names:
             raise PydanticCustomError("config", "{allowed}", {"allowed": " | ".join(names)})
         return value
@@ -467,117 +450,6 @@ class FinetuneConfig(_Model):
     eval_max_examples: int | None = _int(None, 1)
 
 
-class ImportanceConfig(_Model):
-    """Per-head analyses that need the model (the ``importance`` stage; Michel et al. 2019).
-
-    Parameters
-    ----------
-    enabled
-        Measure each head's importance (mean ``|dL/dxi_h|`` of the QA loss in a gate on the head, normalised per
-        layer) and the pruning curve (official SQuAD 2.0 F1 as heads are removed by importance and at random).
-        Skipped, with one line saying why, when the run has no model (a store written by another tool) or no gold
-        answers. Off by default: on the demo (64 features, 10 steps, 3 seeds: 38 scorings of the model) it takes
-        several times as long as the extraction.
-    max_features
-        Evaluate on the features of the first questions of the data (whole questions, in file order) up to this
-        many features; ``None`` uses every feature. Each pruning step scores the model again on them.
-    pruning_steps
-        Remove ``0, 1/steps, ..., all`` of the heads (10: steps of 10%).
-    pruning_random_seeds
-        Random removal orders the importance order is compared with (their mean is the baseline).
-    """
-
-    SECTION = "importance"
-    enabled: bool = _setting(False, "true | false")
-    max_features: int | None = _int(64, 1, fix="or null to use every feature")
-    pruning_steps: int = _int(10, 1, 100)
-    pruning_random_seeds: int = _int(3, 1, 50)
-
-
-class SyntaxConfig(_Model):
-    """The ``syntax`` analysis of the report (Clark et al. 2019): per dependency relation, how often each head's
-    most-attended word is the gold head (or dependent), against the best fixed-offset baseline.
-
-    Off (skipped with one line saying why) unless ``conllu`` or ``spacy_model`` is set.
-
-    Parameters
-    ----------
-    conllu
-        A CoNLL-U file of gold parses of (some of) the run's contexts; its sentences are matched to the contexts by
-        their words (:mod:`attnclust.analysis.parses`). ``bundled`` names ``attnclust/resources/sample_syntax.conllu``,
-        parses of sentences of the bundled sample; with another ``data.path`` the analysis is skipped with one line.
-    spacy_model
-        An installed spaCy pipeline (e.g. ``en_core_web_sm``) that parses the contexts when ``conllu`` is null.
-    max_features
-        Use only the first N features of the run; ``None`` uses every feature.
-    """
-
-    SECTION = "syntax"
-    conllu: str | None = _setting(None, "a CoNLL-U file path, or null", pattern=_TEXT_PATTERN)
-    spacy_model: str | None = _setting(None, "an installed spaCy pipeline name like 'en_core_web_sm', or null",
-                                       pattern=_TEXT_PATTERN)
-    max_features: int | None = _int(None, 1, fix="or null to use every feature")
-
-    def conllu_path(self) -> Path | None:
-        """The CoNLL-U file to read: ``conllu`` expanded, the packaged file for ``bundled``, ``None`` when unset."""
-        if self.conllu is None:
-            return None
-        if self.conllu == BUNDLED_CONLLU:
-            from .data.squad import sample_path
-
-            return sample_path().with_name("sample_syntax.conllu")
-        return Path(self.conllu).expanduser()
-
-
-class ProbeConfig(_Model):
-    """The ``probe`` analysis of the report (Jo & Myaeng 2020): a cross-validated linear probe per (task, layer,
-    head) on the head's pooled output (``head_outputs.zarr``, written when ``extract.head_outputs`` is on).
-
-    Parameters
-    ----------
-    enabled
-        Run it when the store has head outputs (otherwise skipped with one line saying why).
-    tasks
-        Built-in label tasks: ``answerable`` (the question has an answer), ``qword`` (what/who/when/where/why/how/
-        which/other from the question's first such word), ``correct`` (the model's answer has F1 >= 0.5; needs the
-        ``qa`` stage).
-    labels
-        Extra columns of the data file, kept in ``examples.parquet``, each probed as a task of its own.
-    pooling
-        ``cls`` (the head's output at [CLS]) or ``context_mean`` (its mean over the context tokens).
-    top_k
-        Heads whose outputs are concatenated for the top-k representation (chosen inside each training fold),
-        compared with the last layer's [CLS] hidden state.
-    permutations
-        Label permutations (whole examples permuted) for each head's p-value.
-    null
-        ``pooled`` (every head's permuted accuracies form one null for the task: p down to 1/(1 + heads x
-        permutations)) or ``per_head`` (a head's own permutations only).
-    max_features
-        Probe the features of the first questions (whole questions, in file order) up to this many; ``None``: all.
-    """
-
-    SECTION = "probe"
-    enabled: bool = _setting(True, "true | false")
-    tasks: tuple[ProbeTask, ...] = _setting(("answerable", "qword", "correct"),
-                                            "a list of answerable | qword | correct (may be empty)")
-    labels: tuple[str, ...] = _setting((), "a list of column names of the data file's records")
-    pooling: ProbePooling = _choice("cls", ProbePooling)
-    top_k: int = _int(8, 1)
-    permutations: int = _int(20, 1, 10000)
-    null: ProbeNull = _choice("pooled", ProbeNull)
-    max_features: int | None = _int(2000, 10, fix="or null to use every feature")
-
-    @field_validator("labels")
-    @classmethod
-    def _label_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for name in value:
-            if not name.strip() or name in get_args(ProbeTask):
-                raise _cross("labels", value, "names of extra columns of the data file, neither blank nor a "
-                             "built-in task (answerable, qword, correct)", "list those in probe.tasks instead")
-        return value
-
-
 def _section(model: type[_Model]) -> Any:
     return Field(default_factory=model,
                  json_schema_extra={"allowed": f"the '{model.SECTION}' settings ({model.__name__}, or a mapping)"})
@@ -592,8 +464,10 @@ class JobConfig(_Model):
         Letters, digits and ``_``, starting with a letter; prefixes every Dask task key of the job.
     backend
         ``cpu``, ``gpu`` or ``auto`` (gpu only when every worker has a usable GPU).
-    data, model, extract, featurize, cluster, report, qa, finetune, importance, syntax, probe
-        The sections (``SECTIONS`` maps each name to its model); each defaults to its model's defaults.
+    data, model, extract, featurize, cluster, report, qa, finetune
+        The stages' sections (:data:`CORE_SECTIONS`); each defaults to its model's defaults. ``SECTIONS`` maps
+        each name to its model, these and the sections the analyses declare after them (``importance``,
+        ``syntax``, ``probe`` ...: :func:`register_section`), which their own models describe.
     """
 
     name: str = _setting("attnclust", "letters, digits and '_', starting with a letter (max 48)",
@@ -607,14 +481,10 @@ class JobConfig(_Model):
     report: ReportConfig = _section(ReportConfig)
     qa: QAConfig = _section(QAConfig)
     finetune: FinetuneConfig = _section(FinetuneConfig)
-    importance: ImportanceConfig = _section(ImportanceConfig)
-    syntax: SyntaxConfig = _section(SyntaxConfig)
-    probe: ProbeConfig = _section(ProbeConfig)
 
     SECTIONS: ClassVar[dict[str, type[_Model]]] = {
         "data": DataConfig, "model": ModelConfig, "extract": ExtractConfig, "featurize": FeaturizeConfig,
-        "cluster": ClusterConfig, "report": ReportConfig, "qa": QAConfig, "finetune": FinetuneConfig,
-        "importance": ImportanceConfig, "syntax": SyntaxConfig, "probe": ProbeConfig}
+        "cluster": ClusterConfig, "report": ReportConfig, "qa": QAConfig, "finetune": FinetuneConfig}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> JobConfig:
@@ -676,6 +546,67 @@ class JobConfig(_Model):
                 raise _unknown_section(unknown[0])
             blob = {key: blob[key] for key in sections}
         return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
+
+
+CORE_SECTIONS: tuple[str, ...] = tuple(JobConfig.SECTIONS)
+"""The stages' sections, declared here; the analyses' sections join :attr:`JobConfig.SECTIONS` after them."""
+
+
+# --- sections and settings that plugins declare -------------------------------------------------------------
+
+def register_section(model: type[_Model]) -> type[_Model]:
+    """Make ``model`` (a frozen settings model, its ``SECTION`` its name) a section of every job, after the others:
+    a key of job files, ``--set``, ``to_dict``, fingerprints and the job reference, read as ``cfg.<SECTION>``.
+
+    Called by :func:`attnclust.analysis.plugins.register_analysis` for an analysis' settings; registering the same
+    model again (a module reloaded) changes nothing.
+
+    Raises
+    ------
+    ValueError
+        The name is not a lower-case identifier, is ``name``, ``backend`` or a stage's section, or another model
+        declares it.
+    """
+    import re
+
+    name = model.SECTION
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", name) or name in CORE_SECTIONS \
+            or name in ("name", "backend"):
+        raise ValueError(f"section {name!r} of {model.__name__}: allowed: a lower-case name (letters, digits, '_') "
+                         f"that is not name, backend or a stage's section ({', '.join(CORE_SECTIONS)})")
+    _add_fields(JobConfig, {name: FieldInfo.from_annotated_attribute(model, _section(model))}, model)
+    JobConfig.SECTIONS[name] = model
+    return model
+
+
+def unregister_section(name: str) -> None:
+    """Remove a section :func:`register_section` added (a plugin unregistered); a stage's section stays."""
+    if name in CORE_SECTIONS:
+        raise ValueError(f"section {name!r} is a stage's section; only sections that plugins declared are removed")
+    _remove_fields(JobConfig, (name,))
+    JobConfig.SECTIONS.pop(name, None)
+
+
+def _join_featurizer_settings() -> None:
+    """The ``featurize`` section: ``method`` and the settings of every registered featurizer, in registration
+    order (called by the featurizer registry on each change, :func:`attnclust.featurize.watch_featurizers`)."""
+    models = list(dict.fromkeys(m for m in (getattr(f, "settings", None) for f in FEATURIZERS.values()) if m))
+    _remove_fields(FeaturizeConfig, tuple(FeaturizeConfig.DECLARED_IN))
+    for model in models:
+        _add_fields(FeaturizeConfig, _plugin_fields(model), model)
+    JobConfig.model_rebuild(force=True)  # the job validates and dumps its sections with their fields
+
+
+watch_featurizers(_join_featurizer_settings)
+
+
+def __getattr__(name: str) -> Any:
+    """The models of the sections that analyses declare, by their class names (``SyntaxConfig``:
+    :mod:`attnclust.analysis.syntax`), as :attr:`JobConfig.SECTIONS` holds them."""
+    for model in JobConfig.SECTIONS.values():
+        if model.__name__ == name:
+            return model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --- --set overrides and job files --------------------------------------------------------------------------

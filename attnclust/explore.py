@@ -383,7 +383,9 @@ class ExploreApp:
         else:
             weights = self.store.read_map(feature, layer, head)
         tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
-        if "part" in self.features.columns:  # a causal model's byte-level tokens: readable labels
+        from .models.kinds import kind_of
+
+        if kind_of(self.features).is_decoder:  # a decoder's byte-level tokens: readable labels
             from .analysis.words import display_tokens
 
             tokens = display_tokens(tokens)

@@ -2,10 +2,13 @@
 
 - :mod:`.stats`: per-map statistics (one value per (feature, layer, head)), computed during extraction;
 - :mod:`.heads`: per-head analyses (columns of ``heads.parquet``), computed when the atlas is built;
+- :mod:`.plugins`: analyses with settings and files of their own (``importance``, ``head_distances``,
+  ``syntax``, ``probe``), each declaring its settings (a job section), outputs, fingerprint and report section;
 - :mod:`.atlas`: the joins of cluster labels, statistics and features, and the per-head / per-cluster tables.
 
-A new statistic or head analysis is one module that registers itself; it then appears in the parquet outputs
-and in the report with no other edit.
+A new statistic, head analysis or analysis plugin is one module that registers itself; it then appears in the job's
+settings, the outputs and the report with no other edit. Importing this package registers the built-in ones;
+:mod:`attnclust` imports it, so that their job sections are known whatever module a program imports first.
 """
 
 from . import answer  # noqa: F401, I001  (registers the "answer_attention" and "unanswerable_attention" analyses)
@@ -14,3 +17,9 @@ from . import modes  # noqa: F401  (registers the "modes" head analysis)
 from . import retrieval  # noqa: F401  (registers the "retrieval" and "answer_step_attention" analyses)
 from . import roles  # noqa: F401  (registers the "roles" head analysis)
 from . import sink  # noqa: F401  (registers the "sink" head analysis)
+# the analyses with settings of their own, in the order their job sections follow the stages' (importance, syntax,
+# probe) and the report stage runs them
+from . import importance  # noqa: F401  (registers the "importance" analysis and the job's importance section)
+from . import distances  # noqa: F401  (registers the "head_distances" analysis: the head map)
+from . import syntax  # noqa: F401  (registers the "syntax" analysis and the job's syntax section)
+from . import probes  # noqa: F401  (registers the "probe" analysis and the job's probe section)

@@ -9,13 +9,18 @@ description of what it attends to in Clark et al.'s (2019) terms with the share 
 (:func:`describe_cluster`), distinct across the run (:func:`name_clusters`). Two views say how far to trust a
 cluster: the lengths of its maps (:func:`length_view`, a warning when one length bucket dominates it but not the
 run) and, when the clustering measured it, its stability (:func:`read_stability`).
+
+Kept whole (about 770 lines): the cluster table, its names and its views share the thresholds above and the
+statistics' means one cluster at a time; the methods page (``attnclust/report/methods.md``, "Clusters and their
+names") links them here as one protocol.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +30,7 @@ from ..featurize.pooled import pool_maps
 from ..layout import RunLayout
 from ..store.contract import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
+from .plugins import join_heads
 from .stats import local_keys, map_statistics, stat_columns, token_masks
 
 __all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN_LIFT",
@@ -618,10 +624,9 @@ def _medoid_rows(maps: pd.DataFrame, exact_features: np.ndarray | None) -> pd.Da
 
 def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, features: pd.DataFrame, *, k: int,
                 min_stability: float = DEFAULT_MIN_STABILITY, extra: dict | None = None,
-                importance: pd.DataFrame | None = None, syntax: pd.DataFrame | None = None
-                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Join labels, statistics and features by explicit keys, run the registered head analyses; write the
-    maps/heads/clusters parquet tables.
+                analyses: Mapping[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Join labels, statistics and features by explicit keys, run the registered head analyses, join the analysis
+    plugins' per-head columns; write the maps/heads/clusters parquet tables.
 
     Parameters
     ----------
@@ -636,18 +641,18 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
         ``cluster_stability``; otherwise the clusters table has no ``stability`` / ``stable`` columns).
     extra : dict, optional
         Handed to the head analyses as :attr:`HeadContext.extra` (e.g. ``predictions``: ``predictions.parquet``).
-    importance : pandas.DataFrame, optional
-        ``importance.parquet`` (``layer``, ``head``, ``importance``, ...): its columns join the heads table, beside
-        the mean ``confidence`` (Voita et al.) that every head has.
-    syntax : pandas.DataFrame, optional
-        ``syntax.parquet`` (:func:`attnclust.analysis.syntax.syntax_table`): each head's best relation joins the
-        heads table as the ``syntax_best_*`` columns (:func:`attnclust.analysis.syntax.syntax_head_columns`).
+    analyses : mapping, optional
+        The analysis plugins' results by name (:func:`attnclust.analysis.plugins.run_analyses`): the per-head
+        columns of each that declares them join the heads table in registration order
+        (:func:`attnclust.analysis.plugins.join_heads`), e.g. ``importance.parquet``'s ``importance`` columns
+        beside the mean ``confidence`` (Voita et al.) that every head has, and ``syntax``'s ``syntax_best_*``.
 
     Returns
     -------
     maps, heads, clusters : pandas.DataFrame
-        ``heads.attrs["map_source"]`` maps each head analysis (and ``syntax``) to the maps it read: ``full``,
-        ``compact`` or ``exact sample`` (:func:`attnclust.analysis.heads.map_source`).
+        ``heads.attrs["map_source"]`` maps each head analysis (and each plugin that joined columns, e.g.
+        ``syntax``) to the maps it read: ``full``, ``compact`` or ``exact sample``
+        (:func:`attnclust.analysis.heads.map_source`).
     """
     maps = labels.merge(stats, on=KEYS, how="inner", validate="one_to_one")
     if len(maps) != len(labels):
@@ -659,9 +664,11 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
             "centroid_dist", *stat_columns()]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
+    from ..models.kinds import kind_of
+
     store = open_attention_store(layout.attention) if layout.attention.exists() else None
     clusters = cluster_table(maps, heads, k, chance=segment_chance(features),
-                             causal="part" in features.columns,  # a causal model's features label their parts
+                             causal=kind_of(features).is_decoder,  # a decoder's maps: no next-token target
                              exact_features=None if store is None or store.exact is None else store.exact_ids())
     stability = read_stability(layout, k, min_stability=min_stability)
     if stability is not None:
@@ -670,17 +677,8 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
                               heads)
     sources = dict(heads.attrs.get("map_source", {}))  # which maps each analysis read (analysis/heads.py)
     atomic_write_parquet(maps, layout.table("maps"))
-    if importance is not None:
-        heads = heads.merge(importance.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
-                            on=["layer", "head"], how="left", validate="one_to_one")
-    if syntax is not None:
-        from .syntax import syntax_head_columns
-
-        best = syntax_head_columns(syntax)
-        heads = heads.merge(best.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype}),
-                            on=["layer", "head"], how="left", validate="one_to_one")
-        sources.update(syntax.attrs.get("map_source", {}))
-    heads.attrs["map_source"] = sources
+    heads, joined = join_heads(heads, analyses or {})
+    heads.attrs["map_source"] = {**sources, **joined}
     atomic_write_parquet(heads, layout.table("heads"))
     atomic_write_parquet(clusters, layout.table("clusters"))
     return maps, heads, clusters

@@ -18,6 +18,10 @@ Everything here needs only the store contract (``attention.zarr``), so it works 
 The distances need exact maps (a compact store's zeros are not the smoothed weights): on a compact store the
 features are sampled from its exact sample (:meth:`~attnclust.store.AttentionStore.read_exact`), and
 ``head_layout.parquet`` says which maps were read in ``attrs["map_source"]``.
+
+The report stage computes it as a plugin (:mod:`attnclust.analysis.plugins`, declared at the end of this module):
+its output ``head_layout.parquet``, its version in the report's fingerprint and its report section (``head_map``:
+:mod:`attnclust.report.sections.head_map`).
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-__all__ = ["DEFAULT_FEATURES", "DEFAULT_ROWS", "HEAD_LAYOUT_COLUMNS", "SMOOTHING", "VERSION", "HeadDistances",
-           "compute_head_layout", "embed_heads", "head_distances", "head_layout_table", "js_between_heads",
-           "js_between_maps", "smooth_rows"]
+from ..errors import DataError
+from .plugins import AnalysisContext, register_analysis
+
+__all__ = ["DEFAULT_FEATURES", "DEFAULT_ROWS", "HEAD_LAYOUT_COLUMNS", "HEAD_LAYOUT_REQUIRED", "SMOOTHING", "VERSION",
+           "HeadDistances", "compute_head_layout", "embed_heads", "head_distances", "head_layout_table",
+           "js_between_heads", "js_between_maps", "run_head_distances", "smooth_rows"]
 
 VERSION = 1
 """Bumped when the definition changes (part of the report stage's identity)."""
@@ -342,3 +349,29 @@ def compute_head_layout(store, *, n_features: int | None = DEFAULT_FEATURES, max
     result = head_distances(store, n_features=n_features, max_rows=max_rows, random_state=random_state,
                             on_step=on_step)
     return head_layout_table(result, random_state=random_state)
+
+
+# -- the plugin: the report's head map ------------------------------------------------------------------------------
+
+HEAD_LAYOUT_REQUIRED = ("layer", "head", "x", "y")
+"""Columns of the head layout the report's head map reads."""
+
+
+def _check_layout(table: pd.DataFrame) -> None:
+    missing = [c for c in HEAD_LAYOUT_REQUIRED if c not in getattr(table, "columns", ())]
+    if missing:
+        raise DataError(f"report input head_layout: missing column(s) {', '.join(missing)}; "
+                        f"required: {', '.join(HEAD_LAYOUT_REQUIRED)}")
+
+
+@register_analysis("head_distances", outputs=lambda layout: (layout.head_layout,), version=None,
+                   identity=lambda cfg: {"head_layout": VERSION}, validate=_check_layout, section="head_map")
+def run_head_distances(ctx: AnalysisContext) -> pd.DataFrame:
+    """``head_layout.parquet`` (:func:`compute_head_layout` seeded with ``cluster.random_state``, which the report
+    stage's fingerprint holds already)."""
+    from ..store.contract import atomic_write_parquet, open_attention_store
+
+    table = compute_head_layout(open_attention_store(ctx.layout.attention), random_state=ctx.cfg.cluster.random_state,
+                                on_step=ctx.progress)
+    atomic_write_parquet(table, ctx.layout.head_layout)
+    return table

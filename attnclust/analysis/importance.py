@@ -8,86 +8,40 @@ the global ranking of the normalised importance, least important first, and the 
 after each step of the removal, against the same number of heads removed at random.
 
 transformers 5 dropped BERT's ``head_mask`` argument, so the gates are forward pre-hooks on each layer's attention
-output projection (:func:`gated`; ALBERT's layers share one, whose hook tells its calls apart:
-:func:`attnclust.models.hooks.hook_attention_outputs`). Per-example gradients come from a per-example gate of shape
-(feature, layer, head): features of a batch do not interact (eval mode), so the gradient of the summed loss with
+output projection (:func:`attnclust.models.hooks.gated`, re-exported here, as a model kind gates its heads:
+:meth:`attnclust.models.kinds.ModelKind.gated`; ALBERT's layers share one projection, whose hook tells its calls
+apart: :func:`attnclust.models.hooks.hook_attention_outputs`). Per-example gradients come from a per-example gate of
+shape (feature, layer, head): features of a batch do not interact (eval mode), so the gradient of the summed loss with
 respect to feature ``b``'s gate is feature ``b``'s own gradient.
+
+The importance stage (:mod:`attnclust.stages.importance`) measures it and writes ``importance.parquet`` and
+``pruning.parquet``; the analysis is a plugin of the report (:mod:`attnclust.analysis.plugins`), declared at the end
+of this module: its settings (:class:`ImportanceConfig`, the job's ``importance`` section, read by that stage), its
+tables joined to ``heads.parquet`` and its report section (``importance``: :mod:`attnclust.report.sections.importance`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import ModelError
-from ..models.hooks import attention_outputs, hook_attention_outputs  # the first re-exported: its former home
+from .._settings import _int, _Model, _setting
+from ..errors import DataError, ModelError
+from ..models.hooks import attention_outputs, gated  # re-exported: their former home
+from .plugins import AnalysisContext, register_analysis
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PRUNING_COLUMNS", "attention_outputs", "gated", "head_gradients", "normalize_per_layer", "pruning_curve",
-           "pruning_plan", "pruning_table", "qa_loss"]
+__all__ = ["PRUNING_COLUMNS", "REPORT_PRUNING_COLUMNS", "ImportanceConfig", "attention_outputs", "gated",
+           "head_gradients", "importance_tables", "normalize_per_layer", "pruning_curve", "pruning_plan",
+           "pruning_table", "qa_loss"]
 
 PRUNING_COLUMNS = ("fraction", "n_removed", "order", "seed", "f1", "exact", "best_f1")
 """Columns of ``pruning.parquet``: one row per (order, seed, step); ``seed`` is -1 for the importance order."""
-
-_GATE_LOCK = threading.RLock()  # hooks live on a model shared by a worker's threads: one gated pass at a time
-
-
-def _gate_hook(gate: torch.Tensor, layer: int, n_heads: int) -> Callable:
-    """A forward pre-hook multiplying each head's slice of the projection's input by its gate."""
-
-    def hook(module, args):
-        x = args[0]  # (feature, token, head * head_dim)
-        shape = x.shape
-        per_head = x.reshape(*shape[:-1], n_heads, shape[-1] // n_heads)
-        g = gate[layer] if gate.dim() == 2 else gate[:, layer]
-        g = g.to(per_head.dtype)
-        if g.dim() == 1:  # (head,): the same gate for every feature
-            g = g[:, None]
-        else:  # (feature, head)
-            g = g.reshape(g.shape[0], *([1] * (per_head.dim() - 3)), n_heads, 1)
-        return (per_head * g).reshape(shape), *args[1:]
-
-    return hook
-
-
-@contextlib.contextmanager
-def gated(model: Any, gate: torch.Tensor) -> Iterator[None]:
-    """Run ``model`` with head gates: inside the block, head ``h`` of layer ``l`` outputs ``gate[l, h]`` times its
-    context vector (``gate[b, l, h]`` for feature ``b`` of a batch).
-
-    Parameters
-    ----------
-    model
-        A model :func:`attention_outputs` understands.
-    gate : torch.Tensor, shape (layer, head) or (feature, layer, head)
-        Ones leave the model unchanged, zeros remove heads; with ``requires_grad`` the loss's gradient with
-        respect to it is the heads' importance.
-
-    Raises
-    ------
-    ModelError
-        The gate's shape does not match the model's layers and heads.
-    """
-    modules = attention_outputs(model)
-    n_heads = int(model.config.num_attention_heads)
-    if gate.dim() not in (2, 3) or tuple(gate.shape[-2:]) != (len(modules), n_heads):
-        raise ModelError(f"importance: gate of shape {tuple(gate.shape)}; expected (layer, head) = "
-                         f"({len(modules)}, {n_heads}) or (feature, layer, head)")
-    with _GATE_LOCK:
-        handles = hook_attention_outputs(model, lambda layer: _gate_hook(gate, layer, n_heads))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
 
 def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
             attention_mask: torch.Tensor) -> torch.Tensor:
@@ -268,3 +222,61 @@ def pruning_curve(importance: np.ndarray, evaluate: Callable[[np.ndarray], dict]
     """
     plan, masks = pruning_plan(importance, steps=steps, seeds=seeds, random_state=random_state)
     return pruning_table(plan, [evaluate(m) for m in masks])
+
+
+# -- the plugin: the report's side of the importance stage's tables -----------------------------------------------
+
+class ImportanceConfig(_Model):
+    """Per-head analyses that need the model (the ``importance`` stage; Michel et al. 2019).
+
+    Parameters
+    ----------
+    enabled
+        Measure each head's importance (mean ``|dL/dxi_h|`` of the QA loss in a gate on the head, normalised per
+        layer) and the pruning curve (official SQuAD 2.0 F1 as heads are removed by importance and at random).
+        Skipped, with one line saying why, when the run has no model (a store written by another tool) or no gold
+        answers. Off by default: on the demo (64 features, 10 steps, 3 seeds: 38 scorings of the model) it takes
+        several times as long as the extraction.
+    max_features
+        Evaluate on the features of the first questions of the data (whole questions, in file order) up to this
+        many features; ``None`` uses every feature. Each pruning step scores the model again on them.
+    pruning_steps
+        Remove ``0, 1/steps, ..., all`` of the heads (10: steps of 10%).
+    pruning_random_seeds
+        Random removal orders the importance order is compared with (their mean is the baseline).
+    """
+
+    SECTION = "importance"
+    enabled: bool = _setting(False, "true | false")
+    max_features: int | None = _int(64, 1, fix="or null to use every feature")
+    pruning_steps: int = _int(10, 1, 100)
+    pruning_random_seeds: int = _int(3, 1, 50)
+
+
+REPORT_PRUNING_COLUMNS = PRUNING_COLUMNS[:6]
+"""Columns of the pruning curve the report reads (``best_f1`` it does not)."""
+
+
+def _check_tables(tables: dict) -> None:
+    curve = tables.get("pruning")
+    missing = [c for c in REPORT_PRUNING_COLUMNS if c not in getattr(curve, "columns", REPORT_PRUNING_COLUMNS)]
+    if missing:
+        raise DataError(f"report input pruning: missing column(s) {', '.join(missing)}; "
+                        f"required: {', '.join(REPORT_PRUNING_COLUMNS)}")
+
+
+@register_analysis("importance", settings=ImportanceConfig, keys=lambda cfg: (), version=None,
+                   heads=lambda tables: tables["importance"], validate=_check_tables, section="importance")
+def importance_tables(ctx: AnalysisContext) -> dict | None:
+    """``{"importance": importance.parquet, "pruning": pruning.parquet}`` (either ``None`` when absent) when the
+    importance stage ran, else ``None``.
+
+    The stage's settings are its own fingerprint's (its tables reach the report's as its optional input): they
+    add no key to the report's, and its files are the stage's outputs, not the report's.
+    """
+    layout = ctx.layout
+    if "importance" not in ctx.records:  # the importance stage did not run (when skipped, it wrote nothing)
+        return None
+    importance = pd.read_parquet(layout.importance) if layout.importance.exists() else None
+    pruning = pd.read_parquet(layout.pruning) if layout.pruning.exists() else None
+    return None if importance is None and pruning is None else {"importance": importance, "pruning": pruning}

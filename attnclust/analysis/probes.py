@@ -3,7 +3,7 @@
 Extraction (``extract.head_outputs``) stores each head's output, its context vector (its slice of the input of the
 attention output projection), pooled per feature at [CLS] (``cls``) and over the context tokens
 (``context_mean``), and the last layer's [CLS] hidden state (``last_cls``), in ``head_outputs.zarr``
-(:func:`save_head_output_part`, :func:`consolidate_head_outputs`, :func:`read_head_outputs`).
+(:mod:`attnclust.analysis.head_outputs`, whose names are importable from here too).
 
 The ``probe`` analysis fits, per (task, layer, head), an L2-regularised logistic regression (C = 1, on features
 standardised with the training folds' mean and deviation; several classes one-vs-rest, the highest decision value wins)
@@ -20,26 +20,33 @@ same optimum as ``sklearn.linear_model.LogisticRegression(C=1)`` (the tests comp
 thousands of refits. As Jo & Myaeng, the top-k heads' outputs concatenated are compared with the last layer's
 [CLS] hidden state by the same folds; the k heads are chosen inside each training fold, by their accuracy on the
 training folds, so the held-out fold never takes part in the choice.
+
+The analysis is a plugin of the report stage (:mod:`attnclust.analysis.plugins`), declared at the end of this
+module: its settings (:class:`ProbeConfig`, the job's ``probe`` section), its outputs (``probes.parquet``,
+``probes_summary.json``), its fingerprint (its settings while on) and its report section (``probes``:
+:mod:`attnclust.report.sections.probes`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
+from pydantic import field_validator
 
+from .._settings import _choice, _cross, _int, _Model, _setting
 from ..errors import DataError
-from ..store.integrity import open_writable_group
+from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
+from .plugins import AnalysisContext, register_analysis
 
-__all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "QWORDS", "consolidate_head_outputs",
-           "fit_logistic", "predict_logistic", "probe_fold_ids", "probe_heads", "probe_labels", "probe_table",
-           "question_word", "read_head_outputs", "save_head_output_part"]
+__all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_CAUSAL", "PROBE_COLUMNS", "PROBE_SKIPPED", "QWORDS",
+           "ProbeConfig", "consolidate_head_outputs", "fit_logistic", "predict_logistic", "probe_fold_ids",
+           "probe_heads", "probe_labels", "probe_table", "question_word", "read_head_outputs", "run_probes",
+           "save_head_output_part"]
 
-HEAD_OUTPUT_ARRAYS = ("cls", "context_mean", "last_cls")
-"""Arrays of ``head_outputs.zarr``: the two poolings (feature, layer, head, dim) and (feature, hidden)."""
 PROBE_COLUMNS = ("task", "layer", "head", "accuracy", "baseline", "p", "q", "n", "examples", "folds", "classes",
                  "pooling")
 """Columns of ``probes.parquet``: one row per (task, layer, head)."""
@@ -49,115 +56,6 @@ MIN_CLASS_EXAMPLES = 5
 """``qword`` classes with fewer examples than this are merged into ``other``."""
 MAX_FOLDS = 5
 _QWORD = re.compile(r"\b(" + "|".join(QWORDS) + r")\b", re.IGNORECASE)
-
-
-# --- storage ---------------------------------------------------------------------------------------------------
-
-def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence) -> None:
-    """Write one extraction block's pooled head outputs (float16) to ``path`` (an ``.npz``), atomically.
-
-    Parameters
-    ----------
-    path
-        ``RunLayout.head_output_part(block)``.
-    feature_ids : numpy.ndarray of int, shape (feature,)
-        The store rows of the block, in the order of ``outputs``' features.
-    outputs
-        :class:`attnclust.models.HeadOutputs` of the block's batches, in order.
-    """
-    arrays = {name: np.concatenate([getattr(o, name) for o in outputs]).astype(np.float16)
-              for name in HEAD_OUTPUT_ARRAYS}
-    if len(arrays["cls"]) != len(feature_ids):
-        raise RuntimeError(f"head outputs of {len(arrays['cls'])} features for {len(feature_ids)} feature ids")
-    from ..safeio import atomic_write
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as fh:  # a file object: np.savez would add ".npz" to the temporary name
-            np.savez(fh, feature_id=np.asarray(feature_ids, np.int64), **arrays)
-
-    atomic_write(path, write)
-
-
-def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int, *, chunk: int = 1024) -> None:
-    """Write ``head_outputs.zarr`` from the blocks' parts, one part in memory at a time.
-
-    Parameters
-    ----------
-    root
-        The group's path (``RunLayout.head_outputs``); replaced.
-    parts
-        Every block's part; together they cover features ``0 .. n_features - 1``.
-    n_features
-        Rows of the store.
-    chunk
-        Features per zarr chunk.
-    """
-    import shutil
-
-    from zarr.codecs import ZstdCodec
-
-    from ..store.integrity import COMPLETE, with_checksum
-
-    shutil.rmtree(root, ignore_errors=True)
-    group = open_writable_group(root, mode="w")
-    arrays: dict = {}
-    seen = 0
-    for part in parts:
-        with np.load(part) as data:
-            ids = data["feature_id"]
-            for name in HEAD_OUTPUT_ARRAYS:
-                values = data[name]
-                if name not in arrays:
-                    dims = ("feature", "layer", "head", "dim") if values.ndim == 4 else ("feature", "hidden")
-                    arrays[name] = group.create_array(name, shape=(n_features, *values.shape[1:]), dtype="float16",
-                                                      chunks=(chunk, *values.shape[1:]), dimension_names=dims,
-                                                      fill_value=np.nan, config=COMPLETE,
-                                                      compressors=with_checksum(ZstdCodec(level=0)))
-                arrays[name].oindex[ids] = values
-            seen += len(ids)
-    if seen != n_features:
-        raise RuntimeError(f"head outputs: the parts hold {seen} features, the store {n_features}")
-    group.attrs.update({"n_features": int(n_features), "complete": True})
-
-
-def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled head outputs and the last layer's [CLS] state of some features.
-
-    Parameters
-    ----------
-    root
-        ``head_outputs.zarr``.
-    pooling
-        ``cls`` or ``context_mean``.
-    feature_ids : numpy.ndarray of int, shape (feature,)
-
-    Returns
-    -------
-    heads : numpy.ndarray, shape (feature, layer, head, dim)
-        float32.
-    last : numpy.ndarray, shape (feature, hidden)
-        float32.
-    """
-    from ..errors import StoreError
-    from ..store.integrity import open_checked_group, reading
-
-    fix = "re-run 'attnclust extract --force' for this output dir to rewrite it"
-    try:  # a missing chunk raises (integrity.py), never reads as NaN or zeros
-        group = open_checked_group(root, fix=fix)
-        complete = group.attrs.get("complete")
-    except Exception as exc:  # noqa: BLE001 -- zarr raises many types for an unreadable group
-        raise StoreError(f"store {root}: not a readable zarr group ({type(exc).__name__}); {fix}") from None
-    if not complete:
-        raise DataError(f"{root}: unfinished head outputs; re-run 'attnclust run' (extract) to write them")
-    ids = np.asarray(feature_ids, np.int64)
-    order = np.argsort(ids)
-    back = np.empty_like(order)
-    back[order] = np.arange(len(ids))
-    with reading(root, f"head outputs of {len(ids)} features ({ids.min() if len(ids) else 0}.."
-                       f"{ids.max() if len(ids) else 0})", fix):
-        heads = np.asarray(group[pooling].oindex[ids[order]], np.float32)[back]
-        last = np.asarray(group["last_cls"].oindex[ids[order]], np.float32)[back]
-    return heads, last
 
 
 # --- labels ----------------------------------------------------------------------------------------------------
@@ -592,3 +490,128 @@ def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame
                                  pooling=pooling))
     table = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=list(PROBE_COLUMNS))
     return table[list(PROBE_COLUMNS)], summary
+
+
+# -- the plugin: settings, outputs, fingerprint and section of the report's "probe" analysis ----------------------
+
+ProbeTask = Literal["answerable", "qword", "correct"]
+ProbePooling = Literal["cls", "context_mean"]
+ProbeNull = Literal["pooled", "per_head"]
+PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
+"""The line printed when the ``probe`` analysis is off."""
+PROBE_CAUSAL = ("probe: skipped (the model is causal: the probes read each head's pooled output and the last "
+                "layer's [CLS] state, which extraction keeps for encoders only; a decoder's prompts have no [CLS]. "
+                "Set probe.enabled=false to leave this line out)")
+"""The line printed for a causal model's run."""
+
+
+class ProbeConfig(_Model):
+    """The ``probe`` analysis of the report (Jo & Myaeng 2020): a cross-validated linear probe per (task, layer,
+    head) on the head's pooled output (``head_outputs.zarr``, written when ``extract.head_outputs`` is on).
+
+    Parameters
+    ----------
+    enabled
+        Run it when the store has head outputs (otherwise skipped with one line saying why).
+    tasks
+        Built-in label tasks: ``answerable`` (the question has an answer), ``qword`` (what/who/when/where/why/how/
+        which/other from the question's first such word), ``correct`` (the model's answer has F1 >= 0.5; needs the
+        ``qa`` stage).
+    labels
+        Extra columns of the data file, kept in ``examples.parquet``, each probed as a task of its own.
+    pooling
+        ``cls`` (the head's output at [CLS]) or ``context_mean`` (its mean over the context tokens).
+    top_k
+        Heads whose outputs are concatenated for the top-k representation (chosen inside each training fold),
+        compared with the last layer's [CLS] hidden state.
+    permutations
+        Label permutations (whole examples permuted) for each head's p-value.
+    null
+        ``pooled`` (every head's permuted accuracies form one null for the task: p down to 1/(1 + heads x
+        permutations)) or ``per_head`` (a head's own permutations only).
+    max_features
+        Probe the features of the first questions (whole questions, in file order) up to this many; ``None``: all.
+    """
+
+    SECTION = "probe"
+    enabled: bool = _setting(True, "true | false")
+    tasks: tuple[ProbeTask, ...] = _setting(("answerable", "qword", "correct"),
+                                            "a list of answerable | qword | correct (may be empty)")
+    labels: tuple[str, ...] = _setting((), "a list of column names of the data file's records")
+    pooling: ProbePooling = _choice("cls", ProbePooling)
+    top_k: int = _int(8, 1)
+    permutations: int = _int(20, 1, 10000)
+    null: ProbeNull = _choice("pooled", ProbeNull)
+    max_features: int | None = _int(2000, 10, fix="or null to use every feature")
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not name.strip() or name in get_args(ProbeTask):
+                raise _cross("labels", value, "names of extra columns of the data file, neither blank nor a "
+                             "built-in task (answerable, qword, correct)", "list those in probe.tasks instead")
+        return value
+
+
+def _probe_record(table: pd.DataFrame) -> dict:
+    return {task: {k: info[k] for k in ("n", "folds", "top_k_accuracy", "last_layer_accuracy")}
+            for task, info in table.attrs["summary"]["tasks"].items()}
+
+
+@register_analysis("probe", settings=ProbeConfig, version=None, section="probes", record=_probe_record,
+                   outputs=lambda layout: (layout.probes, layout.probes_summary))
+def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
+    """The ``probe`` analysis (``probes.parquet``, ``probes_summary.json``), or ``None`` with one line saying why.
+
+    The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are probed,
+    with the run's ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` (``None`` when absent); the
+    table's ``attrs["summary"]`` holds ``probes_summary.json``.
+    """
+    from ..models.kinds import kind_of
+    from ..store.contract import atomic_write_json, atomic_write_parquet
+
+    layout, cfg, features, examples = ctx.layout, ctx.cfg, ctx.features, ctx.examples
+    layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration
+    if not cfg.probe.enabled:
+        ctx.note(PROBE_SKIPPED)
+        return None
+    if kind_of(features).is_decoder:  # a causal model's prompts (attnclust.qa.prompting)
+        ctx.note(PROBE_CAUSAL)
+        return None
+    if not layout.head_outputs.exists() or examples is None:
+        ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "
+                 f"re-run extract with --force, or set probe.enabled=false)")
+        return None
+    builtin, untrained = cfg.probe.tasks, []
+    if "correct" in builtin and ctx.predictions is not None and not ctx.qa["head_trained"]:
+        builtin = tuple(t for t in builtin if t != "correct")
+        untrained = [("probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
+                      "it or use a SQuAD 2.0 checkpoint)")]
+    tasks = (*builtin, *cfg.probe.labels)
+    labels, skipped = probe_labels(examples, tasks=builtin, labels=cfg.probe.labels, predictions=ctx.predictions)
+    skipped = untrained + skipped
+    per_example = features.groupby("example_id").size().reindex(examples["id"].astype(str)).fillna(0)
+    if cfg.probe.max_features is not None:
+        per_example = per_example[per_example.cumsum() <= cfg.probe.max_features]
+    chosen = features[features["example_id"].astype(str).isin(per_example.index)].sort_values("feature_id")
+    heads, last = read_head_outputs(layout.head_outputs, cfg.probe.pooling, chosen["feature_id"].to_numpy())
+    tasks = [t for t in tasks if t in labels.columns]
+    table, summary = probe_table(heads, last, labels, chosen["example_id"].to_numpy(), tasks=tasks,
+                                 pooling=cfg.probe.pooling, permutations=cfg.probe.permutations,
+                                 null=cfg.probe.null,
+                                 top_k=cfg.probe.top_k, seed=cfg.cluster.random_state,
+                                 on_head=lambda task, done, total: ctx.progress(f"probe {task}", done, total, "heads"))
+    summary["skipped"] = skipped + summary["skipped"]
+    summary["features"], summary["examples"] = len(chosen), len(per_example)
+    for line in summary["skipped"] + summary["notes"]:
+        ctx.note(line)
+    atomic_write_parquet(table, layout.probes)
+    atomic_write_json(layout.probes_summary, summary)
+    done = ", ".join(f"{t} {info['top_k_accuracy']:.2f} top-{info['top_k']} vs "
+                     + (f"{info['last_layer_accuracy']:.2f}" if info["last_layer_accuracy"] is not None else "-")
+                     + " last layer" for t, info in summary["tasks"].items())
+    ctx.note(f"probe: {len(summary['tasks'])} task(s) over {len(chosen):,} features ({cfg.probe.pooling})"
+             + (f": {done}" if done else "") + f" -> {layout.probes.name}")
+    table.attrs["summary"] = summary
+    return table

@@ -108,7 +108,9 @@ def decoder_features(features: pd.DataFrame, *, predictions: pd.DataFrame | None
     pandas.DataFrame or None
         Rows of ``features`` plus ``right`` (1.0 / 0.0 / NaN); None for an encoder run (no ``part`` column).
     """
-    if "part" not in features.columns:
+    from ..models.kinds import kind_of
+
+    if not kind_of(features).is_decoder:
         return None
     usable = features.assign(right=_right(features, predictions))
     usable = usable[[("context" in list(p)) for p in usable["part"]]]

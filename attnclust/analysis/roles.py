@@ -88,7 +88,7 @@ def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.Data
         true length).
     causal
         Uniform *causal* rows (row ``i`` uniform over keys ``0..i``: :func:`causal_role_nulls`); ``None``: when
-        ``features`` has a ``part`` column (a decoder's features).
+        ``features`` are a decoder's (:func:`attnclust.models.kinds.kind_of`: they have a ``part`` column).
 
     Returns
     -------
@@ -99,7 +99,11 @@ def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.Data
         ``broad``: ``n``); NaN where the features lack what the null needs (``tokens`` for sep and punct,
         ``segment_ids`` for block).
     """
-    if causal or (causal is None and "part" in features.columns):
+    if causal is None:
+        from ..models.kinds import kind_of
+
+        causal = kind_of(features).is_decoder
+    if causal:
         return causal_role_nulls(features)
     n = features["seq_len"].to_numpy(np.float64)
     out = pd.DataFrame(index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"))

@@ -15,9 +15,15 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "Statistic", "local_keys",
-           "map_statistics", "stat_columns", "statistic", "statistics_versions", "token_masks"]
+__all__ = ["CLS_TOKENS", "LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "Statistic",
+           "local_keys", "map_statistics", "stat_columns", "statistic", "statistics_versions", "token_masks"]
 
+# The special tokens by their text, in one place: the model kinds name them (attnclust.models.kinds: an encoder's
+# [CLS] and separators; a decoder's first token is its attention sink), and the token masks below, the featurizers'
+# TokenContext and the encoder tokenizers' check (attnclust.data.check_pair_layout), all below the kinds, read them.
+CLS_TOKENS = frozenset({"[CLS]", "<s>", "<cls>"})
+"""Tokens counted as [CLS] (besides the first position, which always is); an encoder's tokenizer whose pair does
+not start with one is refused (:func:`attnclust.data.check_pair_layout`)."""
 SEP_TOKENS = frozenset({"[SEP]", "</s>", "<sep>"})
 """Separator tokens by their text; an encoder's tokenizer whose pair uses others is refused
 (:func:`attnclust.data.check_pair_layout`), and the data's own text never carries them (it is read as text)."""

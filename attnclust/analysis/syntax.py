@@ -34,22 +34,31 @@ The protocol, step by step (what the code below does, in this order):
 A head's best relation (:func:`syntax_head_columns`) is chosen only among (relation, direction) pairs with at
 least :data:`HEAD_BEST_MIN_CASES` cases, by its gain over the baseline; a head with none has no best relation
 (missing values in ``heads.parquet``, never 0).
+
+The analysis is a plugin of the report stage (:mod:`attnclust.analysis.plugins`), declared at the end of this
+module: its settings (:class:`SyntaxConfig`, the job's ``syntax`` section), its outputs (``syntax.parquet`` and
+the parse cache ``parses.parquet``), its fingerprint (its settings while on, the gold parses' hash) and its report
+section (``syntax``: :mod:`attnclust.report.sections.syntax`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .._settings import _int, _Model, _setting
 from ..errors import DataError
 from ..layout import RunLayout
 from .parses import align_feature, context_key
+from .plugins import AnalysisContext, register_analysis
 from .words import word_level_map
 
-__all__ = ["DIRECTIONS", "HEAD_BEST_COLUMNS", "HEAD_BEST_MIN_CASES", "SYNTAX_COLUMNS", "best_offset",
-           "best_syntax_heads", "syntax_head_columns", "syntax_table"]
+__all__ = ["BUNDLED_CONLLU", "DIRECTIONS", "HEAD_BEST_COLUMNS", "HEAD_BEST_MIN_CASES", "SYNTAX_COLUMNS",
+           "SYNTAX_SKIPPED", "SyntaxConfig", "best_offset", "best_syntax_heads", "run_syntax", "syntax_head_columns",
+           "syntax_table"]
 
 DIRECTIONS = ("dep->head", "head<-dep")
 """``dep->head``: the dependent's row predicts its head; ``head<-dep``: the transposed map, the word that attends
@@ -274,3 +283,157 @@ def syntax_head_columns(table: pd.DataFrame, *, min_count: int = HEAD_BEST_MIN_C
     return out.astype({"syntax_best_relation": object, "syntax_best_direction": object,
                        "syntax_best_accuracy": np.float64, "syntax_best_baseline": np.float64,
                        "syntax_best_gain": np.float64, "syntax_best_n": np.int64})
+
+
+# -- the plugin: settings, outputs, fingerprint and section of the report's "syntax" analysis ---------------------
+
+BUNDLED_CONLLU = "bundled"
+"""``syntax.conllu`` value naming the gold parses packaged with the bundled sample data."""
+SYNTAX_SKIPPED = "syntax: skipped (set syntax.conllu to a CoNLL-U file of gold parses, or syntax.spacy_model)"
+"""The line printed when the ``syntax`` analysis is off."""
+
+
+class SyntaxConfig(_Model):
+    """The ``syntax`` analysis of the report (Clark et al. 2019): per dependency relation, how often each head's
+    most-attended word is the gold head (or dependent), against the best fixed-offset baseline.
+
+    Off (skipped with one line saying why) unless ``conllu`` or ``spacy_model`` is set.
+
+    Parameters
+    ----------
+    conllu
+        A CoNLL-U file of gold parses of (some of) the run's contexts; its sentences are matched to the contexts by
+        their words (:mod:`attnclust.analysis.parses`). ``bundled`` names ``attnclust/resources/sample_syntax.conllu``,
+        parses of sentences of the bundled sample; with another ``data.path`` the analysis is skipped with one line.
+    spacy_model
+        An installed spaCy pipeline (e.g. ``en_core_web_sm``) that parses the contexts when ``conllu`` is null.
+    max_features
+        Use only the first N features of the run; ``None`` uses every feature.
+    """
+
+    SECTION = "syntax"
+    conllu: str | None = _setting(None, "a CoNLL-U file path, or null", pattern=r"\S")
+    spacy_model: str | None = _setting(None, "an installed spaCy pipeline name like 'en_core_web_sm', or null",
+                                       pattern=r"\S")
+    max_features: int | None = _int(None, 1, fix="or null to use every feature")
+
+    def conllu_path(self) -> Path | None:
+        """The CoNLL-U file to read: ``conllu`` expanded, the packaged file for ``bundled``, ``None`` when unset."""
+        if self.conllu is None:
+            return None
+        if self.conllu == BUNDLED_CONLLU:
+            from ..data.squad import sample_path
+
+            return sample_path().with_name("sample_syntax.conllu")
+        return Path(self.conllu).expanduser()
+
+
+def _syntax_on(cfg) -> bool:
+    return cfg.syntax.conllu is not None or cfg.syntax.spacy_model is not None
+
+
+def _parses_identity(cfg) -> dict:
+    """The gold parses' content (edited parses re-render the report): ``syntax_parses``, when ``conllu`` is set."""
+    if cfg.syntax.conllu is None:
+        return {}
+    import hashlib
+
+    path = cfg.syntax.conllu_path()  # ``bundled``: the packaged file
+    return {"syntax_parses": hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "missing"}
+
+
+def _check_parses(ctx) -> None:
+    """With ``syntax.conllu``: the file is read and checked (one-line ``DataError`` naming the file and line) and,
+    but for the bundled parses, matched against the run's contexts (this run's data, or ``examples.parquet``): a
+    file none of whose sentences is there is refused before any stage runs or anything is removed. With
+    ``syntax.spacy_model`` only: spaCy and the pipeline are loaded (one-line ``BackendUnavailable`` naming the
+    install step)."""
+    syntax = ctx.cfg.syntax
+    if syntax.conllu is not None:
+        from .parses import match_conllu, read_conllu
+
+        sentences = read_conllu(syntax.conllu_path())
+        if syntax.conllu == BUNDLED_CONLLU:  # fits the bundled sample only; otherwise skipped with one line
+            return
+        if ctx.inputs.get("examples") is not None:  # extract runs too: this run's data
+            texts = ctx.inputs["examples"]["context"]
+        else:
+            try:
+                texts = pd.read_parquet(ctx.layout.examples, columns=["context"])["context"]
+            except (OSError, ValueError):  # none (a store of another tool) or damaged: the stages say so
+                return
+        match_conllu(syntax.conllu_path(), sentences, {context_key(t): t for t in dict.fromkeys(texts)})
+    elif syntax.spacy_model is not None:
+        from .parses import spacy_parses
+
+        spacy_parses({}, model=syntax.spacy_model)
+
+
+def _check_table(table: pd.DataFrame) -> None:
+    missing = [c for c in SYNTAX_COLUMNS if c not in getattr(table, "columns", ())]
+    if missing:
+        raise DataError(f"report input syntax: missing column(s) {', '.join(missing)}; "
+                        f"required: {', '.join(SYNTAX_COLUMNS)}")
+
+
+@register_analysis(
+    "syntax", settings=SyntaxConfig, enabled=_syntax_on, identity=_parses_identity, version=None,
+    outputs=lambda layout: (layout.table("syntax"), layout.parses), check=_check_parses, validate=_check_table,
+    heads=syntax_head_columns, section="syntax",
+    record=lambda table: {key: table.attrs[key] for key in ("sentences", "unmatched", "features", "arcs")})
+def run_syntax(ctx: AnalysisContext) -> pd.DataFrame | None:
+    """The ``syntax`` analysis (``syntax.parquet``), or ``None`` with one line saying why it was skipped.
+
+    The table's ``attrs`` say where the parses came from (``source``), how many sentences were found in the
+    contexts (``sentences``; ``unmatched`` of a CoNLL-U file were not), and how many features and arcs were read.
+    """
+    from ..store.contract import open_attention_store
+    from .parses import load_parses
+
+    layout, cfg, features = ctx.layout, ctx.cfg, ctx.features
+    if not _syntax_on(cfg):
+        layout.remove(layout.table("syntax"))  # never a table of an earlier configuration
+        ctx.note(SYNTAX_SKIPPED)
+        return None
+    if "offsets" not in features.columns:
+        layout.remove(layout.table("syntax"))
+        ctx.note(f"syntax: skipped ({layout.features.name} has no token offsets to align parses with: the store "
+                 f"was not extracted by attnclust)")
+        return None
+    conllu, model = cfg.syntax.conllu, cfg.syntax.spacy_model
+    with ctx.step("syntax parses"):
+        try:
+            parses = load_parses(layout, conllu=cfg.syntax.conllu_path(),
+                                 spacy_model=None if conllu is not None else model)
+        except DataError:
+            if conllu != BUNDLED_CONLLU:
+                raise
+            layout.remove(layout.table("syntax"))  # the bundled parses fit only some of the sample's contexts
+            ctx.note(f"syntax: skipped (syntax.conllu: {BUNDLED_CONLLU} parses sentences of the bundled sample, and "
+                     f"none of them is in this run's contexts; set syntax.conllu to a CoNLL-U file of your "
+                     f"contexts, or syntax.spacy_model; with the bundled sample and data.max_examples, keep more "
+                     f"of it)")
+            return None
+    store = open_attention_store(layout.attention)
+    features = features[features["feature_id"].isin(store.exact_ids())]  # a compact store: its exact sample
+    if cfg.syntax.max_features is not None:
+        features = features.iloc[:cfg.syntax.max_features]
+    table = syntax_table(layout, parses, features, progress=lambda done, total: ctx.progress("syntax heads", done,
+                                                                                             total, "blocks"))
+    if conllu is not None:  # sentences of the file found in a context (the cache keeps each one's index)
+        from .parses import read_conllu
+
+        found = int(parses["sentence"].nunique())
+        unmatched = len(read_conllu(cfg.syntax.conllu_path())) - found
+    else:
+        found, unmatched = len(parses.drop_duplicates(["context_key", "sentence"])), 0
+    table.attrs.update({
+        "source": f"gold CoNLL-U {cfg.syntax.conllu_path().name}" if conllu is not None else f"spaCy {model}",
+        "sentences": found, "unmatched": unmatched, "features": len(features),
+        "arcs": int(table.groupby("relation")["n"].max().sum())})
+    ctx.note(f"syntax: {found} parsed sentence(s) found in the contexts"
+             + (f" ({unmatched} of the file in none)" if unmatched else "")
+             + f", {table.attrs['arcs']:,} arcs over {len(features):,} features"
+             + (" (the store's exact sample)" if store.exact_source == "exact sample" else "")
+             + f" -> {layout.table('syntax').name}")
+    return table

@@ -204,6 +204,8 @@ def readable_tokens(features):
     pandas.DataFrame
         A copy with new labels, or ``features`` itself.
     """
-    if "part" not in features.columns:
+    from ..models.kinds import kind_of
+
+    if not kind_of(features).is_decoder:
         return features
     return features.assign(tokens=[display_tokens(t) for t in features["tokens"]])

@@ -15,7 +15,7 @@ page, "Clusters and their names".
 the UMAP sample is placed at the inverse-distance weighted mean of the 2-D positions of its 10 nearest sample maps in
 the reduced space (:class:`attnclust.cluster.placement.KnnPlacer`, built once by the fit and shipped to the workers
 with the rest of :class:`FittedClusters`); the UMAP is then fitted on an exact scikit-learn neighbour graph on CPU,
-as it needs no ``transform``; ``python -m bench.placement`` measures it against umap-learn's ``transform``
+as it needs no ``transform``; ``python -m bench.figures.placement`` measures it against umap-learn's ``transform``
 (bench/README.md). ``fit_clusters(..., placement="umap")`` keeps the UMAP's own ``transform`` (umap-learn with
 NN-descent on CPU, cuML on GPU); the job setting ``cluster.placement`` picks one.
 

@@ -5,7 +5,7 @@ inverse-distance weighted mean of the 2-D positions of its ``n_neighbors`` neare
 ``z`` the UMAP was fitted on (an exact duplicate of a sample map takes that map's position). umap-learn's own
 ``transform`` starts from a similar weighted mean (with its fuzzy-graph weights) and then refines it with more epochs of
 its optimiser; without them this placement was 9.8x faster on 980k generated maps and kept more of the 10-nearest
-neighbourhoods (recall ratio 1.34 on 50k; ``python -m bench.placement``, ``bench/README.md``). The neighbour search is
+neighbourhoods (1.34x recall on 50k; ``python -m bench.figures.placement``, bench/README.md). The neighbour search is
 an inverted file over the sample (:class:`KnnPlacer`), brute force within cells (``z`` is low-dimensional: 17-d profile
 vectors, or at most ``pca_components``).
 """

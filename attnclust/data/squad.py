@@ -711,13 +711,13 @@ WORD_MARKERS = ("▁", "Ġ")
 def check_pair_layout(tokenizer: Any) -> None:
     """Refuse, in one line, a tokenizer whose question/context pair is not ``CLS question SEP.. context SEP``.
 
-    The first position counts as [CLS] and the special tokens after it as separators by their text
-    (:data:`attnclust.featurize.base.CLS_TOKENS`, :data:`attnclust.analysis.stats.SEP_TOKENS`): BERT, DistilBERT,
+    The first position counts as [CLS] and the special tokens after it as separators by their text (the encoder
+    kind's, :attr:`attnclust.models.kinds.ENCODER.cls_tokens <attnclust.models.kinds.ModelKind.cls_tokens>`:
+    :data:`attnclust.analysis.stats.CLS_TOKENS`, :data:`~attnclust.analysis.stats.SEP_TOKENS`): BERT, DistilBERT,
     ELECTRA, ALBERT and DeBERTa (``[CLS]``, ``[SEP]``) and RoBERTa (``<s>``, ``</s></s>``) pass; a template with its
     [CLS] last (XLNet) or special tokens of other names would give wrong ``to_cls``/``to_sep`` and is refused.
     """
-    from ..analysis.stats import SEP_TOKENS
-    from ..featurize.base import CLS_TOKENS
+    from ..analysis.stats import CLS_TOKENS, SEP_TOKENS
 
     enc = tokenizer("a", "b")
     tokens, seq = tokenizer.convert_ids_to_tokens(enc["input_ids"]), enc.sequence_ids()

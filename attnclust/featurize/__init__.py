@@ -2,9 +2,12 @@
 
 A featurizer implements a small protocol (:class:`Featurizer`): ``name``, ``version``, the ``featurize.*``
 settings it reads (``keys``), ``dim(cfg)``, ``check(cfg)`` (a pre-flight check, e.g. that its weights can be
-had) and ``embed(maps, cfg, device)`` on maps of one true length, (map, query, key) -> (map, dim). Registering
-one (:func:`register_featurizer`) makes it a valid ``featurize.method`` and part of the featurize stage's
-fingerprint; nothing else needs editing.
+had) and ``embed(maps, cfg, device)`` on maps of one true length, (map, query, key) -> (map, dim). Its own
+settings it declares beside its code, as a frozen settings model (``settings``: ``resnet``'s ``arch``,
+``weights``, ``image_size`` ..., ``pooled``'s ``grid``), each with its default, what is allowed and its
+description. Registering one (:func:`register_featurizer`) makes it a valid ``featurize.method``, its settings
+keys of the job's ``featurize`` section (``featurize.grid``, in the job reference and for ``--set``) and part of
+the featurize stage's fingerprint; nothing else needs editing.
 
 A featurizer that needs to know which keys are [CLS], [SEP] or punctuation, and the segment of each token, sets
 the optional class attribute ``uses_context = True``; it is then called as ``embed(maps, cfg, device,
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 from .base import (
                    CAUSAL_CONTEXT_VERSION,
-                   CLS_TOKENS,
                    FEATURIZERS,
                    Featurizer,
                    TokenContext,
@@ -28,12 +30,26 @@ from .base import (
                    featurizer_names,
                    get_featurizer,
                    register_featurizer,
+                   settings_keys,
+                   unregister_featurizer,
+                   watch_featurizers,
 )
 
-__all__ = ["CAUSAL_CONTEXT_VERSION", "CLS_TOKENS", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
-           "featurizer_names", "get_featurizer", "register_featurizer"]
+__all__ = ["CAUSAL_CONTEXT_VERSION", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
+           "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer",
+           "watch_featurizers"]
 
 # the built-in featurizers register themselves on import; later ones after the first two, so that the allowed
 # names read "pooled | resnet | ..." as before
 from . import pooled, resnet  # noqa: F401, I001 -- registration order
 from . import profile  # noqa: F401
+
+
+def __getattr__(name: str):
+    """``CLS_TOKENS``, still importable here, read when asked from its home with the other special tokens
+    (:data:`attnclust.analysis.stats.CLS_TOKENS`)."""
+    if name == "CLS_TOKENS":
+        from .base import CLS_TOKENS
+
+        return CLS_TOKENS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ registry they register in without importing the package that imports them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -14,12 +14,21 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["CAUSAL_CONTEXT_VERSION", "CLS_TOKENS", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
-           "featurizer_names", "get_featurizer", "register_featurizer"]
+__all__ = ["CAUSAL_CONTEXT_VERSION", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
+           "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer",
+           "watch_featurizers"]
 
-CLS_TOKENS = frozenset({"[CLS]", "<s>", "<cls>"})
-"""Tokens counted as [CLS] (besides the first position, which always is); an encoder's tokenizer whose pair does
-not start with one is refused (:func:`attnclust.data.check_pair_layout`)."""
+
+def __getattr__(name: str):
+    """``CLS_TOKENS`` is still importable from here: the special tokens live in one place,
+    :data:`attnclust.analysis.stats.CLS_TOKENS` (named by the model kinds, :mod:`attnclust.models.kinds`), read when
+    asked so that importing the featurizers does not import the analyses."""
+    if name == "CLS_TOKENS":
+        from ..analysis.stats import CLS_TOKENS
+
+        return CLS_TOKENS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 CAUSAL_CONTEXT_VERSION = 1
 """How featurizers that read token masks treat a causal model's maps (1: the causal uniform null,
@@ -35,8 +44,8 @@ class TokenContext:
     Attributes
     ----------
     cls, sep, punct : numpy.ndarray of bool, shape (row, key)
-        [CLS] (the first position, or a token in :data:`CLS_TOKENS`), separator tokens
-        (:data:`attnclust.analysis.stats.SEP_TOKENS`) and '.'/',' (:data:`~attnclust.analysis.stats.PUNCT_TOKENS`).
+        [CLS] (the first position, or a token in :data:`~attnclust.analysis.stats.CLS_TOKENS`), separator tokens
+        (:data:`~attnclust.analysis.stats.SEP_TOKENS`) and '.'/',' (:data:`~attnclust.analysis.stats.PUNCT_TOKENS`).
     segment_ids : numpy.ndarray of int64, shape (row, key)
         Segment of each token (0 = question side, 1 = context side for BERT QA).
     row : numpy.ndarray of int64, shape (map,)
@@ -87,7 +96,7 @@ class TokenContext:
         causal
             The maps are a causal model's (:attr:`causal`).
         """
-        from ..analysis.stats import token_masks
+        from ..analysis.stats import CLS_TOKENS, token_masks
 
         if len(tokens) != len(segment_ids):
             raise ValueError(f"TokenContext.from_tokens: {len(tokens)} token lists but {len(segment_ids)} "
@@ -129,7 +138,13 @@ class Featurizer(Protocol):
     version
         Bumped when its vectors change: part of the featurize stage's fingerprint.
     keys
-        The ``featurize.*`` settings it reads (dotted), e.g. ``("featurize.grid",)``.
+        The ``featurize.*`` settings it reads (dotted), e.g. ``("featurize.grid",)``: part of the featurize stage's
+        fingerprint (:func:`settings_keys` spells those of its settings model).
+    settings
+        Optional: a frozen settings model (an :class:`attnclust._settings._Model` with ``SECTION = "featurize"``)
+        declaring the settings it owns, each with its default, what is allowed and its description in the model's
+        docstring. They join the ``featurize`` section of the job (``featurize.grid``), where every featurizer's
+        settings are: the job reference lists them, ``--set`` reaches them and ``cfg.featurize.grid`` reads them.
     """
 
     name: str
@@ -153,13 +168,68 @@ class Featurizer(Protocol):
 FEATURIZERS: dict[str, Featurizer] = {}
 """Registered featurizers by name, in registration order."""
 
+_WATCHERS: list[Callable[[], None]] = []
+
+
+def settings_keys(settings: type) -> tuple[str, ...]:
+    """The dotted keys of a featurizer's settings model, in its order: ``("featurize.grid",)``."""
+    return tuple(f"featurize.{name}" for name in settings.model_fields)
+
+
+def watch_featurizers(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` now and after every change of :data:`FEATURIZERS` made through :func:`register_featurizer`
+    or :func:`unregister_featurizer`: :mod:`attnclust.config`, above this registry, joins the featurizers'
+    settings models (:attr:`Featurizer.settings`) to its ``featurize`` section this way. A hook that raises
+    undoes the change."""
+    _WATCHERS.append(hook)
+    hook()
+
+
+def _changed(undo: Callable[[], None]) -> None:
+    try:
+        for hook in _WATCHERS:
+            hook()
+    except Exception:
+        undo()
+        for hook in _WATCHERS:
+            hook()
+        raise
+
 
 def register_featurizer(featurizer: Featurizer) -> Featurizer:
-    """Register ``featurizer`` under its ``name`` (replacing an earlier one of that name); returns it."""
+    """Register ``featurizer`` under its ``name`` (replacing an earlier one of that name); returns it.
+
+    Its settings model, when it has one, joins the job's ``featurize`` section; a setting name that another
+    featurizer's model declares already is refused (``ValueError``: share that model instead).
+    """
     if not isinstance(featurizer, Featurizer):
         raise TypeError(f"{featurizer!r} does not implement the Featurizer protocol (name, version, keys, dim, "
                         f"check, embed)")
+    before = FEATURIZERS.get(featurizer.name)
     FEATURIZERS[featurizer.name] = featurizer
+
+    def undo() -> None:
+        if before is None:
+            FEATURIZERS.pop(featurizer.name)
+        else:
+            FEATURIZERS[featurizer.name] = before
+
+    _changed(undo)
+    return featurizer
+
+
+def unregister_featurizer(name: str) -> Featurizer:
+    """Remove the featurizer registered as ``name`` (and the settings only it declared); returns it."""
+    featurizer = get_featurizer(name)
+    position = list(FEATURIZERS).index(name)
+    FEATURIZERS.pop(name)
+
+    def undo() -> None:
+        items = list(FEATURIZERS.items())
+        FEATURIZERS.clear()
+        FEATURIZERS.update([*items[:position], (name, featurizer), *items[position:]])
+
+    _changed(undo)
     return featurizer
 
 

@@ -9,7 +9,23 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PooledFeaturizer", "pool_maps"]
+from .._settings import _int, _Model
+from .base import settings_keys
+
+__all__ = ["PooledFeaturizer", "PooledSettings", "pool_maps"]
+
+
+class PooledSettings(_Model):
+    """The ``pooled`` featurizer's settings (keys of the ``featurize`` section).
+
+    Parameters
+    ----------
+    grid
+        Pooled grid side (``pooled``).
+    """
+
+    SECTION = "featurize"
+    grid: int = _int(32, 2, 256)
 
 
 def pool_maps(maps: np.ndarray, *, grid: int, sqrt: bool = True) -> np.ndarray:
@@ -47,7 +63,8 @@ class PooledFeaturizer:
 
     name = "pooled"
     version = 1
-    keys = ("featurize.grid",)
+    settings = PooledSettings
+    keys = settings_keys(PooledSettings)
 
     def dim(self, cfg) -> int:
         """``grid * grid``."""

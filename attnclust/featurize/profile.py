@@ -48,7 +48,7 @@ there is no punctuation and one segment.
 Cost: four or five reads of each map and one ``log2`` per weight (see :func:`_row_sums`); the maps are never
 copied or written, and each row's sum is divided out of its row-level sums afterwards instead of renormalising
 the weights. On one CPU thread (a Dask worker's) that takes under twice the time of ``pooled`` (n = 128 to 384;
-``python -m bench.profile_speed``).
+``python -m bench.studies.profile_speed``).
 """
 
 from __future__ import annotations

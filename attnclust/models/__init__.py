@@ -1,6 +1,10 @@
 """Models: where their files come from (:mod:`.sources`: packaged aliases, local directories, the hub, GGUF
 files), loading and running them (:mod:`.runner`), decoder language models (:mod:`.decoder`) and the hooks on each
-architecture's attention modules (:mod:`.hooks`)."""
+architecture's attention modules (:mod:`.hooks`).
+
+What differs between an encoder and a decoder is asked of the model kind, :mod:`attnclust.models.kinds`
+(``kind_of(...)``; imported from there: it sits above this package, beside the question-answering task whose
+prompts are a decoder's features)."""
 
 from __future__ import annotations
 

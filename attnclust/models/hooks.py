@@ -1,10 +1,11 @@
 """The parts of a transformers model that attnclust hooks, found per architecture.
 
-Head gates (:func:`attnclust.analysis.importance.gated`) and the capture of each head's context vector
+Head gates (:func:`gated`: head importance, :mod:`attnclust.analysis.importance`, through the model kind,
+:meth:`attnclust.models.kinds.ModelKind.gated`) and the capture of each head's context vector
 (:func:`attnclust.models.run_forward` with ``head_outputs=True``) both hook the input of each layer's attention
-output projection: the concatenated heads' context vectors, before they are mixed. This module finds that
-projection and installs the hooks (:func:`hook_attention_outputs`); it sits below both :mod:`attnclust.models` and
-:mod:`attnclust.analysis`, so that neither imports the other for it.
+output projection: the concatenated heads' context vectors, before they are mixed, one slice per *query* head.
+This module finds that projection and installs the hooks (:func:`hook_attention_outputs`); it sits below both
+:mod:`attnclust.models` and :mod:`attnclust.analysis`, so that neither imports the other for it.
 
 ALBERT shares one layer's weights across its layers: its layers run the same projection module one after the
 other, so one hook on that module tells the calls apart by counting them from the start of the encoder's forward.
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
 
-__all__ = ["attention_outputs", "check_supported", "hook_attention_outputs"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["attention_outputs", "check_supported", "gated", "hook_attention_outputs"]
 
 
 def _albert_inner_groups(model: Any, label: str) -> str | None:
@@ -145,3 +149,56 @@ def _shared_hook(calls: threading.local, key: int, hooks: list[Callable], layers
         return hooks[done](module, args)
 
     return hook
+
+
+_GATE_LOCK = threading.RLock()  # hooks live on a model shared by a worker's threads: one gated pass at a time
+
+
+def _gate_hook(gate: torch.Tensor, layer: int, n_heads: int) -> Callable:
+    """A forward pre-hook multiplying each head's slice of the projection's input by its gate."""
+
+    def hook(module, args):
+        x = args[0]  # (feature, token, head * head_dim)
+        shape = x.shape
+        per_head = x.reshape(*shape[:-1], n_heads, shape[-1] // n_heads)
+        g = gate[layer] if gate.dim() == 2 else gate[:, layer]
+        g = g.to(per_head.dtype)
+        if g.dim() == 1:  # (head,): the same gate for every feature
+            g = g[:, None]
+        else:  # (feature, head)
+            g = g.reshape(g.shape[0], *([1] * (per_head.dim() - 3)), n_heads, 1)
+        return (per_head * g).reshape(shape), *args[1:]
+
+    return hook
+
+
+@contextlib.contextmanager
+def gated(model: Any, gate: torch.Tensor) -> Iterator[None]:
+    """Run ``model`` with head gates: inside the block, head ``h`` of layer ``l`` outputs ``gate[l, h]`` times its
+    context vector (``gate[b, l, h]`` for feature ``b`` of a batch).
+
+    Parameters
+    ----------
+    model
+        A model :func:`attention_outputs` understands.
+    gate : torch.Tensor, shape (layer, head) or (feature, layer, head)
+        Ones leave the model unchanged, zeros remove heads; with ``requires_grad`` the loss's gradient with
+        respect to it is the heads' importance.
+
+    Raises
+    ------
+    ModelError
+        The gate's shape does not match the model's layers and heads.
+    """
+    modules = attention_outputs(model)
+    n_heads = int(model.config.num_attention_heads)
+    if gate.dim() not in (2, 3) or tuple(gate.shape[-2:]) != (len(modules), n_heads):
+        raise ModelError(f"importance: gate of shape {tuple(gate.shape)}; expected (layer, head) = "
+                         f"({len(modules)}, {n_heads}) or (feature, layer, head)")
+    with _GATE_LOCK:
+        handles = hook_attention_outputs(model, lambda layer: _gate_hook(gate, layer, n_heads))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()

@@ -67,7 +67,8 @@ class LoadedModel:
     num_layers, num_heads
         Attention geometry: the ``layer`` and ``head`` dimensions of the maps (query heads).
     kind
-        ``encoder`` (a QA model, above) or ``causal`` (a decoder LM: :mod:`attnclust.models.decoder`).
+        ``encoder`` (a QA model, above) or ``causal`` (a decoder LM: :mod:`attnclust.models.decoder`); ask the kind
+        object, :func:`attnclust.models.kinds.kind_of`, what differs between them.
     """
 
     model: Any

@@ -213,10 +213,10 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
         What ``out/finetune.json`` records: settings, steps, seconds, the loss history, ``resumed_from`` and,
         with ``finetune.eval_data``, the official SQuAD 2.0 scores.
     """
-    from ..models.decoder import model_kind
+    from ..models.kinds import kind_of
     from ..models.runner import get_tokenizer, load_model
 
-    if model_kind(cfg.model) == "causal":
+    if kind_of(cfg.model).is_decoder:
         raise ConfigError(f"finetune: model.name {cfg.model.name!r} is a causal language model, and fine-tuning "
                           f"trains an encoder's question-answering head; give a BERT-family model (a causal model "
                           f"answers by prompting in 'attnclust run')")

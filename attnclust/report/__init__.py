@@ -1,7 +1,7 @@
 """The HTML report of one run: a single self-contained file that opens offline.
 
-A section is one function and one Jinja2 template (:func:`report_section`); the built-in ones are in
-:mod:`.sections`, their templates in ``templates/`` (``page.html.j2`` lays out the page). Every picture is a PNG
+A section is one function and one Jinja2 template (:func:`report_section`); the built-in ones are one module each
+in :mod:`.sections`, their templates in ``templates/`` (``page.html.j2`` lays out the page). Every picture is a PNG
 drawn with matplotlib's Agg renderer (:mod:`.figures`) and embedded as a ``data:image/png;base64,`` URI; the style
 sheet and the page's script (``templates/report.js``, with its data as one JSON block built by :mod:`.interactive`)
 are inline; there is no external script, font or link. Templates render with autoescaping on, so all text from
@@ -9,20 +9,17 @@ the inputs (titles, descriptions, tokens, settings) is escaped, and the JSON blo
 
 Sections, in order: summary, notes, the layer x head grid, one card per cluster (largest first, each with its
 type, description and the lengths of its maps; clusters below ``cluster.min_stability`` last, flagged), the UMAP
-scatter, the per-question view, the per-cluster statistics table, the head analyses, silhouette against k, the
-model's question answering (official SQuAD 2.0 scores, null odds by kind of question, example answers) and the
-settings. The statistics shown are every registered statistic (:data:`attnclust.analysis.stats.STATISTICS`)
-present in the clusters table; each registered head analysis (:data:`attnclust.analysis.heads.HEAD_ANALYSES`)
-with a column in the heads table gets a layer x head heatmap per column.
+scatter, the per-question view, the per-cluster statistics table, the head analyses, the sections of the analysis
+plugins (head map, importance, syntax, probes: :mod:`attnclust.analysis.plugins`), what predicts a right answer,
+the score that chose k, the model's question answering (official SQuAD 2.0 scores, null odds by kind of question,
+example answers), the settings and the methods. The statistics shown are every registered statistic
+(:data:`attnclust.analysis.stats.STATISTICS`) present in the clusters table; each registered head analysis
+(:data:`attnclust.analysis.heads.HEAD_ANALYSES`) with a column in the heads table gets a layer x head heatmap per
+column.
 """
 
 from __future__ import annotations
 
-from . import (
-    methods_section,  # noqa: F401 - importing it registers the "Methods" section
-    modes_section,  # noqa: F401 - importing it registers the "What predicts a right answer" section
-    probes_section,  # noqa: F401 - importing it registers the "Probes" section
-)
 from .figures import MAX_SCATTER_POINTS, HeadGrid, cluster_palette, head_grid, head_matrix
 from .formatting import column_units, fmt
 from .inputs import ReportInputs

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..errors import DataError
 
-__all__ = ["CLUSTER_COLUMNS", "HEAD_COLUMNS", "HEAD_LAYOUT_REQUIRED", "MAP_COLUMNS", "PREDICTION_COLUMNS",
-           "PRUNING_COLUMNS", "ReportInputs"]
+__all__ = ["CLUSTER_COLUMNS", "HEAD_COLUMNS", "MAP_COLUMNS", "PREDICTION_COLUMNS", "ReportInputs"]
 
 MAP_COLUMNS = ("feature_id", "example_id", "layer", "head", "cluster", "umap_x", "umap_y")
 """Columns the maps table must have."""
@@ -21,10 +21,6 @@ CLUSTER_COLUMNS = ("cluster", "size", "share", "description", "top_heads")
 PREDICTION_COLUMNS = ("example_id", "question", "prediction", "gold_answers", "is_impossible", "null_odds",
                       "exact", "f1")
 """Columns the predictions table must have."""
-PRUNING_COLUMNS = ("fraction", "n_removed", "order", "seed", "f1", "exact")
-"""Columns the pruning curve must have."""
-HEAD_LAYOUT_REQUIRED = ("layer", "head", "x", "y")
-"""Columns the head layout table must have."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,22 +64,19 @@ class ReportInputs:
     predictions : pandas.DataFrame, optional
         ``predictions.parquet``: ``example_id``, ``question``, ``prediction``, ``gold_answers``,
         ``is_impossible``, ``null_odds``, ``exact``, ``f1``.
-    pruning : pandas.DataFrame, optional
-        ``pruning.parquet``: ``fraction``, ``n_removed``, ``order`` (``importance`` | ``random``), ``seed``, ``f1``,
-        ``exact`` (official SQuAD 2.0 scores as heads are removed; the heads table then has ``importance``).
-    head_layout : pandas.DataFrame, optional
-        ``head_layout.parquet`` (:func:`attnclust.analysis.distances.head_layout_table`): ``layer``, ``head``,
-        ``x``, ``y`` (MDS of the Jensen-Shannon head distances) and more; the report's head map.
-    syntax : pandas.DataFrame, optional
-        ``syntax.parquet`` (:func:`attnclust.analysis.syntax.syntax_table`): ``relation``, ``direction``,
-        ``layer``, ``head``, ``accuracy``, ``baseline``, ``baseline_offset``, ``n``; the report's "Syntax" section.
+    analyses : dict of str to object, optional
+        The results of the analysis plugins by name (:func:`attnclust.analysis.plugins.run_analyses`), each read
+        by its report section and checked by its plugin's ``validate``: ``head_distances`` (``head_layout.parquet``,
+        :func:`attnclust.analysis.distances.head_layout_table`: ``layer``, ``head``, ``x``, ``y`` ...; the head
+        map), ``importance`` (``{"importance": ..., "pruning": pruning.parquet}``: ``fraction``, ``n_removed``,
+        ``order``, ``seed``, ``f1``, ``exact``), ``syntax`` (``syntax.parquet``,
+        :func:`attnclust.analysis.syntax.syntax_table`), ``probe`` (``probes.parquet``,
+        :func:`attnclust.analysis.probes.probe_table`, its summary in ``attrs["summary"]``). An analysis missing
+        here has no result this run.
     explorer : dict, optional
         The interactive page's sampled maps (:func:`attnclust.report.interactive.build_explorer`): the head
         panels' example maps, the UMAP sample and the per-question view; without it the grid's head panels show
         the heads table only and the question view is left out.
-    probes : pandas.DataFrame, optional
-        ``probes.parquet`` (:func:`attnclust.analysis.probes.probe_table`), its summary in ``attrs["summary"]``;
-        the report's "Probes" section.
 
     Raises
     ------
@@ -105,11 +98,8 @@ class ReportInputs:
     max_tokens_shown: int = 64
     qa: dict | None = None
     predictions: pd.DataFrame | None = None
-    pruning: pd.DataFrame | None = None
-    head_layout: pd.DataFrame | None = None
-    syntax: pd.DataFrame | None = None
+    analyses: dict[str, Any] = field(default_factory=dict)
     explorer: dict | None = None
-    probes: pd.DataFrame | None = None
 
     def __post_init__(self) -> None:
         for name, table, cols in (("maps", self.maps, MAP_COLUMNS), ("heads", self.heads, HEAD_COLUMNS),
@@ -152,23 +142,15 @@ class ReportInputs:
             if missing:
                 raise DataError(f"report input predictions: missing column(s) {', '.join(missing)}; "
                                 f"required: {', '.join(PREDICTION_COLUMNS)}")
-        if self.head_layout is not None:
-            missing = [c for c in HEAD_LAYOUT_REQUIRED if c not in getattr(self.head_layout, "columns", ())]
-            if missing:
-                raise DataError(f"report input head_layout: missing column(s) {', '.join(missing)}; "
-                                f"required: {', '.join(HEAD_LAYOUT_REQUIRED)}")
-        if self.pruning is not None:
-            missing = [c for c in PRUNING_COLUMNS if c not in getattr(self.pruning, "columns", ())]
-            if missing:
-                raise DataError(f"report input pruning: missing column(s) {', '.join(missing)}; "
-                                f"required: {', '.join(PRUNING_COLUMNS)}")
-        if self.syntax is not None:
-            from ..analysis.syntax import SYNTAX_COLUMNS
+        if not isinstance(self.analyses, dict):
+            raise DataError(f"report input analyses: expected a dict of analysis name -> result, got "
+                            f"{type(self.analyses).__name__}")
+        from ..analysis.plugins import ANALYSES
 
-            missing = [c for c in SYNTAX_COLUMNS if c not in getattr(self.syntax, "columns", ())]
-            if missing:
-                raise DataError(f"report input syntax: missing column(s) {', '.join(missing)}; "
-                                f"required: {', '.join(SYNTAX_COLUMNS)}")
+        for name, result in self.analyses.items():  # each analysis checks what its section reads
+            plugin = ANALYSES.get(name)
+            if plugin is not None and plugin.validate is not None and result is not None:
+                plugin.validate(result)
         if self.explorer is not None and not (isinstance(self.explorer, dict)
                                               and {"questions", "head_examples", "umap"} <= set(self.explorer)):
             raise DataError("report input explorer: expected the mapping of attnclust.report.interactive."

@@ -322,7 +322,7 @@ def grid_colours(heads: pd.DataFrame, palette: np.ndarray, roles: np.ndarray | N
     palette : numpy.ndarray, shape (cluster, 4)
         :func:`attnclust.report.figures.cluster_palette`.
     roles : numpy.ndarray of str or None
-        One role category per row of ``heads`` (:func:`attnclust.report.sections.role_categories`).
+        One role category per row of ``heads`` (:func:`attnclust.report.sections.common.role_categories`).
 
     Returns
     -------

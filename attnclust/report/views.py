@@ -2,7 +2,7 @@
 
 A view is a small object that draws itself in a notebook cell (``_repr_html_``), as BertViz and CircuitsVis draw,
 and as a matplotlib figure for papers (``figure()``). Its HTML is the report's own: the grid is the report's grid
-section (:func:`~attnclust.report.sections.grid`, ``templates/grid.html.j2``), the head panel and the map are drawn
+section (:func:`~attnclust.report.sections.grid.grid`, ``templates/grid.html.j2``), the head panel and the map are drawn
 by the report's script (``templates/report.js``: ``openHead``, ``mapView``) from the JSON the report embeds
 (:mod:`~attnclust.report.interactive`; maps as :func:`~attnclust.report.interactive.pack_uint8` of
 ``round(255 * weight)``), styled by ``report.css``. The fragment is self-contained: style, script and data are
@@ -40,8 +40,9 @@ from .formatting import plain_text, short
 from .inputs import MAP_COLUMNS, ReportInputs
 from .interactive import build_explorer, grid_colours, json_script, pack_uint8
 from .registry import environment
-from .sections import GRID_TEXT_MAX, _page_script
-from .sections import grid as grid_section
+from .sections.common import GRID_TEXT_MAX
+from .sections.grid import _page_script
+from .sections.grid import grid as grid_section
 
 __all__ = ["ANY_MAP_HINT", "FIGURE_TOKENS", "VIEW_CSS", "VIEW_EXAMPLES", "VIEW_MAP_BYTES", "GridView", "HeadView",
            "MapView", "grid_view", "head_view", "map_view", "scoped_css"]

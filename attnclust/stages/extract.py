@@ -31,7 +31,7 @@ from ..errors import ConfigError, DataError, StoreError
 from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
-from ..qa.prompting import PROMPT_WINDOWS_VERSION
+from ..models.kinds import kind_of
 from ..store.contract import (
     COMPACT_ENCODING,
     atomic_write_parquet,
@@ -59,15 +59,10 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         feature in store order), ``dropped_features`` (example id -> features dropped by
         ``data.max_features_per_example``), ``normalised`` (what the features change of the tokenizer's output:
         :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.describe_model`).
+        The features are the model kind's (:meth:`attnclust.models.kinds.ModelKind.build_features`: a decoder's
+        prompts are answered by the model here, in the driver).
     """
-    from ..data.squad import (
-        check_label_fields,
-        examples_with_control_strings,
-        extra_columns,
-        read_squad,
-        sample_path,
-        tokenize_examples,
-    )
+    from ..data.squad import check_label_fields, examples_with_control_strings, extra_columns, read_squad, sample_path
     from ..models.runner import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
@@ -76,12 +71,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
-    if model_info["kind"] == "causal":  # prompts answered by the model here, in the driver (qa/prompting.py)
-        features = _prompt_features(examples, tokenizer, cfg)
-    else:
-        features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
-                                     doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
-                                     max_features_per_example=cfg.data.max_features_per_example)
+    features = kind_of(model_info).build_features(examples, tokenizer, cfg)
     if features.empty:
         raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
     table = pd.DataFrame({
@@ -97,22 +87,6 @@ def prepare_inputs(cfg: JobConfig) -> dict:
             "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info,
             "normalised": list(features.attrs.get("normalised", ())),
             "control_strings": examples_with_control_strings(examples, tokenizer)}
-
-
-def _prompt_features(examples: list, tokenizer, cfg: JobConfig) -> pd.DataFrame:
-    """A causal model's features: each question's prompt and greedy answer (:func:`attnclust.qa.prompting.
-    prompt_features`), the model run on this process's device (the GPU when the backend may use one)."""
-    import torch
-
-    from ..models.runner import get_model
-    from ..qa.prompting import prompt_features
-
-    device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
-    return prompt_features(examples, tokenizer, get_model(cfg.model, device=device), style=cfg.extract.prompt,
-                           max_new_tokens=cfg.extract.max_new_tokens, max_seq_len=cfg.extract.max_seq_len,
-                           doc_stride=cfg.extract.doc_stride,
-                           max_features_per_example=cfg.data.max_features_per_example, device=device,
-                           decoding=cfg.extract.decoding)
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -341,15 +315,13 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..models.decoder import causal_forward
-    from ..models.runner import get_model, run_forward
+    from ..models.runner import get_model
     from ..runtime import fix_malloc_thresholds
 
     fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
     layout = RunLayout(root)
     loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
-    causal = loaded.kind == "causal"
-    forward = causal_forward if causal else run_forward
+    kind = kind_of(loaded)  # its forward, and what the forward gives (start/end logits or token log-probabilities)
     feats = pd.read_parquet(layout.features, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
     feats = feats.sort_values("feature_id").reset_index(drop=True)
     if len(feats) != stop - start:
@@ -360,24 +332,19 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store_plan.py)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
-    pooled = [] if cfg.extract.head_outputs and not causal else None  # per-head outputs, a HeadOutputs per batch
+    pooled = [] if cfg.extract.head_outputs and kind.stores_head_outputs else None  # a HeadOutputs per batch
     forward_s = 0.0
     bs = cfg.extract.batch_size
 
     def convert(rows: pd.DataFrame, result) -> None:
         attn = result.attentions  # (feature, layer, head, query, key)
-        start_logits, end_logits = result.start_logits, result.end_logits
         for i, row in enumerate(rows.itertuples(index=False)):
             m = int(row.seq_len)
             maps = attn[i, :, :, :m, :m]
             stat_rows.append(fill(row, maps))
             exact(row, maps)
-            if causal:  # the answer's log-probabilities (qa/prompting.py scores the generated text)
-                qa_rows.append({"feature_id": row.feature_id,
-                                "token_logprobs": result.token_logprobs[i, :m].astype(np.float32)})
-            else:
-                qa_rows.append({"feature_id": row.feature_id, "start_logits": start_logits[i, :m].astype(np.float32),
-                                "end_logits": end_logits[i, :m].astype(np.float32)})
+            # start/end logits, or a decoder's token log-probabilities (qa/prompting.py scores the generated text)
+            qa_rows.append({"feature_id": row.feature_id, **kind.token_outputs(result, i, m)})
 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
@@ -386,7 +353,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
             rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
-            result = forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
+            result = kind.forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
             if pooled is not None:
                 pooled.append(result.head_outputs)
             forward_s += time.perf_counter() - t0
@@ -478,7 +445,7 @@ class _ShardFiller:
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
         self.quantise = dtype == torch.uint8
         self.compact = store.attrs.get("compact") if store.mode == "compact" else None
-        self.causal = store.attrs.get("model_kind") == "causal"
+        self.causal = kind_of(store).is_decoder  # the profile's causal uniform null
         # a full store created before attnclust stored profile vectors (resumed) has no array for them
         self.profile = None if store.profile is None else \
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
@@ -548,8 +515,7 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
-               "profile": {"featurizer": "profile", "version": PROFILE_VERSION},
-               **({"model_kind": "causal"} if model_info.get("kind") == "causal" else {})},
+               "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs},
     )
     return store.blocks(), set()
 
@@ -652,13 +618,10 @@ class ExtractStage(Stage):
             capped["control_strings_as_text"] = CONTROL_TEXT_VERSION
         if inputs.get("normalised"):  # features that differ from the tokenizer's output (RoBERTa's segments ...)
             capped["features_normalised"] = FEATURE_LAYOUT_VERSION
-        if inputs["model_info"].get("kind") == "causal":  # the prompts and answers are the features
-            capped.update({"model_kind": "causal", "model.gguf_file": ctx.cfg.model.gguf_file,
-                           "extract.prompt": ctx.cfg.extract.prompt,
-                           "extract.max_new_tokens": ctx.cfg.extract.max_new_tokens,
-                           **({"extract.decoding": ctx.cfg.extract.decoding}
-                              if ctx.cfg.extract.decoding != "greedy" else {}),
-                           "induction": INDUCTION_VERSION, "prompt_windows": PROMPT_WINDOWS_VERSION})
+        kind = kind_of(inputs["model_info"])
+        capped.update(kind.identity(ctx.cfg))  # a decoder's: the settings of its prompts and answers
+        if kind.is_decoder:  # its induction diagnostic is measured in this stage (finalize)
+            capped["induction"] = INDUCTION_VERSION
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
@@ -719,17 +682,18 @@ class ExtractStage(Stage):
         """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the
         resolved ``store`` (``full`` or ``compact``)."""
         inputs = ctx.inputs
+        kind = kind_of(inputs["model_info"])
         store = open_attention_store(ctx.layout.attention, require_complete=False)
         blocks = store.blocks()
         finish_store(ctx.layout, len(blocks))
-        if ctx.cfg.extract.head_outputs and inputs["model_info"].get("kind") != "causal":  # -> head_outputs.zarr
+        if ctx.cfg.extract.head_outputs and kind.stores_head_outputs:  # -> head_outputs.zarr
             consolidate_head_outputs(ctx.layout.head_outputs, [ctx.layout.head_output_part(b) for b in
                                                                range(len(blocks))], len(inputs["features"]))
         else:
             ctx.layout.remove(ctx.layout.head_outputs)
         drop_parts(ctx.layout, len(blocks))
         induction = {}
-        if inputs["model_info"].get("kind") == "causal":  # the induction diagnostic (analysis/induction.py)
+        if kind.is_decoder:  # the induction diagnostic (analysis/induction.py)
             from .. import backend as bk
 
             induction = {"induction_seconds": round(write_induction(ctx.layout, ctx.cfg,

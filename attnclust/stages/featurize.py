@@ -23,6 +23,7 @@ from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
 from ..featurize import CAUSAL_CONTEXT_VERSION, TokenContext, embed_with_context, get_featurizer
 from ..layout import RunLayout
+from ..models.kinds import kind_of
 from ..store.contract import (  # open_embedding: re-exported
     EMBED_SCHEMA,
     open_attention_store,
@@ -127,12 +128,12 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
     lens = store.seq_len[start:stop]
     tokens = read_block_tokens(layout, start, stop, lens) if getattr(featurizer, "uses_context", False) else None
     vectors = np.empty((stop - start, L * H, featurizer.dim(cfg)), dtype=np.float32)
+    causal = kind_of(store).is_decoder  # a decoder's maps: the token masks' causal uniform null
     for n in np.unique(lens):  # features of one true length featurize together
         idx = np.flatnonzero(lens == n)
         group_maps = maps[idx, :, :, :n, :n].reshape(len(idx) * L * H, n, n)
         context = None if tokens is None else TokenContext.from_tokens(
-            [tokens[0][i] for i in idx], [tokens[1][i] for i in idx], maps_per_row=L * H,
-            causal=store.attrs.get("model_kind") == "causal")
+            [tokens[0][i] for i in idx], [tokens[1][i] for i in idx], maps_per_row=L * H, causal=causal)
         group_vectors = embed_with_context(featurizer, group_maps, cfg, device, context)
         vectors[idx] = group_vectors.reshape(len(idx), L * H, -1)
     _write_rows(layout, start, stop, L, H, vectors)
@@ -180,7 +181,7 @@ class FeaturizeStage(Stage):
             out["store"] = [store.seq_len.tolist(), list(store.attention.shape)]
         if ctx.layout.attention.exists():  # a causal model's maps: featurizers that read token masks use its null
             store = store or open_attention_store(ctx.layout.attention, require_complete=False)
-            if store.attrs.get("model_kind") == "causal" and getattr(featurizer, "uses_context", False):
+            if kind_of(store).is_decoder and getattr(featurizer, "uses_context", False):
                 out["causal_context"] = CAUSAL_CONTEXT_VERSION
         return out
 

@@ -108,7 +108,7 @@ def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: Job
     """
     import torch
 
-    from ..analysis.importance import gated
+    from ..models.kinds import kind_of
     from ..models.runner import get_model
     from ..qa.answers import predict_answers, predict_logits, score_answers
 
@@ -117,7 +117,7 @@ def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: Job
     rows = _read_rows(layout, feature_ids)
     examples = pd.read_parquet(layout.examples)
     examples = examples[examples["id"].isin(set(rows["example_id"]))]
-    with gated(loaded.model, torch.as_tensor(np.asarray(mask, dtype=np.float32), device=device)):
+    with kind_of(loaded).gated(loaded, torch.as_tensor(np.asarray(mask, dtype=np.float32), device=device)):
         logits = predict_logits(loaded, rows, batch_size=cfg.extract.batch_size, device=device)
     predicted = predict_answers(rows, logits, dict(zip(examples["id"], examples["context"])), cfg.qa)
     _, scores, search = score_answers(predicted, examples, null_threshold=cfg.qa.null_threshold,

@@ -1,12 +1,13 @@
 """Report: the atlas (cluster labels joined to (example, layer, head) by explicit columns, per-head analyses,
 per-cluster tables with each cluster's type, description, length view and, when ``cluster_model.json`` has
-``cluster_stability``, its stability against ``cluster.min_stability``), the ``syntax`` analysis when
-``syntax.conllu`` or ``syntax.spacy_model`` is set (``syntax.parquet``, the ``syntax_best_*`` columns of
-``heads.parquet``; otherwise skipped with one line saying why) and the self-contained HTML report.
+``cluster_stability``, its stability against ``cluster.min_stability``), the registered analysis plugins
+(:mod:`attnclust.analysis.plugins`: the head map, ``syntax``, ``probe``, the importance stage's tables; each runs or
+says in one line why not, and declares its outputs, fingerprint keys and report section) and the self-contained
+HTML report.
 
-Its driver-side steps show progress bars (:class:`~attnclust.stages.executors.StepBars`): ``report: syntax
-parses``, ``report: syntax heads 3/8 blocks``, ``report: atlas tables``, ``report: mean maps 4/10 clusters``,
-``report: writing HTML 3/10 sections``."""
+Its driver-side steps show progress bars (:class:`~attnclust.stages.executors.StepBars`): ``report: head
+distances``, ``report: syntax parses``, ``report: syntax heads 3/8 blocks``, ``report: atlas tables``,
+``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
 
 from __future__ import annotations
 
@@ -17,29 +18,23 @@ import pandas as pd
 
 from ..analysis.atlas import stats_block
 from ..analysis.heads import analysis_versions
+from ..analysis.plugins import (
+    AnalysisContext,
+    analysis_plugins,
+    check_analyses,
+    map_sources,
+    report_identity,
+    report_keys,
+    report_outputs,
+    run_analyses,
+)
 from ..analysis.words import readable_tokens
-from ..config import BUNDLED_CONLLU
-from ..errors import DataError
 from ..layout import RunLayout
 from ..store.contract import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 from .executors import StepBars
 
-__all__ = ["PROBE_CAUSAL", "PROBE_KEYS", "PROBE_SKIPPED", "SYNTAX_KEYS", "SYNTAX_SKIPPED", "ReportStage",
-           "map_source_note"]
-
-SYNTAX_KEYS = ("syntax.conllu", "syntax.spacy_model", "syntax.max_features")
-"""Settings of the ``syntax`` analysis; part of the report's fingerprint when the analysis is on."""
-SYNTAX_SKIPPED = "syntax: skipped (set syntax.conllu to a CoNLL-U file of gold parses, or syntax.spacy_model)"
-"""The line printed when the ``syntax`` analysis is off."""
-PROBE_KEYS = ("probe.enabled", "probe.tasks", "probe.labels", "probe.pooling", "probe.top_k", "probe.permutations",
-              "probe.null", "probe.max_features")
-"""Settings of the ``probe`` analysis; part of the report's fingerprint when the analysis is on."""
-PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
-PROBE_CAUSAL = ("probe: skipped (the model is causal: the probes read each head's pooled output and the last "
-                "layer's [CLS] state, which extraction keeps for encoders only; a decoder's prompts have no [CLS]. "
-                "Set probe.enabled=false to leave this line out)")
-"""The line printed when the ``probe`` analysis is off."""
+__all__ = ["ReportStage", "map_source_note"]
 
 
 class ReportStage(Stage):
@@ -52,58 +47,38 @@ class ReportStage(Stage):
     reads = ("name", "report.title", "report.max_tokens_shown", "cluster.random_state")
 
     def keys(self, cfg) -> tuple[str, ...]:
-        """:attr:`reads`, plus ``cluster.min_stability`` where the configuration has that setting, plus
-        :data:`SYNTAX_KEYS` when the syntax analysis is on (off, they leave earlier runs' fingerprints alone)."""
-        return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ()) + (
-            SYNTAX_KEYS if _syntax_on(cfg) else ()) + (PROBE_KEYS if _probe_on(cfg) else ())
+        """:attr:`reads`, plus ``cluster.min_stability`` where the configuration has that setting, plus the
+        settings keys of every analysis plugin that is on (off, they leave earlier runs' fingerprints alone:
+        :meth:`attnclust.analysis.plugins.AnalysisPlugin.fingerprint_keys`)."""
+        return self.reads + (("cluster.min_stability",) if hasattr(cfg.cluster, "min_stability") else ()) + \
+            report_keys(cfg)
 
     def identity(self, ctx: RunContext) -> dict:
-        """The registered head analyses' versions, report sections and the head map's version (a new one
-        re-renders the report)."""
-        from ..analysis.distances import VERSION as HEAD_LAYOUT_VERSION
+        """The registered head analyses' versions, report sections and what the analysis plugins declare (the
+        head map's version, the gold parses' hash ...): a new one re-renders the report."""
         from ..report import REPORT_SECTIONS
 
-        identity = {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS),
-                    "head_layout": HEAD_LAYOUT_VERSION}
-        conllu = ctx.cfg.syntax.conllu
-        if conllu is not None:  # edited gold parses re-render the report
-            import hashlib
-
-            path = ctx.cfg.syntax.conllu_path()  # ``bundled``: the packaged file
-            identity["syntax_parses"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() \
-                else "missing"
-        return identity
+        return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS),
+                **report_identity(ctx.cfg)}
 
     def check(self, ctx: RunContext) -> None:
-        """With ``syntax.conllu``: the file is read and checked (one-line ``DataError`` naming the file and line)
-        and, but for the bundled parses, matched against the run's contexts (this run's data, or
-        ``examples.parquet``): a file none of whose sentences is there is refused before any stage runs or
-        anything is removed. With ``syntax.spacy_model`` only: spaCy and the pipeline are loaded (one-line
-        ``BackendUnavailable`` naming the install step)."""
-        syntax = ctx.cfg.syntax
-        if syntax.conllu is not None:
-            from ..analysis.parses import context_key, match_conllu, read_conllu
+        """Every analysis plugin's pre-flight check (``syntax.conllu`` is read and matched to the run's contexts,
+        ``syntax.spacy_model`` loaded): a setting that cannot work is refused before any stage runs. An analysis
+        whose declared report section is not registered (its module not imported) is a ``RuntimeError``."""
+        from ..report import REPORT_SECTIONS
 
-            sentences = read_conllu(syntax.conllu_path())
-            if syntax.conllu == BUNDLED_CONLLU:  # fits the bundled sample only; otherwise skipped with one line
-                return
-            if ctx.inputs.get("examples") is not None:  # extract runs too: this run's data
-                texts = ctx.inputs["examples"]["context"]
-            else:
-                try:
-                    texts = pd.read_parquet(ctx.layout.examples, columns=["context"])["context"]
-                except (OSError, ValueError):  # none (a store of another tool) or damaged: the stages say so
-                    return
-            match_conllu(syntax.conllu_path(), sentences, {context_key(t): t for t in dict.fromkeys(texts)})
-        elif syntax.spacy_model is not None:
-            from ..analysis.parses import spacy_parses
-
-            spacy_parses({}, model=syntax.spacy_model)
+        for plugin in analysis_plugins():
+            if plugin.section is not None and plugin.section not in REPORT_SECTIONS:
+                raise RuntimeError(f"analysis {plugin.name!r} declares the report section {plugin.section!r}, which "
+                                   f"is not registered; register it (attnclust.report.report_section) where the "
+                                   f"analysis is registered")
+        check_analyses(ctx)
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
-        """The joined tables, the head map, the syntax table and its parse cache, and the HTML report."""
-        return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), layout.head_layout,
-                layout.table("syntax"), layout.parses, layout.probes, layout.probes_summary, layout.report)
+        """The joined tables, the analysis plugins' files (the head map, the syntax table and its parse cache, the
+        probes) and the HTML report."""
+        return (layout.table("maps"), layout.table("heads"), layout.table("clusters"), *report_outputs(layout),
+                layout.report)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Blocks only for a store without ``map_stats.parquet`` (written by another tool): its statistics."""
@@ -116,9 +91,8 @@ class ReportStage(Stage):
     task = staticmethod(stats_block)
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
-        """Build the atlas tables, run the head analyses, write ``report.html``."""
+        """Run the analysis plugins, build the atlas tables, run the head analyses, write ``report.html``."""
         from ..analysis.atlas import build_atlas, cluster_mean_maps, medoid_maps
-        from ..analysis.distances import compute_head_layout
         from ..report import ReportInputs, write_report
 
         layout, cfg = ctx.layout, ctx.cfg
@@ -139,26 +113,20 @@ class ReportStage(Stage):
                          f"context or the question ({', '.join(repr(t) for t in control['strings'][:4])}); they "
                          f"were read as text, never as the control tokens.")
         examples = pd.read_parquet(layout.examples) if layout.examples.exists() else None
-        ran = "importance" in ctx.records  # the importance stage ran (when skipped, it wrote nothing)
-        importance = pd.read_parquet(layout.importance) if ran and layout.importance.exists() else None
-        pruning = pd.read_parquet(layout.pruning) if ran and layout.pruning.exists() else None
         settings = {"job_id": ctx.job_id, "config": cfg.to_dict(), "backend": ctx.backend,
                     "stages": {name: {k_: v for k_, v in rec.items() if k_ != "parts"}
                                for name, rec in ctx.records.items()}}
         with StepBars("report", progress=ctx.progress) as bars:
-            syntax = _syntax(ctx, features, bars)
-            probes = _probes(ctx, features, bars, examples=examples, qa=qa, predictions=predictions)
+            analyses = run_analyses(AnalysisContext(layout=layout, cfg=cfg, features=features, examples=examples,
+                                                    qa=qa, predictions=predictions, records=ctx.records,
+                                                    note=ctx.note, bars=bars))
             with bars.step("atlas tables"):
                 maps, heads, clusters = build_atlas(layout, labels, stats, features, k=k,
-                                                    min_stability=_min_stability(cfg), importance=importance,
-                                                    syntax=syntax,
+                                                    min_stability=_min_stability(cfg), analyses=analyses,
                                                     extra={} if predictions is None else {"predictions": predictions})
             mean_sources: dict[int, str] = {}
             mean_maps = cluster_mean_maps(layout, maps, k, random_state=cfg.cluster.random_state, on_step=bars,
                                           sources=mean_sources)
-            head_layout = compute_head_layout(open_attention_store(layout.attention),
-                                              random_state=cfg.cluster.random_state, on_step=bars)
-            atomic_write_parquet(head_layout, layout.head_layout)
             medoid_sources: dict[int, str] = {}
             medoids = medoid_maps(layout, clusters, readable_tokens(features), sources=medoid_sources)
             store = open_attention_store(layout.attention)
@@ -166,7 +134,7 @@ class ReportStage(Stage):
                 clustering = ctx.records.get("featurize", {}).get("map_source")
                 notes.append(map_source_note(store, {**({"clustering": clustering} if clustering else {}),
                                                      **heads.attrs.get("map_source", {}),
-                                                     **head_layout.attrs.get("map_source", {})},
+                                                     **map_sources(analyses)},
                                              mean_maps=mean_sources, medoids=medoid_sources))
             with bars.step("interactive sample"):
                 from ..report.interactive import build_explorer
@@ -179,16 +147,14 @@ class ReportStage(Stage):
                 clusters=clusters, mean_maps=mean_maps, medoids=medoids,
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
-                max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions, pruning=pruning,
-                head_layout=head_layout, syntax=syntax, explorer=explorer, probes=probes)
+                max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions,
+                analyses=analyses, explorer=explorer)
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)
         record = {"report": str(path), "clusters": k}
-        if syntax is not None:
-            record["syntax"] = {key: syntax.attrs[key] for key in ("sentences", "unmatched", "features", "arcs")}
-        if probes is not None:
-            record["probe"] = {task: {k_: info[k_] for k_ in ("n", "folds", "top_k_accuracy", "last_layer_accuracy")}
-                               for task, info in probes.attrs["summary"]["tasks"].items()}
+        for plugin in analysis_plugins():  # each analysis' part of the record, under its name
+            if plugin.record is not None and plugin.name in analyses:
+                record[plugin.name] = plugin.record(analyses[plugin.name])
         return record
 
 
@@ -228,131 +194,6 @@ def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str]
     return (f"The attention store is compact: each query row keeps only its largest weights ({store.kept_text()}; "
             f"the rest of the row is dropped), so maps drawn from it are approximate. Read from "
             f"{'; from '.join(parts)}.")
-
-
-def _syntax_on(cfg) -> bool:
-    syntax = getattr(cfg, "syntax", None)
-    return syntax is not None and (syntax.conllu is not None or syntax.spacy_model is not None)
-
-
-def _syntax(ctx: RunContext, features: pd.DataFrame, bars: StepBars) -> pd.DataFrame | None:
-    """The ``syntax`` analysis (``syntax.parquet``), or ``None`` with one line saying why it was skipped.
-
-    The table's ``attrs`` say where the parses came from (``source``), how many sentences were found in the
-    contexts (``sentences``; ``unmatched`` of a CoNLL-U file were not), and how many features and arcs were read.
-    """
-    from ..analysis.parses import load_parses
-    from ..analysis.syntax import syntax_table
-
-    layout, cfg = ctx.layout, ctx.cfg
-    if not _syntax_on(cfg):
-        layout.remove(layout.table("syntax"))  # never a table of an earlier configuration
-        ctx.note(SYNTAX_SKIPPED)
-        return None
-    if "offsets" not in features.columns:
-        layout.remove(layout.table("syntax"))
-        ctx.note(f"syntax: skipped ({layout.features.name} has no token offsets to align parses with: the store "
-                 f"was not extracted by attnclust)")
-        return None
-    conllu, model = cfg.syntax.conllu, cfg.syntax.spacy_model
-    with bars.step("syntax parses"):
-        try:
-            parses = load_parses(layout, conllu=cfg.syntax.conllu_path(),
-                                 spacy_model=None if conllu is not None else model)
-        except DataError:
-            if conllu != BUNDLED_CONLLU:
-                raise
-            layout.remove(layout.table("syntax"))  # the bundled parses fit only some of the sample's contexts
-            ctx.note(f"syntax: skipped (syntax.conllu: {BUNDLED_CONLLU} parses sentences of the bundled sample, and "
-                     f"none of them is in this run's contexts; set syntax.conllu to a CoNLL-U file of your "
-                     f"contexts, or syntax.spacy_model; with the bundled sample and data.max_examples, keep more "
-                     f"of it)")
-            return None
-    store = open_attention_store(layout.attention)
-    features = features[features["feature_id"].isin(store.exact_ids())]  # a compact store: its exact sample
-    if cfg.syntax.max_features is not None:
-        features = features.iloc[:cfg.syntax.max_features]
-    table = syntax_table(layout, parses, features, progress=lambda done, total: bars("syntax heads", done, total,
-                                                                                     "blocks"))
-    if conllu is not None:  # sentences of the file found in a context (the cache keeps each one's index)
-        from ..analysis.parses import read_conllu
-
-        found = int(parses["sentence"].nunique())
-        unmatched = len(read_conllu(cfg.syntax.conllu_path())) - found
-    else:
-        found, unmatched = len(parses.drop_duplicates(["context_key", "sentence"])), 0
-    table.attrs.update({
-        "source": f"gold CoNLL-U {cfg.syntax.conllu_path().name}" if conllu is not None else f"spaCy {model}",
-        "sentences": found, "unmatched": unmatched, "features": len(features),
-        "arcs": int(table.groupby("relation")["n"].max().sum())})
-    ctx.note(f"syntax: {found} parsed sentence(s) found in the contexts"
-             + (f" ({unmatched} of the file in none)" if unmatched else "")
-             + f", {table.attrs['arcs']:,} arcs over {len(features):,} features"
-             + (" (the store's exact sample)" if store.exact_source == "exact sample" else "")
-             + f" -> {layout.table('syntax').name}")
-    return table
-
-
-def _probe_on(cfg) -> bool:
-    probe = getattr(cfg, "probe", None)
-    return probe is not None and probe.enabled
-
-
-def _probes(ctx: RunContext, features: pd.DataFrame, bars: StepBars, *, examples: pd.DataFrame | None,
-            qa: dict | None, predictions: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The ``probe`` analysis (``probes.parquet``, ``probes_summary.json``), or ``None`` with one line saying why.
-
-    ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` are the run's, as the report stage read them (``None``
-    when absent). The features of the first questions (whole questions, in file order) up to ``probe.max_features`` are
-    probed; the table's ``attrs["summary"]`` holds ``probes_summary.json``.
-    """
-    from ..analysis.probes import probe_labels, probe_table, read_head_outputs
-    from ..store.contract import atomic_write_json
-
-    layout, cfg = ctx.layout, ctx.cfg
-    layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration
-    if not _probe_on(cfg):
-        ctx.note(PROBE_SKIPPED)
-        return None
-    if "part" in features.columns:  # a causal model's prompts (attnclust.qa.prompting)
-        ctx.note(PROBE_CAUSAL)
-        return None
-    if not layout.head_outputs.exists() or examples is None:
-        ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "
-                 f"re-run extract with --force, or set probe.enabled=false)")
-        return None
-    builtin, untrained = cfg.probe.tasks, []
-    if "correct" in builtin and predictions is not None and not qa["head_trained"]:
-        builtin = tuple(t for t in builtin if t != "correct")
-        untrained = [("probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
-                      "it or use a SQuAD 2.0 checkpoint)")]
-    tasks = (*builtin, *cfg.probe.labels)
-    labels, skipped = probe_labels(examples, tasks=builtin, labels=cfg.probe.labels, predictions=predictions)
-    skipped = untrained + skipped
-    per_example = features.groupby("example_id").size().reindex(examples["id"].astype(str)).fillna(0)
-    if cfg.probe.max_features is not None:
-        per_example = per_example[per_example.cumsum() <= cfg.probe.max_features]
-    chosen = features[features["example_id"].astype(str).isin(per_example.index)].sort_values("feature_id")
-    heads, last = read_head_outputs(layout.head_outputs, cfg.probe.pooling, chosen["feature_id"].to_numpy())
-    tasks = [t for t in tasks if t in labels.columns]
-    table, summary = probe_table(heads, last, labels, chosen["example_id"].to_numpy(), tasks=tasks,
-                                 pooling=cfg.probe.pooling, permutations=cfg.probe.permutations,
-                                 null=cfg.probe.null,
-                                 top_k=cfg.probe.top_k, seed=cfg.cluster.random_state,
-                                 on_head=lambda task, done, total: bars(f"probe {task}", done, total, "heads"))
-    summary["skipped"] = skipped + summary["skipped"]
-    summary["features"], summary["examples"] = len(chosen), len(per_example)
-    for line in summary["skipped"] + summary["notes"]:
-        ctx.note(line)
-    atomic_write_parquet(table, layout.probes)
-    atomic_write_json(layout.probes_summary, summary)
-    done = ", ".join(f"{t} {info['top_k_accuracy']:.2f} top-{info['top_k']} vs "
-                     + (f"{info['last_layer_accuracy']:.2f}" if info["last_layer_accuracy"] is not None else "-")
-                     + " last layer" for t, info in summary["tasks"].items())
-    ctx.note(f"probe: {len(summary['tasks'])} task(s) over {len(chosen):,} features ({cfg.probe.pooling})"
-             + (f": {done}" if done else "") + f" -> {layout.probes.name}")
-    table.attrs["summary"] = summary
-    return table
 
 
 def _min_stability(cfg) -> float:

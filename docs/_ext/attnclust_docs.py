@@ -2,8 +2,10 @@
 
 - The directive ``attnclust-job-reference`` writes the job reference from the pydantic config models
   (:class:`attnclust.config.JobConfig` and the section models it holds): every key with its default, what is
-  allowed and the description from the ``Parameters`` section of its model's numpydoc docstring. A key without a
-  description, or a described name that is no key, is a build warning (an error under ``sphinx-build -W``).
+  allowed and the description from the ``Parameters`` section of its model's numpydoc docstring. A setting a
+  plugin declared (a featurizer's, joined to the ``featurize`` section) is described by the plugin's own model
+  (``DECLARED_IN``), a section an analysis declared by its model's summary. A key without a description, or a
+  described name that is no key, is a build warning (an error under ``sphinx-build -W``).
 - The directive ``attnclust-commands`` prints every ``attnclust`` subcommand's ``--help``.
 - The directives ``attnclust-statistics`` and ``attnclust-head-analyses`` list the registered per-map statistics
   and head analyses (name, unit, description as declared next to their code).
@@ -80,6 +82,27 @@ def _nested(annotation: Any) -> type[BaseModel] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
+def _declared_in(model: type[BaseModel], name: str) -> type[BaseModel]:
+    """The model whose docstring describes ``model``'s field ``name``: a plugin's model for a field it added
+    (``DECLARED_IN``, :func:`attnclust._settings._add_fields`), else ``model``."""
+    return getattr(model, "DECLARED_IN", {}).get(name, model)
+
+
+def _description(model: type[BaseModel], name: str, described: dict[str, str]) -> str:
+    """``name``'s description: from its model's docstring, or from the plugin's model that declared it; a section
+    a plugin declared (an analysis' ``syntax``) by that section model's one-line summary."""
+    owner = _declared_in(model, name)
+    if owner is model:
+        return described.get(name, "")
+    text = field_descriptions(owner).get(name, "")
+    nested = _nested(model.model_fields[name].annotation)
+    if not text and nested is owner:
+        from numpydoc.docscrape import NumpyDocString
+
+        text = " ".join(line.strip() for line in NumpyDocString(owner.__doc__ or "")["Summary"])
+    return text
+
+
 def _yaml(value: Any) -> str:
     if value is None:
         return "null"
@@ -107,8 +130,8 @@ def job_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[Job
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         nested = _nested(info.annotation)
         default = "" if nested is not None or info.default_factory is not None else _yaml(info.default)
-        keys.append(JobKey(prefix + name, default, str(extra.get("allowed", "")), described.get(name, ""),
-                           section=nested is not None))
+        keys.append(JobKey(prefix + name, default, str(extra.get("allowed", "")),
+                           _description(model, name, described), section=nested is not None))
         if nested is not None:
             keys.extend(job_keys(nested, f"{prefix}{name}."))
     return keys
@@ -135,9 +158,12 @@ def described_but_missing(model: type[BaseModel] | None = None) -> list[str]:
         model = JobConfig
     missing = []
     for prefix, owner in _models(model):
-        for name in field_descriptions(owner):
-            if name not in owner.model_fields:
-                missing.append(f"{prefix}.{name}" if prefix else name)
+        plugins = dict.fromkeys(m for m in getattr(owner, "DECLARED_IN", {}).values()
+                                if getattr(m, "SECTION", None) == getattr(owner, "SECTION", ""))
+        for described_in in (owner, *plugins):  # a plugin's model describes the settings it added to ``owner``
+            for name in field_descriptions(described_in):
+                if name not in described_in.model_fields:
+                    missing.append(f"{prefix}.{name}" if prefix else name)
     return missing
 
 

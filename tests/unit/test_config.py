@@ -1,11 +1,11 @@
 import json
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from attnclust._settings import _int, _Model
 from attnclust.config import (
     ClusterConfig,
     ExtractConfig,
@@ -273,20 +273,93 @@ def test_sections_keep_their_names_and_frozen_pickle_round_trip():
         cfg.cluster.k = 3
 
 
-def test_featurizer_names_come_from_the_registry_at_validation_time(monkeypatch):
-    from attnclust import featurize
+class FourierSettings(_Model):
+    """A test featurizer's settings.
 
-    monkeypatch.setattr(featurize, "featurizer_names", lambda: ("resnet", "pooled", "fourier"), raising=False)
-    assert JobConfig.from_dict({"featurize": {"method": "fourier"}}).featurize.method == "fourier"
-    with pytest.raises(ConfigError, match=r"featurize\.method: got 'wavelet'; allowed: resnet \| pooled \| fourier$"):
-        JobConfig.from_dict({"featurize": {"method": "wavelet"}})
+    Parameters
+    ----------
+    bands
+        Frequency bands kept.
+    """
+
+    SECTION = "featurize"
+    bands: int = _int(4, 1, 64)
 
 
-def test_featurizer_names_fall_back_when_the_registry_cannot_be_imported(monkeypatch):
-    monkeypatch.setitem(sys.modules, "attnclust.featurize", None)  # any import of it raises ImportError
-    assert JobConfig.from_dict({"featurize": {"method": "resnet"}}).featurize.method == "resnet"
+class ClashSettings(_Model):
+    """Settings that name a setting another featurizer declares.
+
+    Parameters
+    ----------
+    grid
+        Clashes with ``pooled``'s.
+    """
+
+    SECTION = "featurize"
+    grid: int = _int(8, 1)
+
+
+class _Fourier:
+    """A featurizer registered by a test, with its own settings model: ``featurize.bands``."""
+
+    name = "fourier"
+    version = 1
+    settings = FourierSettings
+    keys = ("featurize.bands",)
+
+    def dim(self, cfg) -> int:
+        return cfg.bands
+
+    def check(self, cfg) -> None:
+        pass
+
+    def embed(self, maps, cfg, device="cpu"):
+        return maps.reshape(len(maps), -1)[:, :cfg.bands]
+
+
+class _Clash(_Fourier):
+    name = "clash"
+    settings = ClashSettings
+    keys = ("featurize.grid",)
+
+
+def test_featurizer_names_come_from_the_registry_at_validation_time():
+    from attnclust.featurize import register_featurizer, unregister_featurizer
+
+    register_featurizer(_Fourier())
+    try:
+        assert JobConfig.from_dict({"featurize": {"method": "fourier"}}).featurize.method == "fourier"
+        with pytest.raises(ConfigError, match=r"featurize\.method: got 'wavelet'; allowed: pooled \| resnet \| "
+                                              r"profile \| fourier$"):
+            JobConfig.from_dict({"featurize": {"method": "wavelet"}})
+    finally:
+        unregister_featurizer("fourier")
     with pytest.raises(ConfigError, match=r"featurize\.method: got 'fourier'; allowed: pooled \| resnet \| profile$"):
         JobConfig.from_dict({"featurize": {"method": "fourier"}})
+
+
+def test_a_featurizers_settings_join_the_featurize_section_until_it_is_removed():
+    from attnclust.featurize import FEATURIZERS, register_featurizer, unregister_featurizer
+
+    before = JobConfig().to_dict()
+    assert list(before["featurize"]) == ["method", "grid", "arch", "weights", "image_size", "batch_size", "precision"]
+    assert JobConfig.SECTIONS["featurize"].DECLARED_IN["grid"].__name__ == "PooledSettings"
+    register_featurizer(_Fourier())
+    try:
+        cfg = load_job(None, ["featurize.method=fourier", "featurize.bands=9"])
+        assert cfg.featurize.bands == 9 and cfg.to_dict()["featurize"]["bands"] == 9
+        assert "featurize.bands" in JobConfig.keys() and JobConfig().featurize.bands == 4
+        assert JobConfig.from_dict(cfg.to_dict()) == cfg
+        with pytest.raises(ConfigError, match=r"config featurize\.bands: got 0; allowed: an integer >= 1 and <= 64"):
+            load_job(None, ["featurize.bands=0"])
+        with pytest.raises(ValueError, match="setting 'grid' is already declared by PooledSettings"):
+            register_featurizer(_Clash())
+        assert "clash" not in FEATURIZERS  # refused, and the featurize section is as it was
+    finally:
+        unregister_featurizer("fourier")
+    assert JobConfig().to_dict() == before
+    with pytest.raises(ConfigError, match=r"featurize\.bands: unknown setting"):
+        load_job(None, ["featurize.bands=9"])
 
 
 def test_syntax_section_is_off_by_default_and_validated():

@@ -184,7 +184,8 @@ def test_report_stage_writes_head_layout_and_renders_the_head_map(tmp_path):
 
 
 def test_head_map_section_colours_by_role_when_heads_have_roles_else_by_dominant_cluster():
-    from attnclust.report.sections import NO_ROLE, head_map, role_categories
+    from attnclust.report.sections import NO_ROLE, role_categories
+    from attnclust.report.sections.head_map import head_map
 
     roles = pd.Series(["previous", "", None, "cls,sep", "previous"])
     assert role_categories(roles).tolist() == ["previous", NO_ROLE, NO_ROLE, "cls+sep", "previous"]
@@ -195,12 +196,12 @@ def test_head_map_section_colours_by_role_when_heads_have_roles_else_by_dominant
                            "y": [0.0, 0.0, 1.0, 1.0], "nearest_layer": [1, 1, 0, 0], "nearest_head": [0, 1, 0, 1],
                            "nearest_distance": [0.1, 0.2, 0.1, 0.2]})
     heads = layout[["layer", "head"]].assign(dominant_cluster=[0, 1, 0, 1], purity=1.0)
-    inputs = type("Inputs", (), {"head_layout": layout, "heads": heads,
+    inputs = type("Inputs", (), {"analyses": {"head_distances": layout}, "heads": heads,
                                  "clusters": pd.DataFrame({"cluster": [0, 1]})})()
     ctx = head_map(inputs)
     assert ctx["by"] == "dominant cluster" and ctx["src"].startswith("data:image/png;base64,")
     assert [(p["a"], p["b"]) for p in ctx["pairs"]] == [("L0 H0", "L1 H0"), ("L0 H1", "L1 H1")]
     inputs.heads = heads.assign(roles=["previous", "previous", "cls", ""])
     assert head_map(inputs)["by"] == "role"
-    inputs.head_layout = None
+    inputs.analyses = {}
     assert head_map(inputs) is None

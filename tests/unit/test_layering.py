@@ -37,17 +37,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # errors every layer raises
     ("errors", ("attnclust.errors",)),
     # no knowledge of jobs or runs: bounded reads and atomic writes, chunk checksums, argparse types, the parts of
-    # a transformers model that are hooked, the clustering algorithms' small pieces
+    # a transformers model that are hooked, the clustering algorithms' small pieces; how a setting is declared and
+    # its errors told (_settings: the featurizers declare their settings with it)
     ("foundations", ("attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes", "attnclust.models.hooks",
-                     "attnclust.cluster.kmeans", "attnclust.cluster.placement")),
+                     "attnclust.cluster.kmeans", "attnclust.cluster.placement", "attnclust._settings")),
     # array maths on attention maps that the model runner and the job's validation need, no files: per-map
     # statistics and token masks, the featurizers and their registry (the other analyses sit in "methods")
     ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),
     # reading the user's data: SQuAD files and the Hugging Face forms (data.hf), tokenisation into features
     ("data", ("attnclust.data", "attnclust.data.hf")),
-    # the job: every setting, validated (against the featurizer registry and the packaged sample data); how a
-    # setting is declared and its errors told (_settings)
-    ("config", ("attnclust._settings", "attnclust.config")),
+    # the job: its sections, validated (against the featurizer registry, whose featurizers declare their own
+    # settings); the analyses add theirs from above (attnclust.analysis.plugins)
+    ("config", ("attnclust.config",)),
     # the names of a run's files, and the run's lock and marker
     ("layout", ("attnclust.layout",)),
     # the attention and embedding stores' contract, and reading a run's tables
@@ -57,8 +58,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # loading and running models (decoders in causal, below the runner that dispatches to it), the CPU/GPU
     # backends, the Dask runtime
     ("compute", ("attnclust.models.decoder", "attnclust.models", "attnclust.backend", "attnclust.runtime")),
-    # the task the models are measured on: question answering (answers, scoring, fine-tuning, prompting)
-    ("task", ("attnclust.qa",)),
+    # the task the models are measured on: question answering (answers, scoring, fine-tuning, prompting), and the
+    # model kinds, whose features are the task's (a decoder's are its prompts and answers: models.kinds)
+    ("task", ("attnclust.qa", "attnclust.models.kinds")),
     # methods on a run: clustering and the per-head analyses that read stores and models
     ("methods", ("attnclust.cluster", "attnclust.analysis")),
     # the HTML report and its figures

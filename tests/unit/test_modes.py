@@ -182,7 +182,7 @@ def test_the_analysis_reads_each_questions_first_feature_and_finds_the_planted_h
 
 
 def test_report_section_lists_the_found_heads_or_says_why_it_was_skipped():
-    from attnclust.report.modes_section import modes_section
+    from attnclust.report.sections.modes import modes_section
 
     heads = pd.DataFrame({"layer": [0, 0], "head": [0, 1], "mode_k": [2.0, 3.0], "mode_accuracy": [0.9, 0.5],
                           "mode_baseline": [0.5, 0.5], "mode_p": [0.001, 0.6], "mode_q": [0.002, 0.6]})

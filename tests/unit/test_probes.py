@@ -186,7 +186,7 @@ def test_extra_fields_of_the_data_file_are_kept_as_label_columns(tmp_path):
 def test_probes_section_shows_the_planted_head_against_the_baseline():
     from types import SimpleNamespace
 
-    from attnclust.report.probes_section import probes_section
+    from attnclust.report.sections.probes import probes_section
 
     rng = np.random.default_rng(6)
     x, codes, groups = planted(rng, n_examples=60)
@@ -196,18 +196,18 @@ def test_probes_section_shows_the_planted_head_against_the_baseline():
     table, summary = probe_table(x, x[:, 0].reshape(len(x), -1), labels, ids, tasks=("planted",), pooling="cls",
                                  permutations=5, top_k=2)
     table.attrs["summary"] = summary
-    context = probes_section(SimpleNamespace(probes=table))
+    context = probes_section(SimpleNamespace(analyses={"probe": table}))
     (task,) = context["tasks"]
     assert task["task"] == "planted" and task["best"][0]["head"] == "L1H2"
     assert task["figure"]["src"].startswith("data:image/png;base64,")
-    assert probes_section(SimpleNamespace(probes=None)) is None
+    assert probes_section(SimpleNamespace(analyses={})) is None
 
 
 def test_report_says_in_one_line_why_probes_are_skipped(tmp_path, capsys):
+    from attnclust.analysis.probes import PROBE_SKIPPED
     from attnclust.config import load_job
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
-    from attnclust.stages.report import PROBE_SKIPPED
     from attnclust.synthetic import write_planted_store
 
     planted_store = write_planted_store(tmp_path / "run", rng=np.random.default_rng(0), n_features=6, n_layers=2,
@@ -256,18 +256,18 @@ def test_a_label_field_of_objects_or_lists_is_named_as_such_before_anything_is_w
 
 
 def test_a_causal_run_says_why_it_has_no_probes(tmp_path):
-    from types import SimpleNamespace
-
+    from attnclust.analysis.plugins import AnalysisContext
+    from attnclust.analysis.probes import PROBE_CAUSAL, run_probes
     from attnclust.config import load_job
     from attnclust.layout import RunLayout
-    from attnclust.stages.report import PROBE_CAUSAL, _probes
 
     notes: list[str] = []
-    ctx = SimpleNamespace(layout=RunLayout(tmp_path), cfg=load_job(None, []), note=notes.append)
     causal = pd.DataFrame({"feature_id": [0], "part": [["instruction", "context"]]})
-    assert _probes(ctx, causal, None, examples=None, qa=None, predictions=None) is None
+    ctx = AnalysisContext(layout=RunLayout(tmp_path), cfg=load_job(None, []), features=causal, note=notes.append)
+    assert run_probes(ctx) is None
     assert notes == [PROBE_CAUSAL] and "extract.head_outputs" not in notes[0]
     assert "causal" in notes[0] and "encoders only" in notes[0]
     notes.clear()
-    _probes(ctx, causal.drop(columns="part"), None, examples=None, qa=None, predictions=None)
+    run_probes(AnalysisContext(layout=ctx.layout, cfg=ctx.cfg, features=causal.drop(columns="part"),
+                               note=notes.append))
     assert notes[0].startswith("probe: skipped (the run has no head_outputs.zarr")  # an encoder's run: the fix

@@ -291,7 +291,7 @@ def test_qa_inputs_are_checked(inputs):
 
 
 def test_the_methods_page_is_the_reports_last_section_and_the_syntax_section_links_it():
-    from attnclust.report.methods_section import METHODS_PAGE, methods_anchor, methods_blocks
+    from attnclust.report.sections.methods import METHODS_PAGE, methods_anchor, methods_blocks
 
     blocks = methods_blocks()
     headings = [h for _, h, _ in blocks if h]
@@ -315,9 +315,9 @@ def _glued_sentences(html: str) -> list[str]:
 @pytest.mark.parametrize("text_in_cells", [True, False])
 def test_no_two_sentences_of_the_page_are_glued(inputs: ReportInputs, monkeypatch, text_in_cells) -> None:
     """Template text either side of a block tag keeps its space (the grid's caption, numbers in cells or not)."""
-    from attnclust.report import sections
+    from attnclust.report.sections import grid
 
-    monkeypatch.setattr(sections, "GRID_TEXT_MAX", 100 if text_in_cells else 0)
+    monkeypatch.setattr(grid, "GRID_TEXT_MAX", 100 if text_in_cells else 0)
     page = render_report(inputs)
     assert ("Each cell shows" in page) == text_in_cells
     assert _glued_sentences(page) == []

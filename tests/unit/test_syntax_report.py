@@ -11,13 +11,12 @@ import pandas as pd
 import pytest
 from test_syntax import planted_syntax  # noqa: F401  (the planted store with gold parses: a fixture)
 
-from attnclust.analysis.syntax import HEAD_BEST_COLUMNS, SYNTAX_COLUMNS
+from attnclust.analysis.syntax import HEAD_BEST_COLUMNS, SYNTAX_COLUMNS, SYNTAX_SKIPPED
 from attnclust.cli import main
 from attnclust.config import load_job
 from attnclust.errors import DataError
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
-from attnclust.stages.report import SYNTAX_SKIPPED
 
 BASE = ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2", "cluster.n_init=2"]
 

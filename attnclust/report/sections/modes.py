@@ -11,12 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.modes import MODE_COLUMNS, MODE_PERMUTATIONS, modes_skip_reason, right_labels
-from .formatting import PERCENT_UNIT, fmt
-from .inputs import ReportInputs
-from .registry import report_section
+from ...analysis.modes import MODE_COLUMNS, MODE_PERMUTATIONS, modes_skip_reason, right_labels
+from ..formatting import PERCENT_UNIT, fmt
+from ..inputs import ReportInputs
+from ..registry import report_section
 
 __all__ = ["MODES_ALPHA", "MODES_SHOWN", "modes_section"]
+
 
 MODES_ALPHA = 0.05
 """Heads with ``mode_q`` below this are listed."""

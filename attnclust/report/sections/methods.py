@@ -1,5 +1,5 @@
 """The report's "Methods" section: per analysis, the paper it follows, what is the same and every deliberate
-difference, from ``methods.md`` beside this module (the same file is the documentation site's methods page).
+difference, from ``attnclust/report/methods.md`` (the same file is the documentation site's methods page).
 
 Each ``## `` heading of the page becomes a block with the id ``methods-<slug>`` (``#methods-syntax``), so other
 sections link to the protocol they use. MyST-only lines (targets such as ``(syntax)=``) are left out.
@@ -14,12 +14,13 @@ from typing import Any
 
 from markupsafe import Markup
 
-from .inputs import ReportInputs
-from .registry import report_section
+from ..inputs import ReportInputs
+from ..registry import report_section
 
 __all__ = ["METHODS_PAGE", "methods_anchor", "methods_blocks", "methods_section"]
 
-METHODS_PAGE = Path(__file__).with_name("methods.md")
+
+METHODS_PAGE = Path(__file__).parents[1] / "methods.md"
 """The methods page (Markdown): the report's last section and the documentation site's ``methods`` page."""
 _TARGET = re.compile(r"^\([A-Za-z0-9_-]+\)=\s*$")
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .figures import head_heatmap_figure, head_matrix, png_data_uri
-from .formatting import PERCENT_UNIT, fmt
-from .inputs import ReportInputs
-from .registry import report_section
+from ..figures import head_heatmap_figure, head_matrix, png_data_uri
+from ..formatting import PERCENT_UNIT, fmt
+from ..inputs import ReportInputs
+from ..registry import report_section
 
 __all__ = ["PROBE_BEST_SHOWN", "probes_section"]
+
 
 PROBE_BEST_SHOWN = 3
 """Best heads listed per task."""
@@ -37,7 +38,7 @@ def probes_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``last_layer_accuracy``, ``figure``), ``skipped`` lines, ``pooling``, ``permutations`` and
         ``selection``; ``None`` when the run has no probe table.
     """
-    table = getattr(inputs, "probes", None)
+    table = inputs.analyses.get("probe")  # probes.parquet
     if table is None:
         return None
     summary = table.attrs.get("summary") or {}

@@ -1,0 +1,130 @@
+"""``head_outputs.zarr``: each head's output pooled per feature, written during extraction, read by the probes.
+
+Extraction (``extract.head_outputs``) stores each head's output, its context vector (its slice of the input of the
+attention output projection), pooled per feature at [CLS] (``cls``) and over the context tokens
+(``context_mean``), and the last layer's [CLS] hidden state (``last_cls``): each block writes a part
+(:func:`save_head_output_part`), the driver gathers them (:func:`consolidate_head_outputs`), and the ``probe``
+analysis reads them (:func:`read_head_outputs`, :mod:`attnclust.analysis.probes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from ..store.integrity import open_writable_group
+
+__all__ = ["HEAD_OUTPUT_ARRAYS", "consolidate_head_outputs", "read_head_outputs", "save_head_output_part"]
+
+HEAD_OUTPUT_ARRAYS = ("cls", "context_mean", "last_cls")
+"""Arrays of ``head_outputs.zarr``: the two poolings (feature, layer, head, dim) and (feature, hidden)."""
+
+
+def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence) -> None:
+    """Write one extraction block's pooled head outputs (float16) to ``path`` (an ``.npz``), atomically.
+
+    Parameters
+    ----------
+    path
+        ``RunLayout.head_output_part(block)``.
+    feature_ids : numpy.ndarray of int, shape (feature,)
+        The store rows of the block, in the order of ``outputs``' features.
+    outputs
+        :class:`attnclust.models.HeadOutputs` of the block's batches, in order.
+    """
+    arrays = {name: np.concatenate([getattr(o, name) for o in outputs]).astype(np.float16)
+              for name in HEAD_OUTPUT_ARRAYS}
+    if len(arrays["cls"]) != len(feature_ids):
+        raise RuntimeError(f"head outputs of {len(arrays['cls'])} features for {len(feature_ids)} feature ids")
+    from ..safeio import atomic_write
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:  # a file object: np.savez would add ".npz" to the temporary name
+            np.savez(fh, feature_id=np.asarray(feature_ids, np.int64), **arrays)
+
+    atomic_write(path, write)
+
+
+def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int, *, chunk: int = 1024) -> None:
+    """Write ``head_outputs.zarr`` from the blocks' parts, one part in memory at a time.
+
+    Parameters
+    ----------
+    root
+        The group's path (``RunLayout.head_outputs``); replaced.
+    parts
+        Every block's part; together they cover features ``0 .. n_features - 1``.
+    n_features
+        Rows of the store.
+    chunk
+        Features per zarr chunk.
+    """
+    import shutil
+
+    from zarr.codecs import ZstdCodec
+
+    from ..store.integrity import COMPLETE, with_checksum
+
+    shutil.rmtree(root, ignore_errors=True)
+    group = open_writable_group(root, mode="w")
+    arrays: dict = {}
+    seen = 0
+    for part in parts:
+        with np.load(part) as data:
+            ids = data["feature_id"]
+            for name in HEAD_OUTPUT_ARRAYS:
+                values = data[name]
+                if name not in arrays:
+                    dims = ("feature", "layer", "head", "dim") if values.ndim == 4 else ("feature", "hidden")
+                    arrays[name] = group.create_array(name, shape=(n_features, *values.shape[1:]), dtype="float16",
+                                                      chunks=(chunk, *values.shape[1:]), dimension_names=dims,
+                                                      fill_value=np.nan, config=COMPLETE,
+                                                      compressors=with_checksum(ZstdCodec(level=0)))
+                arrays[name].oindex[ids] = values
+            seen += len(ids)
+    if seen != n_features:
+        raise RuntimeError(f"head outputs: the parts hold {seen} features, the store {n_features}")
+    group.attrs.update({"n_features": int(n_features), "complete": True})
+
+
+def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pooled head outputs and the last layer's [CLS] state of some features.
+
+    Parameters
+    ----------
+    root
+        ``head_outputs.zarr``.
+    pooling
+        ``cls`` or ``context_mean``.
+    feature_ids : numpy.ndarray of int, shape (feature,)
+
+    Returns
+    -------
+    heads : numpy.ndarray, shape (feature, layer, head, dim)
+        float32.
+    last : numpy.ndarray, shape (feature, hidden)
+        float32.
+    """
+    from ..errors import StoreError
+    from ..store.integrity import open_checked_group, reading
+
+    fix = "re-run 'attnclust extract --force' for this output dir to rewrite it"
+    try:  # a missing chunk raises (integrity.py), never reads as NaN or zeros
+        group = open_checked_group(root, fix=fix)
+        complete = group.attrs.get("complete")
+    except Exception as exc:  # noqa: BLE001 -- zarr raises many types for an unreadable group
+        raise StoreError(f"store {root}: not a readable zarr group ({type(exc).__name__}); {fix}") from None
+    if not complete:
+        raise DataError(f"{root}: unfinished head outputs; re-run 'attnclust run' (extract) to write them")
+    ids = np.asarray(feature_ids, np.int64)
+    order = np.argsort(ids)
+    back = np.empty_like(order)
+    back[order] = np.arange(len(ids))
+    with reading(root, f"head outputs of {len(ids)} features ({ids.min() if len(ids) else 0}.."
+                       f"{ids.max() if len(ids) else 0})", fix):
+        heads = np.asarray(group[pooling].oindex[ids[order]], np.float32)[back]
+        last = np.asarray(group["last_cls"].oindex[ids[order]], np.float32)[back]
+    return heads, last
