@@ -15,8 +15,12 @@ from . import analysis  # noqa: F401 -- registers the analyses: their job sectio
 from .api import Output, open_output, run
 from .config import JobConfig, load_job
 from .errors import AttnclustError, BackendUnavailable, ConfigError, DataError, ModelError, StoreError
+from .plugins import load_plugins
 from .store.contract import DIMS
 
+PLUGINS = load_plugins()
+"""The installed extensions imported with attnclust (:mod:`attnclust.plugins`)."""
+
 __all__ = ["DIMS", "AttnclustError", "BackendUnavailable", "ConfigError", "DataError", "JobConfig", "ModelError",
-           "Output", "StoreError", "load_job", "open_output", "run"]
+           "Output", "PLUGINS", "StoreError", "load_job", "open_output", "run"]
 __version__ = "0.1.0"

@@ -24,7 +24,8 @@ from ..errors import ModelError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["attention_outputs", "check_supported", "gated", "hook_attention_outputs"]
+__all__ = ["OUTPUT_PROJECTIONS", "OutputProjections", "attention_outputs", "check_supported", "gated",
+           "hook_attention_outputs", "register_output_projections"]
 
 
 def _albert_inner_groups(model: Any, label: str) -> str | None:
@@ -59,38 +60,80 @@ def check_supported(model: Any, name: str) -> None:
         raise ModelError(why)
 
 
-def attention_outputs(model: Any) -> list:
-    """Each layer's attention output projection: the module whose input is the concatenated heads' context.
+OutputProjections = Callable[[Any, Any], "list | None"]
+"""``find(model, base) -> list or None``: one architecture family's attention output projections, one per layer in
+layer order (``base`` is the model's base model, e.g. ``model.bert``), or ``None`` when the model is not of the
+family."""
 
-    Parameters
-    ----------
-    model
-        A transformers question-answering model: BERT-style encoders (``encoder.layer[i].attention.output.dense``:
-        BERT, RoBERTa, ELECTRA, DeBERTa-v2/v3, MiniLM ...), DistilBERT (``transformer.layer[i].attention.out_lin``)
-        or ALBERT (``encoder.albert_layer_groups[g].albert_layers[0].attention.dense``, layer ``i`` in group
-        ``g = i * groups // layers``: with one group, the same module for every layer).
+OUTPUT_PROJECTIONS: dict[str, OutputProjections] = {}
+"""Family name -> how to find its attention output projections, tried in registration order."""
 
-    Returns
-    -------
-    list of torch.nn.Linear
-        One per layer, in layer order (a module shared by several layers appears once for each).
 
-    Raises
-    ------
-    ModelError
-        The model has none of these layouts, or is an ALBERT with several attention blocks per layer.
-    """
-    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+def register_output_projections(family: str) -> Callable[[OutputProjections], OutputProjections]:
+    """Decorator registering where a model family's heads are mixed (its attention output projections), so that
+    head gates and head outputs work for it. Registering a family again replaces it."""
+    def register(find: OutputProjections) -> OutputProjections:
+        OUTPUT_PROJECTIONS[family] = find
+        return find
+
+    return register
+
+
+@register_output_projections("bert")
+def _bert_style(model: Any, base: Any) -> list | None:
+    """``encoder.layer[i].attention.output.dense``: BERT, RoBERTa, ELECTRA, DeBERTa-v2/v3, MiniLM ..."""
     with contextlib.suppress(AttributeError):
         return [layer.attention.output.dense for layer in base.encoder.layer]
+    return None
+
+
+@register_output_projections("distilbert")
+def _distilbert(model: Any, base: Any) -> list | None:
+    """``transformer.layer[i].attention.out_lin``."""
     with contextlib.suppress(AttributeError):
         return [layer.attention.out_lin for layer in base.transformer.layer]
+    return None
+
+
+@register_output_projections("albert")
+def _albert(model: Any, base: Any) -> list | None:
+    """``encoder.albert_layer_groups[g].albert_layers[0].attention.dense``, layer ``i`` in group
+    ``g = i * groups // layers``: with one group, the same module for every layer."""
+    if getattr(model.config, "model_type", "") != "albert":
+        return None
     why = _albert_inner_groups(model, f"model type {type(model).__name__}")
     if why:
         raise ModelError(f"head gates and head outputs: {why}")
     with contextlib.suppress(AttributeError):
         groups, n = base.encoder.albert_layer_groups, int(model.config.num_hidden_layers)
         return [groups[int(i / (n / len(groups)))].albert_layers[0].attention.dense for i in range(n)]
+    return None
+
+
+def attention_outputs(model: Any) -> list:
+    """Each layer's attention output projection: the module whose input is the concatenated heads' context.
+
+    Parameters
+    ----------
+    model
+        A transformers model of a registered family (:data:`OUTPUT_PROJECTIONS`: BERT-style encoders, DistilBERT,
+        ALBERT; :func:`register_output_projections` adds one).
+
+    Returns
+    -------
+    list of torch.nn.Module
+        One per layer, in layer order (a module shared by several layers appears once for each).
+
+    Raises
+    ------
+    ModelError
+        No registered family finds them, or the model is an ALBERT with several attention blocks per layer.
+    """
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    for find in OUTPUT_PROJECTIONS.values():
+        found = find(model, base)
+        if found is not None:
+            return found
     raise ModelError(f"head gates and head outputs: model type {type(model).__name__}: no per-layer attention output "
                      f"projection found; they support BERT-style encoders (encoder.layer[i].attention.output.dense: "
                      f"BERT, RoBERTa, ELECTRA, DeBERTa), DistilBERT and ALBERT (docs/guide/models.md); set "

@@ -41,7 +41,7 @@ def test_site_builds_with_warnings_as_errors_and_every_page_is_there(site):
     for page in ("index", "getting-started", "guide/index", "guide/notebook", "guide/patterns", "guide/heads",
                  "guide/importance", "guide/compare", "guide/scale", "guide/datasets", "guide/models",
                  "reference/jobs", "reference/outputs", "reference/store", "reference/cli", "reference/api", "methods",
-                 "design", "tutorial/atlas"):
+                 "design", "extending", "tutorial/atlas"):
         assert (site / f"{page}.html").is_file(), page
 
 

@@ -39,8 +39,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # no knowledge of jobs or runs: bounded reads and atomic writes, chunk checksums, argparse types, the parts of
     # a transformers model that are hooked, the clustering algorithms' small pieces; how a setting is declared and
     # its errors told (_settings: the featurizers declare their settings with it)
-    ("foundations", ("attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes", "attnclust.models.hooks",
-                     "attnclust.cluster.kmeans", "attnclust.cluster.placement", "attnclust._settings")),
+    ("foundations", ("attnclust.plugins", "attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes",
+                     "attnclust.models.hooks", "attnclust.cluster.kmeans", "attnclust.cluster.placement",
+                     "attnclust._settings")),
     # array maths on attention maps that the model runner and the job's validation need, no files: per-map
     # statistics and token masks, the featurizers and their registry (the other analyses sit in "methods")
     ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),
