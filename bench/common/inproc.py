@@ -20,6 +20,7 @@ from attnclust.stages import SerialExecutor
 from attnclust.stages.extract import plan_features
 
 __all__ = [
+    "data_identity",
     "features_near_median",
     "job_config",
     "run_all",
@@ -36,6 +37,14 @@ def job_config(data_path: str, *, backend: str = "cpu", **sections) -> JobConfig
     raw = {"name": "bench", "backend": backend, "data": {"path": str(data_path)}}
     raw.update(sections)
     return JobConfig.from_dict(raw)
+
+
+def data_identity(cfg: JobConfig) -> str:
+    """The content identity of the job's data file, as the extract stage records it: later stages run on their own
+    (featurize, cluster) compare the file against it and refuse a run whose data changed."""
+    from attnclust.data import data_fingerprint
+
+    return data_fingerprint(cfg.data.path, cfg.data.split)
 
 
 def select_features(features: pd.DataFrame, example_ids) -> pd.DataFrame:
@@ -55,7 +64,7 @@ def run_extract(out: Path, features: pd.DataFrame, cfg: JobConfig, model_info: d
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)  # a benchmark's own scratch directory
-    inputs = {"data_path": str(cfg.data.path), "data_sha256": "bench", "features": features,
+    inputs = {"data_path": str(cfg.data.path), "data_sha256": data_identity(cfg), "features": features,
               "model_info": model_info,
               "examples": examples if examples is not None else pd.DataFrame({"id": features["example_id"].unique()})}
     t0 = time.perf_counter()

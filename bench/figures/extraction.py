@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..common.inproc import job_config, run_extract, select_features, store_nbytes
+from ..common.inproc import data_identity, run_extract, select_features, store_nbytes
 from ..common.timing import interleave, median
 
-__all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches"]
+__all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches", "sync_device"]
 
 
 def dataset_order(features: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFrame:
@@ -22,8 +22,8 @@ def dataset_order(features: pd.DataFrame, examples: pd.DataFrame) -> pd.DataFram
     return features.iloc[np.argsort(key, kind="stable")].reset_index(drop=True)
 
 
-def make_batches(features: pd.DataFrame, batch_size: int, *, pad_id: int = 0) -> list[dict]:
-    """Pre-made input tensors, each batch padded to its own longest feature (as extract_block pads)."""
+def make_batches(features: pd.DataFrame, batch_size: int, *, pad_id: int = 0, device: str = "cpu") -> list[dict]:
+    """Pre-made input tensors on ``device``, each batch padded to its own longest feature (as extract_block pads)."""
     import torch
 
     batches = []
@@ -35,20 +35,32 @@ def make_batches(features: pd.DataFrame, batch_size: int, *, pad_id: int = 0) ->
         mask = np.zeros_like(ids)
         for i, (tok, seg) in enumerate(zip(rows["input_ids"], rows["segment_ids"])):
             ids[i, :len(tok)], types[i, :len(seg)], mask[i, :len(tok)] = tok, seg, 1
-        batches.append({"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
-                        "token_type_ids": torch.from_numpy(types)})
+        batches.append({"input_ids": torch.from_numpy(ids).to(device),
+                        "attention_mask": torch.from_numpy(mask).to(device),
+                        "token_type_ids": torch.from_numpy(types).to(device)})
     return batches
 
 
 def bare_forward(model, batches: list[dict]) -> float:
-    """Seconds for ``model(**batch, output_attentions=True)`` over every batch; nothing kept or stored."""
+    """Seconds for ``model(**batch, output_attentions=True)`` over every batch; nothing kept or stored. On a GPU the
+    arm ends when the device has finished (CUDA runs asynchronously)."""
     import torch
 
     t0 = time.perf_counter()
     with torch.inference_mode():
         for batch in batches:
             model(**batch, output_attentions=True)
+    sync_device(next(model.parameters()).device)
     return time.perf_counter() - t0
+
+
+def sync_device(device) -> None:
+    """Wait for the work queued on ``device`` (a torch device or its name); nothing to wait for on a CPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> dict:
@@ -60,7 +72,7 @@ def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> 
 
     if out.exists():
         shutil.rmtree(out)  # a benchmark's own scratch directory
-    inputs = {"data_path": str(cfg.data.path), "data_sha256": "bench", "features": features,
+    inputs = {"data_path": str(cfg.data.path), "data_sha256": data_identity(cfg), "features": features,
               "model_info": model_info, "examples": pd.DataFrame({"id": features["example_id"].unique()})}
     t0 = time.perf_counter()
     rec = run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False,
@@ -70,9 +82,8 @@ def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> 
 
 
 def _with_extract(ctx, **extract):
-    """The bench job with some ``extract`` settings changed."""
-    base = ctx.cfg.to_dict()
-    return job_config(ctx.data_path, extract={**base["extract"], **extract})
+    """The bench job (its model and backend included) with some ``extract`` settings changed."""
+    return ctx.cfg.replace(extract=ctx.cfg.extract.replace(**extract))
 
 
 def bench_extract(ctx, n_examples: int, reps: int) -> dict:
@@ -87,11 +98,14 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     """
     import torch
 
+    from attnclust.backend import torch_device
+
     feats = select_features(ctx.inputs["features"], ctx.inputs["examples"]["id"][:n_examples])
     bs = ctx.cfg.extract.batch_size
     pad = int(getattr(ctx.model.config, "pad_token_id", 0) or 0)
-    sorted_b = make_batches(feats, bs, pad_id=pad)
-    unsorted_b = make_batches(dataset_order(feats, ctx.inputs["examples"]), bs, pad_id=pad)
+    device = torch_device(ctx.backend)  # the bare arms' inputs wait on the model's device, as the stage's would
+    sorted_b = make_batches(feats, bs, pad_id=pad, device=device)
+    unsorted_b = make_batches(dataset_order(feats, ctx.inputs["examples"]), bs, pad_id=pad, device=device)
     out = ctx.tmp / "extract"
     info = ctx.inputs["model_info"]
     cfgs = {"extract_stage": ctx.cfg, "extract_overlapped": _with_extract(ctx, overlap=True),

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ..common.inproc import features_near_median, job_config, run_extract, run_featurize
+from ..common.inproc import features_near_median, run_extract, run_featurize
 from ..common.timing import interleave, median
 
 __all__ = ["bench_cluster_quality", "bench_featurize_resnet"]
@@ -16,31 +16,39 @@ def bench_featurize_resnet(ctx, n_features: int, reps: int) -> None:
     """``featurize_resnet_vs_bare``: featurize_block (method resnet, weights none) over a store vs the bare net.
 
     The bare arm feeds the same network object (``load_resnet``: channels_last, eval) pre-made
-    (n_maps, 3, S, S) channels_last tensors in the same batch size, under inference_mode, at the precision the
-    stage resolves ``featurize.precision`` to (the default ``auto``: bf16 autocast on a CPU with native bf16).
+    (n_maps, 3, S, S) channels_last tensors on the run's device in the same batch size, under inference_mode, at
+    the precision the stage resolves ``featurize.precision`` to there (the default ``auto``: bf16 autocast on a CPU
+    with native bf16, float16 on a GPU).
     """
     import torch
 
+    from attnclust.backend import torch_device
+    from attnclust.config import JobConfig
     from attnclust.featurize.resnet import autocast_for, load_resnet, resolve_batch_size, resolve_precision
 
+    from .extraction import sync_device
+
     feats = features_near_median(ctx.inputs["features"], n_features)
-    cfg = job_config(ctx.data_path, featurize={"method": "resnet", "arch": "resnet18", "weights": "none",
-                                               "image_size": 224})
+    cfg = JobConfig.from_dict({**ctx.cfg.to_dict(), "featurize": {"method": "resnet", "arch": "resnet18",
+                                                                  "weights": "none", "image_size": 224}})
     out = ctx.tmp / "featurize_resnet"
     run_extract(out, feats, cfg, ctx.inputs["model_info"])
     n_maps = len(feats) * ctx.inputs["model_info"]["num_layers"] * ctx.inputs["model_info"]["num_heads"]
     fc = cfg.featurize
-    net = load_resnet(fc.arch, fc.weights, "cpu")
-    precision = resolve_precision(fc.precision, "cpu")  # what the stage runs at (backend cpu)
-    x = torch.rand(n_maps, 3, fc.image_size, fc.image_size).contiguous(memory_format=torch.channels_last)
-    bs = resolve_batch_size(fc.batch_size, "cpu")  # the stage's batch (backend cpu)
+    device = torch_device(ctx.backend)
+    net = load_resnet(fc.arch, fc.weights, device)
+    precision = resolve_precision(fc.precision, device)  # what the stage runs at on this backend
+    x = torch.rand(n_maps, 3, fc.image_size, fc.image_size, device=device).contiguous(
+        memory_format=torch.channels_last)
+    bs = resolve_batch_size(fc.batch_size, device)  # the stage's batch on this backend
     batches = [x[b0:b0 + bs] for b0 in range(0, n_maps, bs)]
 
     def bare(r):
         t0 = time.perf_counter()
-        with torch.inference_mode(), autocast_for(precision, "cpu"):
+        with torch.inference_mode(), autocast_for(precision, device):
             for b in batches:
                 net(b).float()
+        sync_device(device)
         return time.perf_counter() - t0
 
     times = interleave({"featurize_stage": lambda r: run_featurize(out, cfg)["seconds"], "bare": bare}, reps)
