@@ -133,16 +133,18 @@ class FittedClusters:
         self.kmeans_ = kmeans
 
 
-SEED_STREAMS = {"resample": 1, "silhouette": 1, "umap_sample": 2, "stability_sample": 3, "k_search": 4,
-                "stability": 5, "k_labels": 6}
-"""The random streams of a fit, each an offset from ``cluster.random_state`` (or ``cluster.stability_seed`` for
-``resample`` and ``stability_sample``): distinct draws for distinct purposes from one seed."""
+SEED_STREAMS = ("resample", "silhouette", "umap_sample", "stability_sample", "k_search", "stability", "k_labels")
+"""The named random streams of a fit, each spawned from one ``numpy.random.SeedSequence`` of its seed
+(``cluster.random_state``; ``cluster.stability_seed`` for ``resample`` and ``stability_sample``): independent draws
+for distinct purposes. A stream keeps its index in this tuple: append new ones at the end."""
 
 
 def stream_seed(seed: int, stream: str) -> int:
-    """The seed of one named stream (:data:`SEED_STREAMS`), within ``[0, 2**32)`` as scikit-learn and NumPy's
-    legacy seeding require for every seed a job accepts."""
-    return (int(seed) + SEED_STREAMS[stream]) % 2**32
+    """The 32-bit seed of the named stream ``stream`` (:data:`SEED_STREAMS`) of ``seed``:
+    ``SeedSequence(seed, spawn_key=(index,))``, in ``[0, 2**32)`` as scikit-learn and NumPy's legacy seeding
+    require."""
+    index = SEED_STREAMS.index(stream)
+    return int(np.random.SeedSequence(int(seed), spawn_key=(index,)).generate_state(1, np.uint32)[0])
 
 
 def sample_rows(n: int, size: int, random_state: int) -> np.ndarray:

@@ -91,3 +91,16 @@ def test_umap_on_all_maps_uses_exact_neighbours_deterministically(planted):
     assert a.umap_.precomputed_knn[0] is not None               # exact graph, no pynndescent
     np.testing.assert_allclose(a.umap_xy_, b.umap_xy_)
     assert trustworthiness(a.reduce(x), a.umap_xy_, n_neighbors=10) > 0.9
+
+
+def test_named_streams_are_spawned_from_one_seed_sequence():
+    import numpy as np
+
+    from attnclust.cluster import SEED_STREAMS, stream_seed
+
+    for seed in (0, 7, 2**32 - 1):
+        root = np.random.SeedSequence(seed)
+        children = root.spawn(len(SEED_STREAMS))                # the i-th child is the i-th named stream
+        for child, name in zip(children, SEED_STREAMS):
+            assert stream_seed(seed, name) == int(child.generate_state(1, np.uint32)[0])
+    assert stream_seed(1, "k_labels") != stream_seed(2, "k_labels")
