@@ -176,7 +176,7 @@ def numba_cache_dir() -> Path:
 def enable_numba_cache(packages: tuple[str, ...] = NUMBA_CACHED_PACKAGES, *, cache_dir: Path | None = None) -> int:
     """Keep the numba code of ``packages`` (already imported) compiled on disk, so a new process loads it.
 
-    umap-learn compiles its numba functions in every process (40-80 s on 2 cores) because most of them are
+    umap-learn compiles its numba functions in every process (a minute or more: bench/README.md) because most are
     declared without ``cache=True``. This turns numba's on-disk cache on for every ``CPUDispatcher`` found in the
     imported modules of ``packages`` (what it compiles from then on is saved, or loaded when already saved), with
     numba's cache directory (``NUMBA_CACHE_DIR``, set for this process and the ones it starts) pointing at

@@ -202,8 +202,8 @@ class ExtractConfig(_Model):
     overlap
         Convert and store batch ``i``'s maps in a second thread while the forward of batch ``i + 1`` runs (the
         outputs are the same either way); ``false``: one after the other; ``None`` (the default): overlap only
-        when the forward runs on a GPU. On CPU the forward already keeps every core busy, and the second thread
-        slowed the stage down (2 cores: 0.36 of a bare forward overlapped, 0.44 one after the other).
+        when the forward runs on a GPU. On CPU the forward already keeps every core busy, so the second thread
+        does not help (bench/README.md: ``extract_overlapped_vs_forward``).
     head_outputs
         Also store each head's output (its context vector) pooled per feature at [CLS] and over the context
         tokens, and the last layer's [CLS] hidden state, in ``head_outputs.zarr`` (float16: ``2 x layers x heads x

@@ -28,6 +28,9 @@ a symbolic link or resolves outside the run directory (403). Files are opened on
 ``O_NOFOLLOW``. Bound to 127.0.0.1 by default; on a loopback address a request whose ``Host`` header names another
 host is refused (403, against DNS rebinding). Another address must be asked for explicitly (``--host``); there is
 no authentication, so the command line then prints a warning.
+
+Kept whole (about 640 lines): the routes, the checks that refuse a path and the request handler are one security
+boundary, reviewed together.
 """
 
 from __future__ import annotations

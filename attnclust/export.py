@@ -234,7 +234,7 @@ def cluster_maps_figure(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .analysis.atlas import cluster_mean_maps, medoid_maps
+    from .analysis.thumbnails import cluster_mean_maps, medoid_maps
     from .store.contract import read_features
 
     fix = "run 'attnclust report' for this run first"

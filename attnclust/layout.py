@@ -15,6 +15,8 @@ Layout (relative to the run directory)::
     qa.parquet              start/end logits per feature
     head_outputs.zarr       per-head outputs pooled per feature (cls, context_mean) and the last [CLS] state
     induction.parquet       per (layer, head) induction score of a causal model's diagnostic (analysis/induction.py)
+    decoder_protocols.*     a causal model's sink rate and head detectors as the papers score them: .parquet per
+                            (layer, head), .json the rates and counts (analysis/protocols.py)
     predictions.*           answers (parquet, the official JSON), null_odds.json, best_spans.json, qa_scores.json
     embedding.zarr          one vector per map
     cluster_labels.parquet  cluster, centroid distance and 2-D position per map; cluster_model.json
@@ -159,6 +161,18 @@ class RunLayout(StateDirectory):
     def induction(self) -> Path:
         """``induction.parquet``: per (layer, head) induction score of a causal model (analysis/induction.py)."""
         return self.root / "induction.parquet"
+
+    @property
+    def decoder_protocols(self) -> Path:
+        """``decoder_protocols.parquet``: per (layer, head) sink alpha and head-detector scores of a causal model
+        under the papers' protocols (analysis/protocols.py)."""
+        return self.root / "decoder_protocols.parquet"
+
+    @property
+    def decoder_protocols_summary(self) -> Path:
+        """``decoder_protocols.json``: a causal model's sink rates, detector thresholds and head counts
+        (analysis/protocols.py)."""
+        return self.root / "decoder_protocols.json"
 
     @property
     def head_outputs(self) -> Path:

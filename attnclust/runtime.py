@@ -15,8 +15,8 @@ __all__ = ["MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT", "d
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
-a longer ``distributed.comm.timeouts.connect`` of the user's Dask configuration stands). Dask's default, 30 s, was
-too short on a busy 2-core machine: worker processes import their libraries before they connect."""
+a longer ``distributed.comm.timeouts.connect`` of the user's Dask configuration stands). Dask's default, 30 s, is
+too short on a busy machine: worker processes import their libraries before they connect."""
 
 
 @contextlib.contextmanager
@@ -178,15 +178,13 @@ def fix_malloc_thresholds() -> bool:
     A forward with attention maps allocates and frees float32 tensors of up to tens of MB (one layer's maps,
     (feature, head, query, key), are 26 MB for 4 features of 369 tokens), growing with each length-ordered
     batch. Each time glibc frees an mmap-ed block it raises its mmap threshold to that size (up to 32 MiB), so
-    later ones come from the heap, which they fragment and which is not given back: extracting 96 generated
-    SQuAD examples in-process (``SerialExecutor``, 4 features a shard), the RSS on entering a block grew by
-    ~350 MB over 24 blocks and the stage's peak RSS with it (1.70 GB vs 1.47 GB for 12 of those examples that
-    hold the same longest feature). Here the mmap threshold is fixed at 16 MiB and the trim threshold at 32 MiB:
-    peaks 1.43 vs 1.53 GB, extraction ~5% slower (6.69 vs 6.36 s, 3 interleaved runs, 2 cores, load 1.3). Also:
-    a Dask worker's setting (its nanny's ``MALLOC_TRIM_THRESHOLD_=65536`` keeps glibc's initial 128 KiB mmap
-    threshold) flattened the peaks to 1.26 vs 1.28 GB but made in-process extraction 40% slower (every large
-    tensor freshly mmap-ed and faulted in); a 64 KiB trim threshold with the 16 MiB mmap threshold, 10% slower.
-    Workers started by a nanny have their environment's setting and keep it (see Returns).
+    later ones come from the heap, which they fragment and which is not given back: the RSS on entering a block
+    grows block after block, and the stage's peak RSS with it. Here the mmap threshold is fixed at 16 MiB and the
+    trim threshold at 32 MiB, which lowers the peak for about 5% more extraction time; a Dask worker's setting
+    (its nanny's ``MALLOC_TRIM_THRESHOLD_=65536`` keeps glibc's initial 128 KiB mmap threshold) lowers it as well
+    but makes in-process extraction about a third slower (every large tensor freshly mmap-ed and faulted in). The
+    measurements are in ``bench/HISTORY.md``. Workers started by a nanny have their environment's setting and keep
+    it (see Returns).
 
     Returns
     -------
@@ -209,11 +207,8 @@ def malloc_environ() -> dict[str, str]:
     embedded cluster's nanny puts in its workers' environment (``distributed.nanny.pre-spawn-environ``).
 
     Dask's nanny gives its workers ``MALLOC_TRIM_THRESHOLD_=65536``, which keeps glibc's 128 KiB mmap threshold:
-    every large tensor is freshly mmap-ed and faulted in. Measured on 2 cores (load 1.6-2.3): in-process
-    extraction of the demo's 195 features (fresh processes, 2 runs x 2 repetitions) 18.3 s with that
-    environment, 14.6 s with ``MALLOC_MMAP_THRESHOLD_=16777216`` added, 13.5 s with neither; the demo's extract
-    stage on the embedded LocalCluster (2 single-threaded workers, 2 interleaved runs each) 19.5 s with Dask's
-    setting alone, 18.0 s with this one.
+    every large tensor is freshly mmap-ed and faulted in, which slows extraction; this setting gives most of that
+    time back (``bench/HISTORY.md``).
 
     Returns
     -------

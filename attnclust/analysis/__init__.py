@@ -5,6 +5,8 @@
 - :mod:`.plugins`: analyses with settings and files of their own (``importance``, ``head_distances``,
   ``syntax``, ``probe``), each declaring its settings (a job section), outputs, fingerprint and report section;
 - :mod:`.atlas`: the joins of cluster labels, statistics and features, and the per-head / per-cluster tables.
+- :mod:`.naming`: each cluster's type and description from its mean statistics; :mod:`.thumbnails`: each
+  cluster's mean and medoid maps.
 
 A new statistic, head analysis or analysis plugin is one module that registers itself; it then appears in the job's
 settings, the outputs and the report with no other edit. Importing this package registers the built-in ones;
@@ -13,6 +15,7 @@ settings, the outputs and the report with no other edit. Importing this package 
 
 from . import answer  # noqa: F401, I001  (registers the "answer_attention" and "unanswerable_attention" analyses)
 from . import induction  # noqa: F401  (registers the "induction" head analysis)
+from . import protocols  # noqa: F401  (the papers' protocols: "sink_rate", the detectors, "decoder_protocols")
 from . import modes  # noqa: F401  (registers the "modes" head analysis)
 from . import retrieval  # noqa: F401  (registers the "retrieval" and "answer_step_attention" analyses)
 from . import roles  # noqa: F401  (registers the "roles" head analysis)

@@ -125,8 +125,8 @@ class AnalysisPlugin:
         report stage's fingerprint.
     version : int or None
         Bumped when what it computes changes: recorded in the report stage's fingerprint under
-        ``analyses``. ``None``: not recorded (the built-ins record what they depend on in ``identity``, as
-        before they were plugins, so finished runs keep their fingerprints).
+        ``analyses``. ``None``: not recorded (the built-ins record what they depend on in ``identity``, which keeps
+        the fingerprints of finished runs).
     heads : callable or None
         ``heads(result) -> DataFrame or None`` with ``layer``, ``head`` and columns joined to ``heads.parquet``.
     record : callable or None

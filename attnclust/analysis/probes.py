@@ -25,6 +25,9 @@ The analysis is a plugin of the report stage (:mod:`attnclust.analysis.plugins`)
 module: its settings (:class:`ProbeConfig`, the job's ``probe`` section), its outputs (``probes.parquet``,
 ``probes_summary.json``), its fingerprint (its settings while on) and its report section (``probes``:
 :mod:`attnclust.report.sections.probes`).
+
+Kept whole (about 620 lines): the folds, the permutation null and the batched fits are the one protocol described
+above, and the plugin at the end declares that protocol's settings and outputs.
 """
 
 from __future__ import annotations

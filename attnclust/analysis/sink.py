@@ -6,7 +6,9 @@ query rows of the weight on token 0, [CLS] in an encoder, the first prompt token
 rate* is the share of a model's heads that are sinks (70% for GPT-2 XL to 91% for Llama-3-8B on random tokens).
 A threshold, not a test: a uniform causal row already puts ``1 / (i + 1)`` on the first token, so on short maps a
 uniform decoder head is near it (mean ``H_n / n``, 0.17 at 20 tokens, 0.02 at 400); the ``cls`` role
-(:mod:`attnclust.analysis.roles`) tests the lift over that null.
+(:mod:`attnclust.analysis.roles`) tests the lift over that null. Gu et al.'s sink rate under their own protocol
+(64-token natural, random and repeated sequences) is a diagnostic of the extract stage:
+:mod:`attnclust.analysis.protocols`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the featurize stage's fingerprint; nothing else needs editing.
 A featurizer that needs to know which keys are [CLS], [SEP] or punctuation, and the segment of each token, sets
 the optional class attribute ``uses_context = True``; it is then called as ``embed(maps, cfg, device,
 context=ctx)`` with a :class:`TokenContext` built from ``features.parquet`` (the ``tokens`` and ``segment_ids``
-columns). Featurizers without the attribute are called as before (:func:`embed_with_context`).
+columns). Featurizers without the attribute are called without ``context`` (:func:`embed_with_context`).
 
 A featurizer whose settings resolve differently from machine to machine (``resnet``'s ``precision: auto``)
 has the optional method ``identity(cfg, device) -> dict`` of setting name -> resolved value: the stage puts it in
@@ -39,15 +39,15 @@ __all__ = ["CAUSAL_CONTEXT_VERSION", "FEATURIZERS", "Featurizer", "TokenContext"
            "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer",
            "watch_featurizers"]
 
-# the built-in featurizers register themselves on import; later ones after the first two, so that the allowed
-# names read "pooled | resnet | ..." as before
+# the built-in featurizers register themselves on import, the first two first: the allowed names read
+# "pooled | resnet | ..." in the job reference and in the errors
 from . import pooled, resnet  # noqa: F401, I001 -- registration order
 from . import profile  # noqa: F401
 
 
 def __getattr__(name: str):
-    """``CLS_TOKENS``, still importable here, read when asked from its home with the other special tokens
-    (:data:`attnclust.analysis.stats.CLS_TOKENS`)."""
+    """``CLS_TOKENS``, importable here too, read when asked from where it is defined with the other special
+    tokens (:data:`attnclust.analysis.stats.CLS_TOKENS`)."""
     if name == "CLS_TOKENS":
         from .base import CLS_TOKENS
 

@@ -245,7 +245,7 @@ class EncoderKind(ModelKind):
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
         """The question/context windows of each example (:func:`attnclust.data.tokenize_examples`)."""
-        from ..data.squad import tokenize_examples
+        from ..data.features import tokenize_examples
 
         return tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
                                  doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,

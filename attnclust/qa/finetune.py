@@ -116,7 +116,8 @@ def _precision(cfg: JobConfig, device: str) -> dict:
 
 def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer,
           split: str | None = None) -> tuple[list, pd.DataFrame]:
-    from ..data.squad import read_squad, sample_path, tokenize_examples
+    from ..data.features import tokenize_examples
+    from ..data.squad import read_squad, sample_path
 
     file = Path(path).expanduser() if path else sample_path()
     examples = read_squad(file, max_examples=max_examples, split=split)
@@ -162,7 +163,7 @@ def _fingerprint(cfg: JobConfig, data_path: str) -> str:
 
     ft = {k: v for k, v in cfg.finetune.to_dict().items() if not k.startswith("eval_")
           and k not in ("logging_steps", "save_steps", "save_total_limit")}  # these may change on a resume
-    data = {k: v for k, v in cfg.data.to_dict().items() if k != "split" or v is not None}  # unset: as before it
+    data = {k: v for k, v in cfg.data.to_dict().items() if k != "split" or v is not None}  # unset: left out
     blob = {"model": cfg.model.to_dict(), "data": {**data, "path": data_path},
             "data_file": _file_identity(Path(data_path), cfg.data.split) if data_path != "sample" else None,
             "tokens": {k: getattr(cfg.extract, k) for k in ("max_seq_len", "doc_stride", "max_query_len")},

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..data.squad import FEATURE_COLUMNS
+from ..data.features import FEATURE_COLUMNS
 from ..errors import DataError, ModelError
 
 __all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans",

@@ -55,7 +55,8 @@ class ReportInputs:
     k_scores : dict of int to float, optional
         The score of each candidate k when k was chosen automatically.
     k_score_name : str, optional
-        What ``k_scores`` measure (``split-half stability (median ARI)``, or ``silhouette`` in older runs).
+        What ``k_scores`` measure (``split-half stability (median ARI)``, or ``silhouette`` for a run whose
+        clustering record holds no stability per k).
     max_tokens_shown : int, optional
         Medoid maps are cropped to their first this many tokens.
     qa : dict, optional

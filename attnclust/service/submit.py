@@ -31,6 +31,9 @@ A job that raises (bad data, a task that keeps failing) is recorded ``failed`` w
 connection errors make the driver raise for the scheduler to retry it. ``cancel`` flags the job in the metadata
 and force-cancels its tasks; the flag is a ``distributed.Event``, which the driver asks before each stage and
 each finalize step and its watcher every poll; it then records ``cancelled`` and releases the output dir.
+
+Kept whole (about 760 lines): the client commands, the driver and the functions shipped to the scheduler speak
+through one job record (its states, metadata key and cancel event), which is read and changed in one place.
 """
 
 from __future__ import annotations

@@ -33,10 +33,10 @@ from .executors import StepBars
 
 __all__ = ["ASSIGN_ROWS", "ClusterStage", "model_record"]
 
-# Maps a labelling task takes at least (whole embedding chunks): one task per chunk (648-1,296 maps) spent more on
-# each task's fixed costs (opening the embedding, the placement's kNN set-up, Dask) than on the maps. Measured in one
+# Maps a labelling task takes at least (whole embedding chunks): one task per chunk (648-1,296 maps) spends more on
+# each task's fixed costs (opening the embedding, the placement's kNN set-up, Dask) than on the maps. In one
 # process over the 74,376 maps of 1,033 generated SQuAD-v2 features: 2.53 s in blocks of one chunk, 1.09 s in
-# blocks of 16; at SQuAD2-dev's size one chunk a task was 1,358 tasks.
+# blocks of 16; at SQuAD2-dev's size one chunk a task would be 1,358 tasks.
 ASSIGN_ROWS = 16384
 
 

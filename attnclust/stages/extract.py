@@ -5,10 +5,13 @@ prints the store's projected size and refuses one that would not fit (:meth:`Ext
 features by length (so a batch pads little) and plans one block per shard of the store; each block, on a
 Dask worker, loads the model once per process, runs its features in length-grouped batches, writes its whole
 shard (no other task touches it) with the maps' ``profile`` vectors, its per-map statistics and QA logits as
-parquet parts (the vectors and the statistics from one pass over each feature's maps: :func:`profile_and_statistics`).
-The driver never holds
+parquet parts (the vectors and the statistics from one pass over each feature's maps). The driver never holds
 attention maps. The stage's fingerprint holds the data file's content hash and the model's weights identity,
 so an edited file or a re-trained model is never served from an old extraction.
+
+The store's size and the room for it are :mod:`attnclust.store.plan`'s (:func:`store_bytes`,
+:func:`check_store_room`), the shard and the exact sample are written by :mod:`attnclust.store.writers`
+(:func:`profile_and_statistics`, :class:`~attnclust.store.writers.ShardFiller`); this stage orders the work.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import pandas as pd
 
 from ..analysis.induction import INDUCTION_VERSION, write_induction
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
-from ..analysis.stats import map_statistics, stat_columns, statistics_versions, token_masks
+from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
+from ..analysis.stats import stat_columns, statistics_versions
 from ..config import JobConfig
+from ..data.features import FEATURE_LAYOUT_VERSION
 from ..data.hf import data_fingerprint
-from ..data.squad import FEATURE_LAYOUT_VERSION
-from ..errors import ConfigError, DataError, StoreError
+from ..errors import DataError
 from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
@@ -39,7 +43,18 @@ from ..store.contract import (
     mark_store_complete,
     open_attention_store,
 )
-from ..store.plan import ExactSampleWriter, StorePlan, _size, plan_store
+from ..store.plan import (  # re-exported: the extract stage's pre-flight names
+    StorePlan,
+    check_store_room,
+    compact_store_bytes,
+    plan_store,
+    store_bytes,
+)
+from ..store.writers import (  # profile_and_statistics re-exported: what every extract task computes
+    ExactSampleWriter,
+    ShardFiller,
+    profile_and_statistics,
+)
 from .base import RunContext, Stage
 
 PROFILE_VERSION = _Profile.version
@@ -62,7 +77,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         The features are the model kind's (:meth:`attnclust.models.kinds.ModelKind.build_features`: a decoder's
         prompts are answered by the model here, in the driver).
     """
-    from ..data.squad import check_label_fields, examples_with_control_strings, extra_columns, read_squad, sample_path
+    from ..data.features import examples_with_control_strings
+    from ..data.squad import check_label_fields, extra_columns, read_squad, sample_path
     from ..models.runner import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
@@ -103,8 +119,9 @@ def plan_features(features: pd.DataFrame) -> pd.DataFrame:
 
 
 # features.parquet's rows per row group. Every extract, featurize and atlas task reads its own range of features
-# from it (``filters=``); with one row group each read decoded the whole table: at dev's 12,214 features 0.117 s
-# a read, 1,357 reads; with groups of 64 rows 0.0096 s (groups of 9, one per task, 0.042 s: more metadata).
+# from it (``filters=``), which decodes only the row groups holding the range: at dev's 12,214 features (1,357
+# reads) a read takes 0.0096 s with groups of 64 rows, 0.117 s with one group for the whole table and 0.042 s with
+# groups of 9, one per task (more metadata).
 FEATURE_ROW_GROUP = 64
 
 
@@ -153,117 +170,6 @@ def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: in
     return max(1, int(cfg.extract.target_task_mb * 2**20 // per_feature))
 
 
-def store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int, dtype: str) -> int:
-    """What the attention store takes on disk, at most: every map at its true length, before compression.
-
-    The store is (feature, layer, head, query, key) padded to the longest length, but the padding is zeros that
-    zstd shrinks to almost nothing, while dense attention weights hardly compress; so the true-length maps are
-    the figure to plan disk space with.
-
-    Parameters
-    ----------
-    seq_len
-        True length of every feature, (feature,).
-    num_layers, num_heads
-        The model's layers and heads per layer.
-    dtype
-        ``extract.store_dtype``: ``float16`` (2 bytes a weight) or ``uint8`` (1).
-
-    Returns
-    -------
-    int
-        ``num_layers * num_heads * itemsize * sum(seq_len ** 2)`` bytes.
-    """
-    lengths = np.asarray(seq_len, dtype=np.int64)
-    return num_layers * num_heads * np.dtype(dtype).itemsize * int((lengths * lengths).sum())
-
-
-def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int) -> int:
-    """What a compact store takes on disk, at most: every map at its true length in uint8 and its profile
-    vector (float32), before compression. Only each row's largest weights are nonzero, and the zeros compress
-    away, so far less in practice (``python -m bench --only store``: ``store_compact_bytes_per_map``).
-    """
-    profiles = num_layers * num_heads * len(seq_len) * len(PROFILE_COMPONENTS) * 4
-    return store_bytes(seq_len, num_layers=num_layers, num_heads=num_heads, dtype="uint8") + profiles
-
-
-def _held_bytes(path: Path) -> int | None:
-    """Bytes an unfinished store at ``path`` holds (0 when there is none); ``None`` for a finished store.
-
-    What an unfinished store holds is either kept (a resume) or removed before the store is written anew, so
-    it counts as room. A finished store is reused as is when the stage is complete, so it is not checked.
-    """
-    from ..store.contract import open_attention_store
-
-    if not path.exists():
-        return 0
-    try:
-        if open_attention_store(path, require_complete=False).attrs.get("complete", True) is not False:
-            return None
-    except StoreError:  # unreadable leftovers of our own: removed before the store is created again
-        pass
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def check_store_room(layout: RunLayout, projected: int, cfg: JobConfig, *, expected: int | None = None) -> str | None:
-    """Refuse a store above ``extract.max_store_gb`` or one expected not to fit the free space of the output's disk.
-
-    Parameters
-    ----------
-    layout
-        The run directory (it may not exist yet: the disk is that of its nearest existing ancestor).
-    projected
-        The store's size at most, in bytes (:func:`store_bytes`: true-length maps before compression).
-    cfg
-        The job: ``extract.max_store_gb`` and ``extract.store_dtype`` (named in the fixes).
-    expected
-        The bytes the store is expected to take (:attr:`StorePlan.expected`; ``None``: ``projected``): the free
-        space must hold this much. A compact store's bound overstates it about fivefold.
-
-    Returns
-    -------
-    str or None
-        A note when the free space holds the expected store but not its bound (a full disk would then stop the
-        run with one line, and the same command resumes); ``None`` otherwise.
-
-    Raises
-    ------
-    ConfigError
-        When ``projected`` exceeds ``extract.max_store_gb``.
-    StoreError
-        When what is still expected to be written exceeds the free space (a store already there counts as room).
-    """
-    limit = cfg.extract.max_store_gb
-    expected = projected if expected is None else min(expected, projected)
-    fixes = "lower data.max_features_per_example or data.max_examples" + (
-        ", or set extract.store_dtype=uint8 (half the bytes)" if cfg.extract.store_dtype == "float16" else "")
-    if limit is not None and projected > limit * 1e9:
-        raise ConfigError(f"extract: the store would take up to {_size(projected)} (true-length maps before "
-                          f"compression), more than extract.max_store_gb = {limit:g} ({_size(limit * 1e9)}); raise "
-                          f"extract.max_store_gb, {fixes}")
-    held = _held_bytes(layout.attention)
-    if held is None:
-        return None
-    root = layout.root.absolute()
-    disk = next(p for p in (root, *root.parents) if p.exists())
-    free = shutil.disk_usage(disk).free
-    needed = max(0, expected - held)
-    if needed > free:
-        bound = "true-length maps before compression" if expected == projected else \
-            f"expected; up to {_size(projected)} before compression"
-        what = f"{_size(needed)} more ({bound}; {_size(held)} already written)" if held else \
-            f"{_size(needed)} ({bound})"
-        verb = "take up to" if expected == projected else "take about"
-        raise StoreError(f"extract: the store would {verb} {what}, more than the {_size(free)} free on the "
-                         f"disk of {disk}; free space or choose another --out, {fixes}")
-    if max(0, projected - held) > free:
-        return (f"note: {_size(free)} free on the disk of {disk}: enough for the store as expected "
-                f"({_size(needed)}{' more' if held else ''}), not for its bound ({_size(projected)} before "
-                f"compression); if the disk fills, extraction stops with one line and the same command resumes "
-                f"from the finished blocks")
-    return None
-
-
 CONTROL_TEXT_VERSION = 1
 """Version of how data text holding control-token strings is tokenised (as text: ``split_special_tokens``); in
 the fingerprint of a run whose data holds such strings, so its earlier extraction is not served."""
@@ -301,8 +207,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
 
     Each batch's maps are converted where the forward left them, feature by feature on views of the batch
-    (:class:`_ShardFiller`): one pass of row sums gives the ``profile`` vectors and the statistics, then the maps
-    are cast straight into the shard (float16/uint8, or the compact rows of ``extract.store: compact``). With
+    (:class:`~attnclust.store.writers.ShardFiller`): one pass of row sums gives the ``profile`` vectors and the
+    statistics, then the maps are cast straight into the shard (float16/uint8, or the compact rows of
+    ``extract.store: compact``). With
     ``extract.overlap`` (by default only when ``device`` is a GPU) one worker thread converts batch ``i`` while
     the forward of batch ``i + 1`` runs.
 
@@ -328,8 +235,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         raise RuntimeError(f"extract block {block}: features.parquet holds {len(feats)} of features "
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
-    fill = _ShardFiller(store, start, stop, loaded.num_layers, loaded.num_heads, cfg, device)
-    exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store_plan.py)
+    fill = ShardFiller(store, start, stop, loaded.num_layers, loaded.num_heads, device,
+                       causal=kind_of(store).is_decoder)  # the profile's causal uniform null
+    exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
     pooled = [] if cfg.extract.head_outputs and kind.stores_head_outputs else None  # a HeadOutputs per batch
@@ -381,109 +289,6 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         save_head_output_part(layout.head_output_part(block), feats["feature_id"].to_numpy(), pooled)
     return {"block": block, "features": len(feats), "tokens": int(feats["seq_len"].sum()),
             "forward_seconds": forward_s, "convert_seconds": fill.seconds}
-
-
-def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: bool = False
-                           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The ``profile`` vectors and the per-map statistics of one feature's maps from one pass over them.
-
-    Parameters
-    ----------
-    maps : torch.Tensor
-        (layer, head, query, key) float32 exact attention at the feature's true length ``n``, on any device; a
-        view cropped out of the forward's padded batch is read in place (never copied).
-    tokens, segment_ids
-        The feature's ``n`` tokens and segment ids.
-    causal
-        The maps are a causal model's (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`): the
-        profile uses the causal uniform null.
-
-    Returns
-    -------
-    vectors : numpy.ndarray
-        (layer, head, component) float32: :func:`~attnclust.featurize.profile.profile_tensor` of the maps.
-    statistics : dict
-        :func:`~attnclust.analysis.stats.map_statistics` of the maps, the row sums they share with the profile
-        (masses, entropy, largest weight, distance) taken from the profile's pass.
-    """
-    import math
-
-    from ..featurize import TokenContext
-    from ..featurize.profile import profile_tensor
-
-    layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
-    context = TokenContext.from_tokens([tokens], [segment_ids], maps_per_row=layers * heads, causal=causal)
-    vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), context, return_rows=True)
-    sep, punct, seg = token_masks(tokens, segment_ids)
-    mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
-    rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
-            "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
-    return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=sep, punct=punct, segment_ids=seg,
-                                                              rows=rows)
-
-
-class _ShardFiller:
-    """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
-
-    For each feature, in torch on the task's device (on a CPU on views of the forward's batch, never copied; a
-    GPU task moves each feature's maps there once, as :func:`~attnclust.models.run_forward` hands its batch
-    over in host memory): one pass of
-    row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.featurize.profile.profile_tensor`,
-    stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
-    then the maps are cast straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store each
-    row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's row mass they hold
-    (the store's ``kept_mass``).
-    """
-
-    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, cfg: JobConfig, device: str):
-        import torch
-
-        self.store, self.start, self.stop, self.device = store, start, stop, device
-        self.seconds = 0.0
-        n, width = stop - start, store.width
-        dtype = torch.uint8 if store.attention.dtype == np.uint8 else torch.float16
-        self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
-        self.quantise = dtype == torch.uint8
-        self.compact = store.attrs.get("compact") if store.mode == "compact" else None
-        self.causal = kind_of(store).is_decoder  # the profile's causal uniform null
-        # a full store created before attnclust stored profile vectors (resumed) has no array for them
-        self.profile = None if store.profile is None else \
-            np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
-        self.kept = None if self.compact is None else np.zeros((n, n_layers, n_heads), np.float32)
-
-    def __call__(self, row, maps) -> dict[str, np.ndarray]:
-        """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
-        batch), into the shard and its profile vectors into :attr:`profile`; return its statistics."""
-        t0 = time.perf_counter()
-        j, m = int(row.feature_id) - self.start, maps.shape[-1]
-        maps = maps.to(self.device)  # on a GPU the row sums and compact rows run there (no copy on a CPU)
-        vectors, stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids), causal=self.causal)
-        if self.profile is not None:
-            self.profile[j] = vectors
-        if self.compact is not None:
-            from ..store.contract import compact_maps
-
-            codes, kept = compact_maps(maps, mass=float(self.compact["mass"]), max_keys=self.compact["max_keys"],
-                                       with_kept=True)
-            self.shard[j, :, :, :m, :m] = codes.cpu()
-            self.kept[j] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
-        elif self.quantise:
-            self.shard[j, :, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
-        else:
-            self.shard[j, :, :, :m, :m] = maps.cpu()  # cast to float16 in the copy
-        self.seconds += time.perf_counter() - t0
-        return stats
-
-    def write(self) -> None:
-        """Write the whole shard and its profile vectors for features ``start:stop``."""
-        t0 = time.perf_counter()
-        # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
-        self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
-        if self.profile is not None:
-            self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
-        if self.kept is not None:
-            self.store.kept_mass.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.kept
-        self.seconds += time.perf_counter() - t0
 
 
 def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, model_info: dict,
@@ -558,8 +363,8 @@ def slim_features(inputs: dict) -> None:
     """Keep only what the driver still reads of the planned features once features.parquet holds them all.
 
     The tasks read their features from features.parquet; the driver afterwards needs the count and the lengths
-    only. The token, id and offset lists are Python objects: at SQuAD2-dev's 12,214 features they held ~0.5 GB of
-    the driver's memory for the whole run (RSS 1.78 GB after :func:`prepare_inputs`, 1.21 GB without its tables).
+    only. The token, id and offset lists are Python objects: at SQuAD2-dev's 12,214 features they hold about
+    0.5 GB of the driver's memory, which the rest of the run does not need.
     """
     from ..runtime import trim_heap
 
@@ -581,8 +386,8 @@ class ExtractStage(Stage):
     task = staticmethod(extract_block)
 
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
-        """:attr:`reads`, plus ``extract.head_outputs`` when on (off, earlier runs' fingerprints stay as they were;
-        on, a run without head outputs is not served), and ``data.split`` when set (likewise)."""
+        """:attr:`reads`, plus ``extract.head_outputs`` when on and ``data.split`` when set: a run that leaves them
+        unset keeps the fingerprint it has without them, and one that sets them is not served a run without them."""
         return self.reads + (("extract.head_outputs",) if cfg.extract.head_outputs else ()) + (
             ("data.split",) if cfg.data.split is not None else ())
 
@@ -620,8 +425,9 @@ class ExtractStage(Stage):
             capped["features_normalised"] = FEATURE_LAYOUT_VERSION
         kind = kind_of(inputs["model_info"])
         capped.update(kind.identity(ctx.cfg))  # a decoder's: the settings of its prompts and answers
-        if kind.is_decoder:  # its induction diagnostic is measured in this stage (finalize)
+        if kind.is_decoder:  # its induction diagnostic and the papers' protocols are measured here (finalize)
             capped["induction"] = INDUCTION_VERSION
+            capped["decoder_protocols"] = PROTOCOLS_VERSION
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(), **capped}
 
@@ -663,7 +469,8 @@ class ExtractStage(Stage):
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
         """The store, its tables and parts."""
         return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
-                layout.head_outputs, layout.qa_logits, layout.induction)
+                layout.head_outputs, layout.qa_logits, layout.induction, layout.decoder_protocols,
+                layout.decoder_protocols_summary)
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Write ``examples.parquet``, create (or keep, when resuming) the store; one block per shard."""
@@ -693,13 +500,16 @@ class ExtractStage(Stage):
             ctx.layout.remove(ctx.layout.head_outputs)
         drop_parts(ctx.layout, len(blocks))
         induction = {}
-        if kind.is_decoder:  # the induction diagnostic (analysis/induction.py)
+        if kind.is_decoder:  # the induction diagnostic (analysis/induction.py) and the papers' protocols
             from .. import backend as bk
 
-            induction = {"induction_seconds": round(write_induction(ctx.layout, ctx.cfg,
-                                                                    device=bk.torch_device(ctx.backend)), 3)}
+            device = bk.torch_device(ctx.backend)
+            induction = {"induction_seconds": round(write_induction(ctx.layout, ctx.cfg, device=device), 3),
+                         # the papers' protocols (analysis/protocols.py), the run's contexts as natural text
+                         "protocols_seconds": round(write_protocols(ctx.layout, ctx.cfg, inputs["examples"]["context"],
+                                                                    device=device), 3)}
         else:
-            ctx.layout.remove(ctx.layout.induction)
+            ctx.layout.remove(ctx.layout.induction, ctx.layout.decoder_protocols, ctx.layout.decoder_protocols_summary)
         seconds = time.perf_counter() - self.t0_
         features = inputs["features"]
         info = inputs["model_info"]

@@ -92,7 +92,8 @@ class ReportStage(Stage):
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Run the analysis plugins, build the atlas tables, run the head analyses, write ``report.html``."""
-        from ..analysis.atlas import build_atlas, cluster_mean_maps, medoid_maps
+        from ..analysis.atlas import build_atlas
+        from ..analysis.thumbnails import cluster_mean_maps, medoid_maps
         from ..report import ReportInputs, write_report
 
         layout, cfg = ctx.layout, ctx.cfg
@@ -168,8 +169,8 @@ def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str]
     ``exact sample`` or ``compact``, as the tables' ``attrs["map_source"]`` hold them), and the share of the row
     mass the compact rows keep as measured at extraction, with the key cap
     (:meth:`~attnclust.store.AttentionStore.kept_text`). The cluster mean maps and medoids read what ``mean_maps``
-    and ``medoids`` say (cluster -> source, :func:`~attnclust.analysis.atlas.cluster_mean_maps`,
-    :func:`~attnclust.analysis.atlas.medoid_maps`; ``None``: the compact ones); the embedded question maps are the
+    and ``medoids`` say (cluster -> source, :func:`~attnclust.analysis.thumbnails.cluster_mean_maps`,
+    :func:`~attnclust.analysis.thumbnails.medoid_maps`; ``None``: the compact ones); the embedded question maps are the
     compact ones."""
     groups: dict[str, list[str]] = {"exact sample": [], "compact": [], "full": []}
     for name, source in sources.items():
@@ -204,7 +205,8 @@ def _min_stability(cfg) -> float:
 
 
 def _k_scores(record: dict) -> dict[int, float] | None:
-    """The score that chose k: split-half stability per candidate (silhouette in runs made before it)."""
+    """The score that chose k: split-half stability per candidate, or the silhouettes of a clustering record that
+    holds no stability per k."""
     scores = record.get("k_stability") or record.get("k_scores") or {}
     return {int(k): float(v) for k, v in scores.items() if v is not None} or None
 

@@ -1,5 +1,6 @@
 """The stores of a run: the attention store's contract, reading and writing it (:mod:`.contract`), chunk checksums
-and link-safe writes (:mod:`.integrity`), and the storage plan (:mod:`.plan`: full or compact, the key cap, the
+and link-safe writes (:mod:`.integrity`), the storage plan (:mod:`.plan`: full or compact, the key cap, the
+exact sample, the store's size and the room for it) and the extract task's writers (:mod:`.writers`: a shard, the
 exact sample)."""
 
 from __future__ import annotations

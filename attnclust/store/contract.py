@@ -32,6 +32,10 @@ shard.
 Every array is complete (each chunk and shard is on disk, all-zero ones too) and attnclust writes each chunk with
 a CRC-32C checksum (:mod:`attnclust.store.integrity`): a missing or damaged chunk is read as an error naming the
 features it holds, never as zeros.
+
+Kept whole (about 820 lines): this module is the contract above in code, the schema that
+:func:`create_attention_store` writes, :func:`open_attention_store` checks and :class:`AttentionStore` reads
+(compact rows included), which other tools rely on and which is reviewed as one piece.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import pandas as pd
 from ..errors import StoreError
 from ..layout import RunLayout
 from ..safeio import atomic_write as _atomic_write
-from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported: their home before safeio
+from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported with attnclust.store's names
 
 __all__ = [
     "COMPACT_ENCODING",
@@ -536,13 +540,12 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     runs cost almost nothing after zstd (measured with a linear byte code: 0.0104 of raw float32 per map against
     0.0137 for ragged key-ordered uint8 weights + int16 key deltas and 0.0275 for largest-first weights + keys).
     Its chunks are stored key-major (zarr's ``transpose`` codec) and compressed by Blosc zstd level 1 with
-    bit-shuffling: 0.0108 of raw float32 per map against 0.01163 in query-major order with zstd level 1 (2
-    cores). The square-root code's small weights take distinct values where a linear byte rounded them all to 1:
-    over 308 generated SQuAD-v2 features of the packaged MiniLM, uncapped rows at ``compact_mass`` 0.95 take 0.0295
-    of raw float32 per map (0.0133 for the linear code, 384 wide). Level 5 (0.00965, linear code) was the default
-    until the SQuAD2-dev rehearsal showed the write to be the largest part of a compact extraction: over 126
-    generated SQuAD-v2 features in one process and one thread, level 1 converted and wrote at 47 ms a feature
-    against 60 for level 5, for 8% more bytes (``bench/README.md``).
+    bit-shuffling: 0.0108 of raw float32 per map against 0.01163 in query-major order with zstd level 1. The
+    square-root code's small weights take distinct values where a linear byte rounds them all to 1: over 308
+    generated SQuAD-v2 features of the packaged MiniLM, uncapped rows at ``compact_mass`` 0.95 take 0.0295 of raw
+    float32 per map (0.0133 for the linear code, 384 wide). Level 1, not 5, because the write is the largest part
+    of a compact extraction: over 126 generated SQuAD-v2 features in one process and one thread, level 1 converts
+    and writes at 47 ms a feature against 60 for level 5, for 8% more bytes (``bench/README.md``).
 
     ``exact_features`` (compact only; :func:`exact_sample_ids`): features whose exact maps are also kept, as
     float16 in the ``exact`` array (one shard per feature, so each extract task writes only its own features'),

@@ -10,10 +10,10 @@ missing *shard* file is caught that way; an inner chunk missing from a shard wou
 so, and the index carries its own checksum (any edit of it fails), while attnclust writes every inner chunk.
 
 An array is complete when its chunks carry the checksum (written so by attnclust) or when the store contract
-names it (``attention``, ``profile`` and ``seq_len`` of the attention store, which attnclust always wrote whole).
-Stores written before the checksums were added still read; in their derived arrays (embedding, head outputs) a
-missing chunk reads as the fill value as before, and damage inside a chunk is caught only where the compressor
-fails. Re-running the stage that wrote them with ``--force`` adds the checksums.
+names it (``attention``, ``profile`` and ``seq_len`` of the attention store, which every attnclust store holds
+whole). A store whose chunks carry no checksum still reads: in its derived arrays (embedding, head outputs) a
+missing chunk reads as the fill value, and damage inside a chunk is caught only where the compressor fails.
+Re-running the stage that wrote it with ``--force`` adds the checksums.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Which store an extraction writes (``extract.store``, ``auto`` by default) and the exact sample of a compact one.
 
 ``auto`` keeps every map (a ``full`` store) while the full store's projected size fits ``extract.store_budget_gb``
-and writes a ``compact`` store otherwise. The projection is the one the pre-flight line has always printed: every
-map at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths), an
+and writes a ``compact`` store otherwise. The projection is the one the pre-flight line prints (:func:`store_bytes`):
+every map at its true length before compression (layers x heads x bytes per weight x the sum of squared lengths), an
 upper bound that holds for any model. No compression ratio is assumed: zstd takes MiniLM's float16 maps at
 SQuAD-like lengths to about 0.15 of it (``bench/README.md``: ``store_bytes_per_map`` 0.0735 of float32 bytes), a
 random model's diffuse maps only to about 0.5, and a ratio measured on one model would let another overrun. A
 compact store also keeps the exact (float16) maps of ``extract.exact_sample`` features, evenly spaced along the store's
 order (:func:`attnclust.store.exact_sample_ids`), for the analyses that need exact maps; the extract task writes
-them through :class:`ExactSampleWriter`, beside the shard.
+them through :class:`attnclust.store.writers.ExactSampleWriter`, beside the shard.
 
 A compact store fits the budget too: with ``extract.compact_max_keys: null`` (the default) its exact sample takes
 at most :data:`SAMPLE_SHARE` of the budget (fewer features than ``extract.exact_sample`` when theirs would take
@@ -16,22 +16,28 @@ more: :func:`fit_sample_size`) and each row keeps at most the most keys that the
 the profile vectors (:func:`fit_max_keys`), by the estimate :data:`ROW_BYTES_ONE_KEY`; when every row's whole
 length fits, there is no cap. A cap below what a row needs for ``extract.compact_mass`` keeps less of that row's
 mass: the pre-flight line names the cap.
+
+Before anything is written, :func:`check_store_room` refuses a store above ``extract.max_store_gb`` or one expected
+not to fit the free space of the output's disk.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from ..config import JobConfig
-from ..errors import ConfigError
-from .contract import exact_sample_ids
+from ..errors import ConfigError, StoreError
+from ..layout import RunLayout
+from .contract import exact_sample_ids, open_attention_store
 
-__all__ = ["COMPACT_EXPECTED_RATIO", "ExactSampleWriter", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "SAMPLE_SHARE",
-           "StorePlan",
-           "compact_rows_bytes", "fit_max_keys", "fit_sample_size", "plan_store"]
+__all__ = ["COMPACT_EXPECTED_RATIO", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "SAMPLE_SHARE", "StorePlan",
+           "check_store_room", "compact_rows_bytes", "compact_store_bytes", "fit_max_keys", "fit_sample_size",
+           "plan_store", "store_bytes"]
 
 
 # The compact rows' bytes on disk over their bound (uint8 true-length maps before compression), with margin:
@@ -174,7 +180,7 @@ def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_head
         The model's layers and heads per layer.
     full_bytes, compact_bytes
         The projected sizes of a full store and of a compact store without a sample
-        (:func:`attnclust.stages.extract.store_bytes`, :func:`~attnclust.stages.extract.compact_store_bytes`).
+        (:func:`store_bytes`, :func:`compact_store_bytes`).
 
     Returns
     -------
@@ -269,32 +275,113 @@ def _largest(fits, top: int) -> int:
     return lo
 
 
-class ExactSampleWriter:
-    """Writes the exact maps of the sample features in one task's features ``start:stop`` (float16, as a full
-    store would hold them). Each sample feature is its own shard of ``exact``: no other task writes it.
+# -- the store's size, and the room for it on disk ---------------------------------------------------------------------
+def store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int, dtype: str) -> int:
+    """What the attention store takes on disk, at most: every map at its true length, before compression.
+
+    The store is (feature, layer, head, query, key) padded to the longest length, but the padding is zeros that
+    zstd shrinks to almost nothing, while dense attention weights hardly compress; so the true-length maps are
+    the figure to plan disk space with.
 
     Parameters
     ----------
-    store : attnclust.store.AttentionStore
-        Opened for writing; a store without an exact sample makes this a no-op.
-    start, stop
-        The task's features.
+    seq_len
+        True length of every feature, (feature,).
+    num_layers, num_heads
+        The model's layers and heads per layer.
+    dtype
+        ``extract.store_dtype``: ``float16`` (2 bytes a weight) or ``uint8`` (1).
+
+    Returns
+    -------
+    int
+        ``num_layers * num_heads * itemsize * sum(seq_len ** 2)`` bytes.
     """
+    lengths = np.asarray(seq_len, dtype=np.int64)
+    return num_layers * num_heads * np.dtype(dtype).itemsize * int((lengths * lengths).sum())
 
-    def __init__(self, store, start: int, stop: int):
-        self.exact = store.exact
-        ids = store.exact_features if store.exact is not None else np.zeros(0, np.int64)
-        self.rows = {int(f): i for i, f in enumerate(ids) if start <= f < stop}
 
-    def __call__(self, row, maps) -> None:
-        """Store feature ``row.feature_id``'s exact maps (a torch tensor (layer, head, query, key) at its true
-        length) when it is in the sample."""
-        i = self.rows.get(int(row.feature_id))
-        if i is None:
-            return
-        import torch
+def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int) -> int:
+    """What a compact store takes on disk, at most: every map at its true length in uint8 and its profile
+    vector (float32), before compression. Only each row's largest weights are nonzero, and the zeros compress
+    away, so far less in practice (``python -m bench --only store``: ``store_compact_bytes_per_map``).
+    """
+    from ..featurize.profile import PROFILE_COMPONENTS
 
-        m = maps.shape[-1]
-        out = np.zeros(self.exact.shape[1:], np.float16)
-        out[:, :, :m, :m] = maps.to(torch.float16).cpu().numpy()  # the same cast as a full store's shard
-        self.exact.with_config({"write_empty_chunks": True})[i] = out
+    profiles = num_layers * num_heads * len(seq_len) * len(PROFILE_COMPONENTS) * 4
+    return store_bytes(seq_len, num_layers=num_layers, num_heads=num_heads, dtype="uint8") + profiles
+
+
+def _held_bytes(path: Path) -> int | None:
+    """Bytes an unfinished store at ``path`` holds (0 when there is none); ``None`` for a finished store.
+
+    What an unfinished store holds is either kept (a resume) or removed before the store is written anew, so
+    it counts as room. A finished store is reused as is when the stage is complete, so it is not checked.
+    """
+    if not path.exists():
+        return 0
+    try:
+        if open_attention_store(path, require_complete=False).attrs.get("complete", True) is not False:
+            return None
+    except StoreError:  # unreadable leftovers of our own: removed before the store is created again
+        pass
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def check_store_room(layout: RunLayout, projected: int, cfg: JobConfig, *, expected: int | None = None) -> str | None:
+    """Refuse a store above ``extract.max_store_gb`` or one expected not to fit the free space of the output's disk.
+
+    Parameters
+    ----------
+    layout
+        The run directory (it may not exist yet: the disk is that of its nearest existing ancestor).
+    projected
+        The store's size at most, in bytes (:func:`store_bytes`: true-length maps before compression).
+    cfg
+        The job: ``extract.max_store_gb`` and ``extract.store_dtype`` (named in the fixes).
+    expected
+        The bytes the store is expected to take (:attr:`StorePlan.expected`; ``None``: ``projected``): the free
+        space must hold this much. A compact store's bound overstates it about fivefold.
+
+    Returns
+    -------
+    str or None
+        A note when the free space holds the expected store but not its bound (a full disk would then stop the
+        run with one line, and the same command resumes); ``None`` otherwise.
+
+    Raises
+    ------
+    ConfigError
+        When ``projected`` exceeds ``extract.max_store_gb``.
+    StoreError
+        When what is still expected to be written exceeds the free space (a store already there counts as room).
+    """
+    limit = cfg.extract.max_store_gb
+    expected = projected if expected is None else min(expected, projected)
+    fixes = "lower data.max_features_per_example or data.max_examples" + (
+        ", or set extract.store_dtype=uint8 (half the bytes)" if cfg.extract.store_dtype == "float16" else "")
+    if limit is not None and projected > limit * 1e9:
+        raise ConfigError(f"extract: the store would take up to {_size(projected)} (true-length maps before "
+                          f"compression), more than extract.max_store_gb = {limit:g} ({_size(limit * 1e9)}); raise "
+                          f"extract.max_store_gb, {fixes}")
+    held = _held_bytes(layout.attention)
+    if held is None:
+        return None
+    root = layout.root.absolute()
+    disk = next(p for p in (root, *root.parents) if p.exists())
+    free = shutil.disk_usage(disk).free
+    needed = max(0, expected - held)
+    if needed > free:
+        bound = "true-length maps before compression" if expected == projected else \
+            f"expected; up to {_size(projected)} before compression"
+        what = f"{_size(needed)} more ({bound}; {_size(held)} already written)" if held else \
+            f"{_size(needed)} ({bound})"
+        verb = "take up to" if expected == projected else "take about"
+        raise StoreError(f"extract: the store would {verb} {what}, more than the {_size(free)} free on the "
+                         f"disk of {disk}; free space or choose another --out, {fixes}")
+    if max(0, projected - held) > free:
+        return (f"note: {_size(free)} free on the disk of {disk}: enough for the store as expected "
+                f"({_size(needed)}{' more' if held else ''}), not for its bound ({_size(projected)} before "
+                f"compression); if the disk fills, extraction stops with one line and the same command resumes "
+                f"from the finished blocks")
+    return None

@@ -45,3 +45,43 @@ def test_smollm2_answers_bundled_questions(tmp_path, capfd):
     predicted = pd.read_parquet(tmp_path / "run" / "predictions.parquet").set_index("example_id")["prediction"]
     for example_id, generated in zip(feats["example_id"], feats["generated"]):
         assert predicted[example_id] == parse_answer(generated, examples.loc[example_id, "context"])
+
+
+@pytest.mark.slow
+def test_smollm2_report_prints_the_papers_protocols(tmp_path):
+    """The whole job on 3 bundled questions: the report prints Gu et al.'s sink rate for natural, random and repeated
+    tokens (raw and with <|im_start|> first) and the induction, previous-token and duplicate-token heads."""
+    pytest.importorskip("gguf")
+    import html as html_lib
+    import re
+
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 3},
+                               "model": {"name": "smollm2"}, "cluster": {"k": 3, "umap": False},
+                               "importance": {"enabled": False}, "probe": {"enabled": False}})
+    try:
+        run_job(cfg, tmp_path / "run", executor=SerialExecutor(), progress=False)
+    except ModelError as exc:
+        if "is not installed" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    summary = json.loads((tmp_path / "run" / "decoder_protocols.json").read_text())
+    sink, det = summary["sink"], summary["detectors"]
+    assert sink["heads"] == 270 and sink["template_token"] == {"id": 1, "text": "<|im_start|>"}
+    assert sink["default_prefix"] == []  # the base tokenizer adds no BOS
+    rates = sink["rates"]
+    assert rates["natural"]["raw"] > 0.5 and rates["random"]["raw"] > 0.5  # a sink in most heads, as in Table 1
+    assert rates["repeated"]["raw"] < 0.05  # RoPE: no sink on one repeated token (0% for Llama 2 and 3)
+    assert det["induction_arena"]["heads"] >= 1 and det["previous_token"]["heads"] >= 1
+    html = (tmp_path / "run" / "report.html").read_text()
+    text = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", html)))
+    for kind, label in (("natural", "natural text"), ("random", "random tokens"), ("repeated", "one token repeated")):
+        raw, tpl = (f"{100 * rates[kind][v]:.1f}%" for v in ("raw", "template"))
+        assert f"{raw}; with <|im_start|> first: {tpl}." in text and f"Sink rate, {label} (" in text, kind
+    for what in ("Induction, ARENA's scale", "Induction, TransformerLens's mul score",
+                 "Previous token, TransformerLens's mul score", "Duplicate token, TransformerLens's mul score"):
+        assert re.search(rf"{re.escape(what)}[^:]*: \d+ heads? above [0-9.]+ with q <= 0.05 \(strongest L\d+H\d+",
+                         text), what
+    assert "GPT2-XL" in text and "LLaMA2-7B" in text and "induction (today's diagnostic)" in text

@@ -178,11 +178,12 @@ def test_a_run_records_the_kind_as_before(runs):
     """The store's attributes and the extract stage's fingerprint hold what they held before the kinds were
     objects (else every earlier run would be extracted again)."""
     from attnclust.analysis.induction import INDUCTION_VERSION
+    from attnclust.analysis.protocols import PROTOCOLS_VERSION
     from attnclust.qa.prompting import PROMPT_WINDOWS_VERSION
     from attnclust.store import open_attention_store
 
     decoder_entries = {"model_kind", "model.gguf_file", "extract.prompt", "extract.max_new_tokens", "induction",
-                       "prompt_windows"}
+                       "prompt_windows", "decoder_protocols"}
     for arch, out in runs.items():
         attrs = open_attention_store(out / "attention.zarr").attrs
         identity = json.loads((out / "_state" / "extract.json").read_text())["parts"]["identity"]
@@ -192,7 +193,8 @@ def test_a_run_records_the_kind_as_before(runs):
             assert attrs["model_kind"] == "causal"
             assert {k: identity[k] for k in decoder_entries} == {
                 "model_kind": "causal", "model.gguf_file": None, "extract.prompt": "short",
-                "extract.max_new_tokens": 3, "induction": INDUCTION_VERSION, "prompt_windows": PROMPT_WINDOWS_VERSION}
+                "extract.max_new_tokens": 3, "induction": INDUCTION_VERSION, "prompt_windows": PROMPT_WINDOWS_VERSION,
+                "decoder_protocols": PROTOCOLS_VERSION}  # the papers' protocols: decoders only
     assert ENCODER.store_attrs == {} and DECODER.store_attrs == {"model_kind": "causal"}
     assert ENCODER.identity(_job("x")) == {}
     assert DECODER.identity(_job("x", decoding="context"))["extract.decoding"] == "context"

@@ -4,10 +4,10 @@ named after the section), registered with :func:`~attnclust.report.registry.repo
 Each function takes the :class:`~attnclust.report.inputs.ReportInputs` and returns its template's context (or
 ``None`` to leave the section out). Numbers are formatted there or with the ``fmt`` filter; pictures are PNG
 data URIs; text is escaped by the templates. Page order: summary, notes, layer x head grid (with the head panel,
-the page's data and script), cluster cards, UMAP, per-question view, per-cluster statistics, head analyses, head
-map, head importance, syntax, probes, modes, choice of k, question answering, settings, methods. The sections of
-the analysis plugins (head map, importance, syntax, probes) read their analysis' result,
-``inputs.analyses[name]`` (:mod:`attnclust.analysis.plugins`). What several sections share is in
+the page's data and script), cluster cards, UMAP, per-question view, per-cluster statistics, head analyses, a
+decoder's protocols, head map, head importance, syntax, probes, modes, choice of k, question answering, settings,
+methods. The sections of the analysis plugins (decoder protocols, head map, importance, syntax, probes) read their
+analysis' result, ``inputs.analyses[name]`` (:mod:`attnclust.analysis.plugins`). What several sections share is in
 :mod:`.common`.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 # importing a section's module registers it (the page orders them by their ``order``, not by this list)
 from . import (  # noqa: F401
     clusters,
+    decoder_protocols,
     grid,
     head_analyses,
     head_map,

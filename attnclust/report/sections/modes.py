@@ -39,7 +39,7 @@ def modes_section(inputs: ReportInputs) -> dict[str, Any] | None:
         The context of ``modes.html.j2``: ``skipped`` (a line, or ``None``), ``questions``, ``right``, ``wrong``,
         ``tested``, ``found``, ``baseline``, ``alpha``, ``permutations``, ``more`` and ``heads`` (rows of
         ``head``, ``k``, ``accuracy``, ``gain``, ``p``, ``q``); ``None`` when the heads table has no ``modes``
-        columns (a run made before the analysis existed).
+        columns (a run without the analysis).
     """
     heads = inputs.heads
     if any(c not in heads.columns for c in MODE_COLUMNS):

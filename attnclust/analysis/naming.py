@@ -1,0 +1,439 @@
+"""Cluster names: a type in Kovaleva et al.'s (2019) vocabulary and a description in Clark et al.'s (2019) terms,
+from a cluster's mean statistics.
+
+:func:`pattern_type` gives one of the five types (vertical, diagonal, vertical + diagonal, block, heterogeneous),
+:func:`describe_cluster` what the cluster attends to with the share of the mass behind it, and
+:func:`name_clusters` makes a run's descriptions distinct. Every threshold is one of this module's constants, each
+documented where it is defined; the method and its choices are on the methods page (``attnclust/report/methods.md``,
+"Clusters and their names").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["BLOCK_MIN_ENTROPY", "BLOCK_MIN_LIFT", "BLOCK_MIN_OWN_SEGMENT", "BOTH_MIN", "BROAD_MIN_ENTROPY",
+           "CAUSAL_NAMES", "DIAGONAL_MIN", "DIAGONAL_TARGETS", "FOCUSED_MAX_ENTROPY", "LAYER_BULK",
+           "LOCAL_MAX_NEIGHBOUR", "LOCAL_MIN_LIFT", "MINOR_MIN", "NAMED_MAX", "NAMED_MIN", "PATTERN_TYPES",
+           "QUALIFIERS", "SECOND_MIN", "SEPARATING", "VERTICAL_MIN", "VERTICAL_TARGETS", "describe_cluster",
+           "is_local", "layer_spans", "name_clusters", "naming_targets", "pattern_type", "percent", "segment_lift"]
+
+# -- the types and their targets -----------------------------------------------------------------------------------
+PATTERN_TYPES = ("vertical", "diagonal", "vertical + diagonal", "block", "heterogeneous")
+"""The values of ``pattern_type`` (Kovaleva et al. 2019), plus ``empty`` for a cluster without maps."""
+VERTICAL_TARGETS = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuation"))
+"""Fixed key positions: the statistics whose sum is a cluster's vertical mass, and their names in descriptions."""
+DIAGONAL_TARGETS = (("to_prev", "previous token"), ("to_self", "itself"), ("to_next", "next token"))
+"""Offsets -1, 0, +1: the statistics whose sum is a cluster's diagonal mass, and their names."""
+SEPARATING = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuation"), ("to_prev", "previous token"),
+              ("to_self", "itself"), ("to_next", "next token"), ("to_local", "nearby tokens"),
+              ("own_segment", "own segment"), ("entropy_norm", "spread"), ("confidence", "peak weight"))
+"""Statistics (all in 0..1) that tell two clusters with the same description apart, and their names."""
+CAUSAL_NAMES = {"to_cls": "first-token sink"}
+"""A causal model's names of targets named otherwise for an encoder: its first token is the attention sink."""
+
+# -- the thresholds of the types -----------------------------------------------------------------------------------
+VERTICAL_MIN = 0.4
+"""``vertical``: at least this much of the mass on [CLS], [SEP] and punctuation (random rows of 100 tokens with
+2 [SEP] and 5 punctuation marks put about 8% there)."""
+DIAGONAL_MIN = 0.4
+"""``diagonal``: at least this much of the mass on offsets -1, 0 and +1 (random rows: 3 / seq_len)."""
+BOTH_MIN = 0.25
+"""``vertical + diagonal``: vertical and diagonal mass both at least this, with one target of each kind holding
+at least :data:`NAMED_MIN` (a visible column and a visible diagonal, not chance mass over many positions); checked
+first."""
+BLOCK_MIN_LIFT = 0.5
+"""``block``: the mass inside the query's own segment exceeds what a uniform row puts there (``segment_chance``)
+by at least this fraction of the possible excess: ``(own_segment - chance) / (1 - chance)``."""
+BLOCK_MIN_OWN_SEGMENT = 0.9
+"""``block`` when the segments' sizes are unknown (no ``segment_chance``): at least this mass in the own segment."""
+BLOCK_MIN_ENTROPY = 0.4
+"""``block`` needs the mass spread within the segment: normalised entropy at least this."""
+LOCAL_MIN_LIFT = 0.15
+"""``local``: the mass within 2 tokens of the query (``to_local``, the query excluded) exceeds what a uniform row
+puts there (``local_chance``: 4% at 100 tokens, 23% at 16) by at least this fraction of the possible excess:
+``(to_local - chance) / (1 - chance)``. Without ``local_chance`` the bar is on ``to_local`` itself."""
+LOCAL_MAX_NEIGHBOUR = 0.7
+"""``local`` needs the window's mass spread: neither the previous nor the next token holds more than this share of
+``to_local`` (a previous-token head holds nearly all of it and is named for the previous token)."""
+
+# -- the thresholds of the descriptions ----------------------------------------------------------------------------
+NAMED_MIN = 0.15
+"""A target after the strongest one is named in a description when it holds at least this share of the mass."""
+NAMED_MAX = 3
+"""Most targets of one kind (vertical or diagonal) named in a description."""
+MINOR_MIN = 0.1
+"""A heterogeneous cluster that is not broad is described by the targets holding at least this share
+(``mixed: partly ...``, at most two of them)."""
+BROAD_MIN_ENTROPY = 0.75
+"""A heterogeneous cluster whose normalised entropy is at least this is described as broad."""
+
+# -- the thresholds that tell alike clusters apart -----------------------------------------------------------------
+SECOND_MIN = 0.05
+"""A next strongest trait used to tell two alike clusters apart must hold at least this share."""
+FOCUSED_MAX_ENTROPY = 0.35
+"""Normalised entropy below this reads as focused when the spread tells two alike clusters apart."""
+LAYER_BULK = (0.1, 0.9)
+"""Quantiles of a cluster's maps' layers that bound the bulk of the cluster (``layers 0–2`` in a description)."""
+
+
+def percent(x: float) -> str:
+    """A share as a whole percentage: ``0.413`` -> ``41%``."""
+    return f"{100 * x:.0f}%"
+
+
+def _finite(x) -> bool:
+    return x is not None and bool(np.isfinite(x))
+
+
+def _causal_targets(targets: tuple) -> tuple:
+    """``targets`` for a causal model's maps: without the next token, named by :data:`CAUSAL_NAMES`."""
+    return tuple((c, CAUSAL_NAMES.get(c, label)) for c, label in targets if c != "to_next")
+
+
+def naming_targets(causal: bool = False) -> tuple[tuple, tuple, tuple]:
+    """``(vertical, diagonal, separating)`` targets of the names: :data:`VERTICAL_TARGETS`,
+    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a causal model's maps the same without the next token
+    (a query attends to keys ``0..i`` only: no causal cluster is named for it) and with :data:`CAUSAL_NAMES`."""
+    if not causal:
+        return VERTICAL_TARGETS, DIAGONAL_TARGETS, SEPARATING
+    return _causal_targets(VERTICAL_TARGETS), _causal_targets(DIAGONAL_TARGETS), _causal_targets(SEPARATING)
+
+
+def segment_lift(means: pd.Series) -> float:
+    """How far the mass inside the own segment exceeds chance: ``(own_segment - chance) / (1 - chance)``.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        A cluster's mean statistics, with ``own_segment`` and optionally ``segment_chance`` (the own-segment mass
+        of uniform rows, :func:`attnclust.analysis.atlas.segment_chance`).
+
+    Returns
+    -------
+    float
+        1.0 for attention that never leaves the own segment, 0.0 for uniform attention, NaN when the chance
+        level is unknown; 0.0 when every token is in one segment (there is no block to see).
+    """
+    chance = means.get("segment_chance", np.nan)
+    if not _finite(chance):
+        return float("nan")
+    return 0.0 if chance >= 1.0 else float((means["own_segment"] - chance) / (1.0 - chance))
+
+
+def is_local(means: pd.Series) -> bool:
+    """Whether a cluster attends to a window of nearby tokens rather than to one neighbour.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        The cluster's mean statistics (``to_local``, ``to_prev``, ``to_next``, ``to_self``) and optionally
+        ``local_chance`` (a uniform row's mass in the window, averaged over the cluster's maps).
+
+    Returns
+    -------
+    bool
+        The window's lift over chance >= :data:`LOCAL_MIN_LIFT`, neither neighbour holding more than
+        :data:`LOCAL_MAX_NEIGHBOUR` of the window's mass, and more mass in the window than on the token itself;
+        False when ``to_local`` is unknown.
+    """
+    local = float(means.get("to_local", np.nan))
+    chance = float(means.get("local_chance", 0.0))
+    chance = chance if np.isfinite(chance) else 0.0
+    if not np.isfinite(local) or chance >= 1.0 or (local - chance) / (1.0 - chance) < LOCAL_MIN_LIFT:
+        return False
+    return (max(float(means["to_prev"]), float(means["to_next"])) <= LOCAL_MAX_NEIGHBOUR * local
+            and float(means["to_self"]) < local)
+
+
+def pattern_type(means: pd.Series, *, causal: bool = False) -> str:
+    """Kovaleva et al.'s type of a cluster from its mean statistics (thresholds: the constants of this module).
+
+    The first that holds: ``vertical + diagonal`` (vertical and diagonal mass both >= :data:`BOTH_MIN`, the
+    strongest target of each >= :data:`NAMED_MIN`),
+    ``vertical`` (mass on [CLS], [SEP] and punctuation >= :data:`VERTICAL_MIN`), ``diagonal`` (mass on the previous
+    token, the token itself and the next token >= :data:`DIAGONAL_MIN`, or a band of nearby tokens,
+    :func:`is_local`), ``block`` (own-segment mass above chance,
+    :func:`segment_lift` >= :data:`BLOCK_MIN_LIFT`, and spread: ``entropy_norm`` >= :data:`BLOCK_MIN_ENTROPY`),
+    else ``heterogeneous``.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        The cluster's mean statistics (``to_cls`` ... ``to_next``, ``own_segment``, ``entropy_norm``, optionally
+        ``segment_chance``).
+    causal
+        The maps are a causal model's (:func:`naming_targets`: the next token does not count).
+
+    Returns
+    -------
+    str
+        One of :data:`PATTERN_TYPES`.
+    """
+    vertical, diagonal, _ = naming_targets(causal)
+    v = sum(float(means[c]) for c, _ in vertical)
+    d = sum(float(means[c]) for c, _ in diagonal)
+    top_v = max(float(means[c]) for c, _ in vertical)
+    top_d = max(float(means[c]) for c, _ in diagonal)
+    if v >= BOTH_MIN and d >= BOTH_MIN and min(top_v, top_d) >= NAMED_MIN:
+        return "vertical + diagonal"
+    if v >= VERTICAL_MIN:
+        return "vertical"
+    if d >= DIAGONAL_MIN or is_local(means):
+        return "diagonal"
+    lift = segment_lift(means)
+    inside = lift >= BLOCK_MIN_LIFT if _finite(lift) else means["own_segment"] >= BLOCK_MIN_OWN_SEGMENT
+    if inside and means["entropy_norm"] >= BLOCK_MIN_ENTROPY:
+        return "block"
+    return "heterogeneous"
+
+
+# -- one cluster's description -------------------------------------------------------------------------------------
+Named = tuple[str, str, float]
+"""A named target: (statistic, its name in descriptions, the cluster's mean share on it)."""
+
+
+def _named(means: pd.Series, targets) -> list[Named]:
+    """The strongest of ``targets`` and every other holding >= :data:`NAMED_MIN`, strongest first (at most
+    :data:`NAMED_MAX`)."""
+    ranked = sorted(((c, label, float(means[c])) for c, label in targets), key=lambda t: -t[2])
+    return [t for i, t in enumerate(ranked) if i == 0 or t[2] >= NAMED_MIN][:NAMED_MAX]
+
+
+def _listing(items: list[Named], prefix: str = "") -> str:
+    """``[CLS] (41% of mass) and next token (17%)``: the first with ``of mass``, joined with commas and ``and``."""
+    words = [f"{label} ({percent(share)}{' of mass' if i == 0 else ''})" for i, (_, label, share) in enumerate(items)]
+    text = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+    return prefix + text
+
+
+Base = tuple[str, str, set[str], float]
+"""One non-empty cluster's (type, description, statistics named in it, strength)."""
+
+
+def _describe_local(means: pd.Series, vertical: tuple, causal: bool) -> Base:
+    """A band of nearby tokens (:func:`is_local`), with the strongest vertical target when it is named."""
+    local = float(means["to_local"])
+    where = "the 2 tokens before" if causal else "±2 tokens"  # a causal query sees no later token
+    text = f"local: within {where} ({percent(local)} of mass)"
+    extra = [t for t in _named(means, vertical) if t[2] >= NAMED_MIN][:1]
+    if extra:
+        text += f" and {extra[0][1]} ({percent(extra[0][2])})"
+    return "diagonal", text, {"to_local", "to_prev", "to_next"} | {c for c, _, _ in extra}, local
+
+
+def _describe_targets(means: pd.Series, kind: str, vertical: tuple, diagonal: tuple) -> Base:
+    """A vertical, diagonal or vertical + diagonal cluster: its named targets (both kinds' strongest first)."""
+    items = ((_named(means, vertical) if kind != "diagonal" else [])
+             + (_named(means, diagonal) if kind != "vertical" else []))
+    if kind == "vertical + diagonal":  # both kinds named, the strongest first
+        items = sorted(items, key=lambda t: -t[2])
+    return kind, _listing(items), {c for c, _, _ in items}, sum(t[2] for t in items)
+
+
+def _describe_block(means: pd.Series) -> Base:
+    """A block cluster: its own-segment mass and, when known, the chance level."""
+    chance = means.get("segment_chance", np.nan)
+    extra = f"; {percent(chance)} by chance" if _finite(chance) else ""
+    return ("block", f"own segment, a block ({percent(means['own_segment'])} of mass{extra})", set(),
+            float(means["own_segment"]))
+
+
+def _describe_heterogeneous(means: pd.Series, targets: tuple) -> Base:
+    """A heterogeneous cluster: broad (entropy >= :data:`BROAD_MIN_ENTROPY`), else partly its targets holding at
+    least :data:`MINOR_MIN`, else mixed with its spread and mean distance."""
+    ent = float(means["entropy_norm"])
+    if ent >= BROAD_MIN_ENTROPY:
+        return "heterogeneous", f"broad (entropy {ent:.2f} of maximum)", set(), ent
+    minor = [t for t in _named(means, targets) if t[2] >= MINOR_MIN][:2]
+    if minor:
+        return "heterogeneous", _listing(minor, "mixed: partly "), {c for c, _, _ in minor}, 1.0 - ent
+    return ("heterogeneous", f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} "
+            f"tokens)", set(), 1.0 - ent)
+
+
+def _base(means: pd.Series, causal: bool = False) -> Base:
+    """(type, description, statistics named in it, strength) of one non-empty cluster."""
+    vertical, diagonal, _ = naming_targets(causal)
+    kind = pattern_type(means, causal=causal)
+    if kind == "diagonal" and is_local(means):
+        return _describe_local(means, vertical, causal)
+    if kind in ("vertical", "diagonal", "vertical + diagonal"):
+        return _describe_targets(means, kind, vertical, diagonal)
+    if kind == "block":
+        return _describe_block(means)
+    return _describe_heterogeneous(means, vertical + diagonal)
+
+
+def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
+    """What a cluster attends to, in Clark et al.'s terms, with the share of the mass that justifies it.
+
+    Targets are named ``[CLS]``, ``[SEP]``, ``punctuation``, ``previous token``, ``itself``, ``next token``; a
+    band of nearby tokens (:func:`is_local`) reads ``local: within ±2 tokens``, a block cluster ``own segment, a
+    block``, a spread-out one ``broad``. This is one cluster's description on
+    its own; :func:`name_clusters` makes a run's descriptions distinct.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        The cluster's mean statistics (see :func:`pattern_type`).
+    causal
+        The maps are a causal model's: never named for the next token; [CLS] reads ``first-token sink``
+        (:func:`naming_targets`).
+
+    Returns
+    -------
+    str
+        For example ``[SEP] (81% of mass)``, ``previous token (64% of mass)``, ``[CLS] (41% of mass) and next
+        token (17%)``, ``own segment, a block (97% of mass; 68% by chance)``, ``broad (entropy 0.92 of maximum)``.
+    """
+    return _base(means, causal)[1]
+
+
+# -- a run's descriptions, made distinct ---------------------------------------------------------------------------
+def layer_spans(maps: pd.DataFrame) -> dict[int, tuple[int, int]]:
+    """Cluster id -> the :data:`LAYER_BULK` quantiles of its maps' layers: where the bulk of the cluster lives.
+
+    Parameters
+    ----------
+    maps : pandas.DataFrame
+        ``cluster`` and ``layer`` per map.
+    """
+    lo, hi = LAYER_BULK
+    spans = {}
+    for c, layer in maps.groupby("cluster")["layer"]:
+        values = layer.to_numpy(np.int64)
+        spans[int(c)] = (int(np.quantile(values, lo, method="lower")), int(np.quantile(values, hi, method="higher")))
+    return spans
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What tells a run's alike clusters apart: their mean statistics, the statistics each base description
+    already names, the bulk of each cluster's layers, and the naming targets (:func:`naming_targets`)."""
+
+    means: pd.DataFrame
+    named: dict[int, set[str]]
+    layers: dict[int, tuple[int, int]]
+    targets: tuple
+    separating: tuple
+
+
+def _also(run: _Run, c: int) -> str:
+    """The strongest vertical or diagonal target not named yet, holding >= :data:`SECOND_MIN`: ``also itself
+    (12%)``; empty when there is none."""
+    rest = [(float(run.means.loc[c, s]), label) for s, label in run.targets
+            if s not in run.named[c] and float(run.means.loc[c, s]) >= SECOND_MIN]
+    if not rest:
+        return ""
+    share, label = max(rest)
+    return f"also {label} ({percent(share)})"
+
+
+def _layer_span(run: _Run, c: int) -> str:
+    """The layers of the bulk of the cluster's maps (:func:`layer_spans`): ``layers 0–2``, ``layer 3``; empty when
+    unknown."""
+    if c not in run.layers:
+        return ""
+    lo, hi = run.layers[c]
+    return f"layer {lo}" if lo == hi else f"layers {lo}–{hi}"
+
+
+def _spread(run: _Run, c: int) -> str:
+    """The cluster's spread: focused (below :data:`FOCUSED_MAX_ENTROPY`), broad (from :data:`BROAD_MIN_ENTROPY`)
+    or spread, with its normalised entropy."""
+    ent = float(run.means.loc[c, "entropy_norm"])
+    word = "focused" if ent < FOCUSED_MAX_ENTROPY else "broad" if ent >= BROAD_MIN_ENTROPY else "spread"
+    return f"{word} (entropy {ent:.2f} of maximum)"
+
+
+QUALIFIERS = (_also, _layer_span, _spread)
+"""What :func:`name_clusters` adds, in turn, to the descriptions of clusters that read alike."""
+
+
+def _ordinal(i: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(i, f"{i}th")
+
+
+def _separate(run: _Run, group: list[int]) -> dict[int, str]:
+    """What tells a group of alike clusters apart: the statistic of :data:`SEPARATING` whose means differ most
+    across it, each cluster's place on it."""
+    means = run.means
+    stats = [(c, label) for c, label in run.separating if c in means.columns]
+    values = {s: [float(means.loc[c, s]) for c in group] for s, _ in stats}
+    col, label = max(stats, key=lambda t: (np.nanmax(values[t[0]]) - np.nanmin(values[t[0]]), t[0]))
+    order = sorted(group, key=lambda c: (-float(means.loc[c, col]), c))
+    if len(order) == 2:
+        hi, lo = order
+        a, b = percent(means.loc[hi, col]), percent(means.loc[lo, col])
+        return {hi: f"more {label} than cluster {lo} ({a} vs {b})",
+                lo: f"less {label} than cluster {hi} ({b} vs {a})"}
+    others = ", ".join(str(c) for c in sorted(group))
+    return {c: f"{'most' if i == 1 else _ordinal(i) + ' most'} {label} of clusters {others} "
+               f"({percent(means.loc[c, col])})" for i, c in enumerate(order, 1)}
+
+
+def _key(text: str) -> str:
+    """A description without its measurements (shares, decimals) and without "mixed: partly": two clusters with
+    the same key read alike."""
+    return re.sub(r"\d+(\.\d+)?%|\d+\.\d+", "#", text).removeprefix("mixed: partly ")
+
+
+def _alike(parts: dict[int, list[str]]) -> list[list[int]]:
+    """Groups of more than one cluster whose descriptions so far (``parts``) read alike (:func:`_key`)."""
+    groups: dict[str, list[int]] = {}
+    for c, words in parts.items():
+        groups.setdefault(_key("; ".join(words)), []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None = None, *, causal: bool = False
+                  ) -> tuple[list[str], list[str]]:
+    """Type and description of every cluster, no two descriptions alike.
+
+    Clusters whose descriptions read alike (equal once shares, decimals and a leading "mixed: partly" are left
+    out: ``[CLS] (45% of mass)`` and ``mixed: partly [CLS] (31% of mass)`` read alike) get, in turn and only
+    while that tells some of them apart (:data:`QUALIFIERS`): their next strongest target (``also itself (12%)``),
+    the layers most of their maps come from (``layers 0–2``), their spread (``focused (entropy 0.21 of maximum)``)
+    and last the statistic of :data:`SEPARATING` whose means differ most between them (``more [CLS] than cluster 4
+    (45% vs 31%)``; in a group of more, ``2nd most [CLS] of clusters 1, 4, 6 (38%)``).
+
+    Parameters
+    ----------
+    means : pandas.DataFrame
+        One row per cluster, indexed by cluster id: the mean statistics; a row of NaN (or a missing statistic)
+        for an empty cluster.
+    layers : dict of int to (int, int), optional
+        Cluster id -> (lowest, highest) layer of the bulk of its maps (:func:`layer_spans`).
+    causal
+        The maps are a causal model's (:func:`describe_cluster`).
+
+    Returns
+    -------
+    types, descriptions : list of str
+        In the order of ``means``' rows; an empty cluster's type is ``empty``.
+    """
+    ids = [int(c) for c in means.index]
+    empty = {c for c in ids if not np.isfinite(means.loc[c, "entropy_norm"])}
+    vertical, diagonal, separating = naming_targets(causal)
+    base = {c: _base(means.loc[c], causal) for c in ids if c not in empty}
+    parts = {c: [base[c][1]] for c in base}
+    run = _Run(means=means, named={c: b[2] for c, b in base.items()}, layers=layers or {},
+               targets=vertical + diagonal, separating=separating)
+    for qualifier in QUALIFIERS:
+        for group in _alike(parts):
+            extra = {c: qualifier(run, c) for c in group}
+            if len({_key(e) for e in extra.values()}) > 1:
+                for c in group:
+                    if extra[c]:
+                        parts[c].append(extra[c])
+    for group in _alike(parts):
+        for c, text in _separate(run, group).items():
+            parts[c].append(text)
+    types = ["empty" if c in empty else base[c][0] for c in ids]
+    descriptions = [f"empty (cluster {c})" if c in empty else "; ".join(parts[c]) for c in ids]
+    return types, descriptions

@@ -1,0 +1,413 @@
+"""The papers' protocols for decoder heads, run as built-in diagnostics of the extract stage: Gu et al.'s sink rate
+(:mod:`.sink_rate`) and the standard induction, previous-token and duplicate-token scales (:mod:`.head_detectors`).
+
+A causal run's extract stage, with the model loaded (after today's induction diagnostic,
+:mod:`attnclust.analysis.induction`), feeds it
+
+- for the sink rate: :data:`SINK_SEQUENCES` sequences of :data:`~.sink_rate.SINK_T` tokens of each kind, natural
+  windows of the run's own contexts, random tokens and one token repeated, each also with the chat template's
+  first token in front (:func:`template_first_token`; none without a chat template);
+- for the head detectors: ARENA's :data:`~.head_detectors.ARENA_SEQUENCES` sequences of BOS (the tokenizer's
+  ``bos_token``, when it has one) and :data:`~.head_detectors.ARENA_LENGTH` random tokens twice, scored on ARENA's
+  induction scale and TransformerLens's induction, previous-token and duplicate-token patterns, each with the
+  permutation null of :func:`~.head_detectors.pair_pvalues`,
+
+and writes ``decoder_protocols.parquet`` (one row per head, :data:`PROTOCOL_COLUMNS`) and
+``decoder_protocols.json`` (the rates, thresholds and counts; :func:`measure_protocols`,
+:func:`write_protocols`). The head analyses ``sink_rate``, ``induction_arena``, ``induction_tl``,
+``previous_token`` and ``duplicate_token`` join the per-head numbers to ``heads.parquet`` (NaN for encoders);
+the ``decoder_protocols`` analysis hands the summary to the report's "Decoder protocols" section. A head is one
+of a detector's heads when its score is above the detector's threshold (:func:`detector_thresholds`) and its
+Benjamini-Hochberg q-value over the model's heads is at most :data:`PROTOCOL_FDR`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+from .head_detectors import (
+    ARENA_LENGTH,
+    ARENA_SEQUENCES,
+    ARENA_THRESHOLD,
+    arena_induction_pairs,
+    arena_induction_scores,
+    pair_pvalues,
+    pattern_pairs,
+    repeated_halves,
+    tl_ceiling,
+    tl_patterns,
+    tl_scores,
+)
+from .heads import HeadContext, head_analysis
+from .plugins import AnalysisContext, register_analysis
+from .sink_rate import (
+    GU_TABLE1,
+    SINK_EPSILON,
+    SINK_KINDS,
+    SINK_T,
+    default_prefix,
+    first_token_alpha,
+    natural_windows,
+    ordinary_ids,
+    random_token_sequences,
+    repeated_token_sequences,
+    sink_rates,
+    with_first_token,
+)
+
+__all__ = ["DETECTORS", "PROTOCOLS_VERSION", "PROTOCOL_COLUMNS", "PROTOCOL_FDR", "PROTOCOL_PERMUTATIONS",
+           "SINK_SEQUENCES", "detector_flags", "detector_thresholds", "measure_protocols", "protocol_inputs",
+           "read_protocols", "template_first_token", "write_protocols"]
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS_VERSION = 1
+"""Bumped when a protocol changes (part of the extract stage's fingerprint for causal models)."""
+SINK_SEQUENCES = 10
+"""Sequences of each kind and variant for the sink rate (Gu et al. use 100 natural ones; natural windows may be
+fewer): 60 forward passes of 64 tokens in all."""
+PROTOCOL_PERMUTATIONS = 999
+"""Random-key draws of each detector's null."""
+PROTOCOL_FDR = 0.05
+"""A detector's head: Benjamini-Hochberg q-value at most this (and its score above the threshold)."""
+PROTOCOL_SEED = 0
+"""Root of the seed sequence whose named streams draw the random, repeated and detector tokens and the nulls."""
+_STREAMS = ("random", "repeated", "detectors", "null")
+DETECTORS = {
+    "induction_arena": "induction, ARENA's scale (the mean of diagonal 1 - L)",
+    "induction_tl": "induction, TransformerLens's mul score",
+    "previous_token": "previous token, TransformerLens's mul score",
+    "duplicate_token": "duplicate token, TransformerLens's mul score",
+}
+"""The detectors' names (columns of ``decoder_protocols.parquet``, with ``_p``) and what each measures."""
+_TL = {"induction_tl": "induction", "previous_token": "previous_token", "duplicate_token": "duplicate_token"}
+_VARIANTS = ("raw", "template")
+PROTOCOL_COLUMNS = ("layer", "head",
+                    *(f"sink_{what}_{kind}{'' if v == 'raw' else '_template'}" for kind in SINK_KINDS
+                      for v in _VARIANTS for what in ("alpha", "share")),
+                    *(c for name in DETECTORS for c in (name, f"{name}_p")))
+"""Columns of ``decoder_protocols.parquet``: per head, each kind's mean ``alpha_1`` and the share of sequences it is a
+sink on (raw and with the template's first token: ``_template``), each detector's score and p-value."""
+
+
+def _streams(seed: int = PROTOCOL_SEED) -> dict[str, np.random.SeedSequence]:
+    return dict(zip(_STREAMS, np.random.SeedSequence(seed).spawn(len(_STREAMS))))
+
+
+def template_first_token(tokenizer: Any, style: str = "short") -> int | None:
+    """The first token of the model's chat prompts: the first id of its chat template's rendering (SmolLM2's
+    ``<|im_start|>``), None without a chat template.
+
+    The template renders once, bounded in time and memory (:func:`attnclust.qa.prompting.checked_template`), with
+    the run's prompt style.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    from ..qa.prompting import checked_template
+
+    ids = tokenizer(checked_template(tokenizer, style), add_special_tokens=False)["input_ids"]
+    return int(ids[0]) if len(ids) else None
+
+
+def protocol_inputs(tokenizer: Any, contexts, *, vocab_size: int | None = None, template: int | None = None,
+                    n_sink: int = SINK_SEQUENCES, n_detector: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,
+                    seed: int = PROTOCOL_SEED) -> dict[str, np.ndarray]:
+    """Every token sequence of the protocols.
+
+    Parameters
+    ----------
+    tokenizer
+        The model's tokenizer.
+    contexts
+        The run's contexts (natural text).
+    vocab_size
+        The model's embedding size (ids at or above it are not drawn).
+    template
+        The chat template's first token (:func:`template_first_token`), or None.
+    n_sink, n_detector, length, seed
+        :data:`SINK_SEQUENCES`, ARENA's batch and half length, :data:`PROTOCOL_SEED`.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray, each (sequence, token) int64
+        ``natural``, ``random``, ``repeated`` (``SINK_T`` tokens each), the same with ``_template`` when there is
+        a template token, and ``detectors`` (BOS + ``length`` tokens twice).
+    """
+    streams = _streams(seed)
+    vocab = ordinary_ids(tokenizer, vocab_size)
+    out = {"natural": natural_windows(contexts, tokenizer, n=n_sink),
+           "random": random_token_sequences(vocab, n=n_sink, rng=np.random.default_rng(streams["random"])),
+           "repeated": repeated_token_sequences(vocab, n=n_sink, rng=np.random.default_rng(streams["repeated"]))}
+    if template is not None:
+        out["natural_template"] = natural_windows(contexts, tokenizer, n=n_sink, first=template)
+        out["random_template"] = with_first_token(out["random"], template)
+        out["repeated_template"] = with_first_token(out["repeated"], template)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    out["detectors"] = repeated_halves(vocab, n=n_detector, length=length, bos=bos,
+                                       rng=np.random.default_rng(streams["detectors"]))
+    return out
+
+
+def _maps(loaded: Any, ids: np.ndarray, device: str, batch: int) -> np.ndarray:
+    """(sequence, layer, head, query, key) float32 maps of equally long sequences, ``batch`` at a time."""
+    from ..models.decoder import causal_forward
+
+    parts = []
+    for s in range(0, len(ids), batch):
+        result = causal_forward(loaded, pd.DataFrame({"input_ids": list(ids[s:s + batch])}), device=device)
+        parts.append(result.attentions.float().cpu().numpy())
+    return np.concatenate(parts)
+
+
+def detector_thresholds(ceiling: dict[str, float]) -> dict[str, float]:
+    """Each detector's threshold: ARENA's 0.4 on its own scale; on a TransformerLens scale 0.4 times what a perfect
+    head scores on the same sequences (:func:`~.head_detectors.tl_ceiling`: the ``mul`` score's denominator
+    counts every row, so 0.4 of the attention of the rows with a key in the pattern)."""
+    return {"induction_arena": ARENA_THRESHOLD,
+            **{name: ARENA_THRESHOLD * float(ceiling[pattern]) for name, pattern in _TL.items()}}
+
+
+def detector_flags(table: pd.DataFrame, thresholds: dict[str, float]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each detector's q-values (Benjamini-Hochberg over the table's heads) and heads (above the threshold, q at
+    most :data:`PROTOCOL_FDR`).
+
+    Returns
+    -------
+    dict of str to (numpy.ndarray, numpy.ndarray)
+        name -> (q float64, flag bool), both in the table's row order.
+    """
+    from .roles import bh_qvalues
+
+    out = {}
+    for name in DETECTORS:
+        q = bh_qvalues(table[f"{name}_p"].to_numpy(np.float64))
+        score = table[name].to_numpy(np.float64)
+        out[name] = (q, (np.nan_to_num(score, nan=-np.inf) > thresholds[name]) & (np.nan_to_num(q, nan=1.0)
+                                                                                   <= PROTOCOL_FDR))
+    return out
+
+
+def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "cpu", template: int | None = None,
+                      n_sink: int = SINK_SEQUENCES, n_detector: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,
+                      permutations: int = PROTOCOL_PERMUTATIONS, seed: int = PROTOCOL_SEED,
+                      batch: int = 10) -> tuple[pd.DataFrame, dict]:
+    """Run the protocols on a causal model.
+
+    Parameters
+    ----------
+    loaded : attnclust.models.LoadedModel
+        A causal model with eager attention (:func:`attnclust.models.get_model`).
+    tokenizer
+        Its tokenizer.
+    contexts
+        The run's contexts (the natural text).
+    device
+        ``cpu`` or ``cuda``.
+    template
+        The chat template's first token, or None (the ``_template`` columns are then NaN).
+    n_sink, n_detector, length, permutations, seed
+        See :func:`protocol_inputs`, :data:`PROTOCOL_PERMUTATIONS`.
+    batch
+        Sequences per forward pass.
+
+    Returns
+    -------
+    table : pandas.DataFrame
+        One row per (``layer``, ``head``) with :data:`PROTOCOL_COLUMNS`.
+    summary : dict
+        ``sink`` (``T``, ``epsilon``, ``heads``, ``template_token``, ``default_prefix``, ``rates`` and
+        ``sequences`` per kind and variant (``raw``, ``template``; a rate is None without sequences), each
+        sequence's rate (``sequence_rates``),
+        ``gu_table1``) and ``detectors`` (``sequences``, ``length``, ``bos`` and ``bos_text``, ``permutations``,
+        ``fdr``, and per detector ``threshold``, ``ceiling``, ``above``, ``heads``, ``max``, ``best``).
+    """
+    t0 = time.perf_counter()
+    vocab_size = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
+    inputs = protocol_inputs(tokenizer, contexts, vocab_size=vocab_size, template=template, n_sink=n_sink,
+                             n_detector=n_detector, length=length, seed=seed)
+    n_layers, n_heads = int(loaded.num_layers), int(loaded.num_heads)
+    li, hi = np.repeat(np.arange(n_layers), n_heads), np.tile(np.arange(n_heads), n_layers)
+    columns: dict[str, np.ndarray] = {"layer": li.astype(np.int64), "head": hi.astype(np.int64)}
+    rates: dict[str, dict] = {}
+    counts: dict[str, dict] = {}
+    spread: dict[str, dict] = {}
+    for kind in SINK_KINDS:
+        rates[kind], counts[kind], spread[kind] = {}, {}, {}
+        for variant in _VARIANTS:
+            key = kind if variant == "raw" else f"{kind}_template"
+            suffix = "" if variant == "raw" else "_template"
+            ids = inputs.get(key)
+            n = 0 if ids is None else len(ids)
+            counts[kind][variant] = n
+            if not n:
+                rates[kind][variant] = spread[kind][variant] = None
+                columns[f"sink_alpha_{kind}{suffix}"] = np.full(len(li), np.nan)
+                columns[f"sink_share_{kind}{suffix}"] = np.full(len(li), np.nan)
+                continue
+            alpha = first_token_alpha(_maps(loaded, ids, device, batch))  # (sequence, layer, head)
+            per_sequence = sink_rates(alpha)
+            rates[kind][variant] = float(per_sequence.mean())
+            spread[kind][variant] = [round(float(r), 6) for r in per_sequence]
+            columns[f"sink_alpha_{kind}{suffix}"] = alpha.mean(0).ravel()
+            columns[f"sink_share_{kind}{suffix}"] = (alpha > SINK_EPSILON).mean(0).ravel()
+    ids = inputs["detectors"]
+    maps = _maps(loaded, ids, device, batch)  # (sequence, layer, head, n, n)
+    null_seed = _streams(seed)["null"]
+    rows, keys = arena_induction_pairs(maps.shape[-1], length)
+    columns["induction_arena"] = arena_induction_scores(maps, length).ravel()
+    columns["induction_arena_p"] = pair_pvalues(maps, np.repeat(np.arange(len(ids)), len(rows)),
+                                                np.tile(rows, len(ids)), np.tile(keys, len(ids)),
+                                                permutations=permutations, seed=null_seed).ravel()
+    scores = tl_scores(maps, ids)
+    patterns = [tl_patterns(t) for t in ids]
+    for name, pattern in _TL.items():
+        columns[name] = scores[pattern].ravel()
+        columns[f"{name}_p"] = pair_pvalues(maps, *pattern_pairs([p[pattern] for p in patterns]),
+                                            permutations=permutations, seed=null_seed).ravel()
+    del maps
+    table = pd.DataFrame({c: columns[c] for c in PROTOCOL_COLUMNS})
+    ceiling = tl_ceiling(ids)
+    thresholds = detector_thresholds(ceiling)
+    flags = detector_flags(table, thresholds)
+    detectors = {}
+    for name in DETECTORS:
+        score = table[name].to_numpy(np.float64)
+        best = int(np.nanargmax(score))
+        detectors[name] = {"threshold": thresholds[name], "above": int((score > thresholds[name]).sum()),
+                           "heads": int(flags[name][1].sum()), "max": float(score[best]),
+                           "best": [int(li[best]), int(hi[best])],
+                           "ceiling": 1.0 if name == "induction_arena" else ceiling[_TL[name]]}
+    bos = getattr(tokenizer, "bos_token_id", None)
+    summary = {
+        "version": PROTOCOLS_VERSION,
+        "sink": {"T": SINK_T, "epsilon": SINK_EPSILON, "heads": n_layers * n_heads,
+                 "template_token": None if template is None else {"id": int(template),
+                                                                   "text": tokenizer.decode([int(template)])},
+                 "default_prefix": default_prefix(tokenizer), "rates": rates, "sequences": counts,
+                 "sequence_rates": spread,
+                 "contexts": len({c for c in contexts if isinstance(c, str) and c.strip()}),
+                 "gu_table1": {model: dict(zip(SINK_KINDS, row)) for model, row in GU_TABLE1.items()}},
+        "detectors": {"sequences": int(len(ids)), "length": int(length), "bos": None if bos is None else int(bos),
+                      "bos_text": None if bos is None else tokenizer.decode([int(bos)]),
+                      "permutations": int(permutations), "fdr": PROTOCOL_FDR, **detectors},
+        "seconds": round(time.perf_counter() - t0, 3)}
+    return table, summary
+
+
+def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu") -> float:
+    """Measure the run's causal model (:func:`measure_protocols`) and write ``decoder_protocols.parquet`` and
+    ``decoder_protocols.json`` atomically.
+
+    Returns the seconds it took.
+    """
+    from ..models.runner import get_model, get_tokenizer
+    from ..safeio import atomic_write_json
+    from ..store import atomic_write_parquet
+
+    t0 = time.perf_counter()
+    tokenizer = get_tokenizer(cfg.model)
+    table, summary = measure_protocols(get_model(cfg.model, device=device), tokenizer, list(contexts),
+                                       device=device, template=template_first_token(tokenizer, cfg.extract.prompt))
+    atomic_write_parquet(table, layout.decoder_protocols)
+    atomic_write_json(layout.decoder_protocols_summary, summary)
+    return time.perf_counter() - t0
+
+
+def read_protocols(layout: Any) -> tuple[pd.DataFrame, dict] | None:
+    """``decoder_protocols.parquet`` and ``decoder_protocols.json`` of a run (None when there are none: an encoder,
+    a store written by another tool, a run extracted before them).
+
+    Raises
+    ------
+    attnclust.errors.DataError
+        A file lacks its columns or keys.
+    """
+    import json
+
+    table_path = getattr(layout, "decoder_protocols", None)
+    summary_path = getattr(layout, "decoder_protocols_summary", None)
+    if table_path is None or not table_path.exists() or not summary_path.exists():
+        return None
+    table = pd.read_parquet(table_path)
+    missing = [c for c in PROTOCOL_COLUMNS if c not in table.columns]
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    if missing or not isinstance(summary, dict) or not {"sink", "detectors"} <= set(summary):
+        what = f"lacks column(s) {', '.join(missing)}" if missing else "lacks its sink or detectors summary"
+        raise DataError(f"{table_path if missing else summary_path}: {what}; re-run 'attnclust extract --force'")
+    return table, summary
+
+
+def _heads(ctx: HeadContext) -> pd.DataFrame:
+    return ctx.maps[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
+
+
+def _aligned(ctx: HeadContext) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | None]:
+    """The context's heads and the protocols' table reindexed to them (None when there is none)."""
+    heads = _heads(ctx)
+    found = ctx.shared("_decoder_protocols", lambda c: read_protocols(c.layout))
+    if found is None:
+        return heads, None, None
+    table, summary = found
+    keys = pd.MultiIndex.from_frame(heads.astype(np.int64))
+    table = table.astype({"layer": np.int64, "head": np.int64}).set_index(["layer", "head"]).reindex(keys)
+    return heads, table.reset_index(drop=True), summary
+
+
+def _register_detector(name: str, what: str) -> None:
+    columns = (name, f"{name}_q", f"{name}_head")
+
+    def compute(ctx: HeadContext) -> pd.DataFrame:
+        heads, table, summary = _aligned(ctx)
+        if table is None:
+            return heads.assign(**{name: np.nan, f"{name}_q": np.nan, f"{name}_head": False})
+        thresholds = {k: float(summary["detectors"][k]["threshold"]) for k in DETECTORS}
+        q, flag = detector_flags(table, thresholds)[name]
+        return heads.assign(**{name: table[name].to_numpy(np.float64), f"{name}_q": q, f"{name}_head": flag})
+
+    threshold = (f"{ARENA_THRESHOLD:g}" if name == "induction_arena" else
+                 f"{ARENA_THRESHOLD:g} x what a perfect head scores on these sequences")
+    head_analysis(name, columns=columns, unit="share",
+                  description=f"{what}, on {ARENA_SEQUENCES} sequences of BOS + {ARENA_LENGTH} random tokens "
+                              f"repeated twice (causal models only); {name}_q: BH q-value against random visible "
+                              f"keys, {name}_head: above {threshold} and q <= {PROTOCOL_FDR}")(compute)
+
+
+for _name, _what in DETECTORS.items():
+    _register_detector(_name, _what)
+
+
+@head_analysis("sink_rate", columns=tuple(f"sink_alpha_{kind}" for kind in SINK_KINDS), unit="share",
+               description=f"Gu et al.'s alpha_1: the first token's attention averaged over all {SINK_T} query "
+                           f"rows, mean over {SINK_SEQUENCES} sequences of natural text from the run's contexts, "
+                           f"random tokens and one repeated token (causal models only; a sink above "
+                           f"{SINK_EPSILON:g})")
+def _sink_rate(ctx: HeadContext) -> pd.DataFrame:
+    heads, table, _ = _aligned(ctx)
+    names = [f"sink_alpha_{kind}" for kind in SINK_KINDS]
+    if table is None:
+        return heads.assign(**{c: np.nan for c in names})
+    return heads.assign(**{c: table[c].to_numpy(np.float64) for c in names})
+
+
+def _check_summary(result: Any) -> None:
+    if not isinstance(result, dict) or not {"sink", "detectors"} <= set(result):
+        raise DataError("report input analyses['decoder_protocols']: expected decoder_protocols.json's mapping "
+                        "with sink and detectors")
+
+
+@register_analysis("decoder_protocols", section="decoder_protocols", validate=_check_summary, version=None)
+def protocol_summary(ctx: AnalysisContext) -> dict | None:
+    """``decoder_protocols.json`` of a causal run, with its table under ``table`` (None for an encoder or a run
+    without it): read by the report's "Decoder protocols" section. Its files are the extract stage's outputs (their
+    version is in that stage's fingerprint), so it records no version of its own."""
+    found = read_protocols(ctx.layout)
+    if found is None:
+        return None
+    table, summary = found
+    return {**summary, "table": table}

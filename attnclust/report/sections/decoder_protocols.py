@@ -1,0 +1,113 @@
+"""The report's "Decoder protocols" section: a causal model's sink rate under Gu et al.'s protocol beside their
+Table 1, and its induction, previous-token and duplicate-token heads on the standard scales beside today's
+induction score (``decoder_protocols.json`` and ``decoder_protocols.parquet``, :mod:`attnclust.analysis.protocols`;
+the protocols' text: the methods page, "Decoder protocols")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...analysis.protocols import DETECTORS
+from ...analysis.sink_rate import GU_TABLE1
+from ..formatting import PERCENT_UNIT, fmt
+from ..inputs import ReportInputs
+from ..registry import report_section
+
+__all__ = ["KIND_LABELS", "decoder_protocols_section"]
+
+KIND_LABELS = {"natural": "natural text", "random": "random tokens", "repeated": "one token repeated"}
+"""How the section names Gu et al.'s kinds of sequence."""
+
+
+def _rate(value: Any) -> str:
+    return "–" if value is None else fmt(float(value), PERCENT_UNIT)
+
+
+def _sd(values: Any) -> str:
+    """The standard deviation of the sequences' rates in percentage points ("" for fewer than two)."""
+    if not values or len(values) < 2:
+        return ""
+    return f"sd {100 * float(np.std(values, ddof=1)):.1f}"
+
+
+def _head(layer: int, head: int) -> str:
+    return f"L{int(layer)}H{int(head)}"
+
+
+def _today(inputs: ReportInputs) -> dict | None:
+    """Today's induction score (the ``induction`` head analysis) summarised as the detectors' rows are."""
+    heads = inputs.heads
+    if "induction" not in heads.columns or not np.isfinite(heads["induction"].to_numpy(np.float64)).any():
+        return None
+    score = heads["induction"].to_numpy(np.float64)
+    best = int(np.nanargmax(score))
+    flagged = heads["induction_head"].to_numpy(bool) if "induction_head" in heads.columns else np.zeros(len(heads),
+                                                                                                         bool)
+    return {"name": "induction (today's diagnostic)", "scale": "1", "threshold": "none (q <= 0.05 only)",
+            "above": "–", "heads": fmt(int(flagged.sum())),
+            "best": f"{_head(heads['layer'].iloc[best], heads['head'].iloc[best])} {fmt(score[best])}"}
+
+
+@report_section("decoder_protocols", title="Decoder protocols", order=655, template="decoder_protocols.html.j2",
+                nav="Protocols")
+def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
+    """The sink rate per kind of sequence (raw and with the chat template's first token) beside Gu et al.'s
+    Table 1, and the head detectors' counts beside today's induction score.
+
+    Parameters
+    ----------
+    inputs : ReportInputs
+
+    Returns
+    -------
+    dict or None
+        The context of ``decoder_protocols.html.j2``: ``sink`` (``T``, ``epsilon``, ``heads``, ``template``,
+        ``gu_models``, ``rows`` of ``kind``, ``sequences``, ``raw``, ``template``, their ``raw_sd`` and
+        ``template_sd`` over the sequences, ``gu``), ``lines`` (the
+        rates in one sentence each), ``detectors`` (``sequences``, ``length``, ``bos``, ``permutations``, ``fdr``,
+        ``rows`` of ``name``, ``scale``, ``threshold``, ``above``, ``heads``, ``best``) and ``seconds``; ``None``
+        when the run has no protocols (an encoder).
+    """
+    summary = inputs.analyses.get("decoder_protocols")
+    if summary is None:
+        return None
+    sink, det = summary["sink"], summary["detectors"]
+    token = (sink.get("template_token") or {}).get("text")
+    found = sink.get("gu_table1") or {}
+    gu = {m: found[m] for m in [*GU_TABLE1, *found] if m in found}  # the paper's column order
+    rows, lines = [], []
+    for kind, label in KIND_LABELS.items():
+        rate, count = sink["rates"].get(kind, {}), sink["sequences"].get(kind, {})
+        each = (sink.get("sequence_rates") or {}).get(kind) or {}
+        n, contexts = count.get("raw", 0), sink.get("contexts", 0)
+        what = (f"{n} window{'s' if n != 1 else ''} of the run's {contexts} context{'s' if contexts != 1 else ''}"
+                if kind == "natural" else f"{n} sequence{'s' if n != 1 else ''}")
+        rows.append({"kind": label, "sequences": what, "raw": _rate(rate.get("raw")), "raw_sd": _sd(each.get("raw")),
+                     "template": _rate(rate.get("template")), "template_sd": _sd(each.get("template")),
+                     "gu": [fmt(float(values[kind]) / 100, PERCENT_UNIT) for values in gu.values()]})
+        line = f"Sink rate, {label} ({what}): {_rate(rate.get('raw'))}"
+        if token is not None:
+            line += f"; with {token} first: {_rate(rate.get('template'))}"
+        lines.append(line + ".")
+    detectors = []
+    for name, what in DETECTORS.items():
+        d = det[name]
+        detectors.append({"name": f"{what} ({name})", "scale": fmt(float(d["ceiling"])),
+                          "threshold": fmt(float(d["threshold"])), "above": fmt(int(d["above"])),
+                          "heads": fmt(int(d["heads"])),
+                          "best": f"{_head(*d['best'])} {fmt(float(d['max']))}"})
+        lines.append(f"{what[0].upper()}{what[1:]}: {int(d['heads'])} head{'s' if int(d['heads']) != 1 else ''} above "
+                     f"{fmt(float(d['threshold']))} with q <= {det['fdr']:g} (strongest {_head(*d['best'])}, "
+                     f"{fmt(float(d['max']))}).")
+    today = _today(inputs)
+    if today is not None:
+        detectors.append(today)
+    return {"sink": {"T": sink["T"], "epsilon": sink["epsilon"], "heads": fmt(int(sink["heads"])), "template": token,
+                     "gu_models": list(gu), "rows": rows},
+            "lines": lines,
+            "detectors": {"sequences": det["sequences"], "length": det["length"], "bos": det.get("bos_text"),
+                          "permutations": fmt(int(det["permutations"])), "fdr": f"{det['fdr']:g}",
+                          "rows": detectors},
+            "seconds": fmt(summary.get("seconds"))}
