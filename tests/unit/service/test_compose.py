@@ -18,7 +18,7 @@ import yaml
 
 from attnclust.service.security import ROLES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASE = ROOT / "docker-compose.yml"
 TLS = ROOT / "docker-compose.tls.yml"
 DASHBOARD = 8787

@@ -12,7 +12,8 @@ import zlib
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import N_HEADS, N_LAYERS, _synthetic_inputs
+from helpers import N_HEADS, N_LAYERS
+from helpers import synthetic_report_inputs as _synthetic_inputs
 
 from attnclust.errors import DataError
 from attnclust.report import render_report

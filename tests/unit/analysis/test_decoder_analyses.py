@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import causal_uniform
 
 from attnclust.analysis.heads import HeadContext
 from attnclust.analysis.induction import INDUCTION_LENGTH, induction_inputs, measure_induction, read_induction
@@ -15,11 +16,6 @@ from attnclust.layout import RunLayout
 from attnclust.store import atomic_write_parquet, create_attention_store, mark_store_complete
 
 HEADS = ("retrieval", "sink", "uniform", "gold")
-
-
-def causal_uniform(n: int) -> np.ndarray:
-    a = np.tril(np.ones((n, n)))
-    return a / a.sum(1, keepdims=True)
 
 
 def planted_feature(rng, *, copy_from: int, gold: int | None, fid: int):
@@ -131,7 +127,7 @@ def test_encoder_runs_get_empty_decoder_columns(planted_causal):
 
 
 def test_induction_diagnostic_of_a_tiny_llama_has_one_score_per_head(tmp_path):
-    from test_causal import save_tiny_causal
+    from helpers import save_tiny_causal
     from transformers import AutoTokenizer
 
     from attnclust.config import ModelConfig

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import write_embedding
 
 from attnclust.analysis.atlas import cluster_mean_maps
 from attnclust.cluster import fit_clusters, fit_from_store
@@ -73,18 +74,6 @@ def test_a_finished_step_keeps_its_time_and_is_not_reopened(capsys):
     bars_shown = err.split("\n")  # a closed bar ends its line (updates rewrite it after "\r")
     assert sum("report: atlas tables" in line for line in bars_shown) == 1
     assert "report: mean maps 2/2 clusters |" in err
-
-
-def write_embedding(root, x: np.ndarray) -> None:
-    import zarr
-
-    n = len(x)
-    group = zarr.open_group(str(root / "embedding.zarr"), mode="w", zarr_format=3)
-    group.attrs.update({"schema": "attnclust.embedding", "complete": True})
-    group.create_array("embedding", data=x, chunks=(60, x.shape[1]))
-    group.create_array("feature_id", data=np.arange(n, dtype=np.int64), chunks=(60,))
-    group.create_array("layer", data=np.zeros(n, np.int16), chunks=(60,))
-    group.create_array("head", data=np.zeros(n, np.int16), chunks=(60,))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from attnclust.config import ModelConfig
 from attnclust.models import get_model, run_forward
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GLIBC = hasattr(ctypes.CDLL(None), "mallinfo2")  # glibc >= 2.33
 
 # In a fresh process: free a 30 MiB block (glibc then raises its mmap threshold to 30 MiB), call

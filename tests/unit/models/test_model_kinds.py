@@ -1,7 +1,7 @@
 """The model kinds (:mod:`attnclust.models.kinds`): one object per kind, resolved the same from everything that
 records it, naming the special positions, running the forward, gating the heads; the stages ask it, not a string.
 
-Tiny random BERT (tests/conftest.py), Llama (grouped key/value heads) and GPT-2 (tests/unit/test_causal.py), each
+Tiny random BERT (tests/conftest.py), Llama (grouped key/value heads) and GPT-2 (tests/helpers.py), each
 extracted once over the first two bundled questions.
 """
 
@@ -27,7 +27,7 @@ EXPECTED = {"bert": ENCODER, "llama": DECODER, "gpt2": DECODER}
 
 @pytest.fixture(scope="module")
 def model_dirs(tiny_bert_dir, tmp_path_factory) -> dict[str, Path]:
-    from test_causal import save_tiny_causal
+    from helpers import save_tiny_causal
 
     return {"bert": tiny_bert_dir, "llama": save_tiny_causal(tmp_path_factory.mktemp("kinds_llama")),
             "gpt2": save_tiny_causal(tmp_path_factory.mktemp("kinds_gpt2"), arch="gpt2")}

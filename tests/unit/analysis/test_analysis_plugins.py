@@ -91,7 +91,7 @@ def test_its_settings_are_a_job_section(toy, tmp_path):
         load_job(None, ["toy.factor=0"])
     with pytest.raises(ConfigError, match=r"config toy\.colour: unknown setting; known settings of 'toy': factor"):
         load_job(None, ["toy.colour=red"])
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "_ext"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "docs" / "_ext"))
     import attnclust_docs as ad
 
     keys = {k.key: k for k in ad.job_keys()}

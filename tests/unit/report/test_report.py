@@ -11,8 +11,9 @@ from html.parser import HTMLParser
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import N_CLUSTERS, N_HEADS, N_LAYERS, NOTE, G
+from helpers import synthetic_report_inputs as _synthetic_inputs
 
-from attnclust.analysis.stats import stat_columns
 from attnclust.errors import DataError
 from attnclust.report import (
     UMAP_OFF_SENTENCE,
@@ -23,54 +24,7 @@ from attnclust.report import (
     write_report,
 )
 
-N_LAYERS, N_HEADS, N_CLUSTERS, N_FEATURES, G = 2, 4, 3, 25, 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-NOTE = "QA head untrained: predictions are meaningless"
-
-
-def _synthetic_inputs() -> ReportInputs:
-    rng = np.random.default_rng(0)
-    stats = stat_columns()
-    n_maps = N_FEATURES * N_LAYERS * N_HEADS  # 200 rows, one per (feature, layer, head)
-    feature = np.repeat(np.arange(N_FEATURES, dtype=np.int64), N_LAYERS * N_HEADS)
-    layer = np.tile(np.repeat(np.arange(N_LAYERS), N_HEADS), N_FEATURES).astype(np.int16)
-    head = np.tile(np.arange(N_HEADS), N_FEATURES * N_LAYERS).astype(np.int16)
-    # planted: each head mostly in cluster (layer * N_HEADS + head) % 3, with 20% noise
-    planted = (layer.astype(np.int32) * N_HEADS + head) % N_CLUSTERS
-    noise = rng.random(n_maps) < 0.2
-    cluster = np.where(noise, rng.integers(0, N_CLUSTERS, n_maps), planted).astype(np.int32)
-    maps = pd.DataFrame({
-        "feature_id": feature, "example_id": [f"ex{f // 2}" for f in feature],
-        "span": np.zeros(n_maps, np.int32), "seq_len": np.full(n_maps, 16, np.int32),
-        "layer": layer, "head": head, "cluster": cluster,
-        "umap_x": rng.normal(size=n_maps).astype(np.float32), "umap_y": rng.normal(size=n_maps).astype(np.float32),
-        "centroid_dist": rng.random(n_maps).astype(np.float32),
-        **{s: rng.random(n_maps).astype(np.float32) for s in stats},
-    })
-    shares = pd.crosstab([maps["layer"], maps["head"]], maps["cluster"], normalize="index")
-    shares = shares.reindex(columns=range(N_CLUSTERS), fill_value=0.0)
-    heads = pd.DataFrame({
-        "layer": shares.index.get_level_values(0), "head": shares.index.get_level_values(1),
-        "n_maps": N_FEATURES, "dominant_cluster": shares.to_numpy().argmax(1), "purity": shares.to_numpy().max(1),
-        **{f"share_{c}": shares[c].to_numpy() for c in range(N_CLUSTERS)},
-    }).merge(maps.groupby(["layer", "head"], as_index=False)[list(stats)].mean(), on=["layer", "head"])
-    size = maps["cluster"].value_counts().reindex(range(N_CLUSTERS), fill_value=0)
-    clusters = pd.DataFrame({
-        "cluster": np.arange(N_CLUSTERS), "size": size.to_numpy(), "share": size.to_numpy() / n_maps,
-        "medoid_feature_id": np.arange(N_CLUSTERS) * 3, "medoid_layer": 1, "medoid_head": 2,
-        "description": [f"pattern {c} <b>&</b> attends to [SEP] ({80 + c}% of mass)" for c in range(N_CLUSTERS)],
-        "top_heads": [f"L{c % 2}H{c} 9{c}%" for c in range(N_CLUSTERS)],
-        "mean_layer": maps.groupby("cluster")["layer"].mean().to_numpy(),
-    }).join(maps.groupby("cluster")[list(stats)].mean(), on="cluster")
-    mean_maps = rng.random((N_CLUSTERS, G, G))
-    mean_maps /= mean_maps.sum(-1, keepdims=True)
-    tokens = ["[CLS]", "<script>", "alert(1)", "</script>", "$x$", "a&b", "[SEP]", "who", "?", "[SEP]"]
-    long_tokens = [f"tok{i}" for i in range(80)]
-    medoids = {0: (rng.random((10, 10)), tokens), 1: (rng.random((80, 80)), long_tokens)}  # cluster 2: none
-    settings = {"job": {"name": "demo-job", "model": "packaged"}, "cluster": {"k": None, "seed": np.int64(0)},
-                "timings": {"extract_s": np.float32(1.5)}}
-    return ReportInputs(title="Demo <run>", maps=maps, heads=heads, clusters=clusters, mean_maps=mean_maps,
-                        medoids=medoids, settings=settings, notes=(NOTE,), k_scores={2: 0.31, 3: 0.42, 4: 0.37})
 
 
 @pytest.fixture(scope="module")

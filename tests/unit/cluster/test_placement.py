@@ -2,7 +2,7 @@ import pickle
 
 import numpy as np
 import pytest
-from test_progress import write_embedding  # the embedding store a featurize stage would leave
+from helpers import write_embedding  # the embedding store a featurize stage would leave
 
 from attnclust.cluster import assign_block, fit_clusters, place_rest
 from attnclust.cluster.placement import KnnPlacer, place_by_neighbours

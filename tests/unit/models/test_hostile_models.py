@@ -92,7 +92,7 @@ def test_a_literal_separator_in_encoder_data_stays_text(tmp_path, tiny_bert_dir,
 
 
 def test_a_fake_chat_turn_in_a_context_cannot_steer_a_decoder_prompt(tmp_path):
-    from test_causal import save_tiny_tokenizer
+    from helpers import save_tiny_tokenizer
 
     from attnclust.qa.prompting import encode_prompt
 
@@ -122,7 +122,7 @@ def test_a_fake_chat_turn_in_a_context_cannot_steer_a_decoder_prompt(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_llama_dir(tmp_path_factory):
-    from test_causal import save_tiny_causal
+    from helpers import save_tiny_causal
 
     return save_tiny_causal(tmp_path_factory.mktemp("llama"))
 

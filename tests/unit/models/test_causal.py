@@ -13,55 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import save_tiny_causal
 
 from attnclust.config import JobConfig, ModelConfig
 from attnclust.errors import ConfigError, ModelError
-
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def save_tiny_tokenizer(path: Path, *, chat: bool) -> object:
-    """A byte-level BPE tokenizer (vocabulary 400) trained on the bundled sample, saved to ``path``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from attnclust.data import read_squad, sample_path
-
-    texts = [t for e in read_squad(sample_path()) for t in (e.context, e.question)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   eos_token="<|im_end|>" if chat else "<|endoftext|>")
-    if chat:
-        fast.chat_template = CHATML
-    fast.save_pretrained(path)
-    return fast
-
-
-def save_tiny_causal(path: Path, *, arch: str = "llama", seed: int = 0) -> Path:
-    """A random 2-layer causal LM saved to ``path``: ``llama`` (4 query heads, 2 key/value heads, ChatML template)
-    or ``gpt2`` (4 heads, no template)."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    tok = save_tiny_tokenizer(path, chat=arch == "llama")
-    torch.manual_seed(seed)
-    if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    else:
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=1024,
-                                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
-    model.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

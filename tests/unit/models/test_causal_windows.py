@@ -1,6 +1,6 @@
 """Long contexts of a causal model's prompts are windowed, answered per window and the answer chosen across windows.
 
-A tiny random Llama (tests/unit/test_causal.py's factory) over a planted long context: several sample paragraphs
+A tiny random Llama (tests/helpers.py's factory) over a planted long context: several sample paragraphs
 with a sentence planted in the last one, so the gold answer lies in the last window only.
 """
 
@@ -20,7 +20,7 @@ PLANT = "The harbour bell was cast from green bronze in the spring."
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    from test_causal import save_tiny_causal
+    from helpers import save_tiny_causal
 
     return save_tiny_causal(tmp_path_factory.mktemp("tiny_llama_windows"))
 

@@ -83,7 +83,7 @@ def test_byte_level_and_sentencepiece_tokens_read_as_their_text():
 
 
 def test_display_tokens_agree_with_the_tokenizers_decoding(tmp_path):
-    from test_causal import save_tiny_tokenizer
+    from helpers import save_tiny_tokenizer
 
     from attnclust.analysis.words import display_tokens
 

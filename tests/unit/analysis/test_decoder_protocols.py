@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +36,6 @@ from attnclust.analysis.sink_rate import (
     special_ids,
     with_first_token,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 def random_causal(rng, shape, n) -> np.ndarray:
@@ -98,7 +95,7 @@ def test_alpha_and_rate_match_the_papers_loop_and_code_on_random_and_planted_map
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
-    from test_causal import save_tiny_causal
+    from helpers import save_tiny_causal
 
     return save_tiny_causal(tmp_path_factory.mktemp("protocols_llama"))
 
@@ -371,7 +368,7 @@ def test_without_the_files_an_encoder_run_gets_nan_columns_and_a_broken_file_is_
 def test_a_model_without_chat_template_has_raw_rates_only_and_the_section_says_so(tmp_path):
     from types import SimpleNamespace
 
-    from test_causal import save_tiny_causal
+    from helpers import save_tiny_causal
     from transformers import AutoTokenizer
 
     from attnclust.analysis.protocols import measure_protocols, template_first_token

@@ -11,7 +11,7 @@ import pytest
 
 from attnclust import backend as bk
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 TINY = textwrap.dedent('''
     import numba

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from test_profile import brute_force_profile
+from helpers import brute_force_profile
 
 from attnclust.analysis.stats import map_statistics, token_masks
 from attnclust.featurize import TokenContext

@@ -5,17 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import causal_uniform
 
 from attnclust.analysis.roles import ROLE_MARGIN, causal_role_nulls, head_roles, role_differences, role_nulls
 from attnclust.analysis.sink import SINK_THRESHOLD, sink_table
 from attnclust.analysis.stats import map_statistics, token_masks
 
 HEADS = ("uniform", "previous", "sink", "self")
-
-
-def causal_uniform(n: int) -> np.ndarray:
-    a = np.tril(np.ones((n, n)))
-    return a / a.sum(1, keepdims=True)
 
 
 def planted(kind: str, n: int, rng) -> np.ndarray:

@@ -9,17 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import causal_uniform as _causal_uniform
 
 from attnclust.featurize import TokenContext
 from attnclust.featurize.profile import OFFSETS, PROFILE_COMPONENTS, profile_maps
 
-COL = {name: i for i, name in enumerate(PROFILE_COMPONENTS)}
-WHERE = [c for c in PROFILE_COMPONENTS if c.startswith("offset")] + ["cls", "sep", "punct", "last"]
-
 
 def causal_uniform(n: int) -> np.ndarray:
-    a = np.tril(np.ones((n, n)))
-    return (a / a.sum(1, keepdims=True)).astype(np.float32)
+    return _causal_uniform(n, np.float32)
+
+COL = {name: i for i, name in enumerate(PROFILE_COMPONENTS)}
+WHERE = [c for c in PROFILE_COMPONENTS if c.startswith("offset")] + ["cls", "sep", "punct", "last"]
 
 
 def causal_context(n: int, maps: int, rng) -> TokenContext:

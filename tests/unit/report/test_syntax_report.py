@@ -9,22 +9,11 @@ import re
 
 import pandas as pd
 import pytest
-from test_syntax import planted_syntax  # noqa: F401  (the planted store with gold parses: a fixture)
+from helpers import run_report_stages as _run
 
 from attnclust.analysis.syntax import HEAD_BEST_COLUMNS, SYNTAX_COLUMNS, SYNTAX_SKIPPED
 from attnclust.cli import main
-from attnclust.config import load_job
 from attnclust.errors import DataError
-from attnclust.pipeline import run_job
-from attnclust.stages import SerialExecutor
-
-BASE = ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2", "cluster.n_init=2"]
-
-
-def _run(layout, *overrides, progress=False):
-    cfg = load_job(None, [*BASE, *overrides])
-    return run_job(cfg, layout.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(),
-                   progress=progress)
 
 
 def _section(report: str, name: str) -> str:

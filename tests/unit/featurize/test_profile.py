@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import brute_force_profile
 
 from attnclust.featurize import (
     FEATURIZERS,
@@ -15,8 +16,6 @@ from attnclust.featurize import (
 )
 from attnclust.featurize.pooled import pool_maps
 from attnclust.featurize.profile import (
-    FAR_FRACTIONS,
-    OFFSETS,
     PROFILE_COMPONENTS,
     SPREAD_WEIGHT,
     component_weights,
@@ -65,37 +64,6 @@ def test_kmeans_on_profiles_recovers_the_eight_planted_types():
     print(f"ARI profile {ari:.3f}, pooled 32x32 {ari_pooled:.3f}")
     assert ari >= 0.9
     assert ari_pooled < ari
-
-
-def brute_force_profile(m: np.ndarray, cls, sep, punct, seg) -> np.ndarray:
-    """The unweighted profile of one map by explicit loops over rows and keys."""
-    n = len(m)
-    total = m.astype(np.float64).sum(1, keepdims=True)
-    a = np.divide(m, total, out=np.zeros((n, n)), where=total > 0)  # an all-zero row stays zero
-    out = []
-    for d in range(-OFFSETS, OFFSETS + 1):
-        vals = [a[i, i + d] for i in range(n) if 0 <= i + d < n]
-        out.append(np.mean(vals) if vals else 0.0)
-    for mask in (cls, sep, punct):
-        out.append(np.mean([sum(a[i, j] for j in range(n) if mask[j]) for i in range(n)]))
-    out.append(np.mean([a[i, n - 1] for i in range(n)]))
-    focus = {}
-    for i in range(n):
-        own = sum(a[i, j] for j in range(n) if seg[j] == seg[i])
-        share = sum(seg[j] == seg[i] for j in range(n)) / n
-        if share == 1:
-            f = 0.0
-        else:
-            r_own, r_cross = own / share, (1 - own) / (1 - share)
-            f = (r_own - r_cross) / (r_own + r_cross)
-        focus.setdefault(seg[i], []).append(f)
-    out.append(np.mean([np.mean(v) for v in focus.values()]))
-    entropy = [-sum(a[i, j] * np.log(a[i, j]) for j in range(n) if a[i, j] > 0) for i in range(n)]
-    out.append(np.mean(entropy) / np.log(n) if n > 1 else 0.0)
-    out.append(np.mean([max(a[i]) for i in range(n)]))
-    for f in FAR_FRACTIONS:
-        out.append(np.mean([sum(a[i, j] for j in range(n) if abs(i - j) > f * n) for i in range(n)]))
-    return np.asarray(out)
 
 
 @pytest.mark.parametrize("n", [2, 5, 23])

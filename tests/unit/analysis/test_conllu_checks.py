@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_syntax import planted_syntax  # noqa: F401  (the planted store with gold parses: a fixture)
-from test_syntax_report import BASE, _run
+from helpers import REPORT_BASE as BASE
+from helpers import run_report_stages as _run
 
 from attnclust.analysis.parses import read_conllu
 from attnclust.cli import main
