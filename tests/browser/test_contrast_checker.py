@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from browsing import contrast_failures
 
 PAGE = """<!doctype html><html><body style="background: #fff; margin: 0">

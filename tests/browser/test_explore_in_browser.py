@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+
 from browsing import read_table
 
 SECRET = "attnclust-browser-secret-9d27e1"

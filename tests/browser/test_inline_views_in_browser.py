@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from browsing import LOCAL_SCHEMES
 
 import attnclust
+
+from browsing import LOCAL_SCHEMES
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
 from playwright.sync_api import expect

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from browsing import LOCAL_SCHEMES, contrast_failures, normalise, open_report, read_table, wordpiece_text
 
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+
 from families import FAMILIES, N_HEADS, N_LAYERS
 
 

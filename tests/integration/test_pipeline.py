@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from runs import ROOT, assert_same_outputs, cli, one_error_line, tiny_args
 
 

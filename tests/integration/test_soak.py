@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from runs import assert_same_outputs, demo_small
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from runs import ROOT, assert_same_outputs, cli, one_error_line, tiny_args
 
 

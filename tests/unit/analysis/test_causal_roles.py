@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import causal_uniform
 
 from attnclust.analysis.roles import ROLE_MARGIN, causal_role_nulls, head_roles, role_differences, role_nulls
 from attnclust.analysis.sink import SINK_THRESHOLD, sink_table
 from attnclust.analysis.stats import map_statistics, token_masks
+
+from helpers import causal_uniform
 
 HEADS = ("uniform", "previous", "sink", "self")
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers import REPORT_BASE as BASE
-from helpers import run_report_stages as _run
 
 from attnclust.analysis.parses import read_conllu
 from attnclust.cli import main
 from attnclust.errors import DataError
+
+from helpers import REPORT_BASE as BASE
+from helpers import run_report_stages as _run
 
 
 def conllu(*sentences: list[tuple[str, str]]) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import causal_uniform
 
 from attnclust.analysis.heads import HeadContext
 from attnclust.analysis.induction import INDUCTION_LENGTH, induction_inputs, measure_induction, read_induction
@@ -14,6 +13,8 @@ from attnclust.analysis.retrieval import decoder_heads, feature_copy_steps
 from attnclust.errors import DataError
 from attnclust.layout import RunLayout
 from attnclust.store import atomic_write_parquet, create_attention_store, mark_store_complete
+
+from helpers import causal_uniform
 
 HEADS = ("retrieval", "sink", "uniform", "gold")
 
@@ -127,11 +128,12 @@ def test_encoder_runs_get_empty_decoder_columns(planted_causal):
 
 
 def test_induction_diagnostic_of_a_tiny_llama_has_one_score_per_head(tmp_path):
-    from helpers import save_tiny_causal
     from transformers import AutoTokenizer
 
     from attnclust.config import ModelConfig
     from attnclust.models import get_model
+
+    from helpers import save_tiny_causal
 
     path = save_tiny_causal(tmp_path / "llama")
     tokenizer = AutoTokenizer.from_pretrained(path)

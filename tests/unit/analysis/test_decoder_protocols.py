@@ -368,7 +368,6 @@ def test_without_the_files_an_encoder_run_gets_nan_columns_and_a_broken_file_is_
 def test_a_model_without_chat_template_has_raw_rates_only_and_the_section_says_so(tmp_path):
     from types import SimpleNamespace
 
-    from helpers import save_tiny_causal
     from transformers import AutoTokenizer
 
     from attnclust.analysis.protocols import measure_protocols, template_first_token
@@ -377,6 +376,8 @@ def test_a_model_without_chat_template_has_raw_rates_only_and_the_section_says_s
     from attnclust.models import get_model
     from attnclust.report.registry import REPORT_SECTIONS
     from attnclust.report.sections.decoder_protocols import decoder_protocols_section
+
+    from helpers import save_tiny_causal
 
     path = save_tiny_causal(tmp_path / "gpt2", arch="gpt2")
     tok = AutoTokenizer.from_pretrained(path)

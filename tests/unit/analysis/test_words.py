@@ -83,9 +83,9 @@ def test_byte_level_and_sentencepiece_tokens_read_as_their_text():
 
 
 def test_display_tokens_agree_with_the_tokenizers_decoding(tmp_path):
-    from helpers import save_tiny_tokenizer
-
     from attnclust.analysis.words import display_tokens
+
+    from helpers import save_tiny_tokenizer
 
     tok = save_tiny_tokenizer(tmp_path / "tok", chat=False)
     text = "The coffee plant's fruits,\ncalled cherries, turn red."

@@ -2,11 +2,12 @@ import pickle
 
 import numpy as np
 import pytest
-from helpers import write_embedding  # the embedding store a featurize stage would leave
 
 from attnclust.cluster import assign_block, fit_clusters, place_rest
 from attnclust.cluster.placement import KnnPlacer, place_by_neighbours
 from attnclust.config import ClusterConfig
+
+from helpers import write_embedding  # the embedding store a featurize stage would leave
 
 
 def brute_force_place(z_sample, xy_sample, z, k):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import brute_force_profile
 
 from attnclust.featurize import (
     FEATURIZERS,
@@ -22,6 +21,8 @@ from attnclust.featurize.profile import (
     profile_maps,
 )
 from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_head_maps, planted_tokens
+
+from helpers import brute_force_profile
 
 
 def profile_one(m: np.ndarray, seq) -> np.ndarray:

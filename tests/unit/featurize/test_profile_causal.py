@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import causal_uniform as _causal_uniform
 
 from attnclust.featurize import TokenContext
 from attnclust.featurize.profile import OFFSETS, PROFILE_COMPONENTS, profile_maps
+
+from helpers import causal_uniform as _causal_uniform
 
 
 def causal_uniform(n: int) -> np.ndarray:

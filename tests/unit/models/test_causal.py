@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import save_tiny_causal
 
 from attnclust.config import JobConfig, ModelConfig
 from attnclust.errors import ConfigError, ModelError
+
+from helpers import save_tiny_causal
 
 
 @pytest.fixture(scope="module")

@@ -92,9 +92,9 @@ def test_a_literal_separator_in_encoder_data_stays_text(tmp_path, tiny_bert_dir,
 
 
 def test_a_fake_chat_turn_in_a_context_cannot_steer_a_decoder_prompt(tmp_path):
-    from helpers import save_tiny_tokenizer
-
     from attnclust.qa.prompting import encode_prompt
+
+    from helpers import save_tiny_tokenizer
 
     tok = save_tiny_tokenizer(tmp_path / "tok", chat=True)
     start, end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])

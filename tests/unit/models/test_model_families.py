@@ -10,10 +10,11 @@ import unicodedata
 import numpy as np
 import pandas as pd
 import pytest
-from families import FAMILIES, LOWERCASE, N_HEADS, N_LAYERS, WORD_START, family_tokenizer
 
 from attnclust.data import Answer, Example, check_pair_layout, read_squad, sample_path, tokenize_examples
 from attnclust.errors import ConfigError, ModelError
+
+from families import FAMILIES, LOWERCASE, N_HEADS, N_LAYERS, WORD_START, family_tokenizer
 
 QUESTION = "Who built the bridge?"
 CONTEXT = "The stone bridge was built in 1412 by masons. Traders crossed it every Thursday, selling wool."
@@ -294,10 +295,11 @@ def test_importance_equals_finite_differences_of_the_loss(family_model, family):
 
 def test_albert_with_two_groups_gates_each_group_and_layer(tmp_path):
     import torch
-    from families import save_family_model
     from transformers import AutoModelForQuestionAnswering
 
     from attnclust.models.hooks import attention_outputs
+
+    from families import save_family_model
 
     path = save_family_model("albert", tmp_path / "albert", num_hidden_layers=4, num_hidden_groups=2)
     model = AutoModelForQuestionAnswering.from_pretrained(path, attn_implementation="eager").eval()
@@ -315,12 +317,13 @@ def test_albert_with_two_groups_gates_each_group_and_layer(tmp_path):
 
 def test_albert_with_inner_groups_is_refused_in_one_line(tmp_path):
     import torch
-    from families import save_family_model
     from transformers import AutoModelForQuestionAnswering
 
     from attnclust.analysis.importance import gated
     from attnclust.config import ModelConfig
     from attnclust.models import load_model
+
+    from families import save_family_model
 
     path = save_family_model("albert", tmp_path / "inner", inner_group_num=2)
     said = r"ALBERT with inner_group_num=2 runs 2 attention blocks in each of its 2 layers \(4 attention maps"

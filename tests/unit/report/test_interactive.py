@@ -12,8 +12,6 @@ import zlib
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import N_HEADS, N_LAYERS
-from helpers import synthetic_report_inputs as _synthetic_inputs
 
 from attnclust.errors import DataError
 from attnclust.report import render_report
@@ -24,6 +22,9 @@ from attnclust.report.interactive import (
     text_color,
     verdict,
 )
+
+from helpers import N_HEADS, N_LAYERS
+from helpers import synthetic_report_inputs as _synthetic_inputs
 
 L, H = 2, 3
 

@@ -11,8 +11,6 @@ from html.parser import HTMLParser
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import N_CLUSTERS, N_HEADS, N_LAYERS, NOTE, G
-from helpers import synthetic_report_inputs as _synthetic_inputs
 
 from attnclust.errors import DataError
 from attnclust.report import (
@@ -23,6 +21,9 @@ from attnclust.report import (
     render_report,
     write_report,
 )
+
+from helpers import N_CLUSTERS, N_HEADS, N_LAYERS, NOTE, G
+from helpers import synthetic_report_inputs as _synthetic_inputs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,11 +9,12 @@ import re
 
 import pandas as pd
 import pytest
-from helpers import run_report_stages as _run
 
 from attnclust.analysis.syntax import HEAD_BEST_COLUMNS, SYNTAX_COLUMNS, SYNTAX_SKIPPED
 from attnclust.cli import main
 from attnclust.errors import DataError
+
+from helpers import run_report_stages as _run
 
 
 def _section(report: str, name: str) -> str:

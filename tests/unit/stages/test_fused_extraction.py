@@ -8,7 +8,6 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import brute_force_profile
 
 from attnclust.analysis.stats import map_statistics, token_masks
 from attnclust.featurize import TokenContext
@@ -16,6 +15,8 @@ from attnclust.featurize.profile import profile_maps, profile_tensor
 from attnclust.stages.extract import profile_and_statistics
 from attnclust.store import compact_maps
 from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_tokens
+
+from helpers import brute_force_profile
 
 
 def reference_compact_maps(maps, *, mass: float, max_keys: int | None = None):

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import write_embedding
 
 from attnclust.analysis.atlas import cluster_mean_maps
 from attnclust.cluster import fit_clusters, fit_from_store
@@ -18,6 +17,8 @@ from attnclust.report import ReportSection, render_sections
 from attnclust.stages.cluster import _fit_steps
 from attnclust.stages.executors import DaskExecutor, StepBars
 from attnclust.store import create_attention_store, mark_store_complete
+
+from helpers import write_embedding
 
 # k_min..k_max: 8 candidates
 AUTO = ClusterConfig(k="auto", k_min=2, k_max=9, pca_components=5, umap=False)
