@@ -173,25 +173,17 @@ def induction_pvalues(maps, length: int, *, start: int = 0, permutations: int = 
         their induction target (``row - length + 1``) and each *null* the mean weight on a key drawn uniformly
         from ``0..row`` per row (the module docstring).
     """
+    from .head_detectors import pair_pvalues
+
     a = np.asarray(maps, dtype=np.float32)
     n = a.shape[-1]
     if a.ndim < 3 or a.shape[-2] != n or start < 0 or start + 2 * length > n:
         raise ValueError(f"induction_pvalues: need (..., sequence, query, key) maps holding rows "
                          f"{start}..{start + 2 * length - 1}, got shape {a.shape}")
-    rows = np.arange(start + length, start + 2 * length)
-    picked = a[..., rows, :]  # (head..., sequence, row, key)
-    picked = picked / np.maximum(picked.sum(-1, keepdims=True), 1e-12)
-    observed = picked[..., np.arange(len(rows)), rows - length + 1].mean((-1, -2))
-    rng = np.random.default_rng(seed)
     n_seq = a.shape[-3]
-    draws = np.floor(rng.random((permutations, n_seq, len(rows))) * (rows + 1)).astype(np.int64)  # key in 0..row
-    heads = picked.reshape(-1, n_seq, len(rows), n)
-    seq_idx, row_idx = np.arange(n_seq)[:, None], np.arange(len(rows))[None, :]
-    exceed = np.zeros(len(heads), np.int64)
-    for chunk in np.array_split(np.arange(permutations), max(1, permutations // 100)):
-        null = heads[:, seq_idx, row_idx, draws[chunk]].mean((-1, -2))  # (head, draw)
-        exceed += (null >= observed.reshape(-1, 1) - 1e-12).sum(1)
-    return ((1 + exceed) / (1 + permutations)).reshape(observed.shape)
+    rows = np.tile(np.arange(start + length, start + 2 * length), n_seq)  # one target per row: the mean is a sum
+    seq = np.repeat(np.arange(n_seq), length)
+    return pair_pvalues(np.moveaxis(a, -3, 0), seq, rows, rows - length + 1, permutations=permutations, seed=seed)
 
 
 def write_induction(layout: Any, cfg: Any, *, device: str = "cpu") -> float:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.features import special_ids
+
 __all__ = ["GU_TABLE1", "SINK_EPSILON", "SINK_KINDS", "SINK_T", "default_prefix", "first_token_alpha",
            "natural_windows", "ordinary_ids", "random_token_sequences", "repeated_token_sequences", "sink_rates",
            "special_ids", "with_first_token"]
@@ -72,16 +74,6 @@ def sink_rates(alpha, *, epsilon: float = SINK_EPSILON) -> np.ndarray:
     if a.ndim != 3:
         raise ValueError(f"sink_rates: alpha must be (sequence, layer, head), got shape {a.shape}")
     return (a > epsilon).mean((1, 2))
-
-
-def special_ids(tokenizer: Any) -> set[int]:
-    """Every special token id of a tokenizer: its named ones (``all_special_ids``) and each added token marked
-    special (SmolLM2's 17 ``<|im_start|>``, ``<repo_name>`` ...)."""
-    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
-    for i, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
-        if getattr(token, "special", False):
-            ids.add(int(i))
-    return ids
 
 
 def ordinary_ids(tokenizer: Any, vocab_size: int | None = None) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..errors import ConfigError, DataError
 from .squad import Example, _show
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_LAYOUT_VERSION", "WORD_MARKERS", "check_pair_layout", "control_strings",
-           "examples_with_control_strings", "tokenize_examples"]
+           "examples_with_control_strings", "special_ids", "tokenize_examples"]
 
 #: Columns of the frame returned by :func:`tokenize_examples`, in order.
 FEATURE_COLUMNS = (
@@ -45,6 +45,16 @@ def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> None:
         raise ConfigError(f"{name}: got {value!r}; allowed: {allowed}")
 
 
+def special_ids(tokenizer: Any) -> set[int]:
+    """Every special token id of a tokenizer: its named ones (``all_special_ids``) and each added token marked
+    special (SmolLM2's 17 ``<|im_start|>``, ``<repo_name>`` ...)."""
+    ids = {int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()}
+    for i, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            ids.add(int(i))
+    return ids
+
+
 def control_strings(tokenizer: Any) -> tuple[str, ...]:
     """The text of the tokenizer's special tokens (``[SEP]``, ``<|im_start|>``, ...), longest first.
 
@@ -52,9 +62,7 @@ def control_strings(tokenizer: Any) -> tuple[str, ...]:
     data text with ``split_special_tokens=True`` so that a literal ``[SEP]`` or ``<|im_end|>`` in a context or a
     question stays text and cannot end a segment or a chat turn.
     """
-    found = {str(tok) for tok in getattr(tokenizer, "added_tokens_decoder", {}).values()
-             if getattr(tok, "special", False)}
-    found |= {str(tok) for tok in getattr(tokenizer, "all_special_tokens", ())}
+    found = {str(t) for t in tokenizer.convert_ids_to_tokens(sorted(special_ids(tokenizer)))}
     return tuple(sorted((t for t in found if t.strip()), key=lambda t: (-len(t), t)))
 
 

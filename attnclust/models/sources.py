@@ -228,10 +228,26 @@ def _hash_text_files(digest, folder: Path) -> None:
     ``chat_template.jinja`` is a different model for every stage that reads tokens.
     """
     for path in ModelDirLayout(folder).text_files():
-        digest.update(f"{path.relative_to(folder).as_posix()}:".encode())
+        digest.update(f"{path.relative_to(folder).as_posix()}:{_file_digest(path)}".encode())
+
+
+_FILE_DIGESTS: dict[tuple, str] = {}  # (path, size, mtime_ns) -> content hash, once per process and version
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of a file's content, read once per version of the file (its size and modification time): the
+    identity is asked at every model lookup, and a tokenizer.json is megabytes."""
+    import hashlib
+
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _FILE_DIGESTS:
+        digest = hashlib.sha256()
         with open(path, "rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
+        _FILE_DIGESTS[key] = digest.hexdigest()
+    return _FILE_DIGESTS[key]
 
 
 def source_kwargs(cfg: ModelConfig) -> dict:

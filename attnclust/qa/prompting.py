@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..data.features import FEATURE_COLUMNS
+from ..data.features import FEATURE_COLUMNS, special_ids
 from ..errors import DataError, ModelError
 
 __all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans",
@@ -245,8 +245,7 @@ def _data_as_text(tokenizer: Any, ids: list[int], spans: list, text: str,
     The prompt's own control tokens (from the template, outside ``data``'s character ranges) stay; a prompt whose
     data holds no such string is returned unchanged.
     """
-    special = {int(i) for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items()
-               if getattr(tok, "special", False)} | {int(i) for i in getattr(tokenizer, "all_special_ids", ())}
+    special = special_ids(tokenizer)
 
     def injected(token: int, a: int, b: int) -> bool:
         return token in special and b > a and any(lo <= a and b <= hi for lo, hi in data)
