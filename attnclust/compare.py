@@ -253,7 +253,7 @@ def compare_runs(a: str | Path, b: str | Path, *, max_features: int | None = Non
     attnclust.errors.StoreError
         A run's store is missing or damaged.
     """
-    from .stages.executors import StepBars
+    from .executors import StepBars
 
     a, b = Path(a), Path(b)
     if max_features is not None and (isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer))

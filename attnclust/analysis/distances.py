@@ -229,7 +229,7 @@ def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows
         Seed of both samples.
     on_step : callable, optional
         Told ``on_step("head distances", done, total, "features")`` (a progress bar,
-        :class:`~attnclust.stages.executors.StepBars`).
+        :class:`~attnclust.executors.StepBars`).
 
     Returns
     -------

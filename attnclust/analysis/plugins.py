@@ -74,7 +74,7 @@ class AnalysisContext:
     note : callable
         ``note(line)`` prints one line when progress is on (why it was skipped, what it found).
     bars : object or None
-        The report stage's progress bars (:class:`attnclust.stages.executors.StepBars`); use :meth:`step` and
+        The report stage's progress bars (:class:`attnclust.executors.StepBars`); use :meth:`step` and
         :meth:`progress`, which do nothing without bars.
     """
 
@@ -93,7 +93,7 @@ class AnalysisContext:
         return self.bars.step(label) if self.bars is not None else contextlib.nullcontext()
 
     def progress(self, label: str, done: int, total: int = 1, unit: str = "") -> None:
-        """Show that ``done`` of ``total`` ``unit`` of ``label`` are finished (:data:`attnclust.cluster.OnStep`)."""
+        """Show that ``done`` of ``total`` ``unit`` of ``label`` are finished (:data:`attnclust.executors.OnStep`)."""
         if self.bars is not None:
             self.bars(label, done, total, unit)
 

@@ -43,7 +43,7 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
         Size of the pooled maps; maps averaged per cluster; seed of the sample.
     on_step
         Told ``on_step("mean maps", done, k, "clusters")`` before the first cluster and after each one
-        (:data:`attnclust.cluster.OnStep`).
+        (:data:`attnclust.executors.OnStep`).
     sources
         When given, filled with cluster -> the maps its mean read (``full``, ``exact sample`` or ``compact``,
         :data:`attnclust.store.MAP_SOURCES`), for every cluster with maps.

@@ -1,5 +1,5 @@
 """Clustering the maps' vectors: fitting and labelling (:mod:`.fit`), k by split-half stability and each cluster's
-stability (:mod:`.stability`), how the fit runs its pieces of work (:mod:`.tasks`), the KMeans used inside workers
+stability (:mod:`.stability`; its pieces of work run on :mod:`attnclust.executors`), the KMeans used inside workers
 (:mod:`.kmeans`) and the placement of maps outside the UMAP sample (:mod:`.placement`)."""
 
 from __future__ import annotations
@@ -29,17 +29,9 @@ from .stability import (
     tied_candidates,
     valley_ratio,
 )
-from .tasks import (
-    MapTasks,
-    OnStep,
-    dask_tasks,
-    in_dask_worker,
-    serial_tasks,
-    step,
-)
 
-__all__ = ["DISSOLVED", "FittedClusters", "MapTasks", "OnStep", "PLACEMENT", "Placement", "SEED_STREAMS",
+__all__ = ["DISSOLVED", "FittedClusters", "PLACEMENT", "Placement", "SEED_STREAMS",
            "SEPARATION_MAX_VALLEY", "align_clusters", "assign_block", "best_jaccard", "bootstrap_stability",
-           "choose_k", "dask_tasks", "fit_clusters", "fit_from_store", "group_codes", "in_dask_worker", "is_separated",
-           "place_rest", "sample_rows", "serial_tasks", "split_half_stability", "step", "stream_seed",
+           "choose_k", "fit_clusters", "fit_from_store", "group_codes", "is_separated",
+           "place_rest", "sample_rows", "split_half_stability", "stream_seed",
            "tied_candidates", "valley_ratio"]

@@ -4,10 +4,11 @@ over all map vectors, then labelling every map.
 Fitting happens on samples (``fit_sample`` maps for PCA and KMeans, ``stability_sample`` of them for choosing k and
 for the per-cluster stability, ``silhouette_sample`` for the silhouette kept for reference, ``umap_sample`` for
 UMAP), in one Dask task, which runs the split-half fits of each candidate k as tasks of their own across the workers
-(:func:`attnclust.cluster.tasks.dask_tasks`); assigning labels, centroid distances and UMAP coordinates to every map
-runs in tasks of whole embedding chunks (:data:`attnclust.stages.cluster.ASSIGN_ROWS` maps or more each). Estimators
-come from :mod:`attnclust.backend` factories, so the same code drives scikit-learn/umap-learn on CPU and cuML on
-GPU. A fixed ``random_state`` gives the same labels; every KMeans keeps the best of ``n_init`` k-means++ restarts.
+(:func:`attnclust.executors.worker_executor`: the stages' own task runner); assigning labels, centroid distances
+and UMAP coordinates to every map runs in tasks of whole embedding chunks (:data:`attnclust.stages.cluster.ASSIGN_ROWS`
+maps or more each). Estimators come from :mod:`attnclust.backend` factories, so the same code drives
+scikit-learn/umap-learn on CPU and cuML on GPU. A fixed ``random_state`` gives the same labels; every KMeans keeps
+the best of ``n_init`` k-means++ restarts.
 The method (choosing k, the separation test, per-cluster stability, the seeds) and its figures are on the methods
 page, "Clusters and their names".
 
@@ -20,8 +21,8 @@ as it needs no ``transform``; ``python -m bench.figures.placement`` measures it 
 NN-descent on CPU, cuML on GPU); the job setting ``cluster.placement`` picks one.
 
 The fit tells its steps (reading the sample, PCA, each candidate k, the final KMeans, the resamples, UMAP) to an
-optional ``on_step(step, done, total, unit)`` callback (:data:`~attnclust.cluster.tasks.OnStep`), which draws
-progress bars on the driver (:class:`attnclust.stages.executors.StepBars`) or relays them from a worker; it never
+optional ``on_step(step, done, total, unit)`` callback (:data:`~attnclust.executors.OnStep`), which draws
+progress bars on the driver (:class:`attnclust.executors.StepBars`) or relays them from a worker; it never
 changes what is computed.
 """
 
@@ -38,6 +39,7 @@ import pandas as pd
 from .. import backend as bk
 from ..config import ClusterConfig
 from ..errors import ConfigError, StoreError
+from ..executors import Executor, OnStep, step, worker_executor
 from . import stability
 from .placement import KnnPlacer
 from .stability import (
@@ -49,7 +51,6 @@ from .stability import (
     split_half_stability,
     tied_candidates,
 )
-from .tasks import MapTasks, OnStep, dask_tasks, in_dask_worker, step
 
 __all__ = ["PLACEMENT", "SEED_STREAMS", "FittedClusters", "Placement", "assign_block", "fit_clusters", "fit_from_store",
            "place_rest", "sample_rows", "stream_seed"]
@@ -172,7 +173,7 @@ def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend
 def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
                  rows: np.ndarray | None = None, n_total: int | None = None, groups: np.ndarray | None = None,
                  on_step: OnStep | None = None, placement: Placement | None = None,
-                 map_tasks: MapTasks | None = None) -> FittedClusters:
+                 executor: Executor | None = None) -> FittedClusters:
     """Fit PCA, choose k, fit KMeans, measure per-cluster stability and fit UMAP on the sampled vectors ``x``.
 
     Parameters
@@ -201,8 +202,9 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         the job setting ``cluster.placement``): ``knn`` indexes the
         sample (``placer_``) and lets the UMAP fit on an exact neighbour graph on CPU; ``umap`` keeps the UMAP
         able to ``transform`` (NN-descent on CPU).
-    map_tasks
-        How the split-half fits of choosing k run (:data:`MapTasks`; ``None``: in this process, one after the other).
+    executor
+        Runs the split-half fits of choosing k (:mod:`attnclust.executors`; ``None``: in this process, one after
+        the other).
 
     Returns
     -------
@@ -248,7 +250,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
             zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
             random_state=stream_seed(cfg.random_state, "k_search"), refine=2 * cfg.stability_tolerance,
             backend=backend,
-            on_step=on_step, map_tasks=map_tasks)
+            on_step=on_step, executor=executor)
         k = choose_k(fitted.k_stability_, cfg.stability_tolerance)  # the largest tied candidate
         tied = tied_candidates(fitted.k_stability_, cfg.stability_tolerance)
         if len(tied) > 1:  # the largest separated one, checked from the top down; none: the largest tied
@@ -337,7 +339,7 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
     FittedClusters
         Fitted with each map's example (from ``features.parquet``) as its group. On a Dask worker, choosing k
         runs each candidate's split-half fits as a task of its own across the cluster's workers
-        (:func:`dask_tasks`); elsewhere one after the other.
+        (:func:`attnclust.executors.worker_executor`); elsewhere one after the other.
     """
     from ..store.contract import open_embedding
 
@@ -351,8 +353,9 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
             x = emb.get_orthogonal_selection((rows, slice(None)))
             feature_id = group["feature_id"].get_orthogonal_selection((rows,))
         examples = _example_ids(Path(out), np.asarray(feature_id, dtype=np.int64))
-    return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
-                        placement=cfg.placement, map_tasks=dask_tasks if in_dask_worker() else None)
+    with worker_executor() as executor:
+        return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
+                            placement=cfg.placement, executor=executor)
 
 
 def place_rest(fitted: FittedClusters, z: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import backend as bk
 from ..errors import ConfigError
-from .tasks import MapTasks, OnStep, serial_tasks
+from ..executors import Executor, OnStep, SerialExecutor, step_key
 
 __all__ = ["DISSOLVED", "SEPARATION_MAX_VALLEY", "align_clusters", "best_jaccard", "bootstrap_stability", "choose_k",
            "group_codes", "is_separated", "split_half_stability", "tied_candidates", "valley_ratio"]
@@ -131,7 +131,7 @@ def _split_scores(k: int, first: int, stop: int, *, z: np.ndarray, halves: np.nd
 def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | list[int], *, n_splits: int,
                          n_init: int, split_seed: int, random_state: int, refine: float | None = None,
                          backend: str = "cpu", on_step: OnStep | None = None,
-                         map_tasks: MapTasks | None = None) -> dict[int, np.ndarray]:
+                         executor: Executor | None = None) -> dict[int, np.ndarray]:
     """Split-half stability of KMeans for each candidate k (Ben-Hur et al. 2002; Lange et al. 2004).
 
     The groups (examples) are split at random into two halves ``n_splits`` times, the same splits for every k;
@@ -160,9 +160,9 @@ def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | l
     on_step
         Told ``("choosing k", done, n_candidates, "candidates")`` when the round starts and as each candidate is
         done, then ``("more splits for k=8,9,10", done, n_contenders, "candidates")`` for the second round.
-    map_tasks
-        How the candidates' fits run (:data:`MapTasks`; ``None``: :func:`serial_tasks`). Each candidate's splits
-        are independent of every other candidate's, so :func:`dask_tasks` runs them across the workers; the
+    executor
+        Runs the candidates' fits (:mod:`attnclust.executors`; ``None``: a ``SerialExecutor``). Each candidate's
+        splits are independent of every other candidate's, so a ``DaskExecutor`` runs them across the workers; the
         scores are the same either way (each fit has its own seed).
 
     Returns
@@ -194,8 +194,9 @@ def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | l
                 on_step(step, count, len(todo), "candidates")
 
         done(0)
-        results = (map_tasks or serial_tasks)(_split_scores, [(k, splits.start, splits.stop) for k in todo], shared,
-                                               done)
+        results = (executor or SerialExecutor()).map(_split_scores, [(k, splits.start, splits.stop) for k in todo],
+                                                     stage=step_key(_split_scores), progress=False, shared=shared,
+                                                     on_done=done)
         for k, more in zip(todo, results):
             if more is None:
                 scores.pop(k, None)

@@ -46,7 +46,7 @@ def render_sections(inputs: ReportInputs, sections: list[ReportSection] | None =
         Default: every registered section, in page order.
     on_step : callable, optional
         Told ``on_step("writing HTML", done, n_sections, "sections")`` before the first section and after each
-        one (:data:`attnclust.cluster.OnStep`).
+        one (:data:`attnclust.executors.OnStep`).
 
     Returns
     -------

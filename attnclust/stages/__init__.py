@@ -7,9 +7,9 @@ them on a Dask client or in-process (:mod:`.executors`). This module is the one 
 
 from __future__ import annotations
 
+from ..executors import DaskExecutor, SerialExecutor
 from .base import PART_COMMANDS, RunContext, Stage, check_stages, run_stages
 from .cluster import ClusterStage
-from .executors import DaskExecutor, SerialExecutor
 from .extract import ExtractStage
 from .featurize import FeaturizeStage
 from .importance import ImportanceStage

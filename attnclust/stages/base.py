@@ -59,7 +59,7 @@ class RunContext:
     backend
         ``cpu`` or ``gpu`` (resolved).
     executor
-        Runs blocks: :class:`~attnclust.stages.executors.DaskExecutor` or ``SerialExecutor``.
+        Runs blocks: :class:`~attnclust.executors.DaskExecutor` or ``SerialExecutor``.
     progress
         Show progress bars and notes.
     inputs

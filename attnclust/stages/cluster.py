@@ -7,7 +7,7 @@ cluster its centre is matched to). The fitted models are shared with every worke
 is labelled by its own task (:func:`attnclust.cluster.assign_block`), as dask-ml's ``ParallelPostFit`` does.
 ``cluster_model.json`` (:func:`model_record`) holds the chosen k, every candidate's stability and each cluster's.
 
-The fit's steps are shown on the driver as progress bars (:class:`~attnclust.stages.executors.StepBars`: ``cluster:
+The fit's steps are shown on the driver as progress bars (:class:`~attnclust.executors.StepBars`: ``cluster:
 choosing k 3/11 candidates``, ``cluster: per-cluster stability 5/20 resamples``); when the fit runs on a Dask worker,
 its steps come back to the driver as Dask events.
 """
@@ -26,10 +26,10 @@ from .. import backend as bk
 from ..cluster.fit import FittedClusters, assign_block
 from ..config import ClusterConfig
 from ..errors import ConfigError
+from ..executors import StepBars
 from ..layout import RunLayout
 from ..store.contract import atomic_write_json, atomic_write_parquet, open_attention_store
 from .base import RunContext, Stage
-from .executors import StepBars
 
 __all__ = ["ASSIGN_ROWS", "ClusterStage", "model_record"]
 

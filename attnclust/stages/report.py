@@ -5,7 +5,7 @@ per-cluster tables with each cluster's type, description, length view and, when 
 says in one line why not, and declares its outputs, fingerprint keys and report section) and the self-contained
 HTML report.
 
-Its driver-side steps show progress bars (:class:`~attnclust.stages.executors.StepBars`): ``report: head
+Its driver-side steps show progress bars (:class:`~attnclust.executors.StepBars`): ``report: head
 distances``, ``report: syntax parses``, ``report: syntax heads 3/8 blocks``, ``report: atlas tables``,
 ``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
 
@@ -29,10 +29,10 @@ from ..analysis.plugins import (
     run_analyses,
 )
 from ..analysis.words import readable_tokens
+from ..executors import StepBars
 from ..layout import RunLayout
 from ..store.contract import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
-from .executors import StepBars
 
 __all__ = ["ReportStage", "map_source_note"]
 

@@ -57,8 +57,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # where a model's files come from (packaged, a directory, the hub, a GGUF file), what a load returns
     ("model sources", ("attnclust.models.sources",)),
     # loading and running models (decoders in causal, below the runner that dispatches to it), the CPU/GPU
-    # backends, the Dask runtime
-    ("compute", ("attnclust.models.decoder", "attnclust.models", "attnclust.backend", "attnclust.runtime")),
+    # backends, the Dask runtime, and the one task runner of the stages and of the work inside them (executors)
+    ("compute", ("attnclust.models.decoder", "attnclust.models", "attnclust.backend", "attnclust.runtime",
+                 "attnclust.executors")),
     # the task the models are measured on: question answering (answers, scoring, fine-tuning, prompting), and the
     # model kinds, whose features are the task's (a decoder's are its prompts and answers: models.kinds)
     ("task", ("attnclust.qa", "attnclust.models.kinds")),

@@ -46,7 +46,7 @@ def test_the_driver_keeps_its_own_thread_settings_at_the_start_and_a_restart(cle
     """A nanny sets its worker's environment (``OMP_NUM_THREADS=1``, ...) in its own process, the driver's for an
     embedded cluster: the driver gets its own values back, the workers keep Dask's (where the user's environment
     chose none), after a restart too."""
-    from attnclust.stages.executors import DaskExecutor
+    from attnclust.executors import DaskExecutor
 
     clean_environ.setenv("OMP_NUM_THREADS", "3")
     clean_environ.delenv("MKL_NUM_THREADS", raising=False)

@@ -354,8 +354,8 @@ def test_tied_candidates_are_those_within_the_tolerance():
 
 def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_workers(tmp_path):
     """``fit_from_store`` as a task on a two-worker cluster: each candidate's split-half fits are a task of their
-    own (:func:`attnclust.cluster.dask_tasks`), they run on both workers, and the stability of every candidate and
-    the chosen k are those of the fit in this process."""
+    own (:func:`attnclust.executors.worker_executor`), they run on both workers, and the stability of every
+    candidate and the chosen k are those of the fit in this process."""
     from distributed import Client, LocalCluster
 
     _blob_embedding(tmp_path)

@@ -12,10 +12,10 @@ import pytest
 from attnclust.analysis.atlas import cluster_mean_maps
 from attnclust.cluster import fit_clusters, fit_from_store
 from attnclust.config import ClusterConfig
+from attnclust.executors import DaskExecutor, StepBars
 from attnclust.layout import RunLayout
 from attnclust.report import ReportSection, render_sections
 from attnclust.stages.cluster import _fit_steps
-from attnclust.stages.executors import DaskExecutor, StepBars
 from attnclust.store import create_attention_store, mark_store_complete
 
 from helpers import write_embedding

@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from attnclust.config import JobConfig
+from attnclust.executors import DaskExecutor
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
-from attnclust.stages.executors import DaskExecutor
 
 
 def _pid_and_sigint():

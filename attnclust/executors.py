@@ -1,16 +1,34 @@
-"""Executors run a stage's blocks: on a Dask cluster (:class:`DaskExecutor`) or one after another in this process
-(:class:`SerialExecutor`, for tests, benchmarks and debugging). Stages call only :meth:`map`, :meth:`call` and
-:meth:`share`, so the same stage code runs on both. Tests inject faults and delays by subclassing an executor.
+"""How attnclust runs independent pieces of work, and tells their progress: one task runner for the stages and for
+the work inside them.
+
+An executor maps a function over argument tuples, in order: :class:`SerialExecutor` one after the other in this
+process (tests, benchmarks, debugging), :class:`DaskExecutor` as Dask tasks on a cluster. The stages run their
+blocks with it (:meth:`~DaskExecutor.map`, :meth:`~DaskExecutor.call`, :meth:`~DaskExecutor.share`); the cluster
+fit, itself one task on a worker, runs its candidates' split-half fits with the executor of that worker
+(:func:`worker_executor`: the same :class:`DaskExecutor` over ``distributed.worker_client``), so the same code runs
+in a test, on the embedded cluster and on a GPU service. Tests inject faults and delays by subclassing an executor.
+
+Work that is not blocks (a fit, a search over k, rendering) tells its steps to an ``on_step(step, done, total,
+unit)`` callback (:data:`OnStep`); :class:`StepBars` draws them as progress bars on the driver.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Self
 
-__all__ = ["DaskExecutor", "SerialExecutor", "StepBars"]
+import numpy as np
+
+__all__ = ["DaskExecutor", "Executor", "OnStep", "SerialExecutor", "StepBars", "in_dask_worker", "step",
+           "step_key", "worker_executor"]
+
+
+OnStep = Callable[[str, int, int, str], None]
+"""``on_step(step, done, total, unit)``: ``done`` of ``total`` ``unit`` of ``step`` are finished (``done=0`` when
+it starts). A step of ``total=1`` with ``unit=""`` is one piece of work (``UMAP on 14040 maps``)."""
 
 
 def _bar(stage: str, total: int, done: int, progress: bool):
@@ -21,32 +39,42 @@ def _bar(stage: str, total: int, done: int, progress: bool):
 
 
 class SerialExecutor:
-    """Runs every block in this process, in order (no Dask). ``client`` is None."""
+    """Runs every piece of work in this process, in order (no Dask). ``client`` is None."""
 
     client = None
     n_workers = 1
 
     def map(self, fn: Callable, items: list[tuple], *, stage: str, total: int | None = None, done: int = 0,
-            progress: bool = True) -> list:
-        """``[fn(*item) for item in items]`` with a progress bar.
+            progress: bool = True, shared: dict | None = None,
+            on_done: Callable[[int], None] | None = None) -> list:
+        """``[fn(*item, **shared) for item in items]``, in the items' order.
 
         Parameters
         ----------
         fn
             A module-level function.
         items
-            Argument tuples, one per block still to run.
+            Argument tuples, one per piece of work still to run.
         stage
-            Label of the progress bar.
+            Label of the progress bar (and of the tasks' keys on Dask).
         total, done
-            Blocks of the stage in all and already finished (for the bar).
+            Pieces of the stage in all and already finished (for the bar).
+        progress
+            Draw a progress bar.
+        shared
+            Keyword arguments every call takes (on Dask its arrays are sent to each worker once).
+        on_done
+            Told ``on_done(count)`` as results arrive (``count`` of ``len(items)`` finished).
         """
+        shared = shared or {}
         bar = _bar(stage, total if total is not None else len(items), done, progress)
         out = []
         try:
             for item in items:
-                out.append(fn(*item))
+                out.append(fn(*item, **shared))
                 bar.update(1)
+                if on_done is not None:
+                    on_done(len(out))
         finally:
             bar.close()
         return out
@@ -65,7 +93,7 @@ class SerialExecutor:
 
 
 class DaskExecutor:
-    """Runs blocks as Dask tasks keyed ``{job_id}-{stage}-{block:06d}`` (the dashboard groups them by job).
+    """Runs work as Dask tasks keyed ``{job_id}-{stage}-{i:06d}`` (the dashboard groups them by job).
 
     Parameters
     ----------
@@ -106,7 +134,7 @@ class DaskExecutor:
         """
         if not self.owns_workers:
             return False
-        from ..runtime import driver_environ_kept, spawn_environ, workers_ignore_sigint
+        from .runtime import driver_environ_kept, spawn_environ, workers_ignore_sigint
 
         with workers_ignore_sigint(), driver_environ_kept(spawn_environ()):
             self.client.restart(wait_for_workers=True)
@@ -119,8 +147,11 @@ class DaskExecutor:
         return len(self.client.scheduler_info().get("workers", {}))
 
     def map(self, fn: Callable, items: list[tuple], *, stage: str, total: int | None = None, done: int = 0,
-            progress: bool = True) -> list:
-        """Submit ``fn(*item)`` for every item; return the results in order.
+            progress: bool = True, shared: dict | None = None,
+            on_done: Callable[[int], None] | None = None) -> list:
+        """Submit ``fn(*item, **shared)`` for every item as a task keyed ``{job_id}-{stage}-{i:06d}``; return the
+        results in order (:meth:`SerialExecutor.map` has the parameters). The arrays of ``shared`` are scattered
+        once (a worker fetches each once for all its tasks).
 
         A task that raises cancels the rest and re-raises its exception here.
         """
@@ -128,15 +159,19 @@ class DaskExecutor:
 
         if not items:
             return []
-        futures = [self.client.submit(fn, *item, key=f"{self.job_id}-{stage}-{i:06d}", retries=self.retries,
+        sent = {name: self.client.scatter(value, hash=False) if isinstance(value, np.ndarray) else value
+                for name, value in (shared or {}).items()}
+        futures = [self.client.submit(fn, *item, **sent, key=f"{self.job_id}-{stage}-{i:06d}", retries=self.retries,
                                       pure=False) for i, item in enumerate(items)]
         index = {f.key: i for i, f in enumerate(futures)}
         results: list = [None] * len(futures)
         bar = _bar(stage, total if total is not None else len(items), done, progress)
         try:
-            for future in as_completed(futures):
+            for count, future in enumerate(as_completed(futures, loop=self.client.loop), 1):
                 results[index[future.key]] = future.result()
                 bar.update(1)
+                if on_done is not None:
+                    on_done(count)
         finally:
             bar.close()
             self.client.cancel([f for f in futures if not f.done()])
@@ -152,13 +187,59 @@ class DaskExecutor:
         return future
 
 
+Executor = SerialExecutor | DaskExecutor
+"""What runs a stage's blocks and the pieces of work inside them."""
+
+
+def in_dask_worker() -> bool:
+    """Whether this code runs in a task on a Dask worker (where :func:`worker_executor` can spread work)."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+@contextmanager
+def worker_executor() -> Iterator[Executor]:
+    """The executor for work inside the running code: from a task on a Dask worker, a :class:`DaskExecutor` over
+    ``distributed.worker_client`` (the calling task leaves its worker's thread pool while its tasks run, so that
+    worker runs them too), whose keys start with the calling task's (``{job id}-cluster-fit-...``, so the dashboard
+    shows them under the job); elsewhere a :class:`SerialExecutor`."""
+    if not in_dask_worker():
+        yield SerialExecutor()
+        return
+    from distributed import get_worker, worker_client
+
+    with worker_client() as client:
+        yield DaskExecutor(client, f"{get_worker().get_current_task()}", retries=1)
+
+
+def step_key(fn: Callable) -> str:
+    """A stage label for the tasks of ``fn`` inside other work: its name in dashes and a random suffix, so that two
+    maps of the same function inside one task never share a key."""
+    return f"{fn.__name__.strip('_').replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def step(on_step: OnStep | None, step: str) -> Iterator[None]:
+    """Tell ``on_step`` that ``step`` starts, then (when the body did not raise) that it finished."""
+    if on_step is not None:
+        on_step(step, 0, 1, "")
+    yield
+    if on_step is not None:
+        on_step(step, 1, 1, "")
+
+
 class StepBars:
     """Progress bars on stderr for the steps of a stage that are not blocks (a fit, a search over k, rendering),
     one bar per step, labelled ``{stage}: {step}``: ``cluster: choosing k 3/11 candidates |███  | [00:01<00:02]``
     or, for a single piece of work, ``cluster: UMAP on 14040 maps [00:12]``.
 
-    Called as ``bars(step, done, total, unit)`` (:data:`attnclust.cluster.OnStep`, the callback the fit and the
-    report builders take): a bar closes when its step is done or a new ``step`` begins. Nothing is printed when
+    Called as ``bars(step, done, total, unit)`` (:data:`OnStep`, the callback the fit and the report builders
+    take): a bar closes when its step is done or a new ``step`` begins. Nothing is printed when
     ``progress`` is false. Safe to call from another thread (Dask delivers a worker's steps on the client's
     event loop).
 
