@@ -24,7 +24,7 @@ from .common import RESULTS, ROOT
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe")
-ON_REQUEST = ("squad_dev",)  # groups run only when --only names them (the dev rehearsal takes ~15 minutes)
+ON_REQUEST = ("squad_dev", "llm_correctness")  # run only when --only names them (~15 and ~10 minutes)
 # what each group of the --gpu arm would measure (printed as skipped where no GPU is usable); ``None``: not a
 # GPU figure, with the reason
 GPU_FIGURES = {
@@ -38,6 +38,7 @@ GPU_FIGURES = {
     "cluster": ["cluster_100k_gpu (quick) / cluster_1m_gpu", "placement_speedup_gpu"],
     "estimates": (None, "estimates are not measurements"),
     "probe": (None, "the syntax and probe analyses run on the CPU driver"),
+    "llm_correctness": (None, "SmolLM2 runs on the CPU here; its figures are about attention, not speed"),
     "squad_dev": [f"squad_dev_{name}_gpu" for name in (
         "e2e_min", "disk_gb", "peak_rss_gb", "report_mb", "report_interactive_s", "explore_map_p95_ms",
         "explore_search_p95_ms", "growth_<stage>", "bertbase_projected_min", "bertbase_store_gb",
@@ -51,14 +52,14 @@ MODES = {
               "featurize_reps": 3, "seed_features": 3, "seed_maps_timed": 12, "default_examples": 400,
               "default_reps": 1, "quality_per_type": 6, "scale_n": 12, "scale_reps": 1, "cluster_rows": 100_000,
               "cluster_name": "cluster_100k", "squad_dev_small": 150, "squad_dev_mid": 400,
-              "squad_dev_questions": 1200, "squad_dev_bert_features": 50},
+              "squad_dev_questions": 1200, "squad_dev_bert_features": 50, "llm_questions": 400},
     "full": {"dataset_examples": 2000, "extract_examples": 96, "extract_reps": 5, "featurize_features": 4,
              "featurize_reps": 5, "seed_features": 3, "seed_maps_timed": None, "default_examples": 400,
              "default_reps": 2, "quality_per_type": 30, "scale_n": 25, "scale_reps": 2, "cluster_rows": 1_000_000,
              "cluster_name": "cluster_1m",
              # the dev rehearsal's arms in questions: ~1k and ~4k features (1.03 features per question), then dev
              "squad_dev_small": 970, "squad_dev_mid": 3875, "squad_dev_questions": 11_873,
-             "squad_dev_bert_features": 200},
+             "squad_dev_bert_features": 200, "llm_questions": 400},
 }
 
 
@@ -260,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             from .figures.probe_cost import bench_probe_cost
 
             bench_probe_cost(ctx)
+        if "llm_correctness" in groups:  # right / wrong from SmolLM2's heads (bench/figures/llm_correctness.py)
+            from .figures.llm_correctness import bench_llm_correctness
+
+            bench_llm_correctness(ctx, s["llm_questions"])
         if "squad_dev" in groups:  # the dev rehearsal: the CLI in children (bench/figures/squad_dev.py)
             from .figures.squad_dev import bench_squad_dev
 

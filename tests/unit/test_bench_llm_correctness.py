@@ -1,0 +1,77 @@
+"""The correctness bench's pieces (bench/figures/llm_correctness.py, bench/common/factgen.py) on planted data: the
+generated questions' answers are where they say, the joint classifier finds a planted head and not noise, and each
+question's codes are its first feature's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from attnclust.data import read_squad
+from attnclust.layout import RunLayout
+from bench.common.factgen import generate_facts, write_facts
+from bench.figures.llm_correctness import joint_score, one_hot_codes, question_codes, verdict
+
+
+def test_generated_answers_lie_at_their_offsets_and_a_quarter_are_unanswerable(tmp_path):
+    data = generate_facts(400, seed=3)
+    qas = [(p["context"], q) for p in data["data"][0]["paragraphs"] for q in p["qas"]]
+    assert len(qas) == 400 and len({q["id"] for _, q in qas}) == 400
+    for context, q in qas:
+        for a in q["answers"]:
+            assert context[a["answer_start"]:a["answer_start"] + len(a["text"])] == a["text"]
+        if q["is_impossible"]:
+            who = q["question"].removeprefix("In which city does ").removesuffix(" live?")
+            assert who not in context
+    impossible = np.mean([q["is_impossible"] for _, q in qas])
+    assert 0.15 < impossible < 0.35
+    assert generate_facts(50, seed=3) == generate_facts(50, seed=3) != generate_facts(50, seed=4)
+    examples = read_squad(write_facts(tmp_path / "facts.json", 40, seed=1))
+    assert len(examples) == 40
+
+
+def test_one_hot_codes_has_a_column_per_head_and_code_that_occurs():
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 3, size=(30, 2, 3))
+    codes[:, 1, 2] = 7                                              # a head with one code: one constant column
+    x = one_hot_codes(codes)
+    expected = []
+    for layer in range(2):
+        for head in range(3):
+            for code in sorted(set(codes[:, layer, head])):
+                expected.append([1.0 if codes[q, layer, head] == code else 0.0 for q in range(30)])
+    np.testing.assert_array_equal(x, np.array(expected).T)
+
+
+def test_the_joint_classifier_finds_a_planted_head_and_not_noise():
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 4, size=(200, 3, 4))
+    planted = codes[:, 1, 2] >= 2                                   # right iff one head is in its modes 2 or 3
+    found = joint_score(one_hot_codes(codes), planted, permutations=49)
+    assert found["balanced_accuracy"] > 0.9 and found["p"] <= 0.02
+    noise = joint_score(one_hot_codes(codes), rng.random(200) < 0.4, permutations=49)
+    assert noise["p"] > 0.05 and abs(noise["balanced_accuracy"] - 0.5) < 0.12
+    assert noise["majority_accuracy"] >= 0.5
+
+
+def test_verdict_says_when_nothing_beats_the_baseline():
+    none = {"p": 0.4, "balanced_accuracy": 0.52, "null_95": 0.56}
+    fig = {"heads_q05": 0, "best_head": {"layer": 0, "head": 0, "balanced_accuracy": 0.6, "q": 0.3},
+           "joint_clusters": none, "joint_modes": none}
+    assert verdict(fig).startswith("nothing beats the baseline")
+    fig["joint_modes"] = {"p": 0.01, "balanced_accuracy": 0.64, "null_95": 0.56}
+    assert "modes together: balanced accuracy 0.640" in verdict(fig)
+
+
+def test_each_question_gets_its_first_features_clusters(tmp_path):
+    layout = RunLayout(tmp_path)
+    pd.DataFrame({"feature_id": [0, 1, 2, 3], "example_id": ["a", "a", "b", "c"]}).to_parquet(layout.features)
+    rows = [(f, la, h) for f in range(4) for la in range(2) for h in range(3)]
+    labels = pd.DataFrame(rows, columns=["feature_id", "layer", "head"])
+    labels["cluster"] = labels["feature_id"] * 100 + labels["layer"] * 10 + labels["head"]
+    labels.sample(frac=1.0, random_state=0).to_parquet(layout.cluster_labels)
+    codes = question_codes(tmp_path, ["c", "a", "b"])
+    for q, feature in enumerate([3, 0, 2]):
+        for layer in range(2):
+            for head in range(3):
+                assert codes[q, layer, head] == feature * 100 + layer * 10 + head
