@@ -77,6 +77,8 @@ ModelKind = Literal["auto", "encoder", "causal"]
 PromptStyle = Literal["plain", "short", "example"]
 Decoding = Literal["greedy", "context"]
 Placement = Literal["knn", "umap"]
+DataFormat = Literal["squad", "text"]
+TextUnit = Literal["paragraph", "file"]
 
 _NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]{0,47}$"
 _TEXT_PATTERN = r"\S"  # not blank
@@ -88,7 +90,7 @@ def _unknown_section(key: Any) -> ConfigError:
 
 
 class DataConfig(_Model):
-    """Where the SQuAD-v2-format data comes from.
+    """Where the data comes from: SQuAD-v2-format questions, or natural text.
 
     Parameters
     ----------
@@ -96,7 +98,15 @@ class DataConfig(_Model):
         A SQuAD v2.0 file (nested JSON, flat JSON list, or JSONL); a Hugging Face form with the hub's SQuAD v2
         columns: a parquet or Arrow file, a ``save_to_disk`` folder, or a hub dataset id like
         ``rajpurkar/squad_v2`` (needs ``pip install datasets`` and the network or its cache); ``None`` uses the
-        bundled sample. See :doc:`/guide/datasets`.
+        bundled sample. With ``format: text``, a UTF-8 ``.txt`` file or a ``.jsonl`` file of ``{"text": ...}``
+        lines (required). See :doc:`/guide/datasets`.
+    format
+        ``squad`` (default): questions about contexts, answered by the model and scored. ``text``: natural text,
+        cut into windows of ``extract.max_seq_len`` tokens that overlap by ``extract.doc_stride`` tokens
+        (:mod:`attnclust.data.text`); no questions, so no QA stage, importance, probes or answer analyses.
+    text_unit
+        With ``format: text``, what one text of a ``.txt`` file is: ``paragraph`` (default: blocks separated by
+        blank lines) or ``file`` (the whole file). Each line of a ``.jsonl`` file is one text either way.
     split
         The split of a ``save_to_disk`` ``DatasetDict`` folder or of a hub dataset (``validation``); needed when
         it holds several, ``None`` reads the only one. A single file is one split: leave it ``None``.
@@ -113,6 +123,18 @@ class DataConfig(_Model):
     split: str | None = _setting(None, "a split name like validation, or null", pattern=r"^\w[\w.-]*$")
     max_examples: int | None = _int(None, 1)
     max_features_per_example: int | None = _setting(16, "an integer >= 1, or null to keep every feature", ge=1)
+    format: DataFormat = _choice("squad", DataFormat)
+    text_unit: TextUnit = _choice("paragraph", TextUnit)
+
+    @model_validator(mode="after")
+    def _text_needs_a_file(self) -> DataConfig:
+        if self.format == "text" and self.path is None:
+            raise _cross("path", None, "a .txt or .jsonl file when data.format is text (there is no bundled text)",
+                         "give the file: --data FILE or --set data.path=FILE")
+        if self.format == "text" and self.split is not None:
+            raise _cross("split", self.split, "null when data.format is text (a text file is one split)",
+                         "set data.split=null")
+        return self
 
 
 class ModelConfig(_Model):
@@ -207,8 +229,10 @@ class ExtractConfig(_Model):
     head_outputs
         Also store each head's output (its context vector) pooled per feature at [CLS] and over the context
         tokens, and the last layer's [CLS] hidden state, in ``head_outputs.zarr`` (float16: ``2 x layers x heads x
-        head_dim + hidden`` values a feature, 10.0 kB for MiniLM); the ``probe`` analysis reads them.
-        Encoders only: a causal model stores none.
+        head_dim + hidden`` values a feature, 10.0 kB for MiniLM); the ``probe`` analysis reads them. A causal
+        model's are taken per query head at the last prompt token (where the answer's first token is predicted)
+        instead of [CLS], with the last hidden state there (70.3 kB a feature for SmolLM2-135M). Not for natural text
+        (``data.format: text``).
     prompt
         Causal models only (:mod:`attnclust.qa.prompting`): how a question is asked. ``plain``: one instruction
         line; ``short`` (default: the best of the three measured with SmolLM2 on the bundled sample,

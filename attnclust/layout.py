@@ -13,7 +13,8 @@ Layout (relative to the run directory)::
     examples.parquet        one row per question of the data file
     map_stats.parquet       per-map statistics (feature, layer, head)
     qa.parquet              start/end logits per feature
-    head_outputs.zarr       per-head outputs pooled per feature (cls, context_mean) and the last [CLS] state
+    head_outputs.zarr       per-head outputs pooled per feature (cls or a decoder's last_prompt, context_mean) and
+                            the last hidden state there
     induction.parquet       per (layer, head) induction score of a causal model's diagnostic (analysis/induction.py)
     decoder_protocols.*     a causal model's sink rate and head detectors as the papers score them: .parquet per
                             (layer, head), .json the rates and counts (analysis/protocols.py)
@@ -22,7 +23,8 @@ Layout (relative to the run directory)::
     cluster_labels.parquet  cluster, centroid distance and 2-D position per map; cluster_model.json
     maps/heads/clusters.parquet, report.html, job.json
     head_layout.parquet     2-D map of the heads by their Jensen-Shannon distances (analysis/distances.py)
-    importance.parquet      per-head importance; pruning.parquet: F1 as heads are removed
+    importance.parquet      per-head importance; pruning.parquet: F1 (a decoder: the gold answer's log-probability)
+                            as heads are removed; importance_groups.parquet: per key/value group (grouped decoders)
     parses.parquet          dependency parses of the contexts (analysis/parses.py); syntax.parquet (analysis/syntax.py)
     probes.parquet          per (task, layer, head) linear probe accuracy (analysis/probes.py); probes_summary.json
     exports/                figures written by 'attnclust export' (exports/<figure>.<png|svg|pdf>)
@@ -177,7 +179,8 @@ class RunLayout(StateDirectory):
     @property
     def head_outputs(self) -> Path:
         """``head_outputs.zarr``: arrays ``cls`` and ``context_mean`` (feature, layer, head, dim) and ``last_cls``
-        (feature, hidden), float16 (analysis/probes.py)."""
+        (feature, hidden), float16; a decoder's ``last_prompt``, ``context_mean`` and ``last_prompt_hidden``
+        (analysis/head_outputs.py)."""
         return self.root / "head_outputs.zarr"
 
     def head_output_part(self, block: int) -> Path:
@@ -242,6 +245,12 @@ class RunLayout(StateDirectory):
     def pruning(self) -> Path:
         """``pruning.parquet``: QA scores as heads are removed by importance and at random."""
         return self.root / "pruning.parquet"
+
+    @property
+    def importance_groups(self) -> Path:
+        """``importance_groups.parquet``: per (layer, key/value head) importance of a decoder with grouped
+        key/value heads (analysis/decoder_importance.py)."""
+        return self.root / "importance_groups.parquet"
 
     @property
     def parses(self) -> Path:

@@ -116,7 +116,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
         from .stages.extract import prepare_inputs
 
         ctx.inputs = inputs if inputs is not None else prepare_inputs(cfg)
-        if progress and not ctx.inputs["model_info"]["head_trained"]:
+        if progress and not ctx.inputs["model_info"]["head_trained"] and cfg.data.format != "text":
             print(f"note: model {cfg.model.name!r} has no trained question-answering head; it gets a seeded random "
                   f"one, so QA predictions are marked untrained (attention is unaffected)", flush=True)
     pipeline = make_stages()

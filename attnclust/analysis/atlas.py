@@ -42,13 +42,14 @@ from .naming import (  # re-exported: the cluster table's names are part of the 
     segment_lift,
 )
 from .plugins import join_heads
-from .stats import local_keys, map_statistics, stat_columns, token_masks
+from .stats import causal_uniform_scores, local_keys, map_statistics, stat_columns, token_masks
 from .thumbnails import cluster_mean_maps, medoid_maps  # re-exported with the atlas' public names
 
 __all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN_LIFT",
-           "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table", "describe_cluster",
-           "head_table", "is_local", "length_buckets", "length_view", "medoid_maps", "name_clusters", "naming_targets",
-           "pattern_type", "read_stability", "segment_chance", "segment_lift", "stats_block"]
+           "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "causal_chances", "cluster_mean_maps", "cluster_table",
+           "describe_cluster", "head_table", "is_local", "length_buckets", "length_view", "medoid_maps",
+           "name_clusters", "naming_targets", "pattern_type", "read_stability", "segment_chance", "segment_lift",
+           "stats_block"]
 
 KEYS = ["feature_id", "layer", "head"]
 
@@ -62,16 +63,20 @@ def stats_block(root: str, block: int, start: int, stop: int) -> pd.DataFrame:
                             filters=[("feature_id", ">=", start), ("feature_id", "<", stop)]).set_index("feature_id")
     maps = store.read_block(start, stop)
     L, H = store.n_layers, store.n_heads
+    from ..models.kinds import kind_of
+
+    causal = kind_of(store).is_decoder  # a decoder's maps: read as causal, with their token-chosen targets
     frames = []
     for f in range(start, stop):
         n = int(store.seq_len[f])
         row = feats.loc[f]
         sep, punct, seg = token_masks(row["tokens"], row["segment_ids"])
-        st = map_statistics(maps[f - start, :, :, :n, :n], sep=sep, punct=punct, segment_ids=seg)
+        st = map_statistics(maps[f - start, :, :, :n, :n], sep=sep, punct=punct, segment_ids=seg, causal=causal,
+                            tokens=list(row["tokens"]))
         frames.append(pd.DataFrame({"feature_id": np.full(L * H, f, np.int64),
                                     "layer": np.repeat(np.arange(L, dtype=np.int16), H),
                                     "head": np.tile(np.arange(H, dtype=np.int16), L),
-                                    **{c: st[c].ravel() for c in stat_columns()}}))
+                                    **{c: st[c].ravel() for c in stat_columns(causal)}}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -203,6 +208,30 @@ def segment_chance(features: pd.DataFrame) -> pd.Series | None:
                      dtype=np.float64)
 
 
+def _statistics(maps: pd.DataFrame) -> list[str]:
+    """The registered statistics ``maps`` has, in order (a causal model's maps also have its own ones)."""
+    return [c for c in stat_columns(causal=True) if c in maps.columns]
+
+
+def causal_chances(features: pd.DataFrame) -> pd.DataFrame:
+    """Per feature, what the causal uniform map scores on each share statistic
+    (:func:`attnclust.analysis.stats.causal_uniform_scores`): the baselines of a causal model's cluster names.
+
+    Parameters
+    ----------
+    features : pandas.DataFrame
+        ``feature_id``, ``tokens`` and optionally ``segment_ids``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        float64 indexed by ``feature_id``, one column per statistic.
+    """
+    segments = features["segment_ids"] if "segment_ids" in features.columns else [None] * len(features)
+    rows = [causal_uniform_scores(list(t), s) for t, s in zip(features["tokens"], segments)]
+    return pd.DataFrame(rows, index=features["feature_id"].to_numpy(np.int64), dtype=np.float64)
+
+
 def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
     """One row per (layer, head): map count, share of each cluster, dominant cluster, purity, mean statistics."""
     counts = pd.crosstab([maps["layer"], maps["head"]], maps["cluster"])
@@ -212,12 +241,13 @@ def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
                           "dominant_cluster": shares.to_numpy().argmax(axis=1).astype(np.int32),
                           "purity": shares.max(axis=1).astype(np.float32)}, index=counts.index)
     heads = heads.join(shares.rename(columns=lambda c: f"share_{c}").astype(np.float32))
-    heads = heads.join(maps.groupby(["layer", "head"])[list(stat_columns())].mean().astype(np.float32))
+    heads = heads.join(maps.groupby(["layer", "head"])[_statistics(maps)].mean().astype(np.float32))
     return heads.reset_index()
 
 
 def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd.Series | None = None,
-                  causal: bool = False, exact_features: np.ndarray | None = None) -> pd.DataFrame:
+                  causal: bool = False, exact_features: np.ndarray | None = None,
+                  chances: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per cluster: size, share, medoid map, mean statistics, top heads, type, description, lengths.
 
     Parameters
@@ -237,6 +267,10 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         A compact store's exact sample (feature ids). Each cluster's medoid is then the map nearest its centroid
         among those of these features, whose map can be read exact (:func:`medoid_maps`); a cluster without any
         there keeps its medoid among all its maps. None (a full store): among all its maps.
+    chances : pandas.DataFrame, optional
+        A causal model's :func:`causal_chances` by ``feature_id``: each statistic's baseline, averaged over a
+        cluster's maps, is what its name's thresholds measure the lift over (:func:`~.naming.over_chance`), and
+        the baseline of ``to_local`` replaces the full-row one.
 
     Returns
     -------
@@ -248,13 +282,21 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
     """
     grouped = maps.groupby("cluster")
     size = grouped.size().reindex(range(k), fill_value=0)
-    means = grouped[list(stat_columns()) + ["layer"]].mean().reindex(range(k))
+    stats = _statistics(maps)
+    means = grouped[stats + ["layer"]].mean().reindex(range(k))
     if chance is not None:
         means["segment_chance"] = maps["feature_id"].map(chance).groupby(maps["cluster"]).mean().reindex(range(k))
     if "seq_len" in maps.columns:
         n = maps["seq_len"].to_numpy(np.float64)
         means["local_chance"] = pd.Series(local_keys(n) / n ** 2, index=maps.index).groupby(
             maps["cluster"]).mean().reindex(range(k))
+    if chances is not None:  # a causal model's baselines (its uniform row sees keys 0..i only)
+        per_map = chances.reindex(maps["feature_id"].to_numpy(np.int64))
+        per_map.index = maps.index
+        for col in per_map.columns:
+            means[f"{col}_chance"] = per_map[col].groupby(maps["cluster"]).mean().reindex(range(k))
+        if "to_local" in per_map.columns:
+            means["local_chance"] = means["to_local_chance"]
     medoid_rows = _medoid_rows(maps, exact_features)
     table = pd.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": size.to_numpy(np.int64),
                           "share": (size / max(len(maps), 1)).to_numpy(np.float32)})
@@ -262,7 +304,7 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
     table["medoid_layer"] = medoid_rows["layer"].reindex(range(k)).fillna(-1).to_numpy(np.int16)
     table["medoid_head"] = medoid_rows["head"].reindex(range(k)).fillna(-1).to_numpy(np.int16)
     table["mean_layer"] = means["layer"].to_numpy(np.float32)
-    for c in stat_columns():
+    for c in stats:
         table[c] = means[c].to_numpy(np.float32)
     tops = []
     for c in range(k):
@@ -338,16 +380,17 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
                            f"mixes runs, re-run with --force")
     maps = maps.merge(features[["feature_id", "example_id", "span", "seq_len"]], on="feature_id", how="left",
                       validate="many_to_one")
-    cols = ["feature_id", "example_id", "span", "seq_len", "layer", "head", "cluster", "umap_x", "umap_y",
-            "centroid_dist", *stat_columns()]
-    maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
-    heads = head_table(maps, k)
     from ..models.kinds import kind_of
 
+    causal = kind_of(features).is_decoder  # a decoder's maps: its own statistics, names and baselines
+    cols = ["feature_id", "example_id", "span", "seq_len", "layer", "head", "cluster", "umap_x", "umap_y",
+            "centroid_dist", *(c for c in stat_columns(causal) if c in maps.columns)]
+    maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
+    heads = head_table(maps, k)
     store = open_attention_store(layout.attention) if layout.attention.exists() else None
-    clusters = cluster_table(maps, heads, k, chance=segment_chance(features),
-                             causal=kind_of(features).is_decoder,  # a decoder's maps: no next-token target
-                             exact_features=None if store is None or store.exact is None else store.exact_ids())
+    clusters = cluster_table(maps, heads, k, chance=segment_chance(features), causal=causal,
+                             exact_features=None if store is None or store.exact is None else store.exact_ids(),
+                             chances=causal_chances(features) if causal and "tokens" in features.columns else None)
     stability = read_stability(layout, k, min_stability=min_stability)
     if stability is not None:
         clusters = clusters.join(stability, on="cluster")

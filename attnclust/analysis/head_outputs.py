@@ -1,10 +1,13 @@
 """``head_outputs.zarr``: each head's output pooled per feature, written during extraction, read by the probes.
 
 Extraction (``extract.head_outputs``) stores each head's output, its context vector (its slice of the input of the
-attention output projection), pooled per feature at [CLS] (``cls``) and over the context tokens
-(``context_mean``), and the last layer's [CLS] hidden state (``last_cls``): each block writes a part
-(:func:`save_head_output_part`), the driver gathers them (:func:`consolidate_head_outputs`), and the ``probe``
-analysis reads them (:func:`read_head_outputs`, :mod:`attnclust.analysis.probes`).
+attention output projection, one per *query* head), pooled per feature at the position that sums the input up and
+over the context tokens (``context_mean``), and the last layer's hidden state at that position: for an encoder at
+[CLS] (``cls``, ``last_cls``: :data:`HEAD_OUTPUT_ARRAYS`), for a decoder at the last token of the prompt, whose
+state predicts the answer's first token (``last_prompt``, ``last_prompt_hidden``: :data:`DECODER_HEAD_OUTPUT_ARRAYS`;
+causal attention keeps it the same whatever answer follows). Each block writes a part (:func:`save_head_output_part`),
+the driver gathers them (:func:`consolidate_head_outputs`), and the ``probe`` analysis reads them
+(:func:`read_head_outputs`, :mod:`attnclust.analysis.probes`).
 """
 
 from __future__ import annotations
@@ -17,10 +20,16 @@ import numpy as np
 from ..errors import DataError
 from ..store.integrity import open_writable_group
 
-__all__ = ["HEAD_OUTPUT_ARRAYS", "consolidate_head_outputs", "read_head_outputs", "save_head_output_part"]
+__all__ = ["DECODER_HEAD_OUTPUT_ARRAYS", "HEAD_OUTPUT_ARRAYS", "LAST_STATES", "consolidate_head_outputs",
+           "read_head_outputs", "save_head_output_part"]
 
 HEAD_OUTPUT_ARRAYS = ("cls", "context_mean", "last_cls")
-"""Arrays of ``head_outputs.zarr``: the two poolings (feature, layer, head, dim) and (feature, hidden)."""
+"""Arrays of an encoder's ``head_outputs.zarr``: the two poolings (feature, layer, head, dim) and (feature, hidden)."""
+DECODER_HEAD_OUTPUT_ARRAYS = ("last_prompt", "context_mean", "last_prompt_hidden")
+"""Arrays of a decoder's: the head outputs at the last prompt token and over the context, and the last hidden state
+at the last prompt token."""
+LAST_STATES = {"cls": "last_cls", "context_mean": None, "last_prompt": "last_prompt_hidden"}
+"""Pooling -> the last-layer state the top-k heads are compared with (``context_mean``: the store's own)."""
 
 
 def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence) -> None:
@@ -33,12 +42,13 @@ def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence
     feature_ids : numpy.ndarray of int, shape (feature,)
         The store rows of the block, in the order of ``outputs``' features.
     outputs
-        :class:`attnclust.models.HeadOutputs` of the block's batches, in order.
+        :class:`attnclust.models.HeadOutputs` of the block's batches, in order (their filled arrays).
     """
-    arrays = {name: np.concatenate([getattr(o, name) for o in outputs]).astype(np.float16)
-              for name in HEAD_OUTPUT_ARRAYS}
-    if len(arrays["cls"]) != len(feature_ids):
-        raise RuntimeError(f"head outputs of {len(arrays['cls'])} features for {len(feature_ids)} feature ids")
+    names = list(outputs[0].arrays()) if outputs else list(HEAD_OUTPUT_ARRAYS)
+    arrays = {name: np.concatenate([o.arrays()[name] for o in outputs]).astype(np.float16) for name in names}
+    rows = len(next(iter(arrays.values())))
+    if rows != len(feature_ids):
+        raise RuntimeError(f"head outputs of {rows} features for {len(feature_ids)} feature ids")
     from ..safeio import atomic_write
 
     def write(tmp: str) -> None:
@@ -75,7 +85,7 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
     for part in parts:
         with np.load(part) as data:
             ids = data["feature_id"]
-            for name in HEAD_OUTPUT_ARRAYS:
+            for name in (n for n in data.files if n != "feature_id"):
                 values = data[name]
                 if name not in arrays:
                     dims = ("feature", "layer", "head", "dim") if values.ndim == 4 else ("feature", "hidden")
@@ -91,14 +101,14 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
 
 
 def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pooled head outputs and the last layer's [CLS] state of some features.
+    """Pooled head outputs and the last layer's state at the summing-up position of some features.
 
     Parameters
     ----------
     root
         ``head_outputs.zarr``.
     pooling
-        ``cls`` or ``context_mean``.
+        ``cls``, ``last_prompt`` (whichever the store's kind has) or ``context_mean``.
     feature_ids : numpy.ndarray of int, shape (feature,)
 
     Returns
@@ -106,7 +116,7 @@ def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tupl
     heads : numpy.ndarray, shape (feature, layer, head, dim)
         float32.
     last : numpy.ndarray, shape (feature, hidden)
-        float32.
+        float32: ``last_cls`` or ``last_prompt_hidden`` (:data:`LAST_STATES`).
     """
     from ..errors import StoreError
     from ..store.integrity import open_checked_group, reading
@@ -126,5 +136,6 @@ def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tupl
     with reading(root, f"head outputs of {len(ids)} features ({ids.min() if len(ids) else 0}.."
                        f"{ids.max() if len(ids) else 0})", fix):
         heads = np.asarray(group[pooling].oindex[ids[order]], np.float32)[back]
-        last = np.asarray(group["last_cls"].oindex[ids[order]], np.float32)[back]
+        last_name = LAST_STATES.get(pooling) or ("last_cls" if "last_cls" in group else "last_prompt_hidden")
+        last = np.asarray(group[last_name].oindex[ids[order]], np.float32)[back]
     return heads, last

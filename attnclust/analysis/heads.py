@@ -48,6 +48,9 @@ class HeadAnalysis:
         ``compute(ctx: HeadContext) -> pandas.DataFrame`` with ``layer``, ``head`` and ``columns``.
     maps
         What maps it reads: one of :data:`MAP_READS`.
+    optional
+        Those of ``columns`` it adds for some runs only (an encoder's roles or a decoder's); the others it always
+        adds.
     """
 
     name: str
@@ -57,6 +60,7 @@ class HeadAnalysis:
     version: int
     compute: Callable
     maps: str = "statistics"
+    optional: tuple[str, ...] = ()
 
 
 @dataclass
@@ -96,17 +100,21 @@ HEAD_ANALYSES: dict[str, HeadAnalysis] = {}
 
 
 def head_analysis(name: str, *, columns: tuple[str, ...], unit: str, description: str,
-                  version: int = 1, maps: str = "statistics") -> Callable:
+                  version: int = 1, maps: str = "statistics", optional: tuple[str, ...] = ()) -> Callable:
     """Decorator registering ``fn(ctx) -> DataFrame`` as the head analysis ``name``.
 
-    ``maps`` is what it reads (one of :data:`MAP_READS`). Registering a name again replaces the earlier definition.
+    ``maps`` is what it reads (one of :data:`MAP_READS`); ``optional`` those of ``columns`` it adds for some runs
+    only. Registering a name again replaces the earlier definition.
     """
     if maps not in MAP_READS:
         raise ValueError(f"head analysis {name!r}: maps={maps!r}; allowed: {' | '.join(MAP_READS)}")
+    if not set(optional) <= set(columns):
+        raise ValueError(f"head analysis {name!r}: optional columns {sorted(set(optional) - set(columns))} are not "
+                         f"among its columns")
 
     def register(fn: Callable) -> Callable:
         HEAD_ANALYSES[name] = HeadAnalysis(name=name, columns=tuple(columns), unit=unit, description=description,
-                                           version=version, compute=fn, maps=maps)
+                                           version=version, compute=fn, maps=maps, optional=tuple(optional))
         return fn
 
     return register
@@ -146,12 +154,14 @@ def run_head_analyses(ctx: HeadContext, heads: pd.DataFrame) -> pd.DataFrame:
     for analysis in HEAD_ANALYSES.values():
         table = analysis.compute(ctx)
         want = {"layer", "head", *analysis.columns}
-        if set(table.columns) != want:
+        need = want - set(analysis.optional)
+        if not need <= set(table.columns) <= want:
+            optional = f" (of which {', '.join(analysis.optional)} optional)" if analysis.optional else ""
             raise DataError(f"head analysis {analysis.name!r}: returned columns {sorted(table.columns)}; it "
-                            f"declared layer, head and {', '.join(analysis.columns)}")
+                            f"declared layer, head and {', '.join(analysis.columns)}{optional}")
         if table.duplicated(["layer", "head"]).any():
             raise DataError(f"head analysis {analysis.name!r}: more than one row for a (layer, head)")
-        clash = [c for c in analysis.columns if c in heads.columns]
+        clash = [c for c in table.columns if c in analysis.columns and c in heads.columns]
         if clash:
             raise DataError(f"head analysis {analysis.name!r}: column {clash[0]!r} already exists in heads.parquet")
         table = table.astype({"layer": heads["layer"].dtype, "head": heads["head"].dtype})

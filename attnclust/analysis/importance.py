@@ -14,10 +14,17 @@ apart: :func:`attnclust.models.hooks.hook_attention_outputs`). Per-example gradi
 shape (feature, layer, head): features of a batch do not interact (eval mode), so the gradient of the summed loss with
 respect to feature ``b``'s gate is feature ``b``'s own gradient.
 
+A decoder (a causal LM prompted to answer) is gated the same way, one gate per *query* head on the input of its
+``o_proj`` (GPT-2's ``c_proj``); its loss is the negative log-probability of an answer, teacher-forced, for the
+gold answer and for the model's own, its key/value groups are scored too, single heads are also ablated, and its
+pruning curve scores the gold answer's mean log-probability (:mod:`attnclust.analysis.decoder_importance`).
+
 The importance stage (:mod:`attnclust.stages.importance`) measures it and writes ``importance.parquet`` and
-``pruning.parquet``; the analysis is a plugin of the report (:mod:`attnclust.analysis.plugins`), declared at the end
-of this module: its settings (:class:`ImportanceConfig`, the job's ``importance`` section, read by that stage), its
-tables joined to ``heads.parquet`` and its report section (``importance``: :mod:`attnclust.report.sections.importance`).
+``pruning.parquet`` (for a decoder with grouped key/value heads also ``importance_groups.parquet``); the analysis is a
+plugin of the report (:mod:`attnclust.analysis.plugins`), declared at the end of this module: its settings
+(:class:`ImportanceConfig`, the job's ``importance`` section, read by that stage), its tables joined to
+``heads.parquet`` and its report section (``importance``: :mod:`attnclust.report.sections.importance`).
+The methods page ("Head importance") has the full text and the differences from the paper.
 """
 
 from __future__ import annotations
@@ -182,7 +189,7 @@ def pruning_plan(importance: np.ndarray, *, steps: int = 10, seeds: int = 3, ran
     return pd.DataFrame(rows), masks
 
 
-def pruning_table(plan: pd.DataFrame, scores: list[dict]) -> pd.DataFrame:
+def pruning_table(plan: pd.DataFrame, scores: list[dict], columns: tuple[str, ...] = PRUNING_COLUMNS) -> pd.DataFrame:
     """The pruning curve: the plan's rows with the scores of their masks.
 
     Parameters
@@ -190,17 +197,20 @@ def pruning_table(plan: pd.DataFrame, scores: list[dict]) -> pd.DataFrame:
     plan : pandas.DataFrame
         From :func:`pruning_plan`.
     scores : list of dict
-        Per distinct mask: ``f1``, ``exact`` and ``best_f1`` (official SQuAD 2.0, in percent).
+        Per distinct mask: ``f1``, ``exact`` and ``best_f1`` (official SQuAD 2.0, in percent); a decoder's
+        ``gold_logprob`` and ``gold_match`` (:data:`attnclust.analysis.decoder_importance.DECODER_PRUNING_COLUMNS`).
+    columns
+        The table's columns: the plan's four, then the scores'.
 
     Returns
     -------
     pandas.DataFrame
-        Columns :data:`PRUNING_COLUMNS`.
+        Columns ``columns`` (:data:`PRUNING_COLUMNS` by default).
     """
     table = plan.copy()
-    for col in ("f1", "exact", "best_f1"):
+    for col in columns[4:]:
         table[col] = [float(scores[m].get(col, np.nan)) for m in plan["mask"]]
-    return table[list(PRUNING_COLUMNS)].astype({"n_removed": np.int64, "seed": np.int64})
+    return table[list(columns)].astype({"n_removed": np.int64, "seed": np.int64})
 
 
 def pruning_curve(importance: np.ndarray, evaluate: Callable[[np.ndarray], dict], *, steps: int = 10,
@@ -232,11 +242,14 @@ class ImportanceConfig(_Model):
     Parameters
     ----------
     enabled
-        Measure each head's importance (mean ``|dL/dxi_h|`` of the QA loss in a gate on the head, normalised per
-        layer) and the pruning curve (official SQuAD 2.0 F1 as heads are removed by importance and at random).
-        Skipped, with one line saying why, when the run has no model (a store written by another tool) or no gold
-        answers. Off by default: on the demo (64 features, 10 steps, 3 seeds: 38 scorings of the model) it takes
-        several times as long as the extraction.
+        Measure each head's importance (mean ``|dL/dxi_h|`` of the loss in a gate on the head, normalised per
+        layer) and the pruning curve (the score as heads are removed by importance and at random). An encoder's
+        loss is the QA loss and its score the official SQuAD 2.0 F1; a decoder's loss is the negative
+        log-probability of the gold answer (and, beside it, of the model's own answer), teacher-forced, one gate
+        per query head, and its score the gold answer's mean log-probability. Skipped, with one line saying why,
+        when the run has no model (a store written by another tool) or no gold answers. Off by default: on the
+        demo (64 features, 10 steps, 3 seeds: 38 scorings of the model) it takes several times as long as the
+        extraction.
     max_features
         Evaluate on the features of the first questions of the data (whole questions, in file order) up to this
         many features; ``None`` uses every feature. Each pruning step scores the model again on them.
@@ -244,6 +257,11 @@ class ImportanceConfig(_Model):
         Remove ``0, 1/steps, ..., all`` of the heads (10: steps of 10%).
     pruning_random_seeds
         Random removal orders the importance order is compared with (their mean is the baseline).
+    ablation_heads
+        Decoders: ablate (gate to 0) this many query heads one at a time, the most important by the gradient
+        score first, and measure the change of the gold and own answers' log-probability; with grouped key/value
+        heads their groups are ablated too, each as a whole. ``None`` ablates every head (one scoring of the model
+        per head and per group); 0 none.
     """
 
     SECTION = "importance"
@@ -251,25 +269,32 @@ class ImportanceConfig(_Model):
     max_features: int | None = _int(64, 1, fix="or null to use every feature")
     pruning_steps: int = _int(10, 1, 100)
     pruning_random_seeds: int = _int(3, 1, 50)
+    ablation_heads: int | None = _int(8, 0, fix="or null to ablate every head")
 
 
 REPORT_PRUNING_COLUMNS = PRUNING_COLUMNS[:6]
-"""Columns of the pruning curve the report reads (``best_f1`` it does not)."""
+"""Columns of an encoder's pruning curve the report reads (``best_f1`` it does not); a decoder's are
+:data:`attnclust.analysis.decoder_importance.DECODER_PRUNING_COLUMNS`."""
 
 
 def _check_tables(tables: dict) -> None:
+    from .decoder_importance import DECODER_PRUNING_COLUMNS
+
     curve = tables.get("pruning")
-    missing = [c for c in REPORT_PRUNING_COLUMNS if c not in getattr(curve, "columns", REPORT_PRUNING_COLUMNS)]
+    columns = getattr(curve, "columns", REPORT_PRUNING_COLUMNS)
+    required = DECODER_PRUNING_COLUMNS if "gold_logprob" in columns else REPORT_PRUNING_COLUMNS
+    missing = [c for c in required if c not in columns]
     if missing:
         raise DataError(f"report input pruning: missing column(s) {', '.join(missing)}; "
-                        f"required: {', '.join(REPORT_PRUNING_COLUMNS)}")
+                        f"required: {', '.join(required)}")
 
 
 @register_analysis("importance", settings=ImportanceConfig, keys=lambda cfg: (), version=None,
                    heads=lambda tables: tables["importance"], validate=_check_tables, section="importance")
 def importance_tables(ctx: AnalysisContext) -> dict | None:
-    """``{"importance": importance.parquet, "pruning": pruning.parquet}`` (either ``None`` when absent) when the
-    importance stage ran, else ``None``.
+    """``{"importance": importance.parquet, "pruning": pruning.parquet, "groups": importance_groups.parquet}``
+    (each ``None`` when absent; ``groups`` only for a decoder with grouped key/value heads) when the importance
+    stage ran, else ``None``.
 
     The stage's settings are its own fingerprint's (its tables reach the report's as its optional input): they
     add no key to the report's, and its files are the stage's outputs, not the report's.
@@ -279,4 +304,6 @@ def importance_tables(ctx: AnalysisContext) -> dict | None:
         return None
     importance = pd.read_parquet(layout.importance) if layout.importance.exists() else None
     pruning = pd.read_parquet(layout.pruning) if layout.pruning.exists() else None
-    return None if importance is None and pruning is None else {"importance": importance, "pruning": pruning}
+    groups = pd.read_parquet(layout.importance_groups) if layout.importance_groups.exists() else None
+    return None if importance is None and pruning is None else {"importance": importance, "pruning": pruning,
+                                                                 "groups": groups}

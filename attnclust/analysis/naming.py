@@ -6,6 +6,14 @@ from a cluster's mean statistics.
 :func:`name_clusters` makes a run's descriptions distinct. Every threshold is one of this module's constants, each
 documented where it is defined; the method and its choices are on the methods page (``attnclust/report/methods.md``,
 "Clusters and their names").
+
+A causal (decoder) model's clusters (``causal=True``) are named in its own words (:data:`CAUSAL_TARGETS`): the
+first-token sink, the previous token, the token itself, induction-like (the token after an earlier occurrence of
+the query token), a duplicate token, punctuation, local (the tokens just before), broad; never the next token or
+[SEP]. Where the cluster's means carry the baseline of a statistic (``<statistic>_chance``: what the causal uniform
+map scores on it over the cluster's maps, :func:`attnclust.analysis.stats.causal_uniform_scores`), the thresholds
+read the lift over it, ``(x - chance) / (1 - chance)``, instead of the share itself (a causal uniform row puts
+``H_n / n`` on the first token, 21% at 16 tokens); the descriptions still print the share of the mass.
 """
 
 from __future__ import annotations
@@ -17,10 +25,11 @@ import numpy as np
 import pandas as pd
 
 __all__ = ["BLOCK_MIN_ENTROPY", "BLOCK_MIN_LIFT", "BLOCK_MIN_OWN_SEGMENT", "BOTH_MIN", "BROAD_MIN_ENTROPY",
-           "CAUSAL_NAMES", "DIAGONAL_MIN", "DIAGONAL_TARGETS", "FOCUSED_MAX_ENTROPY", "LAYER_BULK",
+           "CAUSAL_TARGETS", "DIAGONAL_MIN", "DIAGONAL_TARGETS", "FOCUSED_MAX_ENTROPY", "LAYER_BULK",
            "LOCAL_MAX_NEIGHBOUR", "LOCAL_MIN_LIFT", "MINOR_MIN", "NAMED_MAX", "NAMED_MIN", "PATTERN_TYPES",
            "QUALIFIERS", "SECOND_MIN", "SEPARATING", "VERTICAL_MIN", "VERTICAL_TARGETS", "describe_cluster",
-           "is_local", "layer_spans", "name_clusters", "naming_targets", "pattern_type", "percent", "segment_lift"]
+           "is_local", "layer_spans", "name_clusters", "naming_targets", "over_chance", "pattern_type", "percent",
+           "segment_lift"]
 
 # -- the types and their targets -----------------------------------------------------------------------------------
 PATTERN_TYPES = ("vertical", "diagonal", "vertical + diagonal", "block", "heterogeneous")
@@ -33,8 +42,20 @@ SEPARATING = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuatio
               ("to_self", "itself"), ("to_next", "next token"), ("to_local", "nearby tokens"),
               ("own_segment", "own segment"), ("entropy_norm", "spread"), ("confidence", "peak weight"))
 """Statistics (all in 0..1) that tell two clusters with the same description apart, and their names."""
-CAUSAL_NAMES = {"to_cls": "first-token sink"}
-"""A causal model's names of targets named otherwise for an encoder: its first token is the attention sink."""
+CAUSAL_TARGETS = {
+    "vertical": (("to_cls", "first-token sink"), ("to_punct", "punctuation")),
+    "diagonal": (("to_prev", "previous token"), ("to_self", "itself"), ("to_induction", "induction-like"),
+                 ("to_duplicate", "duplicate token")),
+    "separating": (("to_cls", "first-token sink"), ("to_punct", "punctuation"), ("to_prev", "previous token"),
+                   ("to_self", "itself"), ("to_induction", "induction-like"), ("to_duplicate", "duplicate token"),
+                   ("to_local", "nearby tokens"), ("own_segment", "own segment"), ("entropy_norm", "spread"),
+                   ("confidence", "peak weight")),
+}
+"""A causal model's targets and their names (see the module docstring): fixed key positions (``vertical``), the
+tokens chosen by their place or their text (``diagonal``: the previous token, the token itself, and the stripes a
+repeated text draws, induction and duplicate token, Kovaleva et al.'s diagonal shifted by the repeat), and the
+statistics that tell alike clusters apart. The next token and [SEP] are left out: no causal row sees a later token,
+and a prompt holds no [SEP]."""
 
 # -- the thresholds of the types -----------------------------------------------------------------------------------
 VERTICAL_MIN = 0.4
@@ -90,18 +111,59 @@ def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
 
 
-def _causal_targets(targets: tuple) -> tuple:
-    """``targets`` for a causal model's maps: without the next token, named by :data:`CAUSAL_NAMES`."""
-    return tuple((c, CAUSAL_NAMES.get(c, label)) for c, label in targets if c != "to_next")
-
-
 def naming_targets(causal: bool = False) -> tuple[tuple, tuple, tuple]:
     """``(vertical, diagonal, separating)`` targets of the names: :data:`VERTICAL_TARGETS`,
-    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a causal model's maps the same without the next token
-    (a query attends to keys ``0..i`` only: no causal cluster is named for it) and with :data:`CAUSAL_NAMES`."""
+    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a causal model's maps :data:`CAUSAL_TARGETS` (no next
+    token, no [SEP]; the first-token sink, induction-like and duplicate-token targets)."""
     if not causal:
         return VERTICAL_TARGETS, DIAGONAL_TARGETS, SEPARATING
-    return _causal_targets(VERTICAL_TARGETS), _causal_targets(DIAGONAL_TARGETS), _causal_targets(SEPARATING)
+    return CAUSAL_TARGETS["vertical"], CAUSAL_TARGETS["diagonal"], CAUSAL_TARGETS["separating"]
+
+
+def _with_targets(means):
+    """A causal cluster's means (a Series, or a DataFrame of clusters) with every target of
+    :data:`CAUSAL_TARGETS` that they lack as 0 (means of a run before the induction and duplicate-token
+    statistics); a copy."""
+    targets = [c for c, _ in CAUSAL_TARGETS["separating"]]
+    have = means.index if isinstance(means, pd.Series) else means.columns
+    missing = [c for c in targets if c not in have]
+    if not missing:
+        return means.copy()
+    if isinstance(means, pd.Series):
+        return pd.concat([means, pd.Series(0.0, index=missing)])
+    return means.assign(**dict.fromkeys(missing, 0.0))
+
+
+def over_chance(means: pd.Series, causal: bool = False) -> pd.Series:
+    """The values the names' thresholds read: for a causal model's cluster, each target statistic's lift over its
+    baseline ``(x - chance) / (1 - chance)`` (clipped to 0..1) where ``means`` has ``<statistic>_chance``, a
+    target's NaN (no map of the cluster had one, e.g. no repeated token) read as 0; an encoder's means as they
+    are.
+
+    Parameters
+    ----------
+    means : pandas.Series
+        A cluster's mean statistics, optionally with ``<statistic>_chance`` baselines.
+    causal
+        The maps are a causal model's.
+
+    Returns
+    -------
+    pandas.Series
+        A copy for a causal model's cluster, ``means`` itself otherwise.
+    """
+    if not causal:
+        return means
+    out = _with_targets(means)
+    for c, _ in CAUSAL_TARGETS["separating"]:
+        if c in ("own_segment", "entropy_norm", "confidence"):
+            continue
+        x = float(out[c]) if _finite(out[c]) else 0.0
+        chance = out.get(f"{c}_chance", np.nan)
+        if _finite(chance) and chance < 1.0:
+            x = min(1.0, max(0.0, (x - float(chance)) / (1.0 - float(chance))))
+        out[c] = x
+    return out
 
 
 def segment_lift(means: pd.Series) -> float:
@@ -146,7 +208,7 @@ def is_local(means: pd.Series) -> bool:
     chance = chance if np.isfinite(chance) else 0.0
     if not np.isfinite(local) or chance >= 1.0 or (local - chance) / (1.0 - chance) < LOCAL_MIN_LIFT:
         return False
-    return (max(float(means["to_prev"]), float(means["to_next"])) <= LOCAL_MAX_NEIGHBOUR * local
+    return (max(float(means["to_prev"]), float(means.get("to_next", 0.0))) <= LOCAL_MAX_NEIGHBOUR * local
             and float(means["to_self"]) < local)
 
 
@@ -167,7 +229,8 @@ def pattern_type(means: pd.Series, *, causal: bool = False) -> str:
         The cluster's mean statistics (``to_cls`` ... ``to_next``, ``own_segment``, ``entropy_norm``, optionally
         ``segment_chance``).
     causal
-        The maps are a causal model's (:func:`naming_targets`: the next token does not count).
+        The maps are a causal model's (:func:`naming_targets`: the next token does not count; the thresholds read
+        :func:`over_chance`).
 
     Returns
     -------
@@ -175,10 +238,11 @@ def pattern_type(means: pd.Series, *, causal: bool = False) -> str:
         One of :data:`PATTERN_TYPES`.
     """
     vertical, diagonal, _ = naming_targets(causal)
-    v = sum(float(means[c]) for c, _ in vertical)
-    d = sum(float(means[c]) for c, _ in diagonal)
-    top_v = max(float(means[c]) for c, _ in vertical)
-    top_d = max(float(means[c]) for c, _ in diagonal)
+    judged = over_chance(means, causal)
+    v = sum(float(judged[c]) for c, _ in vertical)
+    d = sum(float(judged[c]) for c, _ in diagonal)
+    top_v = max(float(judged[c]) for c, _ in vertical)
+    top_d = max(float(judged[c]) for c, _ in diagonal)
     if v >= BOTH_MIN and d >= BOTH_MIN and min(top_v, top_d) >= NAMED_MIN:
         return "vertical + diagonal"
     if v >= VERTICAL_MIN:
@@ -204,9 +268,14 @@ def _named(means: pd.Series, targets) -> list[Named]:
     return [t for i, t in enumerate(ranked) if i == 0 or t[2] >= NAMED_MIN][:NAMED_MAX]
 
 
-def _listing(items: list[Named], prefix: str = "") -> str:
-    """``[CLS] (41% of mass) and next token (17%)``: the first with ``of mass``, joined with commas and ``and``."""
-    words = [f"{label} ({percent(share)}{' of mass' if i == 0 else ''})" for i, (_, label, share) in enumerate(items)]
+def _listing(items: list[Named], prefix: str = "", shares: pd.Series | None = None) -> str:
+    """``[CLS] (41% of mass) and next token (17%)``: the first with ``of mass``, joined with commas and ``and``;
+    each share from ``shares`` when given (a causal cluster's raw means, its items ranked by lift)."""
+    def share_of(c: str, share: float) -> float:
+        return share if shares is None else float(shares[c])
+
+    words = [f"{label} ({percent(share_of(c, share))}{' of mass' if i == 0 else ''})"
+             for i, (c, label, share) in enumerate(items)]
     text = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
     return prefix + text
 
@@ -220,19 +289,21 @@ def _describe_local(means: pd.Series, vertical: tuple, causal: bool) -> Base:
     local = float(means["to_local"])
     where = "the 2 tokens before" if causal else "±2 tokens"  # a causal query sees no later token
     text = f"local: within {where} ({percent(local)} of mass)"
-    extra = [t for t in _named(means, vertical) if t[2] >= NAMED_MIN][:1]
+    extra = [t for t in _named(over_chance(means, causal), vertical) if t[2] >= NAMED_MIN][:1]
     if extra:
-        text += f" and {extra[0][1]} ({percent(extra[0][2])})"
+        text += f" and {extra[0][1]} ({percent(float(means[extra[0][0]]))})"
     return "diagonal", text, {"to_local", "to_prev", "to_next"} | {c for c, _, _ in extra}, local
 
 
-def _describe_targets(means: pd.Series, kind: str, vertical: tuple, diagonal: tuple) -> Base:
+def _describe_targets(means: pd.Series, kind: str, vertical: tuple, diagonal: tuple, causal: bool = False) -> Base:
     """A vertical, diagonal or vertical + diagonal cluster: its named targets (both kinds' strongest first)."""
-    items = ((_named(means, vertical) if kind != "diagonal" else [])
-             + (_named(means, diagonal) if kind != "vertical" else []))
+    judged = over_chance(means, causal)
+    items = ((_named(judged, vertical) if kind != "diagonal" else [])
+             + (_named(judged, diagonal) if kind != "vertical" else []))
     if kind == "vertical + diagonal":  # both kinds named, the strongest first
         items = sorted(items, key=lambda t: -t[2])
-    return kind, _listing(items), {c for c, _, _ in items}, sum(t[2] for t in items)
+    shares = means.fillna(0.0) if causal else None
+    return kind, _listing(items, shares=shares), {c for c, _, _ in items}, sum(t[2] for t in items)
 
 
 def _describe_block(means: pd.Series) -> Base:
@@ -243,15 +314,16 @@ def _describe_block(means: pd.Series) -> Base:
             float(means["own_segment"]))
 
 
-def _describe_heterogeneous(means: pd.Series, targets: tuple) -> Base:
+def _describe_heterogeneous(means: pd.Series, targets: tuple, causal: bool = False) -> Base:
     """A heterogeneous cluster: broad (entropy >= :data:`BROAD_MIN_ENTROPY`), else partly its targets holding at
     least :data:`MINOR_MIN`, else mixed with its spread and mean distance."""
     ent = float(means["entropy_norm"])
     if ent >= BROAD_MIN_ENTROPY:
         return "heterogeneous", f"broad (entropy {ent:.2f} of maximum)", set(), ent
-    minor = [t for t in _named(means, targets) if t[2] >= MINOR_MIN][:2]
+    minor = [t for t in _named(over_chance(means, causal), targets) if t[2] >= MINOR_MIN][:2]
     if minor:
-        return "heterogeneous", _listing(minor, "mixed: partly "), {c for c, _, _ in minor}, 1.0 - ent
+        return ("heterogeneous", _listing(minor, "mixed: partly ", means.fillna(0.0) if causal else None),
+                {c for c, _, _ in minor}, 1.0 - ent)
     return ("heterogeneous", f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} "
             f"tokens)", set(), 1.0 - ent)
 
@@ -259,14 +331,15 @@ def _describe_heterogeneous(means: pd.Series, targets: tuple) -> Base:
 def _base(means: pd.Series, causal: bool = False) -> Base:
     """(type, description, statistics named in it, strength) of one non-empty cluster."""
     vertical, diagonal, _ = naming_targets(causal)
+    means = _with_targets(means) if causal else means
     kind = pattern_type(means, causal=causal)
     if kind == "diagonal" and is_local(means):
         return _describe_local(means, vertical, causal)
     if kind in ("vertical", "diagonal", "vertical + diagonal"):
-        return _describe_targets(means, kind, vertical, diagonal)
+        return _describe_targets(means, kind, vertical, diagonal, causal)
     if kind == "block":
         return _describe_block(means)
-    return _describe_heterogeneous(means, vertical + diagonal)
+    return _describe_heterogeneous(means, vertical + diagonal, causal)
 
 
 def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
@@ -282,8 +355,8 @@ def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
     means : pandas.Series
         The cluster's mean statistics (see :func:`pattern_type`).
     causal
-        The maps are a causal model's: never named for the next token; [CLS] reads ``first-token sink``
-        (:func:`naming_targets`).
+        The maps are a causal model's: named in its words (:data:`CAUSAL_TARGETS`: ``first-token sink``,
+        ``induction-like``, ``duplicate token`` ...; never the next token), thresholds on :func:`over_chance`.
 
     Returns
     -------
@@ -321,16 +394,18 @@ class _Run:
     layers: dict[int, tuple[int, int]]
     targets: tuple
     separating: tuple
+    judged: pd.DataFrame | None = None
 
 
 def _also(run: _Run, c: int) -> str:
-    """The strongest vertical or diagonal target not named yet, holding >= :data:`SECOND_MIN`: ``also itself
-    (12%)``; empty when there is none."""
-    rest = [(float(run.means.loc[c, s]), label) for s, label in run.targets
-            if s not in run.named[c] and float(run.means.loc[c, s]) >= SECOND_MIN]
+    """The strongest vertical or diagonal target not named yet, holding >= :data:`SECOND_MIN` (a causal cluster:
+    its lift over chance, :func:`over_chance`): ``also itself (12%)``; empty when there is none."""
+    judged = run.means if run.judged is None else run.judged
+    rest = [(float(judged.loc[c, s]), label, float(run.means.loc[c, s])) for s, label in run.targets
+            if s not in run.named[c] and float(judged.loc[c, s]) >= SECOND_MIN]
     if not rest:
         return ""
-    share, label = max(rest)
+    _, label, share = max(rest)
     return f"also {label} ({percent(share)})"
 
 
@@ -420,10 +495,17 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
     ids = [int(c) for c in means.index]
     empty = {c for c in ids if not np.isfinite(means.loc[c, "entropy_norm"])}
     vertical, diagonal, separating = naming_targets(causal)
+    if causal:  # a cluster none of whose maps has a repeated token: no induction or duplicate mass
+        means = _with_targets(means)
+        full = [c for c in ids if c not in empty]
+        for col in ("to_induction", "to_duplicate"):
+            if col in means.columns:
+                means.loc[full, col] = means.loc[full, col].fillna(0.0)
     base = {c: _base(means.loc[c], causal) for c in ids if c not in empty}
     parts = {c: [base[c][1]] for c in base}
+    judged = pd.DataFrame([over_chance(means.loc[c], causal) for c in ids], index=means.index) if causal else None
     run = _Run(means=means, named={c: b[2] for c, b in base.items()}, layers=layers or {},
-               targets=vertical + diagonal, separating=separating)
+               targets=vertical + diagonal, separating=separating, judged=judged)
     for qualifier in QUALIFIERS:
         for group in _alike(parts):
             extra = {c: qualifier(run, c) for c in group}

@@ -1,9 +1,11 @@
 """Head-wise probing (Jo & Myaeng 2020, "Transformer Anatomy"): what each head's output says about a question.
 
 Extraction (``extract.head_outputs``) stores each head's output, its context vector (its slice of the input of the
-attention output projection), pooled per feature at [CLS] (``cls``) and over the context tokens
+attention output projection, one per query head), pooled per feature at [CLS] (``cls``) and over the context tokens
 (``context_mean``), and the last layer's [CLS] hidden state (``last_cls``), in ``head_outputs.zarr``
-(:mod:`attnclust.analysis.head_outputs`, whose names are importable from here too).
+(:mod:`attnclust.analysis.head_outputs`, whose names are importable from here too). A decoder has no [CLS]: its
+head outputs are read at the last prompt token (``last_prompt``, with the last hidden state there), the position
+whose state predicts the answer's first token, and ``probe.pooling: cls`` reads them (:func:`pooled_array`).
 
 The ``probe`` analysis fits, per (task, layer, head), an L2-regularised logistic regression (C = 1, on features
 standardised with the training folds' mean and deviation; several classes one-vs-rest, the highest decision value wins)
@@ -26,7 +28,7 @@ module: its settings (:class:`ProbeConfig`, the job's ``probe`` section), its ou
 ``probes_summary.json``), its fingerprint (its settings while on) and its report section (``probes``:
 :mod:`attnclust.report.sections.probes`).
 
-Kept whole (about 620 lines): the folds, the permutation null and the batched fits are the one protocol described
+Kept whole (about 650 lines): the folds, the permutation null and the batched fits are the one protocol described
 above, and the plugin at the end declares that protocol's settings and outputs.
 """
 
@@ -45,10 +47,10 @@ from ..errors import DataError
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
 from .plugins import AnalysisContext, register_analysis
 
-__all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_CAUSAL", "PROBE_COLUMNS", "PROBE_SKIPPED", "QWORDS",
-           "ProbeConfig", "consolidate_head_outputs", "fit_logistic", "predict_logistic", "probe_fold_ids",
-           "probe_heads", "probe_labels", "probe_table", "question_word", "read_head_outputs", "run_probes",
-           "save_head_output_part"]
+__all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "PROBE_ENCODER_LAST_PROMPT", "PROBE_SKIPPED",
+           "QWORDS", "ProbeConfig", "consolidate_head_outputs", "fit_logistic", "pooled_array", "predict_logistic",
+           "probe_fold_ids", "probe_heads", "probe_labels", "probe_table", "question_word", "read_head_outputs",
+           "run_probes", "save_head_output_part"]
 
 PROBE_COLUMNS = ("task", "layer", "head", "accuracy", "baseline", "p", "q", "n", "examples", "folds", "classes",
                  "pooling")
@@ -78,11 +80,11 @@ def probe_labels(examples: pd.DataFrame, *, tasks: Sequence[str], labels: Sequen
     examples : pandas.DataFrame
         ``examples.parquet``: ``id``, ``question``, ``is_impossible`` and the data file's extra columns.
     tasks
-        Built-in tasks among ``answerable``, ``qword``, ``correct``.
+        Built-in tasks among ``answerable``, ``qword``, ``correct``, ``abstains``.
     labels
         Extra columns of ``examples`` to probe.
     predictions : pandas.DataFrame, optional
-        ``predictions.parquet`` (``example_id``, ``f1``): needed by ``correct``.
+        ``predictions.parquet`` (``example_id``, ``f1``, ``prediction``): needed by ``correct`` and ``abstains``.
 
     Returns
     -------
@@ -106,9 +108,14 @@ def probe_labels(examples: pd.DataFrame, *, tasks: Sequence[str], labels: Sequen
             counts = words.value_counts()
             rare = counts.index[counts < MIN_CLASS_EXAMPLES]
             out[task] = words.where(~words.isin(rare), "other").to_numpy()
-        elif task == "correct":
+        elif task in ("correct", "abstains"):
             if predictions is None:
-                skipped.append("probe correct: skipped (no predictions.parquet: the qa stage did not run)")
+                skipped.append(f"probe {task}: skipped (no predictions.parquet: the qa stage did not run)")
+                continue
+            if task == "abstains":  # the model gave the null answer ("" : unanswerable)
+                said = predictions.set_index(predictions["example_id"].astype(str))["prediction"]
+                given = out["example_id"].map(said)
+                out[task] = np.where(given.isna(), None, np.where(given.fillna("").eq(""), "abstains", "answers"))
                 continue
             f1 = predictions.set_index(predictions["example_id"].astype(str))["f1"]
             score = out["example_id"].map(f1)
@@ -497,15 +504,25 @@ def probe_table(heads: np.ndarray, last: np.ndarray | None, labels: pd.DataFrame
 
 # -- the plugin: settings, outputs, fingerprint and section of the report's "probe" analysis ----------------------
 
-ProbeTask = Literal["answerable", "qword", "correct"]
-ProbePooling = Literal["cls", "context_mean"]
+ProbeTask = Literal["answerable", "qword", "correct", "abstains"]
+ProbePooling = Literal["cls", "last_prompt", "context_mean"]
 ProbeNull = Literal["pooled", "per_head"]
 PROBE_SKIPPED = "probe: skipped (probe.enabled is false)"
 """The line printed when the ``probe`` analysis is off."""
-PROBE_CAUSAL = ("probe: skipped (the model is causal: the probes read each head's pooled output and the last "
-                "layer's [CLS] state, which extraction keeps for encoders only; a decoder's prompts have no [CLS]. "
-                "Set probe.enabled=false to leave this line out)")
-"""The line printed for a causal model's run."""
+PROBE_ENCODER_LAST_PROMPT = ("probe: skipped (probe.pooling is last_prompt, a decoder's position; this run's model is "
+                             "an encoder: set probe.pooling to cls or context_mean)")
+"""The line printed for ``probe.pooling: last_prompt`` on an encoder's run."""
+
+
+def pooled_array(pooling: str, decoder: bool) -> str | None:
+    """The ``head_outputs.zarr`` array that ``probe.pooling`` reads for a kind of model: ``cls`` is the position that
+    sums the input up, an encoder's [CLS] and a decoder's last prompt token (``last_prompt``); ``context_mean``
+    either kind's own; ``None`` for ``last_prompt`` on an encoder."""
+    if pooling == "context_mean":
+        return pooling
+    if decoder:
+        return "last_prompt"
+    return "cls" if pooling == "cls" else None
 
 
 class ProbeConfig(_Model):
@@ -519,14 +536,18 @@ class ProbeConfig(_Model):
     tasks
         Built-in label tasks: ``answerable`` (the question has an answer), ``qword`` (what/who/when/where/why/how/
         which/other from the question's first such word), ``correct`` (the model's answer has F1 >= 0.5; needs the
-        ``qa`` stage).
+        ``qa`` stage), ``abstains`` (the model's answer is the null answer: a decoder said ``unanswerable``; needs
+        the ``qa`` stage).
     labels
         Extra columns of the data file, kept in ``examples.parquet``, each probed as a task of its own.
     pooling
-        ``cls`` (the head's output at [CLS]) or ``context_mean`` (its mean over the context tokens).
+        ``cls`` (the head's output at the position that sums the input up: an encoder's [CLS], a decoder's last
+        prompt token, whose state predicts the answer's first token), ``last_prompt`` (the same for a decoder,
+        named as such; refused, in one line, for an encoder) or ``context_mean`` (its mean over the context
+        tokens).
     top_k
         Heads whose outputs are concatenated for the top-k representation (chosen inside each training fold),
-        compared with the last layer's [CLS] hidden state.
+        compared with the last layer's hidden state at [CLS] (a decoder's: at the last prompt token).
     permutations
         Label permutations (whole examples permuted) for each head's p-value.
     null
@@ -539,7 +560,7 @@ class ProbeConfig(_Model):
     SECTION = "probe"
     enabled: bool = _setting(True, "true | false")
     tasks: tuple[ProbeTask, ...] = _setting(("answerable", "qword", "correct"),
-                                            "a list of answerable | qword | correct (may be empty)")
+                                            "a list of answerable | qword | correct | abstains (may be empty)")
     labels: tuple[str, ...] = _setting((), "a list of column names of the data file's records")
     pooling: ProbePooling = _choice("cls", ProbePooling)
     top_k: int = _int(8, 1)
@@ -553,7 +574,8 @@ class ProbeConfig(_Model):
         for name in value:
             if not name.strip() or name in get_args(ProbeTask):
                 raise _cross("labels", value, "names of extra columns of the data file, neither blank nor a "
-                             "built-in task (answerable, qword, correct)", "list those in probe.tasks instead")
+                             "built-in task (answerable, qword, correct, abstains)",
+                             "list those in probe.tasks instead")
         return value
 
 
@@ -571,6 +593,7 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     with the run's ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` (``None`` when absent); the
     table's ``attrs["summary"]`` holds ``probes_summary.json``.
     """
+    from ..data.text import reads_text
     from ..models.kinds import kind_of
     from ..store.contract import atomic_write_json, atomic_write_parquet
 
@@ -579,18 +602,24 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     if not cfg.probe.enabled:
         ctx.note(PROBE_SKIPPED)
         return None
-    if kind_of(features).is_decoder:  # a causal model's prompts (attnclust.qa.prompting)
-        ctx.note(PROBE_CAUSAL)
+    if reads_text(ctx.records):  # windows of natural text: no questions to label
+        ctx.note("probe: skipped (natural text, data.format: text: no questions, so no labels to probe)")
+        return None
+    kind = kind_of(features)  # a causal model's prompts (attnclust.qa.prompting): its last prompt token
+    pooling = pooled_array(cfg.probe.pooling, kind.is_decoder)
+    if pooling is None:
+        ctx.note(PROBE_ENCODER_LAST_PROMPT)
         return None
     if not layout.head_outputs.exists() or examples is None:
         ctx.note(f"probe: skipped (the run has no {layout.head_outputs.name}: set extract.head_outputs=true and "
                  f"re-run extract with --force, or set probe.enabled=false)")
         return None
     builtin, untrained = cfg.probe.tasks, []
-    if "correct" in builtin and ctx.predictions is not None and not ctx.qa["head_trained"]:
-        builtin = tuple(t for t in builtin if t != "correct")
-        untrained = [("probe correct: skipped (the model's QA head is untrained, so right/wrong is noise: fine-tune "
-                      "it or use a SQuAD 2.0 checkpoint)")]
+    for task in ("correct", "abstains"):
+        if task in builtin and ctx.predictions is not None and not ctx.qa["head_trained"]:
+            builtin = tuple(t for t in builtin if t != task)
+            untrained.append(f"probe {task}: skipped (the model's QA head is untrained, so its answers are noise: "
+                             f"fine-tune it or use a SQuAD 2.0 checkpoint)")
     tasks = (*builtin, *cfg.probe.labels)
     labels, skipped = probe_labels(examples, tasks=builtin, labels=cfg.probe.labels, predictions=ctx.predictions)
     skipped = untrained + skipped
@@ -598,15 +627,16 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     if cfg.probe.max_features is not None:
         per_example = per_example[per_example.cumsum() <= cfg.probe.max_features]
     chosen = features[features["example_id"].astype(str).isin(per_example.index)].sort_values("feature_id")
-    heads, last = read_head_outputs(layout.head_outputs, cfg.probe.pooling, chosen["feature_id"].to_numpy())
+    heads, last = read_head_outputs(layout.head_outputs, pooling, chosen["feature_id"].to_numpy())
     tasks = [t for t in tasks if t in labels.columns]
     table, summary = probe_table(heads, last, labels, chosen["example_id"].to_numpy(), tasks=tasks,
-                                 pooling=cfg.probe.pooling, permutations=cfg.probe.permutations,
+                                 pooling=pooling, permutations=cfg.probe.permutations,
                                  null=cfg.probe.null,
                                  top_k=cfg.probe.top_k, seed=cfg.cluster.random_state,
                                  on_head=lambda task, done, total: ctx.progress(f"probe {task}", done, total, "heads"))
     summary["skipped"] = skipped + summary["skipped"]
     summary["features"], summary["examples"] = len(chosen), len(per_example)
+    summary["model_kind"], summary["position"] = kind.name, kind.summary_name  # the report's words
     for line in summary["skipped"] + summary["notes"]:
         ctx.note(line)
     atomic_write_parquet(table, layout.probes)
@@ -614,7 +644,7 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     done = ", ".join(f"{t} {info['top_k_accuracy']:.2f} top-{info['top_k']} vs "
                      + (f"{info['last_layer_accuracy']:.2f}" if info["last_layer_accuracy"] is not None else "-")
                      + " last layer" for t, info in summary["tasks"].items())
-    ctx.note(f"probe: {len(summary['tasks'])} task(s) over {len(chosen):,} features ({cfg.probe.pooling})"
+    ctx.note(f"probe: {len(summary['tasks'])} task(s) over {len(chosen):,} features ({pooling})"
              + (f": {done}" if done else "") + f" -> {layout.probes.name}")
     table.attrs["summary"] = summary
     return table

@@ -1,5 +1,6 @@
 """The papers' protocols for decoder heads, run as built-in diagnostics of the extract stage: Gu et al.'s sink rate
-(:mod:`.sink_rate`) and the standard induction, previous-token and duplicate-token scales (:mod:`.head_detectors`).
+(:mod:`.sink_rate`), the standard induction, previous-token and duplicate-token scales (:mod:`.head_detectors`) and
+Wu et al.'s retrieval heads by the needle-in-a-haystack test (:mod:`.needle`).
 
 A causal run's extract stage, with the model loaded (after today's induction diagnostic,
 :mod:`attnclust.analysis.induction`), feeds it
@@ -10,12 +11,15 @@ A causal run's extract stage, with the model loaded (after today's induction dia
 - for the head detectors: ARENA's :data:`~.head_detectors.ARENA_SEQUENCES` sequences of BOS (the tokenizer's
   ``bos_token``, when it has one) and :data:`~.head_detectors.ARENA_LENGTH` random tokens twice, scored on ARENA's
   induction scale and TransformerLens's induction, previous-token and duplicate-token patterns, each with the
-  permutation null of :func:`~.head_detectors.pair_pvalues`,
+  permutation null of :func:`~.head_detectors.pair_pvalues`;
+- for the retrieval heads: the needle-in-a-haystack tests of :func:`~.needle.measure_retrieval` (three needles in
+  the run's contexts, three lengths up to ``extract.max_seq_len``, three depths, greedy answers),
 
 and writes ``decoder_protocols.parquet`` (one row per head, :data:`PROTOCOL_COLUMNS`) and
 ``decoder_protocols.json`` (the rates, thresholds and counts; :func:`measure_protocols`,
 :func:`write_protocols`). The head analyses ``sink_rate``, ``induction_arena``, ``induction_tl``,
-``previous_token`` and ``duplicate_token`` join the per-head numbers to ``heads.parquet`` (NaN for encoders);
+``previous_token``, ``duplicate_token`` and ``needle_retrieval`` join the per-head numbers to ``heads.parquet``
+(NaN for encoders);
 the ``decoder_protocols`` analysis hands the summary to the report's "Decoder protocols" section. A head is one
 of a detector's heads when its score is above the detector's threshold (:func:`detector_thresholds`) and its
 Benjamini-Hochberg q-value over the model's heads is at most :data:`PROTOCOL_FDR`.
@@ -45,6 +49,7 @@ from .head_detectors import (
     tl_scores,
 )
 from .heads import HeadContext, head_analysis
+from .needle import NEEDLE_COLUMNS, NEEDLE_DEPTHS, NEEDLES, measure_retrieval
 from .plugins import AnalysisContext, register_analysis
 from .sink_rate import (
     GU_TABLE1,
@@ -67,7 +72,7 @@ __all__ = ["DETECTORS", "PROTOCOLS_VERSION", "PROTOCOL_COLUMNS", "PROTOCOL_FDR",
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS_VERSION = 1
+PROTOCOLS_VERSION = 2
 """Bumped when a protocol changes (part of the extract stage's fingerprint for causal models)."""
 SINK_SEQUENCES = 10
 """Sequences of each kind and variant for the sink rate (Gu et al. use 100 natural ones; natural windows may be
@@ -91,9 +96,10 @@ _VARIANTS = ("raw", "template")
 PROTOCOL_COLUMNS = ("layer", "head",
                     *(f"sink_{what}_{kind}{'' if v == 'raw' else '_template'}" for kind in SINK_KINDS
                       for v in _VARIANTS for what in ("alpha", "share")),
-                    *(c for name in DETECTORS for c in (name, f"{name}_p")))
+                    *(c for name in DETECTORS for c in (name, f"{name}_p")), *NEEDLE_COLUMNS)
 """Columns of ``decoder_protocols.parquet``: per head, each kind's mean ``alpha_1`` and the share of sequences it is a
-sink on (raw and with the template's first token: ``_template``), each detector's score and p-value."""
+sink on (raw and with the template's first token: ``_template``), each detector's score and p-value, and the
+needle-in-a-haystack retrieval score and flag."""
 
 
 def _streams(seed: int = PROTOCOL_SEED) -> dict[str, np.random.SeedSequence]:
@@ -196,7 +202,7 @@ def detector_flags(table: pd.DataFrame, thresholds: dict[str, float]) -> dict[st
 def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "cpu", template: int | None = None,
                       n_sink: int = SINK_SEQUENCES, n_detector: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,
                       permutations: int = PROTOCOL_PERMUTATIONS, seed: int = PROTOCOL_SEED,
-                      batch: int = 10) -> tuple[pd.DataFrame, dict]:
+                      batch: int = 10, max_len: int | None = None) -> tuple[pd.DataFrame, dict]:
     """Run the protocols on a causal model.
 
     Parameters
@@ -215,6 +221,9 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
         See :func:`protocol_inputs`, :data:`PROTOCOL_PERMUTATIONS`.
     batch
         Sequences per forward pass.
+    max_len
+        The longest needle-in-a-haystack test, prompt and answer (the job's ``extract.max_seq_len``;
+        :func:`~.needle.measure_retrieval`); None: no needle test (its columns NaN and False, ``retrieval`` None).
 
     Returns
     -------
@@ -225,7 +234,8 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
         ``sequences`` per kind and variant (``raw``, ``template``; a rate is None without sequences), each
         sequence's rate (``sequence_rates``),
         ``gu_table1``) and ``detectors`` (``sequences``, ``length``, ``bos`` and ``bos_text``, ``permutations``,
-        ``fdr``, and per detector ``threshold``, ``ceiling``, ``above``, ``heads``, ``max``, ``best``).
+        ``fdr``, and per detector ``threshold``, ``ceiling``, ``above``, ``heads``, ``max``, ``best``) and
+        ``retrieval`` (:func:`~.needle.measure_retrieval`'s summary, or None).
     """
     t0 = time.perf_counter()
     vocab_size = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
@@ -271,6 +281,13 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
         columns[f"{name}_p"] = pair_pvalues(maps, *pattern_pairs([p[pattern] for p in patterns]),
                                             permutations=permutations, seed=null_seed).ravel()
     del maps
+    retrieval = None
+    if max_len is None:
+        columns["needle_retrieval"], columns["needle_retrieval_head"] = np.full(len(li), np.nan), np.zeros(len(li),
+                                                                                                            bool)
+    else:
+        found, retrieval = measure_retrieval(loaded, tokenizer, contexts, max_len=max_len, device=device)
+        columns.update({c: found[c].to_numpy() for c in NEEDLE_COLUMNS})  # the same (layer, head) order
     table = pd.DataFrame({c: columns[c] for c in PROTOCOL_COLUMNS})
     ceiling = tl_ceiling(ids)
     thresholds = detector_thresholds(ceiling)
@@ -296,6 +313,7 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
         "detectors": {"sequences": int(len(ids)), "length": int(length), "bos": None if bos is None else int(bos),
                       "bos_text": None if bos is None else tokenizer.decode([int(bos)]),
                       "permutations": int(permutations), "fdr": PROTOCOL_FDR, **detectors},
+        "retrieval": retrieval,
         "seconds": round(time.perf_counter() - t0, 3)}
     return table, summary
 
@@ -313,7 +331,8 @@ def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu") -> 
     t0 = time.perf_counter()
     tokenizer = get_tokenizer(cfg.model)
     table, summary = measure_protocols(get_model(cfg.model, device=device), tokenizer, list(contexts),
-                                       device=device, template=template_first_token(tokenizer, cfg.extract.prompt))
+                                       device=device, template=template_first_token(tokenizer, cfg.extract.prompt),
+                                       max_len=cfg.extract.max_seq_len)
     atomic_write_parquet(table, layout.decoder_protocols)
     atomic_write_json(layout.decoder_protocols_summary, summary)
     return time.perf_counter() - t0
@@ -337,8 +356,8 @@ def read_protocols(layout: Any) -> tuple[pd.DataFrame, dict] | None:
     table = pd.read_parquet(table_path)
     missing = [c for c in PROTOCOL_COLUMNS if c not in table.columns]
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    if missing or not isinstance(summary, dict) or not {"sink", "detectors"} <= set(summary):
-        what = f"lacks column(s) {', '.join(missing)}" if missing else "lacks its sink or detectors summary"
+    if missing or not isinstance(summary, dict) or not {"sink", "detectors", "retrieval"} <= set(summary):
+        what = f"lacks column(s) {', '.join(missing)}" if missing else "lacks its sink, detectors or retrieval summary"
         raise DataError(f"{table_path if missing else summary_path}: {what}; re-run 'attnclust extract --force'")
     return table, summary
 
@@ -393,6 +412,20 @@ def _sink_rate(ctx: HeadContext) -> pd.DataFrame:
     if table is None:
         return heads.assign(**{c: np.nan for c in names})
     return heads.assign(**{c: table[c].to_numpy(np.float64) for c in names})
+
+
+@head_analysis("needle_retrieval", columns=NEEDLE_COLUMNS, unit="share",
+               description=f"Wu et al.'s retrieval score by the needle-in-a-haystack test: per accepted test (answer "
+                           f"ROUGE-1 recall > 0.5), the decoding steps where the head's attention argmax is on the "
+                           f"needle token being generated, over the needle's length; mean over {len(NEEDLES)} needles "
+                           f"x up to 3 lengths x {len(NEEDLE_DEPTHS)} depths (causal models only); "
+                           f"needle_retrieval_head: above 0.1")
+def _needle_retrieval(ctx: HeadContext) -> pd.DataFrame:
+    heads, table, _ = _aligned(ctx)
+    if table is None:
+        return heads.assign(needle_retrieval=np.nan, needle_retrieval_head=False)
+    return heads.assign(needle_retrieval=table["needle_retrieval"].to_numpy(np.float64),
+                        needle_retrieval_head=table["needle_retrieval_head"].eq(True).to_numpy())
 
 
 def _check_summary(result: Any) -> None:

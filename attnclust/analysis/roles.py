@@ -36,11 +36,17 @@ every head x role with at least two examples. The p-values of all heads x roles 
 together with Benjamini-Hochberg (:func:`bh_qvalues`); a head gets a role when its q-value is below
 :data:`FDR_LEVEL`.
 
-**Causal maps** (a decoder's features, which carry a ``part`` column: :mod:`attnclust.qa.prompting`): row ``i``
+**Causal maps** (a decoder's features: :func:`attnclust.models.kinds.kind_of` reads them as such): row ``i``
 can only attend to keys ``0..i``, so the null is the *causal* uniform row, ``1 / (i + 1)`` on each of those keys,
-averaged over the rows as the statistic is (self and first token ``H_n / n``; previous ``(H_n - 1) / (n - 1)``;
-a target set ``S``: the mean of ``|S ∩ [0, i]| / (i + 1)``); ``next`` cannot exist (never tested: NaN), and
-``broad`` divides ``exp(entropy)`` by ``exp(mean log(i + 1))``, the causal uniform map's, instead of ``n``.
+averaged over the rows as the statistic is (:func:`attnclust.analysis.stats.causal_uniform_scores`: self and first
+token ``H_n / n``; previous ``(H_n - 1) / (n - 1)``; a target set ``S``: the mean of ``|S ∩ [0, i]| / (i + 1)``),
+and ``broad`` divides ``exp(entropy)`` by ``exp(mean log(i + 1))``, the causal uniform map's, instead of ``n``. A
+decoder's roles are named in its own words (:data:`CAUSAL_ROLES`): ``sink`` (the first token, ``to_cls``),
+``induction`` (``to_induction``: the token after an earlier occurrence of the query token, Olsson et al. 2022) and
+``duplicate`` (``to_duplicate``: earlier occurrences of the query token) beside previous, local, self, punct, block
+and broad; ``next`` (no causal row sees a later token), ``cls`` and ``sep`` (a prompt holds no [SEP]) are not
+tested, and ``heads.parquet`` has ``q_sink``, ``q_induction``, ``q_duplicate`` in place of ``q_next``, ``q_cls``,
+``q_sep``.
 
 Needs only ``maps.parquet``'s statistics and ``features.parquet``'s tokens and segment ids, so it works on any
 store meeting the store contract. Without ``tokens`` the [SEP] and punctuation nulls are unknown, without
@@ -56,14 +62,40 @@ from ..errors import DataError
 from .heads import HeadContext, head_analysis
 from .stats import local_keys, token_masks
 
-__all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "FDR_LEVEL", "ROLES", "ROLE_MARGIN", "bh_qvalues",
-           "causal_role_nulls", "example_means", "head_roles", "role_differences", "role_nulls", "role_tests"]
+__all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "CAUSAL_ROLES", "CAUSAL_ROLE_SCORES", "FDR_LEVEL", "ROLES",
+           "ROLE_MARGIN", "bh_qvalues", "causal_role_nulls", "example_means", "head_roles", "role_differences",
+           "role_nulls", "role_scores", "role_tests", "roles_of"]
 
 ROLES = ("previous", "next", "local", "self", "cls", "sep", "punct", "block", "broad")
-"""The roles tested for every head, in the order of the ``q_<role>`` columns."""
+"""The roles tested for every head of an encoder, in the order of the ``q_<role>`` columns."""
 ROLE_SCORES = {"previous": "to_prev", "next": "to_next", "local": "to_local", "self": "to_self", "cls": "to_cls",
                "sep": "to_sep", "punct": "to_punct", "block": "own_segment"}
-"""Mass role -> the per-map statistic that scores it."""
+"""Mass role -> the per-map statistic that scores it (an encoder's)."""
+CAUSAL_ROLES = ("previous", "local", "self", "sink", "punct", "induction", "duplicate", "block", "broad")
+"""The roles tested for every head of a causal model (see the module docstring), in the order of its columns."""
+CAUSAL_ROLE_SCORES = {"previous": "to_prev", "local": "to_local", "self": "to_self", "sink": "to_cls",
+                      "punct": "to_punct", "induction": "to_induction", "duplicate": "to_duplicate",
+                      "block": "own_segment"}
+"""A causal model's mass role -> the per-map statistic that scores it."""
+
+
+def roles_of(causal: bool = False) -> tuple[str, ...]:
+    """:data:`ROLES`, or a causal model's :data:`CAUSAL_ROLES`."""
+    return CAUSAL_ROLES if causal else ROLES
+
+
+def role_scores(causal: bool = False) -> dict[str, str]:
+    """:data:`ROLE_SCORES`, or a causal model's :data:`CAUSAL_ROLE_SCORES`."""
+    return CAUSAL_ROLE_SCORES if causal else ROLE_SCORES
+
+
+def _is_causal(features: pd.DataFrame, causal: bool | None) -> bool:
+    """``causal``, or when ``None`` whether ``features`` are a decoder's (:func:`attnclust.models.kinds.kind_of`)."""
+    if causal is not None:
+        return bool(causal)
+    from ..models.kinds import kind_of
+
+    return kind_of(features).is_decoder
 ROLE_MARGIN = 0.1
 """A mass role needs a lift ``(score - null) / (1 - null)`` above this (10% of the mass a uniform row leaves off
 the target): a head only barely above uniform gets no role."""
@@ -93,17 +125,13 @@ def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.Data
     Returns
     -------
     pandas.DataFrame
-        Indexed by ``feature_id``, one float64 column per role of :data:`ROLE_SCORES` and ``segment_log_size``
-        (``sum over segments (m_s / n) log m_s``: the mean over rows of the log size of the row's own segment, the
-        entropy of rows uniform inside their segment) and ``broad_scale`` (what ``exp(entropy)`` is divided by for
-        ``broad``: ``n``); NaN where the features lack what the null needs (``tokens`` for sep and punct,
-        ``segment_ids`` for block).
+        Indexed by ``feature_id``, one float64 column per role of :data:`ROLE_SCORES` (a causal model's:
+        :data:`CAUSAL_ROLE_SCORES`) and ``segment_log_size`` (``sum over segments (m_s / n) log m_s``: the mean
+        over rows of the log size of the row's own segment, the entropy of rows uniform inside their segment) and
+        ``broad_scale`` (what ``exp(entropy)`` is divided by for ``broad``: ``n``); NaN where the features lack
+        what the null needs (``tokens`` for sep and punct, ``segment_ids`` for block).
     """
-    if causal is None:
-        from ..models.kinds import kind_of
-
-        causal = kind_of(features).is_decoder
-    if causal:
+    if _is_causal(features, causal):
         return causal_role_nulls(features)
     n = features["seq_len"].to_numpy(np.float64)
     out = pd.DataFrame(index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"))
@@ -127,41 +155,43 @@ def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.Data
 def causal_role_nulls(features: pd.DataFrame) -> pd.DataFrame:
     """:func:`role_nulls` for causal maps: row ``i`` uniform over keys ``0..i`` (weight ``1 / (i + 1)`` each).
 
-    Each null is averaged over the rows the statistic averages over (``previous``: rows 1..n-1; the others: all
-    rows); ``next`` is NaN (a causal head cannot attend ahead: never tested); ``segment_log_size`` is the mean
-    over rows of the log count of keys ``0..i`` in row ``i``'s segment; ``broad_scale`` is ``exp(mean_i log(i +
-    1))``, the effective number of keys of the causal uniform map.
+    One column per role of :data:`CAUSAL_ROLE_SCORES`, each what the causal uniform map scores on its statistic
+    (:func:`attnclust.analysis.stats.causal_uniform_scores`: averaged over the rows the statistic averages over;
+    ``induction`` and ``duplicate`` NaN for a feature without repeated tokens, ``punct`` without ``tokens``, ``block``
+    without ``segment_ids``); ``segment_log_size`` is the mean over rows of the log count of keys ``0..i`` in row
+    ``i``'s segment; ``broad_scale`` is ``exp(mean_i log(i + 1))``, the effective number of keys of the causal
+    uniform map.
     """
-    from .stats import LOCAL_WINDOW
+    from .stats import causal_uniform_scores
 
     rows = []
     tokens = features["tokens"] if "tokens" in features.columns else [None] * len(features)
     segments = features["segment_ids"] if "segment_ids" in features.columns else [None] * len(features)
     for n, toks, seg in zip(features["seq_len"].astype(int), tokens, segments):
         i = np.arange(n, dtype=np.float64)
-        w = 1.0 / (i + 1.0)  # row i's weight on each key it may see
-        row = {"previous": w[1:].mean() if n > 1 else np.nan, "next": np.nan, "self": w.mean(), "cls": w.mean(),
-               "local": (np.minimum(i, LOCAL_WINDOW) * w).sum() / n, "broad_scale": np.exp(np.log(i + 1.0).mean()),
-               "sep": np.nan, "punct": np.nan, "block": np.nan, "segment_log_size": np.nan}
-        if toks is not None:
-            sep, punct, _ = token_masks(toks, np.zeros(len(toks)))
-            row["sep"], row["punct"] = ((np.cumsum(m) * w).mean() for m in (sep, punct))
+        row = dict.fromkeys([*CAUSAL_ROLE_SCORES, "segment_log_size"], np.nan)
+        row["broad_scale"] = np.exp(np.log(i + 1.0).mean())
+        if n:
+            uniform = causal_uniform_scores(toks if toks is not None else ["w"] * n, seg)
+            for role, stat in CAUSAL_ROLE_SCORES.items():
+                row[role] = uniform[stat]
+            row["previous"] = uniform["to_prev"] if n > 1 else np.nan
+            if toks is None:
+                row["punct"] = row["induction"] = row["duplicate"] = np.nan
         if seg is not None and n:
             seg = np.asarray(seg)
             same = np.zeros(n)  # keys 0..i in row i's own segment
             for value in np.unique(seg):
                 mine = seg == value
                 same[mine] = np.cumsum(mine)[mine]
-            row["block"], row["segment_log_size"] = (same * w).mean(), np.log(same).mean()
+            row["segment_log_size"] = np.log(same).mean()
         rows.append(row)
-    out = pd.DataFrame(rows, index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"),
-                       columns=["previous", "next", "self", "cls", "local", "sep", "punct", "block",
-                                "segment_log_size", "broad_scale"], dtype=np.float64)
-    return out
+    return pd.DataFrame(rows, index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"),
+                        columns=[*CAUSAL_ROLE_SCORES, "segment_log_size", "broad_scale"], dtype=np.float64)
 
 
 def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = ROLE_MARGIN,
-                     broad_min: float = BROAD_MIN_SHARE) -> pd.DataFrame:
+                     broad_min: float = BROAD_MIN_SHARE, causal: bool | None = None) -> pd.DataFrame:
     """Per map and role, the tested difference: ``lift - margin`` (mass roles; block only on maps spread over
     their own segment, :data:`BLOCK_MIN_SPREAD`) or ``exp(entropy)/n - broad_min``.
 
@@ -174,26 +204,31 @@ def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: floa
         See :func:`role_nulls`.
     margin, broad_min : float
         :data:`ROLE_MARGIN`, :data:`BROAD_MIN_SHARE`.
+    causal : bool, optional
+        The maps are a causal model's (its roles and nulls); ``None``: when ``features`` are a decoder's.
 
     Returns
     -------
     pandas.DataFrame
-        ``feature_id``, ``example_id``, ``layer``, ``head`` and one float64 column per role of :data:`ROLES`
-        (NaN where the null is unknown or 1).
+        ``feature_id``, ``example_id``, ``layer``, ``head`` and one float64 column per role of :data:`ROLES` (a
+        causal model's: :data:`CAUSAL_ROLES`; NaN where the null is unknown or 1, or the statistic is, e.g. a
+        map without repeated tokens for ``induction``).
 
     Raises
     ------
     attnclust.errors.DataError
         ``maps`` lacks a statistic a role needs.
     """
-    need = ["feature_id", "example_id", "layer", "head", "seq_len", "entropy", *ROLE_SCORES.values()]
+    causal = _is_causal(features, causal)
+    scores = role_scores(causal)
+    need = ["feature_id", "example_id", "layer", "head", "seq_len", "entropy", *scores.values()]
     missing = [c for c in need if c not in maps.columns]
     if missing:
         raise DataError(f"head roles: the maps table lacks column(s) {', '.join(missing)}; it needs {', '.join(need)}"
                         f"; re-run the report stage with --force")
-    nulls = role_nulls(features).reindex(maps["feature_id"].to_numpy(np.int64))
+    nulls = role_nulls(features, causal=causal).reindex(maps["feature_id"].to_numpy(np.int64))
     out = maps[["feature_id", "example_id", "layer", "head"]].reset_index(drop=True)
-    for role, stat in ROLE_SCORES.items():
+    for role, stat in scores.items():
         null = nulls[role].to_numpy(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             lift = (maps[stat].to_numpy(np.float64) - null) / (1.0 - null)
@@ -205,7 +240,7 @@ def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: floa
     scale = np.where(np.isfinite(scale), scale, maps["seq_len"].to_numpy(np.float64))
     share = np.exp(maps["entropy"].to_numpy(np.float64)) / scale
     out["broad"] = share - broad_min
-    return out
+    return out[["feature_id", "example_id", "layer", "head", *roles_of(causal)]]
 
 
 def example_means(differences: pd.DataFrame) -> pd.DataFrame:
@@ -219,14 +254,15 @@ def example_means(differences: pd.DataFrame) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        Indexed by (``layer``, ``head``, ``example_id``), one column per role: the mean over the example's
-        features (NaN maps left out).
+        Indexed by (``layer``, ``head``, ``example_id``), one column per role (the columns of ``differences``
+        after the keys): the mean over the example's features (NaN maps left out).
     """
-    return differences.groupby(["layer", "head", "example_id"], sort=True)[list(ROLES)].mean()
+    roles = [c for c in differences.columns if c not in ("feature_id", "example_id", "layer", "head")]
+    return differences.groupby(["layer", "head", "example_id"], sort=True)[roles].mean()
 
 
 def role_tests(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = ROLE_MARGIN,
-               broad_min: float = BROAD_MIN_SHARE) -> pd.DataFrame:
+               broad_min: float = BROAD_MIN_SHARE, causal: bool | None = None) -> pd.DataFrame:
     """One-sided one-sample t-tests of the per-example differences against 0, per head and role.
 
     Parameters
@@ -235,20 +271,23 @@ def role_tests(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = RO
         See :func:`role_differences`.
     margin, broad_min : float
         See :func:`role_differences`.
+    causal : bool, optional
+        See :func:`role_differences`.
 
     Returns
     -------
     pandas.DataFrame
         One row per (``layer``, ``head``): ``p_<role>`` (NaN with fewer than two examples of known difference),
-        ``mean_<role>`` (mean per-example difference) and ``n_examples``.
+        ``mean_<role>`` (mean per-example difference) and ``n_examples``, for each role of :func:`roles_of`.
     """
     from scipy import stats
 
-    means = example_means(role_differences(maps, features, margin=margin, broad_min=broad_min))
+    causal = _is_causal(features, causal)
+    means = example_means(role_differences(maps, features, margin=margin, broad_min=broad_min, causal=causal))
     grouped = means.groupby(level=["layer", "head"], sort=True)
     mean, sd, count = grouped.mean(), grouped.std(ddof=1), grouped.count()
     out = pd.DataFrame(index=mean.index)
-    for role in ROLES:
+    for role in roles_of(causal):
         m, s, k = (x[role].to_numpy(np.float64) for x in (mean, sd, count))
         with np.errstate(divide="ignore", invalid="ignore"):
             t = m / (s / np.sqrt(k))
@@ -300,7 +339,8 @@ def bh_qvalues(p) -> np.ndarray:
 
 
 def head_roles(maps: pd.DataFrame, features: pd.DataFrame, *, level: float = FDR_LEVEL,
-               margin: float = ROLE_MARGIN, broad_min: float = BROAD_MIN_SHARE) -> pd.DataFrame:
+               margin: float = ROLE_MARGIN, broad_min: float = BROAD_MIN_SHARE, causal: bool | None = None
+               ) -> pd.DataFrame:
     """Every head's q-value per role (Benjamini-Hochberg over all heads x roles) and its roles.
 
     Parameters
@@ -311,28 +351,38 @@ def head_roles(maps: pd.DataFrame, features: pd.DataFrame, *, level: float = FDR
         A role is given when its q-value is below this (:data:`FDR_LEVEL`).
     margin, broad_min : float
         See :func:`role_differences`.
+    causal : bool, optional
+        See :func:`role_differences`.
 
     Returns
     -------
     pandas.DataFrame
         One row per (``layer``, ``head``): ``q_<role>`` (float64 in [0, 1], NaN where not tested) for each of
-        :data:`ROLES` and ``roles``, the roles with ``q < level`` in :data:`ROLES` order joined by ``,`` (``""``
-        for none).
+        :data:`ROLES` (a causal model's: :data:`CAUSAL_ROLES`) and ``roles``, the roles with ``q < level`` in
+        that order joined by ``,`` (``""`` for none).
     """
-    tests = role_tests(maps, features, margin=margin, broad_min=broad_min)
-    q = bh_qvalues(tests[[f"p_{r}" for r in ROLES]].to_numpy())
+    causal = _is_causal(features, causal)
+    roles = roles_of(causal)
+    tests = role_tests(maps, features, margin=margin, broad_min=broad_min, causal=causal)
+    q = bh_qvalues(tests[[f"p_{r}" for r in roles]].to_numpy())
     out = tests[["layer", "head"]].copy()
-    for i, role in enumerate(ROLES):
+    for i, role in enumerate(roles):
         out[f"q_{role}"] = q[:, i]
     given = q < level  # NaN compares False
-    out["roles"] = [",".join(r for r, g in zip(ROLES, row) if g) for row in given]
+    out["roles"] = [",".join(r for r, g in zip(roles, row) if g) for row in given]
     return out
 
 
-@head_analysis("roles", columns=(*(f"q_{r}" for r in ROLES), "roles"), unit="q-value",
+_ONE_KIND = tuple(f"q_{r}" for r in sorted(set(ROLES) ^ set(CAUSAL_ROLES)))  # an encoder's or a decoder's only
+
+
+@head_analysis("roles", columns=(*(f"q_{r}" for r in ROLES), "roles",
+                                 *(f"q_{r}" for r in CAUSAL_ROLES if r not in ROLES)),
+               optional=_ONE_KIND, unit="q-value",
                description=f"Benjamini-Hochberg q-value that the head has each role: a per-example lift over a "
                            f"uniform head on the same tokens above {ROLE_MARGIN:g} (broad: effective share of keys "
                            f"above {BROAD_MIN_SHARE:g}), one-sided t-test over examples; roles = those with "
-                           f"q < {FDR_LEVEL:g}")
+                           f"q < {FDR_LEVEL:g}; a decoder's in its own words (q_sink, q_induction, q_duplicate in "
+                           f"place of q_next, q_cls, q_sep)")
 def _roles(ctx: HeadContext) -> pd.DataFrame:
     return head_roles(ctx.maps, ctx.features)

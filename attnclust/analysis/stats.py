@@ -5,6 +5,13 @@ over query rows) and Voita et al. 2019 (confidence = mean of the row maxima). Al
 map's *true* query rows only (padding excluded). A statistic is a function of a :class:`MapBatch` (the maps of
 one feature plus its token masks) returning one value per (layer, head), registered with :func:`statistic`;
 it then appears in ``map_stats.parquet``, ``maps.parquet``, the per-head and per-cluster means and the report.
+
+A causal (decoder) model's maps are read as such (``causal=True``: row ``i`` has keys ``0..i`` only): the
+normalised entropy divides each row's entropy by ``log(i + 1)``; the statistics declared ``causal="only"``
+(``to_induction``, ``to_duplicate``: attention to earlier tokens chosen by the tokens themselves) are computed for
+them alone, and those declared ``causal="hidden"`` (``to_next``, ``to_sep``: no causal row sees a later token, a
+prompt holds no [SEP]) are computed but not shown. :func:`causal_uniform_scores` is what a causal uniform row scores
+on each share, the baseline the causal names and roles are measured against.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from functools import cached_property
 
 import numpy as np
 
-__all__ = ["CLS_TOKENS", "LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS", "STATISTICS", "MapBatch", "Statistic",
-           "local_keys", "map_statistics", "stat_columns", "statistic", "statistics_versions", "token_masks"]
+__all__ = ["CAUSAL_READING", "CAUSAL_STATISTICS_VERSION", "CLS_TOKENS", "LOCAL_WINDOW", "PUNCT_TOKENS", "SEP_TOKENS",
+           "STATISTICS", "MapBatch", "Statistic", "causal_uniform_scores", "local_keys", "map_statistics",
+           "shown_statistics", "stat_columns", "statistic", "statistics_versions", "token_masks", "token_patterns"]
 
 # The special tokens by their text, in one place: the model kinds name them (attnclust.models.kinds: an encoder's
 # [CLS] and separators; a decoder's first token is its attention sink), and the token masks below, the featurizers'
@@ -46,6 +54,10 @@ class Statistic:
         Bumped when the definition changes: part of the extraction's fingerprint.
     compute
         ``compute(batch: MapBatch) -> torch.Tensor`` of shape (layer, head).
+    causal
+        How it reads a causal model's maps (one of :data:`CAUSAL_READING`): ``shown`` (computed and shown for
+        every model), ``only`` (computed for causal maps alone: a column of a decoder's tables only) or ``hidden``
+        (computed for every model, not shown for a causal model's: it cannot hold behaviour there).
     """
 
     name: str
@@ -53,32 +65,58 @@ class Statistic:
     description: str
     version: int
     compute: Callable
+    causal: str = "shown"
 
 
 STATISTICS: dict[str, Statistic] = {}
 """Registered statistics by name, in registration order (the column order of the outputs)."""
+CAUSAL_READING = ("shown", "only", "hidden")
+"""The values of :attr:`Statistic.causal`."""
+CAUSAL_STATISTICS_VERSION = 1
+"""How the statistics read a causal model's maps (1: the normalised entropy per row over ``log(i + 1)``; the
+induction and duplicate-token shares); in the extraction's fingerprint of a causal model only."""
 
 
-def statistic(name: str, *, unit: str, description: str, version: int = 1) -> Callable:
+def statistic(name: str, *, unit: str, description: str, version: int = 1, causal: str = "shown") -> Callable:
     """Decorator registering ``fn(batch) -> (layer, head) tensor`` as the per-map statistic ``name``.
 
-    Registering a name again replaces the earlier definition (a module reloaded, a test's toy statistic).
+    ``causal`` is how it reads a causal model's maps (:attr:`Statistic.causal`). Registering a name again replaces
+    the earlier definition (a module reloaded, a test's toy statistic).
     """
+    if causal not in CAUSAL_READING:
+        raise ValueError(f"statistic {name!r}: causal={causal!r}; allowed: {' | '.join(CAUSAL_READING)}")
+
     def register(fn: Callable) -> Callable:
-        STATISTICS[name] = Statistic(name=name, unit=unit, description=description, version=version, compute=fn)
+        STATISTICS[name] = Statistic(name=name, unit=unit, description=description, version=version, compute=fn,
+                                     causal=causal)
         return fn
 
     return register
 
 
-def stat_columns() -> tuple[str, ...]:
-    """Names of the registered statistics, in order."""
-    return tuple(STATISTICS)
+def _computed(causal: bool) -> list[Statistic]:
+    return [s for s in STATISTICS.values() if causal or s.causal != "only"]
 
 
-def statistics_versions() -> dict[str, int]:
-    """Name -> version of every registered statistic (what the extraction's fingerprint holds)."""
-    return {s.name: s.version for s in STATISTICS.values()}
+def stat_columns(causal: bool = False) -> tuple[str, ...]:
+    """Names of the registered statistics computed for a model's maps, in order: every one but those declared
+    ``causal="only"``, which a causal model's maps (``causal=True``) have too."""
+    return tuple(s.name for s in _computed(causal))
+
+
+def shown_statistics(causal: bool = False) -> tuple[str, ...]:
+    """Names of the statistics the report shows for a model's maps: :func:`stat_columns` without, for a causal
+    model's, those declared ``causal="hidden"``."""
+    return tuple(s.name for s in _computed(causal) if not (causal and s.causal == "hidden"))
+
+
+def statistics_versions(causal: bool = False) -> dict[str, int]:
+    """Name -> version of every statistic computed for a model's maps (what the extraction's fingerprint holds);
+    for a causal model's also ``causal_reading``: :data:`CAUSAL_STATISTICS_VERSION`."""
+    out = {s.name: s.version for s in _computed(causal)}
+    if causal:
+        out["causal_reading"] = CAUSAL_STATISTICS_VERSION
+    return out
 
 
 def token_masks(tokens, segment_ids, *, sep_tokens=SEP_TOKENS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -87,6 +125,75 @@ def token_masks(tokens, segment_ids, *, sep_tokens=SEP_TOKENS) -> tuple[np.ndarr
     sep = np.fromiter((t in sep_tokens for t in toks), dtype=bool, count=len(toks))
     punct = np.fromiter((t in PUNCT_TOKENS for t in toks), dtype=bool, count=len(toks))
     return sep, punct, np.asarray(segment_ids, dtype=np.int64)
+
+
+def token_patterns(tokens) -> tuple[np.ndarray, np.ndarray]:
+    """The duplicate-token and induction targets of one feature's tokens (TransformerLens's detection patterns,
+    ``transformer_lens/head_detector.py``, on the tokens' text).
+
+    Parameters
+    ----------
+    tokens : sequence of str or int, length n
+
+    Returns
+    -------
+    duplicate, induction : numpy.ndarray of bool, shape (query, key) = (n, n)
+        ``duplicate[i, j]``: ``j < i`` holds the query's token again; ``induction[i, j]``: ``j - 1 < i`` holds the
+        query's token, so key ``j`` is the token that followed an earlier occurrence of it (Olsson et al. 2022).
+        Both lower triangular (a causal row's keys).
+    """
+    _, codes = np.unique(np.asarray([str(t) for t in tokens], dtype=object), return_inverse=True)
+    codes = codes.reshape(-1)
+    n = len(codes)
+    duplicate = np.tril(codes[:, None] == codes[None, :], k=-1)
+    induction = np.zeros((n, n), bool)
+    induction[:, 1:] = duplicate[:, :-1]
+    return duplicate, induction
+
+
+def causal_uniform_scores(tokens, segment_ids=None) -> dict[str, float]:
+    """What a *causal* uniform map (row ``i`` puts ``1 / (i + 1)`` on each of keys ``0..i``) scores on each share
+    statistic of one feature: the baseline of a causal model's names and roles.
+
+    Each is averaged over the rows the statistic averages over: ``to_cls`` and ``to_self`` ``H_n / n``,
+    ``to_prev`` ``(H_n - 1) / (n - 1)``, ``to_local`` ``sum_i min(i, 2) / (i + 1) / n``, a token mask's
+    (``to_sep``, ``to_punct``) the mean of ``|mask ∩ [0, i]| / (i + 1)``, ``own_segment`` the mean share of keys
+    ``0..i`` in row ``i``'s segment, ``to_induction`` and ``to_duplicate`` the mean of ``|targets_i| / (i + 1)``
+    over the rows with a target (NaN without one), ``to_next`` 0, ``entropy_norm`` 1.
+
+    Parameters
+    ----------
+    tokens : sequence of str, length n
+    segment_ids : sequence of int, optional
+        Without them ``own_segment`` is NaN.
+
+    Returns
+    -------
+    dict of str to float
+    """
+    n = len(tokens)
+    if n == 0:
+        return {}
+    i = np.arange(n, dtype=np.float64)
+    w = 1.0 / (i + 1.0)  # row i's weight on each key it sees
+    sep, punct, _ = token_masks(tokens, np.zeros(n, np.int64))
+    out = {"to_cls": float(w.mean()), "to_self": float(w.mean()), "to_next": 0.0,
+           "to_prev": float(w[1:].mean()) if n > 1 else 0.0,
+           "to_local": float((np.minimum(i, LOCAL_WINDOW) * w).sum() / n),
+           "to_sep": float((np.cumsum(sep) * w).mean()), "to_punct": float((np.cumsum(punct) * w).mean()),
+           "entropy_norm": 1.0, "own_segment": float("nan")}
+    if segment_ids is not None:
+        seg = np.asarray(segment_ids)
+        same = np.zeros(n)  # keys 0..i in row i's own segment
+        for value in np.unique(seg):
+            mine = seg == value
+            same[mine] = np.cumsum(mine)[mine]
+        out["own_segment"] = float((same * w).mean())
+    for name, pattern in zip(("to_duplicate", "to_induction"), token_patterns(tokens)):
+        count = pattern.sum(1)
+        has = count > 0
+        out[name] = float((count[has] * w[has]).mean()) if has.any() else float("nan")
+    return out
 
 
 class MapBatch:
@@ -103,14 +210,21 @@ class MapBatch:
         vectors), each (..., query) float32 (NumPy or torch): ``mass`` (..., query, 2 + segments) as
         :attr:`mass`, ``entropy`` ``-sum A log A`` (nats), ``peak`` the largest weight, ``distance``
         ``sum A |query - key|``. The statistics then read these instead of the maps.
+    causal : bool, optional
+        The maps are a causal model's (see the module docstring).
+    tokens : sequence of str, optional
+        The feature's tokens (the ``causal="only"`` statistics read them: :func:`token_patterns`).
     """
 
-    def __init__(self, maps, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray, rows: dict | None = None):
+    def __init__(self, maps, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray, rows: dict | None = None,
+                 *, causal: bool = False, tokens=None):
         import torch
 
         self.a = maps.float()
         self.n = int(self.a.shape[-1])
         self.lead = tuple(self.a.shape[:-2])
+        self.causal = bool(causal)
+        self.tokens = None if tokens is None else [str(t) for t in tokens]
         device = self.a.device
         self.sep = torch.from_numpy(np.array(sep, bool)).to(device)
         self.punct = torch.from_numpy(np.array(punct, bool)).to(device)
@@ -170,6 +284,34 @@ class MapBatch:
         plogp = torch.log(self.a.clamp_min(1e-30)).mul_(self.a)
         return -plogp.sum(-1).mean(-1)
 
+    @cached_property
+    def row_entropy(self):
+        """(..., query): each row's ``-sum_j A log A`` (nats, 0 log 0 = 0)."""
+        import torch
+
+        if "entropy" in self.rows:
+            return self.rows["entropy"].float()
+        return -torch.log(self.a.clamp_min(1e-30)).mul_(self.a).sum(-1)
+
+    def pattern_mean(self, pattern: np.ndarray):
+        """(...): the mass on a (query, key) target pattern, averaged over the rows with a target (NaN without
+        one)."""
+        import torch
+
+        p = torch.from_numpy(np.asarray(pattern, dtype=np.float32)).to(self.a.device)
+        has = p.sum(-1) > 0
+        if not bool(has.any()):
+            return torch.full(self.lead, float("nan"), device=self.a.device)
+        return (self.a * p).sum(-1)[..., has].mean(-1)
+
+    @cached_property
+    def patterns(self) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`token_patterns` of the feature's tokens (duplicate, induction)."""
+        if self.tokens is None or len(self.tokens) != self.n:
+            raise ValueError(f"MapBatch: the duplicate-token and induction statistics need the feature's {self.n} "
+                             f"tokens (map_statistics(..., tokens=...))")
+        return token_patterns(self.tokens)
+
     def diagonal_mean(self, offset: int):
         """(...): mean over the rows that have one of the weight at key = query + ``offset``."""
         if abs(offset) >= self.n:
@@ -183,9 +325,17 @@ def _entropy(b: MapBatch):
 
 
 @statistic("entropy_norm", unit="ratio",
-           description="entropy divided by log(seq_len), the entropy of a uniform row (1.0 = uniform)")
+           description="entropy divided by log(seq_len), the entropy of a uniform row (1.0 = uniform); for a causal "
+                       "model's map, the mean over rows i >= 1 of the row's entropy over log(i + 1)")
 def _entropy_norm(b: MapBatch):
-    return b.entropy / float(np.log(b.n)) if b.n > 1 else b.zeros()
+    if b.n < 2:
+        return b.zeros()
+    if b.causal:  # row i is uniform at log(i + 1); row 0 (one key) is left out
+        import torch
+
+        scale = torch.log(torch.arange(2, b.n + 1, device=b.a.device, dtype=torch.float32))
+        return (b.row_entropy[..., 1:] / scale).mean(-1)
+    return b.entropy / float(np.log(b.n))
 
 
 @statistic("to_cls", unit="share", description="attention mass on the first token ([CLS])")
@@ -193,7 +343,7 @@ def _to_cls(b: MapBatch):
     return b.a[..., :, 0].mean(-1)
 
 
-@statistic("to_sep", unit="share", description="attention mass on separator tokens ([SEP])")
+@statistic("to_sep", unit="share", description="attention mass on separator tokens ([SEP])", causal="hidden")
 def _to_sep(b: MapBatch):
     return b.mass[..., 0].mean(-1)
 
@@ -213,7 +363,7 @@ def _to_prev(b: MapBatch):
     return b.diagonal_mean(-1)
 
 
-@statistic("to_next", unit="share", description="attention mass on the next token")
+@statistic("to_next", unit="share", description="attention mass on the next token", causal="hidden")
 def _to_next(b: MapBatch):
     return b.diagonal_mean(1)
 
@@ -232,6 +382,20 @@ def _to_local(b: MapBatch):
             total = total + b.a.diagonal(offset=d, dim1=-2, dim2=-1).sum(-1)
             total = total + b.a.diagonal(offset=-d, dim1=-2, dim2=-1).sum(-1)
     return total / b.n
+
+
+@statistic("to_induction", unit="share", causal="only",
+           description="a causal model's maps: attention mass on the token after an earlier occurrence of the query "
+                       "token (induction, Olsson et al. 2022), averaged over the rows that have one")
+def _to_induction(b: MapBatch):
+    return b.pattern_mean(b.patterns[1])
+
+
+@statistic("to_duplicate", unit="share", causal="only",
+           description="a causal model's maps: attention mass on earlier occurrences of the query token (duplicate "
+                       "token), averaged over the rows that have one")
+def _to_duplicate(b: MapBatch):
+    return b.pattern_mean(b.patterns[0])
 
 
 def local_keys(n) -> np.ndarray:
@@ -268,7 +432,7 @@ def _mean_offset(b: MapBatch):
 
 
 def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.ndarray,
-                   rows: dict | None = None) -> dict[str, np.ndarray]:
+                   rows: dict | None = None, causal: bool = False, tokens=None) -> dict[str, np.ndarray]:
     """Every registered statistic of every map of one feature.
 
     Parameters
@@ -282,11 +446,15 @@ def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.
         (key,) segment of each token.
     rows
         Row sums of the same maps computed in one pass elsewhere (see :class:`MapBatch`), or ``None``.
+    causal
+        The maps are a causal model's (the module docstring): also the ``causal="only"`` statistics.
+    tokens
+        The feature's ``n`` tokens: needed with ``causal`` (duplicate-token and induction targets).
 
     Returns
     -------
     dict
-        One (layer, head) float32 array per name in :func:`stat_columns`.
+        One (layer, head) float32 array per name in :func:`stat_columns` (``stat_columns(causal)``).
     """
     import torch
 
@@ -295,5 +463,5 @@ def map_statistics(maps, *, sep: np.ndarray, punct: np.ndarray, segment_ids: np.
     if a.shape[-2] != n or len(sep) != n or len(punct) != n or len(segment_ids) != n:
         raise ValueError(f"map_statistics: maps {tuple(a.shape[-2:])} and masks ({len(sep)}, {len(punct)}, "
                          f"{len(segment_ids)}) must all have the feature's length")
-    batch = MapBatch(a, sep, punct, segment_ids, rows)
-    return {name: s.compute(batch).cpu().numpy().astype(np.float32) for name, s in STATISTICS.items()}
+    batch = MapBatch(a, sep, punct, segment_ids, rows, causal=causal, tokens=tokens)
+    return {s.name: s.compute(batch).cpu().numpy().astype(np.float32) for s in _computed(causal)}

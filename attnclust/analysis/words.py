@@ -14,7 +14,9 @@ offsets hold no whitespace for any tokenizer, :func:`attnclust.data.tokenize_exa
 
 Labels for people (:func:`readable_tokens`): a causal model's byte-level BPE tokens (GPT-2, SmolLM2, Qwen:
 ``Ġword``, ``Ċ``) or SentencePiece tokens (Llama: ``▁word``, ``<0x0A>``) are shown as the text they stand for,
-the leading space left out, a line break as ``↵``, a token of spaces alone as ``␣``.
+the leading space left out, a line break as ``↵``, a token of spaces alone as ``␣``; where the features carry the
+context's character offsets, a piece that continues a word of the context reads ``##piece``
+(:func:`mark_word_pieces`), as WordPiece labels it, since the marker that told a word's start is gone.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["display_tokens", "readable_tokens", "word_ids_from_offsets", "word_ids_from_pieces", "word_level_map",
-           "word_starts"]
+__all__ = ["display_tokens", "mark_word_pieces", "readable_tokens", "word_ids_from_offsets", "word_ids_from_pieces",
+           "word_level_map", "word_starts"]
 
 
 def word_starts(word_ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -190,9 +192,35 @@ def display_tokens(tokens: Sequence[str]) -> list[str]:
     return [t if t.startswith("<|") and t.endswith("|>") else _label(decode(t)) for t in tokens]
 
 
+def mark_word_pieces(labels: Sequence[str], offsets) -> list[str]:
+    """Labels with ``##`` before each piece that continues a word of the context (its character span starts where
+    the previous token's ends: :func:`word_ids_from_offsets`) and starts with a letter or digit (punctuation glued to
+    a word keeps its label).
+
+    Parameters
+    ----------
+    labels
+        One label per token (:func:`display_tokens`).
+    offsets
+        (key, 2) ``[start, end)`` of each token in the context, ``[-1, -1]`` outside it (``features.parquet``).
+
+    Returns
+    -------
+    list of str
+    """
+    labels = [str(t) for t in labels]
+    off = np.asarray([list(o) for o in offsets], dtype=np.int64).reshape(-1, 2)
+    if len(off) != len(labels):
+        return labels
+    words = word_ids_from_offsets(off)
+    return [f"##{t}" if i and words[i] == words[i - 1] and t[:1].isalnum() else t for i, t in enumerate(labels)]
+
+
 def readable_tokens(features):
     """``features`` with its ``tokens`` as :func:`display_tokens` labels when they are a causal model's (the table
-    has a ``part`` column, :mod:`attnclust.qa.prompting`); an encoder's features are returned as they are.
+    has a ``part`` column, :mod:`attnclust.qa.prompting`), each piece that continues a word of the context marked
+    ``##`` where the table has ``offsets`` (:func:`mark_word_pieces`); an encoder's features are returned as they
+    are.
 
     Parameters
     ----------
@@ -208,4 +236,7 @@ def readable_tokens(features):
 
     if not kind_of(features).is_decoder:
         return features
-    return features.assign(tokens=[display_tokens(t) for t in features["tokens"]])
+    labels = [display_tokens(t) for t in features["tokens"]]
+    if "offsets" in features.columns:
+        labels = [mark_word_pieces(t, o) if o is not None else t for t, o in zip(labels, features["offsets"])]
+    return features.assign(tokens=labels)

@@ -1,5 +1,6 @@
 """Reading the user's data: SQuAD JSON/JSONL (:mod:`.squad`, with validation), the Hugging Face forms of SQuAD v2
-(:mod:`.hf`: parquet, Arrow, ``save_to_disk`` folders, hub ids), and tokenisation into features (:mod:`.features`).
+(:mod:`.hf`: parquet, Arrow, ``save_to_disk`` folders, hub ids), natural text with no questions (:mod:`.text`:
+``.txt`` and ``.jsonl`` files cut into windows), and tokenisation into features (:mod:`.features`).
 The bundled sample lives in :mod:`attnclust.resources`."""
 
 from __future__ import annotations

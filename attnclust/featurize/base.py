@@ -30,9 +30,10 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-CAUSAL_CONTEXT_VERSION = 1
+CAUSAL_CONTEXT_VERSION = 2
 """How featurizers that read token masks treat a causal model's maps (1: the causal uniform null,
-:attr:`TokenContext.causal`); in the featurize stage's fingerprint of a causal run."""
+:attr:`TokenContext.causal`; 2: the profile's induction and duplicate-token components from
+:attr:`TokenContext.token_ids`); in the fingerprints of a causal run's featurize and extract stages."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class TokenContext:
     causal : bool
         The maps are a causal (decoder) model's: query ``i`` attends to keys ``0..i`` only (the profile's
         uniform null is then ``1 / (i + 1)`` per row, :mod:`attnclust.featurize.profile`).
+    token_ids : numpy.ndarray of int64, shape (row, key), or None
+        Each token's identity (equal tokens, equal ids) for targets chosen by the tokens themselves: a causal
+        model's duplicate-token and induction components of the profile. ``None``: not known (they are then 0).
     """
 
     cls: np.ndarray
@@ -61,10 +65,11 @@ class TokenContext:
     segment_ids: np.ndarray
     row: np.ndarray
     causal: bool = False
+    token_ids: np.ndarray | None = None
 
     def __post_init__(self):
         shape = np.shape(self.cls)
-        for name in ("sep", "punct", "segment_ids"):
+        for name in ("sep", "punct", "segment_ids", *(("token_ids",) if self.token_ids is not None else ())):
             if np.shape(getattr(self, name)) != shape:
                 raise ValueError(f"TokenContext: {name} has shape {np.shape(getattr(self, name))}, cls has "
                                  f"{shape}; every mask must be (row, key)")
@@ -94,7 +99,7 @@ class TokenContext:
         maps_per_row
             Consecutive maps that belong to each feature.
         causal
-            The maps are a causal model's (:attr:`causal`).
+            The maps are a causal model's (:attr:`causal`); their :attr:`token_ids` are kept too.
         """
         from ..analysis.stats import CLS_TOKENS, token_masks
 
@@ -113,8 +118,13 @@ class TokenContext:
             sep[i], punct[i], seg[i] = token_masks(toks, ids)
             cls_[i] = np.fromiter((t in CLS_TOKENS for t in toks), dtype=bool, count=n)
         cls_[:, :1] = True
+        ids = None
+        if causal:  # the profile's induction and duplicate-token targets
+            ids = np.zeros((rows, n), np.int64)
+            for i, toks in enumerate(tokens):
+                ids[i] = np.unique(np.asarray([str(t) for t in toks], dtype=object), return_inverse=True)[1]
         return cls(cls=cls_, sep=sep, punct=punct, segment_ids=seg,
-                   row=np.repeat(np.arange(rows, dtype=np.int64), maps_per_row), causal=causal)
+                   row=np.repeat(np.arange(rows, dtype=np.int64), maps_per_row), causal=causal, token_ids=ids)
 
     @classmethod
     def positional(cls, n: int, n_maps: int) -> TokenContext:

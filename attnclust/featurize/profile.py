@@ -39,7 +39,13 @@ where the mass goes (``profile_maps(..., weighted=False)`` gives the plain value
 For a causal (decoder) model's maps (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`), row ``i``
 has keys ``0..i`` only: the uniform null of the excess components is row ``i``'s ``1 / (i + 1)`` on each of
 them, ``entropy_norm`` divides row ``i``'s entropy by ``log(i + 1)``, and the components no causal row can show
-as behaviour (offsets ``+1`` .. ``+3``, ``last``) are 0.
+as behaviour (offsets ``+1`` .. ``+3``, ``last``) are 0, except that two of those places hold what only a
+decoder's maps show (:data:`CAUSAL_PROFILE_COMPONENTS`): ``induction`` (in place of ``offset+1``: the mass on the
+token after an earlier occurrence of the query token, Olsson et al. 2022) and ``duplicate`` (in place of
+``offset+2``: the mass on earlier occurrences of the query token), each averaged over the rows that have such a
+target and taken as excess over the causal uniform row (``|targets_i| / (i + 1)``), from the context's
+:attr:`~attnclust.featurize.TokenContext.token_ids` (0 without them). The vector keeps its length, so a causal
+store holds the same profile array as an encoder's.
 
 Rows are renormalised to sum to 1 (stored maps are float16 or uint8). Without a
 :class:`~attnclust.featurize.TokenContext` the first position counts as [CLS], the last as the only [SEP],
@@ -61,8 +67,8 @@ import numpy as np
 
 from .base import TokenContext
 
-__all__ = ["FAR_FRACTIONS", "OFFSETS", "PROFILE_COMPONENTS", "SPREAD_WEIGHT", "ProfileFeaturizer",
-           "component_weights", "profile_maps", "profile_tensor"]
+__all__ = ["CAUSAL_PROFILE_COMPONENTS", "FAR_FRACTIONS", "OFFSETS", "PROFILE_COMPONENTS", "SPREAD_WEIGHT",
+           "ProfileFeaturizer", "component_weights", "profile_components", "profile_maps", "profile_tensor"]
 
 OFFSETS = 3
 """Relative offsets ``-OFFSETS .. +OFFSETS`` get one component each."""
@@ -76,6 +82,15 @@ PROFILE_COMPONENTS = (
     "far>1/8", "far>1/4", "far>1/2",
 )
 """Names of the profile's components, in vector order."""
+CAUSAL_PROFILE_COMPONENTS = tuple({"offset+1": "induction", "offset+2": "duplicate"}.get(c, c)
+                                  for c in PROFILE_COMPONENTS)
+"""Names of the components of a causal model's profile (see the module docstring), in vector order."""
+
+
+def profile_components(causal: bool = False) -> tuple[str, ...]:
+    """:data:`PROFILE_COMPONENTS`, or for a causal model's maps :data:`CAUSAL_PROFILE_COMPONENTS`."""
+    return CAUSAL_PROFILE_COMPONENTS if causal else PROFILE_COMPONENTS
+
 
 SPREAD_WEIGHT = 0.5
 """Scale of the spread components (``entropy_norm``, ``confidence``, ``far>*``) in the featurizer's vectors."""
@@ -367,7 +382,8 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
         min_run = (1 if row.min() == row.max() else max(_MIN_RUN, step // 2)) if on_cpu else None
     scratch = torch.empty((min(step, m), n, n), dtype=torch.float32, device=device)
     keyed = torch.cat([masks.new_zeros(n, n, masks.shape[-1]), beyond], dim=-1) if on_cpu else None
-    out, keyed_row, kept = [], None, []
+    targets = _token_targets(ctx, device) if ctx.causal and offsets >= 2 else None
+    out, keyed_row, kept, on_targets = [], None, [], []
     with torch.inference_mode():
         for b0, b1, shared in _batches(row, step, min_run):
             a = maps[b0:b1].to(device=device, dtype=torch.float32)
@@ -379,17 +395,57 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
                     keyed[..., :masks.shape[-1]] = masks[shared]
                 sums = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes, ctx.causal))
+            if targets is not None:  # (map, query, 2) raw mass on each row's duplicate and induction keys
+                pattern = targets[shared] if shared is not None else targets[rows[b0:b1]]
+                on_targets.append(torch.stack([(a * pattern[..., j]).sum(-1) for j in range(2)], -1).cpu().numpy()
+                                  / np.maximum(sums[0][..., :1], 1e-12))
             if return_rows:
                 kept.append(sums)
     vectors = np.concatenate(out)
     if excess:
         vectors = _excess_over_uniform(vectors, key_masks[row], offsets, causal=ctx.causal)
+    if targets is not None:  # induction (offset+1's place) and duplicate (offset+2's), see the module docstring
+        shares, nulls = _target_shares(np.concatenate(on_targets), targets, row)
+        x = (shares - nulls) / np.where(nulls < 1, 1 - nulls, 1) if excess else shares
+        vectors[:, [offsets + 1, offsets + 2]] = np.clip(x, 0, 1) if excess else x
     vectors = vectors * component_weights(offsets, far) if weighted else vectors
     if not return_rows:
         return vectors
     mass, reach, _, peak, alog2a = (np.concatenate(parts) for parts in zip(*kept))
     return vectors, {"mass": mass, "far": reach[..., :-1], "distance": reach[..., -1], "peak": peak,
                      "alog2a": alog2a}
+
+
+def _token_targets(ctx: TokenContext, device):
+    """(row, query, key, 2) float32 torch tensor: each row's induction and duplicate-token keys
+    (:func:`attnclust.analysis.stats.token_patterns` of its :attr:`~TokenContext.token_ids`), all zero without
+    them."""
+    import torch
+
+    rows, n = np.shape(ctx.cls)
+    out = np.zeros((rows, n, n, 2), np.float32)
+    if ctx.token_ids is not None:
+        ids = np.asarray(ctx.token_ids)
+        duplicate = np.tril(ids[:, :, None] == ids[:, None, :], k=-1)
+        out[..., 1] = duplicate  # duplicate: offset+2's place
+        out[:, :, 1:, 0] = duplicate[:, :, :-1]  # induction: the key after an earlier occurrence, offset+1's place
+    return torch.from_numpy(out).to(device)
+
+
+def _target_shares(on_targets: np.ndarray, targets, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The renormalised mass on the induction and duplicate-token keys, averaged over the rows with such keys, and
+    what the causal uniform row puts there (``|keys_i| / (i + 1)``, averaged over the same rows); both (map, 2),
+    0 for a map without a row that has one.
+
+    ``on_targets`` (map, query, 2) is each row's mass on them divided by the row's sum; ``targets`` from
+    :func:`_token_targets`; ``row`` each map's mask row."""
+    counts = targets.sum(2).cpu().numpy()[row]  # (map, query, 2): keys of each row's targets
+    has = counts > 0
+    n = counts.shape[1]
+    rows_with = np.maximum(has.sum(1), 1)
+    shares = np.where(has, on_targets, 0).sum(1) / rows_with
+    nulls = (counts / np.arange(1, n + 1)[None, :, None]).sum(1) / rows_with
+    return shares, nulls
 
 
 def _excess_over_uniform(vectors: np.ndarray, masks: np.ndarray, offsets: int, *, causal: bool = False
@@ -432,6 +488,7 @@ class ProfileFeaturizer:
 
     name = "profile"
     version = 2  # 2: offset, [CLS], [SEP], punctuation and last shares as excess over a uniform row
+    # (a causal model's maps: featurize.CAUSAL_CONTEXT_VERSION)
     keys = ()
     uses_context = True
 

@@ -36,6 +36,7 @@ from .sources import (
     PACKAGED,
     PACKAGED_CAUSAL,
     ForwardOutput,
+    HeadOutputs,
     LoadedModel,
     _cache_only_reason,
     _from_hub,
@@ -52,8 +53,8 @@ from .sources import (
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PACKAGED_CAUSAL", "causal_forward", "gguf_identity", "gguf_location", "gguf_name", "load_causal_model",
-           "model_kind", "stop_token_ids"]
+__all__ = ["PACKAGED_CAUSAL", "causal_forward", "gguf_identity", "gguf_location", "gguf_name",
+           "last_prompt_positions", "load_causal_model", "model_kind", "stop_token_ids"]
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # how transformers names the architectures of causal LMs
 _KINDS: dict[tuple, str] = {}
@@ -228,19 +229,22 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
     attentions
         Also return the attention maps.
     head_outputs
-        Not available for causal models (the argument keeps the encoder runner's signature).
+        Also return each query head's output at the last prompt token and averaged over the context tokens, and
+        the last hidden state at the last prompt token (:class:`~attnclust.models.HeadOutputs`: ``last_prompt``,
+        ``context_mean``, ``last_prompt_hidden``; :func:`attnclust.models.hooks.capture_head_outputs`): ``rows``
+        then needs ``part`` (the context is its ``context`` tokens).
 
     Returns
     -------
     attnclust.models.ForwardOutput
         ``attentions`` (feature, layer, head, query, key) float32 or ``None``; ``token_logprobs`` (feature,
         token): the log-probability of each token given those before it (0 at token 0), padded with 0;
-        ``start_logits`` / ``end_logits`` ``None``.
+        ``start_logits`` / ``end_logits`` ``None``; ``head_outputs`` or ``None``.
     """
     import torch
 
-    if head_outputs:
-        raise ModelError("causal_forward: head outputs are stored for encoders only; set extract.head_outputs=false")
+    from .hooks import capture_head_outputs, stack_layers
+
     lens = [len(ids) for ids in rows["input_ids"]]
     n = max(lens)
     pad_id = int(getattr(loaded.model.config, "pad_token_id", None) or 0)
@@ -250,10 +254,27 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
         ids[i, :len(tok_ids)] = tok_ids
         mask[i, :len(tok_ids)] = 1
     inputs = {"input_ids": torch.from_numpy(ids).to(device), "attention_mask": torch.from_numpy(mask).to(device)}
-    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-        result = loaded.model(**inputs, output_attentions=attentions, use_cache=False)
+    capture = contextlib.nullcontext({})
+    if head_outputs:
+        last = torch.as_tensor(last_prompt_positions(rows), dtype=torch.long)
+        in_context = np.zeros((len(lens), n), dtype=bool)
+        for i, parts in enumerate(rows["part"]):
+            in_context[i, :len(parts)] = np.asarray(list(parts)) == "context"
+        capture = capture_head_outputs(loaded.model, at={"last_prompt": last},
+                                       mean={"context_mean": torch.from_numpy(in_context)})
+    with capture as captured, torch.inference_mode(), \
+            torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
+        result = loaded.model(**inputs, output_attentions=attentions, output_hidden_states=head_outputs,
+                              use_cache=False)
         logp = torch.log_softmax(result.logits[:, :-1].float(), dim=-1)
         picked = logp.gather(-1, inputs["input_ids"][:, 1:, None])[..., 0]
+    pooled = None
+    if head_outputs:
+        final = result.hidden_states[-1]
+        pooled = HeadOutputs(last_prompt=stack_layers(captured["last_prompt"], loaded.num_layers),
+                             context_mean=stack_layers(captured["context_mean"], loaded.num_layers),
+                             last_prompt_hidden=final[torch.arange(len(lens)), last.to(final.device)]
+                             .float().cpu().numpy())
     token_logprobs = np.zeros((len(lens), n), dtype=np.float32)
     token_logprobs[:, 1:] = picked.cpu().numpy() * mask[:, 1:]
     layers = list(result.attentions or ()) if attentions else None
@@ -267,4 +288,33 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
         for i in range(len(layers)):
             maps[:, i] = layers[i]
             layers[i] = None
-    return ForwardOutput(attentions=maps, start_logits=None, end_logits=None, token_logprobs=token_logprobs)
+    return ForwardOutput(attentions=maps, start_logits=None, end_logits=None, token_logprobs=token_logprobs,
+                         head_outputs=pooled)
+
+
+def last_prompt_positions(rows: pd.DataFrame) -> np.ndarray:
+    """The last prompt token of each feature: the last token whose ``part`` is not ``answer`` (the position
+    whose next-token distribution gives the answer's first token).
+
+    Parameters
+    ----------
+    rows : pandas.DataFrame
+        ``part`` of each feature (:data:`attnclust.qa.prompting.PARTS`).
+
+    Returns
+    -------
+    numpy.ndarray of int64, shape (feature,)
+
+    Raises
+    ------
+    ModelError
+        ``rows`` lacks ``part`` (not a causal run's features).
+    """
+    if "part" not in rows.columns:
+        raise ModelError("causal_forward(head_outputs=True): the features lack column 'part'; pass rows of a causal "
+                         "run's features.parquet")
+    out = np.empty(len(rows), dtype=np.int64)
+    for i, parts in enumerate(rows["part"]):
+        prompt = np.flatnonzero(np.asarray(list(parts)) != "answer")
+        out[i] = int(prompt[-1]) if len(prompt) else 0
+    return out

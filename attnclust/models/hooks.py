@@ -2,10 +2,13 @@
 
 Head gates (:func:`gated`: head importance, :mod:`attnclust.analysis.importance`, through the model kind,
 :meth:`attnclust.models.kinds.ModelKind.gated`) and the capture of each head's context vector
-(:func:`attnclust.models.run_forward` with ``head_outputs=True``) both hook the input of each layer's attention
-output projection: the concatenated heads' context vectors, before they are mixed, one slice per *query* head.
-This module finds that projection and installs the hooks (:func:`hook_attention_outputs`); it sits below both
-:mod:`attnclust.models` and :mod:`attnclust.analysis`, so that neither imports the other for it.
+(:func:`capture_head_outputs`: :func:`attnclust.models.run_forward` and
+:func:`attnclust.models.decoder.causal_forward` with ``head_outputs=True``) both hook the input of each layer's
+attention output projection: the concatenated heads' context vectors, before they are mixed, one slice per *query*
+head (an encoder's ``attention.output.dense``, a Llama-style decoder's ``self_attn.o_proj``, GPT-2's
+``attn.c_proj``; with grouped key/value heads the slices are still one per query head). This module finds that
+projection and installs the hooks (:func:`hook_attention_outputs`); it sits below both :mod:`attnclust.models` and
+:mod:`attnclust.analysis`, so that neither imports the other for it.
 
 ALBERT shares one layer's weights across its layers: its layers run the same projection module one after the
 other, so one hook on that module tells the calls apart by counting them from the start of the encoder's forward.
@@ -16,16 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
-__all__ = ["OUTPUT_PROJECTIONS", "OutputProjections", "attention_outputs", "check_supported", "gated",
-           "hook_attention_outputs", "register_output_projections"]
+__all__ = ["OUTPUT_PROJECTIONS", "OutputProjections", "attention_outputs", "capture_head_outputs", "check_supported",
+           "gated", "hook_attention_outputs", "register_output_projections", "stack_layers"]
 
 
 def _albert_inner_groups(model: Any, label: str) -> str | None:
@@ -110,6 +115,25 @@ def _albert(model: Any, base: Any) -> list | None:
     return None
 
 
+@register_output_projections("llama")
+def _llama_style(model: Any, base: Any) -> list | None:
+    """``layers[i].self_attn.o_proj``: the Llama family's decoders (Llama, Mistral, Qwen2/3, Gemma, SmolLM2 ...),
+    whose input holds one slice per query head however many key/value heads they share."""
+    with contextlib.suppress(AttributeError, TypeError):
+        return [layer.self_attn.o_proj for layer in base.layers]
+    return None
+
+
+@register_output_projections("gpt2")
+def _gpt2(model: Any, base: Any) -> list | None:
+    """``h[i].attn.c_proj`` (a ``Conv1D``: its weight is (in, out), so a head's slice is rows, not columns)."""
+    if getattr(model.config, "model_type", "") != "gpt2":
+        return None
+    with contextlib.suppress(AttributeError, TypeError):
+        return [block.attn.c_proj for block in base.h]
+    return None
+
+
 def attention_outputs(model: Any) -> list:
     """Each layer's attention output projection: the module whose input is the concatenated heads' context.
 
@@ -117,7 +141,7 @@ def attention_outputs(model: Any) -> list:
     ----------
     model
         A transformers model of a registered family (:data:`OUTPUT_PROJECTIONS`: BERT-style encoders, DistilBERT,
-        ALBERT; :func:`register_output_projections` adds one).
+        ALBERT, Llama-style decoders, GPT-2; :func:`register_output_projections` adds one).
 
     Returns
     -------
@@ -136,8 +160,9 @@ def attention_outputs(model: Any) -> list:
             return found
     raise ModelError(f"head gates and head outputs: model type {type(model).__name__}: no per-layer attention output "
                      f"projection found; they support BERT-style encoders (encoder.layer[i].attention.output.dense: "
-                     f"BERT, RoBERTa, ELECTRA, DeBERTa), DistilBERT and ALBERT (docs/guide/models.md); set "
-                     f"importance.enabled=false and extract.head_outputs=false for this model")
+                     f"BERT, RoBERTa, ELECTRA, DeBERTa), DistilBERT, ALBERT, Llama-style decoders "
+                     f"(layers[i].self_attn.o_proj: Llama, Mistral, Qwen, Gemma) and GPT-2 (docs/guide/models.md); "
+                     f"set importance.enabled=false and extract.head_outputs=false for this model")
 
 
 def hook_attention_outputs(model: Any, make_hook: Callable[[int], Callable]) -> list:
@@ -245,3 +270,86 @@ def gated(model: Any, gate: torch.Tensor) -> Iterator[None]:
         finally:
             for handle in handles:
                 handle.remove()
+
+
+# -- capturing each head's context vector ---------------------------------------------------------------------------
+
+_CAPTURE = threading.local()  # this thread's sink while capture_head_outputs runs
+_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its capture hooks' handles
+_HOOK_LOCK = threading.Lock()
+
+
+def _capture_hook(layer: int, n_heads: int) -> Callable:
+    """A forward pre-hook taking each head's context vector into this thread's sink (if it has one): at the
+    sink's positions (one per feature) and averaged over its mask."""
+
+    def hook(module, args):
+        sink = getattr(_CAPTURE, "sink", None)
+        if sink is None:  # another thread's forward, or no capture asked
+            return
+        import torch
+
+        x = args[0].float()  # (feature, token, head * head_dim)
+        per_head = x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads)  # (feature, token, head, dim)
+        rows = torch.arange(per_head.shape[0], device=per_head.device)
+        for name, where in sink["at"].items():
+            sink["out"][name][layer] = per_head[rows, where.to(per_head.device)].cpu()
+        for name, mask in sink["mean"].items():
+            mask = mask.to(per_head.device, per_head.dtype)[:, :, None, None]
+            count = mask.sum(dim=1).clamp(min=1.0)
+            sink["out"][name][layer] = ((per_head * mask).sum(dim=1) / count).cpu()
+
+    return hook
+
+
+@contextlib.contextmanager
+def capture_head_outputs(model: Any, *, at: Mapping[str, torch.Tensor] | None = None,
+                         mean: Mapping[str, torch.Tensor] | None = None) -> Iterator[dict]:
+    """Capture each query head's context vector (its slice of the input of the attention output projection) in
+    the forward passes this thread runs inside the block.
+
+    The hooks are installed once per model and act only for a thread inside this block, so the other threads of a
+    worker that share the model run it unhooked.
+
+    Parameters
+    ----------
+    model
+        A model :func:`attention_outputs` understands.
+    at : mapping of str to torch.Tensor of int64, shape (feature,)
+        Name -> one position per feature: the head outputs there.
+    mean : mapping of str to torch.Tensor of bool, shape (feature, token)
+        Name -> the positions of each feature to average over (zeros for a feature without any).
+
+    Yields
+    ------
+    dict
+        Name -> layer -> torch.Tensor, shape (feature, head, dim), float32 on the CPU, filled by the forward;
+        :func:`stack_layers` makes each (feature, layer, head, dim).
+    """
+    n_heads = int(model.config.num_attention_heads)
+    with _HOOK_LOCK:
+        if model not in _HOOKED:
+            _HOOKED[model] = hook_attention_outputs(model, lambda layer: _capture_hook(layer, n_heads))
+    sink = {"at": dict(at or {}), "mean": dict(mean or {}),
+            "out": {name: {} for name in (*(at or {}), *(mean or {}))}}
+    _CAPTURE.sink = sink
+    try:
+        yield sink["out"]
+    finally:
+        _CAPTURE.sink = None
+
+
+def stack_layers(captured: Mapping[int, torch.Tensor], n_layers: int) -> np.ndarray:
+    """One name's capture (:func:`capture_head_outputs`) as (feature, layer, head, dim) float32.
+
+    Raises
+    ------
+    ModelError
+        A layer's hook did not fire (its attention output projection did not run).
+    """
+    import torch
+
+    if any(i not in captured for i in range(n_layers)):
+        raise ModelError("head outputs: the capture hooks did not fire in every layer; the model's layers do not run "
+                         "their attention output projection; set extract.head_outputs=false")
+    return torch.stack([captured[i] for i in range(n_layers)], dim=1).numpy()

@@ -7,7 +7,8 @@ the kind then
 
 - builds the features from the examples (:meth:`ModelKind.build_features`: an encoder's question/context windows,
   :func:`attnclust.data.tokenize_examples`; a decoder's prompts with its greedy answers,
-  :func:`attnclust.qa.prompting.prompt_features`);
+  :func:`attnclust.qa.prompting.prompt_features`; for natural text, ``data.format: text``, either kind's windows of
+  the texts, :meth:`ModelKind.text_features`);
 - names the special positions (:meth:`ModelKind.special_positions`: an encoder's [CLS] or ``<s>`` first and its
   separators; a decoder's first token, its attention sink);
 - runs the forward (:meth:`ModelKind.forward`) and says what it gives (:attr:`ModelKind.outputs`: start/end logits
@@ -101,6 +102,16 @@ class HeadLayout:
     heads: int
     kv_heads: int
 
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (1 without grouping)."""
+        return self.heads // self.kv_heads if self.kv_heads and self.heads % self.kv_heads == 0 else 1
+
+    def kv_head(self, head: int | np.ndarray) -> int | np.ndarray:
+        """The key/value head that query head ``head`` reads: transformers' ``repeat_kv`` repeats each key/value
+        head over ``group_size`` consecutive query heads, so query head ``h`` reads ``h // group_size``."""
+        return head // self.group_size
+
 
 class ModelKind:
     """What a kind of model is and does (see the module docstring); :data:`ENCODER` and :data:`DECODER` are the
@@ -123,6 +134,10 @@ class ModelKind:
         feature in ``qa.parquet`` (:meth:`token_outputs`).
     stores_head_outputs : bool
         The forward can capture each head's pooled output (``extract.head_outputs``: ``head_outputs.zarr``).
+    summary_pooling, summary_name : str
+        The head outputs the probes read by default (``probe.pooling: auto``) and what that position is called:
+        an encoder's ``cls`` ([CLS]), a decoder's ``last_prompt`` (the last prompt token, whose state predicts the
+        answer's first token).
     store_attrs : dict
         Attributes the attention store of a run of this kind carries (read back by :func:`kind_of`).
     """
@@ -134,6 +149,8 @@ class ModelKind:
     first_name: ClassVar[str]
     outputs: ClassVar[tuple[str, ...]]
     stores_head_outputs: ClassVar[bool]
+    summary_pooling: ClassVar[str]
+    summary_name: ClassVar[str]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -166,6 +183,17 @@ class ModelKind:
             One row per feature; ``attrs`` as the builder sets them (``dropped_features`` at least).
         """
         raise NotImplementedError
+
+    def text_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
+        """The windows of natural texts (``data.format: text``; :func:`attnclust.data.text.window_texts`):
+        ``extract.max_seq_len`` tokens each with the tokenizer's special tokens, overlapping by
+        ``extract.doc_stride``, at most ``data.max_features_per_example`` a text. No question, no answer, no model
+        run: the kinds differ only in the columns they read back (a decoder's ``part``)."""
+        from ..data.text import window_texts
+
+        return window_texts(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
+                            doc_stride=cfg.extract.doc_stride,
+                            max_features_per_example=cfg.data.max_features_per_example)
 
     def forward(self, loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = False,
                 head_outputs: bool = False) -> ForwardOutput:
@@ -226,7 +254,8 @@ class ModelKind:
         ------
         ModelError
             The gate's shape does not match, or the architecture's attention output projections are not found
-            (the hooks find an encoder's: :func:`attnclust.models.hooks.attention_outputs`).
+            (the hooks find those of BERT-style encoders, Llama-style decoders and GPT-2:
+            :func:`attnclust.models.hooks.attention_outputs`).
         """
         from .hooks import gated
 
@@ -242,9 +271,14 @@ class EncoderKind(ModelKind):
     first_name = "[CLS]"
     outputs = ("start_logits", "end_logits")
     stores_head_outputs = True
+    summary_pooling = "cls"
+    summary_name = "[CLS]"
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
-        """The question/context windows of each example (:func:`attnclust.data.tokenize_examples`)."""
+        """The question/context windows of each example (:func:`attnclust.data.tokenize_examples`); the windows of
+        natural text with ``data.format: text`` (:meth:`text_features`)."""
+        if cfg.data.format == "text":
+            return self.text_features(examples, tokenizer, cfg)
         from ..data.features import tokenize_examples
 
         return tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
@@ -268,7 +302,9 @@ class DecoderKind(ModelKind):
     is_decoder = True
     first_name = "first-token sink"
     outputs = ("token_logprobs",)
-    stores_head_outputs = False
+    stores_head_outputs = True
+    summary_pooling = "last_prompt"
+    summary_name = "the last prompt token"
 
     @property
     def store_attrs(self) -> dict:
@@ -278,17 +314,28 @@ class DecoderKind(ModelKind):
     def identity(self, cfg: JobConfig) -> dict:
         """The prompts and answers are the features: the settings that make them (``extract.prompt``,
         ``extract.max_new_tokens``, ``extract.decoding`` when not greedy, ``model.gguf_file``), the windowing's
-        version (:data:`~attnclust.qa.prompting.PROMPT_WINDOWS_VERSION`) and ``model_kind``."""
+        version (:data:`~attnclust.qa.prompting.PROMPT_WINDOWS_VERSION`) and ``model_kind``; of natural text
+        (``data.format: text``, no prompts) only ``model_kind`` and ``model.gguf_file``. Both also hold how the
+        ``profile`` vectors stored at extraction read causal maps (``causal_context``:
+        :data:`~attnclust.featurize.CAUSAL_CONTEXT_VERSION`)."""
+        from ..featurize.base import CAUSAL_CONTEXT_VERSION
         from ..qa.prompting import PROMPT_WINDOWS_VERSION
+
+        if cfg.data.format == "text":
+            return {"model_kind": self.name, "model.gguf_file": cfg.model.gguf_file,
+                    "causal_context": CAUSAL_CONTEXT_VERSION}
 
         return {"model_kind": self.name, "model.gguf_file": cfg.model.gguf_file, "extract.prompt": cfg.extract.prompt,
                 "extract.max_new_tokens": cfg.extract.max_new_tokens,
                 **({"extract.decoding": cfg.extract.decoding} if cfg.extract.decoding != "greedy" else {}),
-                "prompt_windows": PROMPT_WINDOWS_VERSION}
+                "prompt_windows": PROMPT_WINDOWS_VERSION, "causal_context": CAUSAL_CONTEXT_VERSION}
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
         """Each question's prompts and the model's answer to each (:func:`attnclust.qa.prompting.prompt_features`),
-        the model run here, on this process's device (the GPU when the backend may use one)."""
+        the model run here, on this process's device (the GPU when the backend may use one); the windows of natural
+        text with ``data.format: text`` (:meth:`text_features`)."""
+        if cfg.data.format == "text":
+            return self.text_features(examples, tokenizer, cfg)
         import torch
 
         from ..qa.prompting import prompt_features
@@ -300,6 +347,15 @@ class DecoderKind(ModelKind):
                                doc_stride=cfg.extract.doc_stride,
                                max_features_per_example=cfg.data.max_features_per_example, device=device,
                                decoding=cfg.extract.decoding)
+
+    def text_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
+        """The windows of :meth:`ModelKind.text_features` with each token's ``part``
+        (:data:`~attnclust.qa.prompting.PARTS`): ``context`` for the text, ``instruction`` for a special token the
+        tokenizer adds (Llama's ``<s>``)."""
+        frame = super().text_features(examples, tokenizer, cfg)
+        frame["part"] = [["context" if cs <= i <= ce else "instruction" for i in range(n)]
+                         for n, cs, ce in zip(frame["seq_len"], frame["context_start"], frame["context_end"])]
+        return frame
 
     def forward(self, loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = False,
                 head_outputs: bool = False) -> ForwardOutput:

@@ -20,8 +20,8 @@ configuration asks for its own Python code (``auto_map``) is refused before anyt
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +54,6 @@ __all__ = ["PACKAGED", "ForwardOutput", "HeadOutputs", "LoadedModel", "batch_inp
 HEAD_PREFIX = "qa_outputs"  # the span-prediction head of every *ForQuestionAnswering model in transformers
 _CACHE: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
-_CAPTURE = threading.local()  # this thread's head-output sink while run_forward(head_outputs=True) runs
-_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its capture hooks' handles
 
 
 def get_tokenizer(cfg: ModelConfig):
@@ -194,7 +192,8 @@ def describe_model(cfg: ModelConfig) -> dict:
     -------
     dict
         ``source`` (what ``from_pretrained`` loads), ``identity`` (:func:`model_identity`), ``num_layers``,
-        ``num_heads``, ``head_trained`` (:attr:`LoadedModel.head_trained`) and ``kind`` (``encoder`` or ``causal``).
+        ``num_heads``, ``head_trained`` (:attr:`LoadedModel.head_trained`) and ``kind`` (``encoder`` or ``causal``);
+        for a model with grouped key/value heads (Llama, Qwen: fewer than its query heads) also ``kv_heads``.
 
     Raises
     ------
@@ -206,8 +205,10 @@ def describe_model(cfg: ModelConfig) -> dict:
         raise ModelError(f"model.name {cfg.name!r}: config.json gives {loaded.num_layers} layers x "
                          f"{loaded.num_heads} attention heads; a model has at least one layer with one head: fix "
                          f"num_hidden_layers / num_attention_heads in config.json")
+    kv = getattr(getattr(loaded.model, "config", None), "num_key_value_heads", None)
+    grouped = {"kv_heads": int(kv)} if isinstance(kv, int) and 0 < kv < loaded.num_heads else {}
     return {"source": resolve_model_path(cfg), "identity": model_identity(cfg), "num_layers": loaded.num_layers,
-            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind}
+            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind, **grouped}
 
 
 def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]]], *,
@@ -284,32 +285,6 @@ def context_mask(rows: pd.DataFrame) -> np.ndarray:
     return mask
 
 
-def _capture_hook(layer: int, n_heads: int):
-    """A forward pre-hook pooling each head's context vector into this thread's sink (if it has one)."""
-
-    def hook(module, args):
-        sink = getattr(_CAPTURE, "sink", None)
-        if sink is None:  # another thread's forward, or no capture asked
-            return
-        x = args[0].float()  # (feature, token, head * head_dim)
-        per_head = x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads)  # (feature, token, head, dim)
-        mask = sink["mask"].to(per_head.device, per_head.dtype)[:, :, None, None]
-        count = mask.sum(dim=1).clamp(min=1.0)
-        sink["cls"][layer] = per_head[:, 0].cpu()
-        sink["context_mean"][layer] = ((per_head * mask).sum(dim=1) / count).cpu()
-
-    return hook
-
-
-def _install_capture(model: Any, n_heads: int) -> None:
-    """Hook every layer's attention output projection once per model; the hooks act only for a thread that asked."""
-    from .hooks import hook_attention_outputs
-
-    with _LOCK:
-        if model not in _HOOKED:
-            _HOOKED[model] = hook_attention_outputs(model, lambda layer: _capture_hook(layer, n_heads))
-
-
 def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
                 attentions: bool = False, head_outputs: bool = False) -> ForwardOutput:
     """One forward pass over a batch of features (inference mode; fp16 autocast on ``cuda``).
@@ -338,25 +313,20 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
     """
     import torch
 
+    from .hooks import capture_head_outputs, stack_layers
+
     inputs = batch_inputs(loaded.model, rows, device=device)
-    sink = None
-    if head_outputs:
-        _install_capture(loaded.model, loaded.num_heads)
-        sink = {"mask": torch.from_numpy(context_mask(rows)), "cls": {}, "context_mean": {}}
-    _CAPTURE.sink = sink
-    try:
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-            result = loaded.model(**inputs, output_attentions=attentions, output_hidden_states=head_outputs)
-    finally:
-        _CAPTURE.sink = None
+    capture = contextlib.nullcontext({})
+    if head_outputs:  # at [CLS] (position 0) and averaged over the context tokens
+        capture = capture_head_outputs(loaded.model, at={"cls": torch.zeros(len(rows), dtype=torch.long)},
+                                       mean={"context_mean": torch.from_numpy(context_mask(rows))})
+    with capture as captured, torch.inference_mode(), \
+            torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
+        result = loaded.model(**inputs, output_attentions=attentions, output_hidden_states=head_outputs)
     pooled = None
     if head_outputs:
-        layers = range(loaded.num_layers)
-        if any(i not in sink["cls"] for i in layers):
-            raise ModelError("run_forward: the head-output hooks did not fire in every layer; the model's layers "
-                             "do not run their attention output projection; set extract.head_outputs=false")
-        pooled = HeadOutputs(cls=torch.stack([sink["cls"][i] for i in layers], dim=1).numpy(),
-                             context_mean=torch.stack([sink["context_mean"][i] for i in layers], dim=1).numpy(),
+        pooled = HeadOutputs(cls=stack_layers(captured["cls"], loaded.num_layers),
+                             context_mean=stack_layers(captured["context_mean"], loaded.num_layers),
                              last_cls=result.hidden_states[-1][:, 0].float().cpu().numpy())
     start_logits = result.start_logits.float().cpu().numpy()
     end_logits = result.end_logits.float().cpu().numpy()

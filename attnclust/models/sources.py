@@ -106,23 +106,38 @@ class ForwardOutput:
 
 @dataclass(frozen=True)
 class HeadOutputs:
-    """Each head's output (its context vector: its slice of the input of the attention output projection),
-    pooled per feature, and the last layer's [CLS] hidden state (Jo & Myaeng 2020's representations).
+    """Each head's output (its context vector: its slice of the input of the attention output projection, one per
+    *query* head), pooled per feature, and the last layer's hidden state at the position that sums the input up
+    (Jo & Myaeng 2020's representations): an encoder's [CLS] (``cls``, ``last_cls``), a decoder's last prompt token,
+    whose state predicts the answer's first token (``last_prompt``, ``last_prompt_hidden``). The fields a kind does
+    not fill are ``None``.
 
     Attributes
     ----------
     cls : numpy.ndarray, shape (feature, layer, head, dim)
-        float32; the head's context vector at token 0 ([CLS]).
+        float32; an encoder's head outputs at token 0 ([CLS]).
     context_mean : numpy.ndarray, shape (feature, layer, head, dim)
-        float32; its mean over the context tokens (segment 1 without separators and padding); zeros for a
+        float32; the mean over the context tokens (segment 1 without separators and padding); zeros for a
         feature without context tokens.
     last_cls : numpy.ndarray, shape (feature, hidden)
-        float32; the last layer's hidden state at [CLS].
+        float32; an encoder's last hidden state at [CLS].
+    last_prompt : numpy.ndarray, shape (feature, layer, head, dim)
+        float32; a decoder's head outputs at the last token of the prompt (before the answer).
+    last_prompt_hidden : numpy.ndarray, shape (feature, hidden)
+        float32; a decoder's last hidden state (``hidden_states[-1]``) at the last token of the prompt.
     """
 
-    cls: np.ndarray
-    context_mean: np.ndarray
-    last_cls: np.ndarray
+    cls: np.ndarray | None = None
+    context_mean: np.ndarray | None = None
+    last_cls: np.ndarray | None = None
+    last_prompt: np.ndarray | None = None
+    last_prompt_hidden: np.ndarray | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The filled fields by name, in field order."""
+        from dataclasses import fields
+
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
 def _packaged_folder(alias: str) -> Path:

@@ -31,7 +31,8 @@ from ..data.features import FEATURE_COLUMNS, special_ids
 from ..errors import DataError, ModelError
 
 __all__ = ["NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "checked_template", "choose_answer", "context_spans",
-           "encode_prompt", "generate_answer", "parse_answer", "predict_generated", "prompt_features", "render_prompt"]
+           "encode_prompt", "generate_answer", "parse_answer", "predict_generated", "prompt_features", "render_prompt",
+           "user_turn"]
 
 PROMPT_WINDOWS_VERSION = 1
 """How a long context becomes prompts (1: windows with ``extract.doc_stride`` overlap; before: cut), in the
@@ -125,6 +126,28 @@ def checked_template(tokenizer: Any, style: str) -> str:
         else:
             _TEMPLATES[key] = _render_in_child(tokenizer, style)
     return _TEMPLATES[key]
+
+
+def user_turn(tokenizer: Any) -> tuple[str, str]:
+    """The chat template's text before and after the content of one lone user message, generation prompt added
+    (``("", "")`` without a template): a prompt of one's own wording in the model's chat format (the
+    needle-in-a-haystack test's, :mod:`attnclust.analysis.needle`), cut from the one bounded rendering of the
+    ``plain`` style (:func:`checked_template`), whose only message is the user's.
+
+    Raises
+    ------
+    DataError
+        The template does not show the message's content once, as given.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return "", ""
+    content = f"{SYSTEM['plain']}\n\n{_user_text(_CTX, _QST)}"
+    rendered = checked_template(tokenizer, "plain")
+    if rendered.count(content) != 1:
+        raise DataError("the model's chat template does not show a user message's content once, as given; use a "
+                        "model whose template shows message contents as given")
+    head, tail = rendered.split(content)
+    return head, tail
 
 
 def _template_error(tokenizer: Any, what: str) -> ModelError:

@@ -24,6 +24,7 @@ from .formatting import PERCENT_UNIT, fmt, short
 __all__ = [
     "DPI",
     "MAX_SCATTER_POINTS",
+    "PRUNING_SCORES",
     "HeadGrid",
     "cluster_palette",
     "draw_token_map",
@@ -358,7 +359,7 @@ def null_odds_figure(predictions: pd.DataFrame, threshold: float) -> Figure:
 
 
 def head_heatmap_figure(layers: np.ndarray, head_ids: np.ndarray, values: np.ndarray, *, column: str, unit: str,
-                        annotate: bool) -> Figure:
+                        annotate: bool, prefix: str = "H", xlabel: str = "head") -> Figure:
     """One head-analysis column as a layer x head heatmap.
 
     Parameters
@@ -373,6 +374,8 @@ def head_heatmap_figure(layers: np.ndarray, head_ids: np.ndarray, values: np.nda
         The analysis' unit (the colour bar's label); ``share`` is drawn in percent.
     annotate : bool
         Write each cell's value in it (for small grids).
+    prefix, xlabel : str
+        How the columns are labelled (``H3``, ``head``; a decoder's key/value groups: ``KV1``, ``key/value head``).
 
     Returns
     -------
@@ -387,10 +390,10 @@ def head_heatmap_figure(layers: np.ndarray, head_ids: np.ndarray, values: np.nda
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="%" if percent else unit).ax.tick_params(labelsize=7)
     step_h = max(1, n_heads // 16)
     step_l = max(1, n_layers // 16)
-    ax.set_xticks(np.arange(0, n_heads, step_h), [f"H{h}" for h in head_ids[::step_h]], fontsize=7)
+    ax.set_xticks(np.arange(0, n_heads, step_h), [f"{prefix}{h}" for h in head_ids[::step_h]], fontsize=7)
     ax.set_yticks(np.arange(0, n_layers, step_l), [f"L{v}" for v in layers[::step_l]], fontsize=7)
     ax.set_title(column.replace("$", r"\$"), fontsize=9)
-    ax.set_xlabel("head", fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=8)
     ax.set_ylabel("layer", fontsize=8)
     if annotate:
         finite = shown[np.isfinite(shown)]
@@ -484,33 +487,40 @@ def layer_bars_figure(layers: np.ndarray, values: np.ndarray, *, label: str, err
     return fig
 
 
+PRUNING_SCORES = {"f1": "F1 (official SQuAD 2.0)", "gold_logprob": "gold answer log-probability (nats)"}
+"""The score a pruning curve draws, by the column it has (an encoder's F1, a decoder's gold log-probability)."""
+
+
 def pruning_figure(curve: pd.DataFrame) -> Figure:
-    """QA F1 as heads are removed: least important first against at random (each seed thin, their mean thick).
+    """The score as heads are removed: least important first against at random (each seed thin, their mean thick).
 
     Parameters
     ----------
     curve : pandas.DataFrame
-        ``pruning.parquet``: ``fraction``, ``order`` (``importance`` | ``random``), ``seed``, ``f1``.
+        ``pruning.parquet``: ``fraction``, ``order`` (``importance`` | ``random``), ``seed`` and the score, ``f1``
+        (an encoder's) or ``gold_logprob`` (a decoder's mean log-probability of the gold answer):
+        :data:`PRUNING_SCORES`.
 
     Returns
     -------
     matplotlib.figure.Figure
     """
+    score = next(c for c in PRUNING_SCORES if c in curve.columns)
     fig = Figure(figsize=(6.4, 3.2), dpi=DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     random = curve[curve["order"] == "random"]
     for _, seed in random.groupby("seed"):
         seed = seed.sort_values("fraction")
-        ax.plot(100 * seed["fraction"], seed["f1"], color="#999", linewidth=0.8, alpha=0.6)
-    mean = random.groupby("fraction")["f1"].mean()
+        ax.plot(100 * seed["fraction"], seed[score], color="#999", linewidth=0.8, alpha=0.6)
+    mean = random.groupby("fraction")[score].mean()
     n_seeds = random["seed"].nunique()
     ax.plot(100 * mean.index, mean.to_numpy(), "o-", color="#7f7f7f", ms=3,
             label=f"at random (mean of {n_seeds} seed{'s' if n_seeds != 1 else ''})")
     imp = curve[curve["order"] == "importance"].sort_values("fraction")
-    ax.plot(100 * imp["fraction"], imp["f1"], "o-", color="#d62728", ms=4, label="least important first")
-    ax.set_xlabel("heads removed (%)")
-    ax.set_ylabel("F1 (official SQuAD 2.0)")
+    ax.plot(100 * imp["fraction"], imp[score], "o-", color="#d62728", ms=4, label="least important first")
+    ax.set_xlabel("heads removed (%)" if score == "f1" else "query heads removed (%)")
+    ax.set_ylabel(PRUNING_SCORES[score])
     ax.set_xlim(-2, 102)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, frameon=False)

@@ -78,6 +78,12 @@ class ReportInputs:
         The interactive page's sampled maps (:func:`attnclust.report.interactive.build_explorer`): the head
         panels' example maps, the UMAP sample and the per-question view; without it the grid's head panels show
         the heads table only and the question view is left out.
+    causal : bool, optional
+        The run is a causal (decoder) model's: the statistics it cannot show as behaviour (the next token, [SEP]:
+        :func:`attnclust.analysis.stats.shown_statistics`) are left out of the cluster cards and tables.
+    kv_heads : int, optional
+        Key/value heads per layer of a model with grouped key/value heads (fewer than its query heads, a divisor
+        of them): the grid can also be drawn by key/value group. ``None``: one per query head.
 
     Raises
     ------
@@ -101,6 +107,8 @@ class ReportInputs:
     predictions: pd.DataFrame | None = None
     analyses: dict[str, Any] = field(default_factory=dict)
     explorer: dict | None = None
+    causal: bool = False
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name, table, cols in (("maps", self.maps, MAP_COLUMNS), ("heads", self.heads, HEAD_COLUMNS),
@@ -136,6 +144,10 @@ class ReportInputs:
             if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] != len(value[1]):
                 raise DataError(f"report input medoids[{cid}]: map shape {m.shape} with {len(value[1])} tokens; "
                                 "expected an (n, n) map and n tokens")
+        if self.kv_heads is not None and (isinstance(self.kv_heads, bool) or not isinstance(self.kv_heads, int)
+                                          or self.kv_heads < 1):
+            raise DataError(f"report input kv_heads: got {self.kv_heads!r}; expected a positive integer (key/value "
+                            f"heads per layer) or None")
         if self.qa is not None and not {"head_trained", "scores", "note"} <= set(self.qa):
             raise DataError("report input qa: expected the qa_scores.json mapping with head_trained, scores, note")
         if self.predictions is not None:

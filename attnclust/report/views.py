@@ -324,11 +324,15 @@ class GridView(_View):
     explorer : dict or None
         The head panels' example maps (:func:`~attnclust.report.interactive.build_explorer` of a few sampled
         questions); ``None``: the panels show the heads table only.
+    kv_heads : int or None
+        Key/value heads per layer of a model with grouped key/value heads: the grid by key/value group is drawn
+        too, folded below (:func:`~attnclust.report.sections.grid.kv_group_table`).
     """
 
     heads: pd.DataFrame
     clusters: pd.DataFrame
     explorer: dict | None = None
+    kv_heads: int | None = None
     kind = "grid"
 
     def __repr__(self) -> str:
@@ -336,7 +340,7 @@ class GridView(_View):
         return f"<GridView {len(g.layers)} layers x {len(g.heads)} heads, {len(self.clusters)} clusters>"
 
     def _html(self, root: str) -> str:
-        context = _grid_context(self.heads, self.clusters, self.explorer)
+        context = _grid_context(self.heads, self.clusters, self.explorer, self.kv_heads)
         data = json.loads(str(context["data"]))
         data["any_map_hint"] = ANY_MAP_HINT
         context.update(data=Markup(json_script(data)), script=_script(root), ids=f"{root}-")
@@ -400,10 +404,13 @@ def _head_index(output, layer: Any, head: Any) -> tuple[int, int]:
     return _index("layer", layer, store.n_layers, what), _index("head", head, store.n_heads, what)
 
 
-def _grid_context(heads: pd.DataFrame, clusters: pd.DataFrame, explorer: dict | None) -> dict[str, Any]:
-    """The report's grid section for these tables (it reads the heads, the clusters and the explorer only)."""
+def _grid_context(heads: pd.DataFrame, clusters: pd.DataFrame, explorer: dict | None,
+                  kv_heads: int | None = None) -> dict[str, Any]:
+    """The report's grid section for these tables (it reads the heads, the clusters, the explorer and the key/value
+    grouping only)."""
     inputs = ReportInputs(title="", maps=pd.DataFrame(columns=list(MAP_COLUMNS)), heads=heads, clusters=clusters,
-                          mean_maps=np.zeros((len(clusters), 1, 1)), medoids={}, settings={}, explorer=explorer)
+                          mean_maps=np.zeros((len(clusters), 1, 1)), medoids={}, settings={}, explorer=explorer,
+                          kv_heads=kv_heads)
     return grid_section(inputs)
 
 
@@ -569,4 +576,5 @@ def grid_view(output, *, examples: int = VIEW_EXAMPLES) -> GridView:
         explorer = build_explorer(store, fits, pd.DataFrame(columns=list(MAP_COLUMNS)), predictions=predictions,
                                   examples=examples_table, n_questions=examples, n_head_examples=examples,
                                   max_map_bytes=VIEW_MAP_BYTES) if len(fits) else None
-    return GridView(heads=heads, clusters=clusters, explorer=explorer)
+    kv = output._store.attrs.get("num_key_value_heads")  # grouped key/value heads (recorded at extraction)
+    return GridView(heads=heads, clusters=clusters, explorer=explorer, kv_heads=int(kv) if kv else None)

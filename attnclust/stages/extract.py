@@ -31,6 +31,7 @@ from ..analysis.stats import stat_columns, statistics_versions
 from ..config import JobConfig
 from ..data.features import FEATURE_LAYOUT_VERSION
 from ..data.hf import data_fingerprint
+from ..data.text import TEXT_WINDOWS_VERSION
 from ..errors import DataError
 from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
@@ -75,15 +76,22 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         ``data.max_features_per_example``), ``normalised`` (what the features change of the tokenizer's output:
         :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.describe_model`).
         The features are the model kind's (:meth:`attnclust.models.kinds.ModelKind.build_features`: a decoder's
-        prompts are answered by the model here, in the driver).
+        prompts are answered by the model here, in the driver). With ``data.format: text`` the examples are the
+        texts (:func:`attnclust.data.text.read_texts`: no question, ``is_impossible`` null) and the features
+        their windows.
     """
     from ..data.features import examples_with_control_strings
     from ..data.squad import check_label_fields, extra_columns, read_squad, sample_path
+    from ..data.text import read_texts
     from ..models.runner import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
-    examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split)
-    if cfg.probe.enabled:
+    text = cfg.data.format == "text"
+    if text:
+        examples = read_texts(path, unit=cfg.data.text_unit, max_examples=cfg.data.max_examples)
+    else:
+        examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split)
+    if cfg.probe.enabled and not text:  # natural text has no labels to probe: the probe analysis says so
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
     tokenizer = get_tokenizer(cfg.model)
@@ -95,7 +103,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         "question": [e.question for e in examples], "context": [e.context for e in examples],
         "answer_texts": [[a.text for a in e.answers] for e in examples],
         "answer_starts": [[a.answer_start for a in e.answers] for e in examples],
-        "is_impossible": [e.is_impossible for e in examples],
+        "is_impossible": [None if text else e.is_impossible for e in examples],
         **{name: values for name, values in extra_columns(examples).items()  # the data's own labels (probe.labels)
            if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": data_fingerprint(path, cfg.data.split), "examples": table,
@@ -175,15 +183,17 @@ CONTROL_TEXT_VERSION = 1
 the fingerprint of a run whose data holds such strings, so its earlier extraction is not served."""
 
 
-def control_strings_note(found: dict[str, list[str]]) -> str:
-    """One line: how many questions held the model's control-token strings, which, and that they stayed text."""
+def control_strings_note(found: dict[str, list[str]], *, texts: bool = False) -> str:
+    """One line: how many questions (``texts``: texts of natural text) held the model's control-token strings,
+    which, and that they stayed text."""
     strings = sorted({t for hits in found.values() for t in hits})
     shown = ", ".join(repr(t) for t in strings[:4]) + (", ..." if len(strings) > 4 else "")
     n = len(found)
-    return (f"note: {n:,} question{'s' if n != 1 else ''} ({', '.join(sorted(found)[:3])}"
-            f"{', ...' if n > 3 else ''}) {'hold' if n != 1 else 'holds'} the model's control-token strings in the "
-            f"context or the question ({shown}); they are read as text, never as the control tokens, so the data "
-            f"cannot end a segment or a chat turn")
+    what, where = ("text", "") if texts else ("question", " in the context or the question")
+    return (f"note: {n:,} {what}{'s' if n != 1 else ''} ({', '.join(sorted(found)[:3])}"
+            f"{', ...' if n > 3 else ''}) {'hold' if n != 1 else 'holds'} the model's control-token strings{where} "
+            f"({shown}); they are read as text, never as the control tokens, so the data cannot end a segment or a "
+            f"chat turn")
 
 
 def _capped_note(dropped: dict[str, int], cap: int | None) -> str:
@@ -192,6 +202,12 @@ def _capped_note(dropped: dict[str, int], cap: int | None) -> str:
     return (f"note: {n:,} example{'s' if n != 1 else ''} had more than {cap} features: kept {kept}, dropped "
             f"{total:,} feature{'s' if total != 1 else ''}; raise data.max_features_per_example (null keeps all) "
             f"to keep them")
+
+
+def _stores_head_outputs(cfg: JobConfig, kind) -> bool:
+    """``extract.head_outputs`` for a kind that captures them, over questions: natural text has no labels for the
+    probes that read them."""
+    return cfg.extract.head_outputs and kind.stores_head_outputs and cfg.data.format != "text"
 
 
 def _worker_threads() -> int | None:
@@ -240,7 +256,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
     stat_rows: list[dict[str, np.ndarray]] = []
     qa_rows = []
-    pooled = [] if cfg.extract.head_outputs and kind.stores_head_outputs else None  # a HeadOutputs per batch
+    pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
     forward_s = 0.0
     bs = cfg.extract.batch_size
 
@@ -281,7 +297,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         "feature_id": fid.astype(np.int64),
         "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), len(feats)),
         "head": np.tile(np.arange(n_heads, dtype=np.int16), n_layers * len(feats)),
-        **{c: np.concatenate([r[c].ravel() for r in stat_rows]) for c in stat_columns()},
+        **{c: np.concatenate([r[c].ravel() for r in stat_rows]) for c in stat_columns(fill.causal)},
     })
     atomic_write_parquet(stats, layout.part("stats", block))
     atomic_write_parquet(pd.DataFrame(qa_rows), layout.part("qa", block))
@@ -320,7 +336,9 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
-               "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs},
+               "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs,
+               # grouped key/value heads (the report's grid by key/value group)
+               **({"num_key_value_heads": model_info["kv_heads"]} if "kv_heads" in model_info else {})},
     )
     return store.blocks(), set()
 
@@ -386,10 +404,12 @@ class ExtractStage(Stage):
     task = staticmethod(extract_block)
 
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
-        """:attr:`reads`, plus ``extract.head_outputs`` when on and ``data.split`` when set: a run that leaves them
-        unset keeps the fingerprint it has without them, and one that sets them is not served a run without them."""
+        """:attr:`reads`, plus ``extract.head_outputs`` when on, ``data.split`` when set and ``data.format`` and
+        ``data.text_unit`` for natural text: a run that leaves them unset keeps the fingerprint it has without
+        them, and one that sets them is not served a run without them."""
         return self.reads + (("extract.head_outputs",) if cfg.extract.head_outputs else ()) + (
-            ("data.split",) if cfg.data.split is not None else ())
+            ("data.split",) if cfg.data.split is not None else ()) + (
+            ("data.format", "data.text_unit") if cfg.data.format == "text" else ())
 
     def resolved_keys(self, ctx: RunContext) -> dict:
         """``extract.store`` as resolved for this run's features (``auto`` -> ``full`` or ``compact``), so an
@@ -423,13 +443,15 @@ class ExtractStage(Stage):
             capped["control_strings_as_text"] = CONTROL_TEXT_VERSION
         if inputs.get("normalised"):  # features that differ from the tokenizer's output (RoBERTa's segments ...)
             capped["features_normalised"] = FEATURE_LAYOUT_VERSION
+        if ctx.cfg.data.format == "text":  # how texts become windows (data/text.py)
+            capped["text_windows"] = TEXT_WINDOWS_VERSION
         kind = kind_of(inputs["model_info"])
         capped.update(kind.identity(ctx.cfg))  # a decoder's: the settings of its prompts and answers
         if kind.is_decoder:  # its induction diagnostic and the papers' protocols are measured here (finalize)
             capped["induction"] = INDUCTION_VERSION
             capped["decoder_protocols"] = PROTOCOLS_VERSION
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
-                "backend": ctx.backend, "statistics": statistics_versions(), **capped}
+                "backend": ctx.backend, "statistics": statistics_versions(kind.is_decoder), **capped}
 
     def check(self, ctx: RunContext) -> None:
         """Before anything is written: note the features the cap dropped, print the store's projected size (with
@@ -445,7 +467,13 @@ class ExtractStage(Stage):
                      f"extract.doc_stride = {cfg.extract.doc_stride} tokens), each question's answer chosen across "
                      f"its windows")
         if inputs.get("control_strings"):
-            ctx.note(control_strings_note(inputs["control_strings"]))
+            ctx.note(control_strings_note(inputs["control_strings"], texts=cfg.data.format == "text"))
+        if cfg.data.format == "text":
+            n_texts, n_windows = len(inputs["examples"]), len(inputs["features"])
+            ctx.note(f"note: natural text (data.format: text): {n_texts:,} text{'s' if n_texts != 1 else ''} in "
+                     f"{n_windows:,} window{'s' if n_windows != 1 else ''} of at most extract.max_seq_len = "
+                     f"{cfg.extract.max_seq_len} tokens, consecutive windows of a text sharing extract.doc_stride = "
+                     f"{cfg.extract.doc_stride}; no questions, so no QA, importance, probes or answer analyses")
         info = inputs["model_info"]
         seq_len = inputs["features"]["seq_len"].to_numpy()
         plan = self._store_plan(ctx)
@@ -493,7 +521,7 @@ class ExtractStage(Stage):
         store = open_attention_store(ctx.layout.attention, require_complete=False)
         blocks = store.blocks()
         finish_store(ctx.layout, len(blocks))
-        if ctx.cfg.extract.head_outputs and kind.stores_head_outputs:  # -> head_outputs.zarr
+        if _stores_head_outputs(ctx.cfg, kind):  # -> head_outputs.zarr
             consolidate_head_outputs(ctx.layout.head_outputs, [ctx.layout.head_output_part(b) for b in
                                                                range(len(blocks))], len(inputs["features"]))
         else:
@@ -519,7 +547,7 @@ class ExtractStage(Stage):
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
                 "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
-                "data_path": inputs["data_path"], "store": store.mode,
+                "data_path": inputs["data_path"], "data_format": ctx.cfg.data.format, "store": store.mode,
                 "control_strings": {"examples": len(inputs.get("control_strings", {})),
                                     "strings": sorted({t for hits in inputs.get("control_strings", {}).values()
                                                        for t in hits})},

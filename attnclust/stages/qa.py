@@ -2,7 +2,8 @@
 
 Cheap and derived: when the ``qa`` settings change (a tuned ``null_threshold``), the stage is recomputed without
 ``--force``. Whether the QA head was trained is decided once, when the model is loaded (the checkpoint's
-``qa_outputs`` weights were present), and recorded as ``head_trained`` in ``qa_scores.json``.
+``qa_outputs`` weights were present), and recorded as ``head_trained`` in ``qa_scores.json``. A run over natural
+text (``data.format: text``) has no questions: the stage writes nothing and says so in one line.
 """
 
 from __future__ import annotations
@@ -28,8 +29,15 @@ class QAStage(Stage):
         return layout.qa_files()
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
-        """Score the stored logits (:func:`attnclust.qa.score_output`); record the scores and the note."""
+        """Score the stored logits (:func:`attnclust.qa.score_output`); record the scores and the note. Natural
+        text: nothing to score, the record says why."""
+        from ..data.text import reads_text
         from ..qa import score_output
+
+        if reads_text(ctx.records):
+            note = "qa: skipped (natural text, data.format: text: no questions to answer)"
+            ctx.note(note)
+            return {"skipped_reason": "natural text: no questions", "note": note}
 
         head_trained = bool(ctx.records["extract"].get("head_trained"))
         summary = score_output(ctx.layout.root, ctx.cfg.qa, head_trained=head_trained)

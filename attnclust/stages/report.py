@@ -29,12 +29,18 @@ from ..analysis.plugins import (
     run_analyses,
 )
 from ..analysis.words import readable_tokens
+from ..data.text import reads_text
 from ..executors import StepBars
 from ..layout import RunLayout
+from ..models.kinds import kind_of
 from ..store.contract import atomic_write_parquet, open_attention_store, read_features
 from .base import RunContext, Stage
 
-__all__ = ["ReportStage", "map_source_note"]
+__all__ = ["TEXT_NOTE", "ReportStage", "map_source_note"]
+
+TEXT_NOTE = ("The data is natural text (data.format: text): no questions, so the sections on question answering, "
+             "head importance, probes, answer attention and what predicts a right answer are left out.")
+"""The report's one line on a run over natural text."""
 
 
 class ReportStage(Stage):
@@ -108,10 +114,14 @@ class ReportStage(Stage):
         qa = json.loads(layout.qa_scores.read_text()) if "qa" in ctx.records and layout.qa_scores.exists() else None
         predictions = pd.read_parquet(layout.predictions) if qa else None
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
+        if reads_text(ctx.records):
+            notes.append(TEXT_NOTE)
         control = ctx.records.get("extract", {}).get("control_strings") or {}
         if control.get("examples"):
-            notes.append(f"{control['examples']:,} question(s) held the model's control-token strings in the "
-                         f"context or the question ({', '.join(repr(t) for t in control['strings'][:4])}); they "
+            held = "text(s) held" if reads_text(ctx.records) else "question(s) held"
+            where = "" if reads_text(ctx.records) else " in the context or the question"
+            notes.append(f"{control['examples']:,} {held} the model's control-token strings{where} "
+                         f"({', '.join(repr(t) for t in control['strings'][:4])}); they "
                          f"were read as text, never as the control tokens.")
         examples = pd.read_parquet(layout.examples) if layout.examples.exists() else None
         settings = {"job_id": ctx.job_id, "config": cfg.to_dict(), "backend": ctx.backend,
@@ -149,7 +159,9 @@ class ReportStage(Stage):
                 settings=settings, notes=tuple(notes),
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions,
-                analyses=analyses, explorer=explorer)
+                analyses=analyses, explorer=explorer,
+                causal=kind_of(features).is_decoder,  # a decoder's cards leave out the next token and [SEP]
+                kv_heads=store.attrs.get("num_key_value_heads"))  # grouped key/value heads: the grid by group
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)
         record = {"report": str(path), "clusters": k}

@@ -32,7 +32,8 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
         The feature's ``n`` tokens and segment ids.
     causal
         The maps are a causal model's (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`): the
-        profile uses the causal uniform null.
+        profile uses the causal uniform null and its induction and duplicate-token components, the statistics
+        read the maps as causal (:func:`~attnclust.analysis.stats.map_statistics`).
 
     Returns
     -------
@@ -55,7 +56,7 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
     rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
             "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
     return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=sep, punct=punct, segment_ids=seg,
-                                                              rows=rows)
+                                                              rows=rows, causal=causal, tokens=tokens)
 
 
 class ShardFiller:

@@ -1,6 +1,6 @@
 """docs/extending.md's worked examples run: each ``# file:`` block of the page is written to a module, all are
 imported in a fresh process, and a small job (a tiny random BERT over the small SQuAD file, in-process) shows each
-extension in the run's outputs, settings, fingerprint and report; the model family's gates act on a tiny GPT-2."""
+extension in the run's outputs, settings, fingerprint and report; the model family's gates act on a tiny OPT."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PAGE = ROOT / "docs" / "extending.md"
 CHECK = r'''
 import json, sys
 import numpy as np, pandas as pd, torch
-import last_token_statistic, last_token_head, depth_plugin, corner_featurizer, size_section, gpt2_family
+import last_token_statistic, last_token_head, depth_plugin, corner_featurizer, size_section, opt_family
 from attnclust.config import load_job
 from attnclust.errors import StoreError
 from attnclust.layout import RunLayout
@@ -45,18 +45,19 @@ try:  # the plugin's setting is in the report stage's fingerprint
 except StoreError as exc:
     assert "depth.scale: 7 -> 8" in str(exc), exc
 
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import OPTConfig, OPTForCausalLM
 from attnclust.models.hooks import gated
 torch.manual_seed(0)
-gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=2, n_head=4, n_positions=32)).eval()
+opt = OPTForCausalLM(OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=4,
+                               max_position_embeddings=32, word_embed_proj_dim=16)).eval()
 ids = torch.arange(12).unsqueeze(0)
 with torch.no_grad():
-    plain = gpt2(ids).logits
-    with gated(gpt2, torch.ones(2, 4)):
-        ones = gpt2(ids).logits
+    plain = opt(ids).logits
+    with gated(opt, torch.ones(2, 4)):
+        ones = opt(ids).logits
     gate = torch.ones(2, 4); gate[1, 2] = 0
-    with gated(gpt2, gate):
-        cut = gpt2(ids).logits
+    with gated(opt, gate):
+        cut = opt(ids).logits
 assert torch.allclose(plain, ones, atol=1e-6) and not torch.allclose(plain, cut, atol=1e-4)
 print("EXTENSIONS OK")
 '''
@@ -73,8 +74,8 @@ def blocks() -> dict[str, str]:
 
 
 def test_the_page_has_one_example_per_kind_of_extension():
-    assert sorted(blocks()) == ["corner_featurizer.py", "depth_plugin.py", "gpt2_family.py",
-                                "last_token_head.py", "last_token_statistic.py", "size_section.py"]
+    assert sorted(blocks()) == ["corner_featurizer.py", "depth_plugin.py", "last_token_head.py",
+                                "last_token_statistic.py", "opt_family.py", "size_section.py"]
 
 
 @pytest.mark.slow

@@ -39,6 +39,11 @@ def test_smollm2_answers_bundled_questions(tmp_path, capfd):
     n = int(feats["seq_len"].iloc[0])
     maps = np.asarray(store.attention[0, :, :, :n, :n], dtype=np.float32)
     assert np.abs(np.triu(maps, k=1)).max() == 0.0 and np.allclose(maps.sum(-1), 1.0, atol=1e-2)
+    import zarr  # each query head's output at the last prompt token, for the probes (extract.head_outputs)
+
+    outputs = zarr.open_group(str(tmp_path / "run" / "head_outputs.zarr"), mode="r")
+    assert outputs["last_prompt"].shape == (3, 30, 9, 64) and outputs["last_prompt_hidden"].shape == (3, 576)
+    assert np.isfinite(np.asarray(outputs["last_prompt"][:], dtype=np.float32)).all()
     from attnclust.qa.prompting import parse_answer
 
     examples = pd.read_parquet(tmp_path / "run" / "examples.parquet").set_index("id")
@@ -50,7 +55,8 @@ def test_smollm2_answers_bundled_questions(tmp_path, capfd):
 @pytest.mark.slow
 def test_smollm2_report_prints_the_papers_protocols(tmp_path):
     """The whole job on 3 bundled questions: the report prints Gu et al.'s sink rate for natural, random and repeated
-    tokens (raw and with <|im_start|> first) and the induction, previous-token and duplicate-token heads."""
+    tokens (raw and with <|im_start|> first), the induction, previous-token and duplicate-token heads, and Wu et al.'s
+    retrieval heads by the needle-in-a-haystack test."""
     pytest.importorskip("gguf")
     import html as html_lib
     import re
@@ -85,3 +91,12 @@ def test_smollm2_report_prints_the_papers_protocols(tmp_path):
         assert re.search(rf"{re.escape(what)}[^:]*: \d+ heads? above [0-9.]+ with q <= 0.05 \(strongest L\d+H\d+",
                          text), what
     assert "GPT2-XL" in text and "LLaMA2-7B" in text and "induction (today's diagnostic)" in text
+    # retrieval heads: 3 needles x 3 lengths up to max_seq_len 384 x 3 depths; SmolLM2 finds most needles, and its
+    # retrieval heads are few (the paper: under 5% of heads in every model it tried)
+    found = summary["retrieval"]
+    assert found["tests"] == 27 and found["lengths"] == [192, 288, 384] and found["skipped_lengths"] == []
+    assert found["accepted"] >= 9 and 1 <= found["heads"] <= 0.2 * 270
+    assert (f"Retrieval heads, needle in a haystack (Wu et al. 2024): {found['accepted']} of 27 tests accepted"
+            in text)
+    heads = pd.read_parquet(tmp_path / "run" / "heads.parquet")
+    assert int(heads["needle_retrieval_head"].sum()) == found["heads"]

@@ -392,5 +392,6 @@ def test_probe_section_defaults_and_validation():
         JobConfig.from_dict({"probe": {"tasks": ["topic"]}})
     with pytest.raises(ConfigError, match=r"^config probe\.labels: .*nor a built-in task"):
         JobConfig.from_dict({"probe": {"labels": ["qword"]}})
-    with pytest.raises(ConfigError, match=r"^config probe\.pooling: got 'mean'; allowed: cls \| context_mean$"):
+    with pytest.raises(ConfigError, match=r"^config probe\.pooling: got 'mean'; allowed: cls \| last_prompt \| "
+                                          r"context_mean$"):
         JobConfig.from_dict({"probe": {"pooling": "mean"}})

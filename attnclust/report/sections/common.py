@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.atlas import DEFAULT_MIN_STABILITY, LENGTH_BUCKETS
-from ...analysis.stats import STATISTICS
+from ...analysis.stats import STATISTICS, shown_statistics
 from ..formatting import PERCENT_UNIT, fmt, hex_color, unit_label
 from ..inputs import ReportInputs
 
@@ -40,20 +40,24 @@ def clusters_by_size(inputs: ReportInputs) -> pd.DataFrame:
     return inputs.clusters.sort_values(["size", "cluster"], ascending=[False, True]).reset_index(drop=True)
 
 
-def cluster_stats(clusters: pd.DataFrame) -> list[dict[str, str]]:
+def cluster_stats(clusters: pd.DataFrame, causal: bool = False) -> list[dict[str, str]]:
     """The registered statistics present in the clusters table, in registration order, for tables and legends.
 
     Parameters
     ----------
     clusters : pandas.DataFrame
+    causal : bool, optional
+        A causal model's run: only the statistics shown for it (:func:`attnclust.analysis.stats.shown_statistics`,
+        no next token or [SEP]).
 
     Returns
     -------
     list of dict
         ``name``, ``unit``, ``unit_label`` and ``description`` of each.
     """
+    shown = set(shown_statistics(causal))
     return [{"name": s.name, "unit": s.unit, "unit_label": unit_label(s.unit), "description": s.description}
-            for s in STATISTICS.values() if s.name in clusters.columns]
+            for s in STATISTICS.values() if s.name in clusters.columns and s.name in shown]
 
 
 def is_unstable(row: dict) -> bool:

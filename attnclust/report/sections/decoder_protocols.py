@@ -1,7 +1,8 @@
 """The report's "Decoder protocols" section: a causal model's sink rate under Gu et al.'s protocol beside their
-Table 1, and its induction, previous-token and duplicate-token heads on the standard scales beside today's
-induction score (``decoder_protocols.json`` and ``decoder_protocols.parquet``, :mod:`attnclust.analysis.protocols`;
-the protocols' text: the methods page, "Decoder protocols")."""
+Table 1, its induction, previous-token and duplicate-token heads on the standard scales beside today's
+induction score, and its retrieval heads by Wu et al.'s needle-in-a-haystack test (``decoder_protocols.json`` and
+``decoder_protocols.parquet``, :mod:`attnclust.analysis.protocols`; the protocols' text: the methods page, "Decoder
+protocols")."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
 from ..registry import report_section
 
-__all__ = ["KIND_LABELS", "decoder_protocols_section"]
+__all__ = ["KIND_LABELS", "RETRIEVAL_TOP", "decoder_protocols_section", "retrieval_summary"]
 
 KIND_LABELS = {"natural": "natural text", "random": "random tokens", "repeated": "one token repeated"}
 """How the section names Gu et al.'s kinds of sequence."""
+RETRIEVAL_TOP = 10
+"""Retrieval heads listed by name, strongest first."""
 
 
 def _rate(value: Any) -> str:
@@ -50,6 +53,60 @@ def _today(inputs: ReportInputs) -> dict | None:
             "best": f"{_head(heads['layer'].iloc[best], heads['head'].iloc[best])} {fmt(score[best])}"}
 
 
+def retrieval_summary(found: dict | None, table: Any = None) -> tuple[dict | None, str | None]:
+    """The needle-in-a-haystack test for the template and its one line (None, None when it was not run).
+
+    Parameters
+    ----------
+    found : dict or None
+        ``decoder_protocols.json``'s ``retrieval`` (:func:`attnclust.analysis.needle.measure_retrieval`).
+    table : pandas.DataFrame or None
+        ``decoder_protocols.parquet`` (its ``needle_retrieval`` column lists the strongest heads).
+
+    Returns
+    -------
+    context : dict or None
+        ``tests``, ``accepted``, ``needles``, ``lengths``, ``skipped``, ``depths``, ``steps``, ``rouge_min``,
+        ``threshold``, ``heads``, ``paper`` (its grid in words), ``grid`` (accepted / run per length and depth:
+        ``rows`` of ``length`` and ``cells``), ``top`` (the strongest retrieval heads, ``L{layer}H{head} score``).
+    line : str or None
+    """
+    if not found:
+        return None, None
+    runs = found.get("runs") or []
+    depths = [float(d) for d in found["depths"]]
+    rows = []
+    for length in found["lengths"]:
+        cells = []
+        for d in depths:
+            here = [r for r in runs if r["length"] == length and float(r["depth"]) == d]
+            cells.append(f"{sum(bool(r['accepted']) for r in here)} / {len(here)}")
+        rows.append({"length": fmt(int(length)), "cells": cells})
+    top = []
+    if table is not None and "needle_retrieval" in getattr(table, "columns", ()):
+        flagged = table[table["needle_retrieval_head"].eq(True)]
+        flagged = flagged.sort_values("needle_retrieval", ascending=False).head(RETRIEVAL_TOP)
+        top = [f"{_head(r.layer, r.head)} {fmt(float(r.needle_retrieval))}" for r in flagged.itertuples()]
+    paper = found.get("paper") or {}
+    tests, accepted, heads = int(found["tests"]), int(found["accepted"]), int(found["heads"])
+    lengths = ", ".join(fmt(int(x)) for x in found["lengths"]) or "none"
+    line = (f"Retrieval heads, needle in a haystack (Wu et al. 2024): {accepted} of {tests} test"
+            f"{'s' if tests != 1 else ''} accepted (ROUGE-1 recall > {found['rouge_min']:g}; {len(found['needles'])} "
+            f"needles x lengths {lengths} tokens x {len(depths)} depths); ")
+    if found.get("best") is None:
+        line += "no score without an accepted test."
+    else:
+        line += (f"{heads} head{'s' if heads != 1 else ''} above {found['threshold']:g} (strongest "
+                 f"{_head(*found['best'])}, {fmt(float(found['max']))}).")
+    return {"tests": fmt(tests), "accepted": fmt(accepted), "needles": len(found["needles"]), "lengths": lengths,
+            "skipped": ", ".join(fmt(int(x)) for x in found.get("skipped_lengths") or []),
+            "depths": [f"{d:g}%" for d in depths], "steps": found["steps"], "rouge_min": f"{found['rouge_min']:g}",
+            "threshold": f"{found['threshold']:g}", "heads": fmt(heads), "rows": rows, "top": top,
+            "paper": (f"{paper.get('needles', 3)} needles x {paper.get('lengths', 20)} lengths from "
+                      f"{fmt(paper.get('length_min', 1000))} to {fmt(paper.get('length_max', 50000))} tokens x "
+                      f"{paper.get('depths', 10)} depths")}, line
+
+
 @report_section("decoder_protocols", title="Decoder protocols", order=655, template="decoder_protocols.html.j2",
                 nav="Protocols")
 def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
@@ -67,8 +124,9 @@ def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``gu_models``, ``rows`` of ``kind``, ``sequences``, ``raw``, ``template``, their ``raw_sd`` and
         ``template_sd`` over the sequences, ``gu``), ``lines`` (the
         rates in one sentence each), ``detectors`` (``sequences``, ``length``, ``bos``, ``permutations``, ``fdr``,
-        ``rows`` of ``name``, ``scale``, ``threshold``, ``above``, ``heads``, ``best``) and ``seconds``; ``None``
-        when the run has no protocols (an encoder).
+        ``rows`` of ``name``, ``scale``, ``threshold``, ``above``, ``heads``, ``best``), ``retrieval``
+        (:func:`retrieval_summary`, None without the needle test) and ``seconds``; ``None`` when the run has no
+        protocols (an encoder).
     """
     summary = inputs.analyses.get("decoder_protocols")
     if summary is None:
@@ -101,6 +159,9 @@ def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
         lines.append(f"{what[0].upper()}{what[1:]}: {int(d['heads'])} head{'s' if int(d['heads']) != 1 else ''} above "
                      f"{fmt(float(d['threshold']))} with q <= {det['fdr']:g} (strongest {_head(*d['best'])}, "
                      f"{fmt(float(d['max']))}).")
+    retrieval, line = retrieval_summary(summary.get("retrieval"), summary.get("table"))
+    if line is not None:
+        lines.append(line)
     today = _today(inputs)
     if today is not None:
         detectors.append(today)
@@ -110,4 +171,5 @@ def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
             "detectors": {"sequences": det["sequences"], "length": det["length"], "bos": det.get("bos_text"),
                           "permutations": fmt(int(det["permutations"])), "fdr": f"{det['fdr']:g}",
                           "rows": detectors},
+            "retrieval": retrieval,
             "seconds": fmt(summary.get("seconds"))}

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...analysis.modes import MODE_COLUMNS, MODE_PERMUTATIONS, modes_skip_reason, right_labels
+from ...data.text import reads_text
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -39,11 +40,11 @@ def modes_section(inputs: ReportInputs) -> dict[str, Any] | None:
         The context of ``modes.html.j2``: ``skipped`` (a line, or ``None``), ``questions``, ``right``, ``wrong``,
         ``tested``, ``found``, ``baseline``, ``alpha``, ``permutations``, ``more`` and ``heads`` (rows of
         ``head``, ``k``, ``accuracy``, ``gain``, ``p``, ``q``); ``None`` when the heads table has no ``modes``
-        columns (a run without the analysis).
+        columns (a run without the analysis) or the run's data is natural text (``data.format: text``).
     """
     heads = inputs.heads
-    if any(c not in heads.columns for c in MODE_COLUMNS):
-        return None
+    if any(c not in heads.columns for c in MODE_COLUMNS) or reads_text(inputs.settings.get("stages") or {}):
+        return None  # no analysis, or natural text: no answers to be right or wrong (the notes say so)
     asked = inputs.maps["example_id"].astype(str).unique() if "example_id" in inputs.maps.columns else None
     context: dict[str, Any] = {"alpha": MODES_ALPHA, "permutations": MODE_PERMUTATIONS, "heads": [], "more": 0}
     tested = heads[np.isfinite(heads["mode_p"].to_numpy(np.float64))]

@@ -1,8 +1,9 @@
 """The report's "Probes" section (Jo & Myaeng 2020): what a linear probe reads from each head's output.
 
 Per task, a layer x head heatmap of the cross-validated probe accuracy, the best heads against the majority
-baseline with their q-values, and the top-k heads' outputs concatenated against the last layer's [CLS] hidden
-state (``probes.parquet`` and ``probes_summary.json``, :mod:`attnclust.analysis.probes`).
+baseline with their q-values, and the top-k heads' outputs concatenated against the last layer's hidden state at
+[CLS] (a decoder's: per query head, at the last prompt token) (``probes.parquet`` and ``probes_summary.json``,
+:mod:`attnclust.analysis.probes`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ def probes_section(inputs: ReportInputs) -> dict[str, Any] | None:
     dict or None
         The context of ``probes.html.j2``: ``tasks`` (``task``, ``classes``, ``n``, ``examples``, ``folds``,
         ``baseline``, ``best`` rows of ``head`` / ``accuracy`` / ``gain`` / ``q``, ``top_k``, ``top_k_accuracy``,
-        ``last_layer_accuracy``, ``figure``), ``skipped`` lines, ``pooling``, ``permutations`` and
-        ``selection``; ``None`` when the run has no probe table.
+        ``last_layer_accuracy``, ``figure``), ``skipped`` lines, ``pooling``, ``permutations``, ``selection``,
+        ``decoder`` and ``position`` (where the last layer's state is read: [CLS], or a decoder's last prompt
+        token); ``None`` when the run has no probe table.
     """
+    from ...models.kinds import kind_of
+
     table = inputs.analyses.get("probe")  # probes.parquet
     if table is None:
         return None
     summary = table.attrs.get("summary") or {}
+    decoder = kind_of(summary).is_decoder  # its model_kind: a decoder's heads are query heads
     tasks = []
     for task, info in (summary.get("tasks") or {}).items():
         part = table[table["task"] == task]
@@ -62,11 +67,13 @@ def probes_section(inputs: ReportInputs) -> dict[str, Any] | None:
             "last_layer_accuracy": "-" if last is None else fmt(last, PERCENT_UNIT),
             "figure": {"alt": f"layer x head heatmap of the probe accuracy for {task}",
                        "caption": f"{task}: probe accuracy; majority baseline {fmt(info['baseline'], PERCENT_UNIT)}",
-                       "src": png_data_uri(head_heatmap_figure(layers, head_ids, values, column=f"probe {task}",
-                                                               unit=PERCENT_UNIT, annotate=annotate))}})
+                       "src": png_data_uri(head_heatmap_figure(
+                           layers, head_ids, values, column=f"probe {task}", unit=PERCENT_UNIT, annotate=annotate,
+                           xlabel="query head" if decoder else "head"))}})
     if not tasks and not summary.get("skipped"):
         return None
     return {"tasks": tasks, "skipped": summary.get("skipped", []) + summary.get("notes", []),
             "pooling": summary.get("pooling", "cls"), "permutations": summary.get("permutations"),
+            "decoder": decoder, "position": summary.get("position", "[CLS]"),
             "pooled": summary.get("null", "per_head") == "pooled", "selection": next(
                 (info.get("selection") for info in (summary.get("tasks") or {}).values()), "")}

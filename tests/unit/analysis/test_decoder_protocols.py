@@ -342,6 +342,16 @@ def test_a_tiny_llama_run_writes_the_protocols_and_its_report_prints_them(llama_
         best = "L{}H{}".format(*det[name]["best"])
         assert re.search(rf"{det[name]['heads']} heads? above [0-9.]+ with q <= 0.05 \(strongest {best},", text)
     assert "induction (today's diagnostic)" in text
+    # the needle-in-a-haystack test: the job's max_seq_len bounds its lengths; its numbers in table, heads, report
+    found = summary["retrieval"]
+    assert found["max_seq_len"] == 320 and max(found["lengths"] + found["skipped_lengths"]) == 320
+    assert found["tests"] == len(found["runs"]) > 0 and all(r["prompt_tokens"] + 50 <= 320 for r in found["runs"])
+    assert found["accepted"] == sum(r["accepted"] for r in found["runs"])
+    assert {r["depth"] for r in found["runs"]} == {0.0, 50.0, 100.0}
+    np.testing.assert_array_equal(heads.sort_values(["layer", "head"])["needle_retrieval_head"],
+                                  table["needle_retrieval_head"])
+    assert f"Retrieval heads, needle in a haystack (Wu et al. 2024): {found['accepted']} of {found['tests']} " \
+           f"tests accepted (ROUGE-1 recall > 0.5" in text
     assert 'href="#methods-decoder-protocols"' in layout.report.read_text()
     assert 'id="methods-decoder-protocols"' in layout.report.read_text()
 
@@ -356,7 +366,7 @@ def test_without_the_files_an_encoder_run_gets_nan_columns_and_a_broken_file_is_
     assert read_protocols(layout) is None
     maps = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0]})
     ctx = HeadContext(maps=maps, features=pd.DataFrame(), layout=layout, k=1)
-    for name in ("induction_arena", "previous_token", "sink_rate"):
+    for name in ("induction_arena", "previous_token", "sink_rate", "needle_retrieval"):
         got = HEAD_ANALYSES[name].compute(ctx)
         assert len(got) == 3 and got.drop(columns=["layer", "head"]).select_dtypes("number").isna().all().all()
     layout.decoder_protocols.write_bytes(pd.DataFrame({"layer": [0], "head": [0]}).to_parquet())
@@ -389,9 +399,11 @@ def test_a_model_without_chat_template_has_raw_rates_only_and_the_section_says_s
     assert summary["sink"]["rates"]["random"]["template"] is None
     assert summary["sink"]["sequences"]["natural"] == {"raw": 3, "template": 0}
     assert summary["detectors"]["sequences"] == 2 and summary["detectors"]["bos"] == tok.bos_token_id
+    assert summary["retrieval"] is None and table["needle_retrieval"].isna().all()  # no max_len: no needle test
     heads = pd.DataFrame({"layer": [0], "head": [0]})
     context = decoder_protocols_section(SimpleNamespace(analyses={"decoder_protocols": summary}, heads=heads))
     html = REPORT_SECTIONS["decoder_protocols"].load_template().render(**context)
     assert "first:" not in " ".join(context["lines"]) and "the model has no chat template" in html
     assert len(context["detectors"]["rows"]) == 4  # no induction column in heads: no row for today's score
+    assert context["retrieval"] is None and "Retrieval heads" not in html
     assert decoder_protocols_section(SimpleNamespace(analyses={}, heads=heads)) is None  # an encoder: no section

@@ -188,12 +188,13 @@ def test_report_section_lists_the_found_heads_or_says_why_it_was_skipped():
                           "mode_baseline": [0.5, 0.5], "mode_p": [0.001, 0.6], "mode_q": [0.002, 0.6]})
     maps = pd.DataFrame({"example_id": [f"e{i}" for i in range(20)]})
     predictions = pd.DataFrame({"example_id": [f"e{i}" for i in range(20)], "f1": [1.0] * 8 + [0.0] * 12})
-    context = modes_section(SimpleNamespace(heads=heads, maps=maps, qa={"head_trained": True},
+    context = modes_section(SimpleNamespace(settings={}, heads=heads, maps=maps, qa={"head_trained": True},
                                             predictions=predictions))
     assert context["skipped"] is None and (context["right"], context["wrong"]) == (8, 12)
     assert [h["head"] for h in context["heads"]] == ["L0H0"] and context["heads"][0]["gain"] == "+40.0"
     skipped = heads.assign(**{c: np.nan for c in ("mode_k", "mode_accuracy", "mode_p", "mode_q")})
-    context = modes_section(SimpleNamespace(heads=skipped, maps=maps, qa={"head_trained": False},
+    context = modes_section(SimpleNamespace(settings={}, heads=skipped, maps=maps, qa={"head_trained": False},
                                             predictions=predictions))
     assert "untrained" in context["skipped"]
-    assert modes_section(SimpleNamespace(heads=heads[["layer", "head"]], maps=maps, qa=None, predictions=None)) is None
+    assert modes_section(SimpleNamespace(settings={}, heads=heads[["layer", "head"]], maps=maps, qa=None,
+                                         predictions=None)) is None

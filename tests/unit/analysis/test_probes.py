@@ -255,19 +255,15 @@ def test_a_label_field_of_objects_or_lists_is_named_as_such_before_anything_is_w
         probe_labels(pd.DataFrame({"id": ["q1"], "question": ["What?"]}), tasks=(), labels=("topic",))
 
 
-def test_a_causal_run_says_why_it_has_no_probes(tmp_path):
+def test_a_causal_run_without_head_outputs_says_how_to_get_them(tmp_path):
     from attnclust.analysis.plugins import AnalysisContext
-    from attnclust.analysis.probes import PROBE_CAUSAL, run_probes
+    from attnclust.analysis.probes import run_probes
     from attnclust.config import load_job
     from attnclust.layout import RunLayout
 
     notes: list[str] = []
     causal = pd.DataFrame({"feature_id": [0], "part": [["instruction", "context"]]})
     ctx = AnalysisContext(layout=RunLayout(tmp_path), cfg=load_job(None, []), features=causal, note=notes.append)
-    assert run_probes(ctx) is None
-    assert notes == [PROBE_CAUSAL] and "extract.head_outputs" not in notes[0]
-    assert "causal" in notes[0] and "encoders only" in notes[0]
-    notes.clear()
-    run_probes(AnalysisContext(layout=ctx.layout, cfg=ctx.cfg, features=causal.drop(columns="part"),
-                               note=notes.append))
-    assert notes[0].startswith("probe: skipped (the run has no head_outputs.zarr")  # an encoder's run: the fix
+    assert run_probes(ctx) is None  # a decoder's probes read its head outputs at the last prompt token
+    assert len(notes) == 1 and notes[0].startswith("probe: skipped (the run has no head_outputs.zarr: set "
+                                                   "extract.head_outputs=true")

@@ -93,3 +93,19 @@ def test_display_tokens_agree_with_the_tokenizers_decoding(tmp_path):
     labels = display_tokens(tok.convert_ids_to_tokens(ids))
     want = [tok.decode([i]) for i in ids]
     assert [w.lstrip(" ").replace("\n", "↵") or "␣" for w in want] == labels
+
+
+def test_pieces_that_continue_a_word_of_the_context_are_marked_from_the_offsets():
+    import pandas as pd
+
+    from attnclust.analysis.words import mark_word_pieces, readable_tokens
+
+    tokens = ["<|im_start|>", "user", "Ġrun", "ning", "Ġfast", ".", "Ġ12", "34", "Ċ"]
+    offsets = [[-1, -1], [-1, -1], [0, 3], [3, 7], [8, 12], [12, 13], [14, 16], [16, 18], [-1, -1]]
+    labels = ["<|im_start|>", "user", "run", "ning", "fast", ".", "12", "34", "↵"]
+    assert mark_word_pieces(labels, offsets) == ["<|im_start|>", "user", "run", "##ning", "fast", ".", "12", "##34",
+                                                 "↵"]  # '.' glued to "fast" keeps its label
+    causal = pd.DataFrame({"tokens": [tokens], "offsets": [offsets], "part": [["context"] * len(tokens)]})
+    assert readable_tokens(causal)["tokens"][0][2:4] == ["run", "##ning"]
+    assert readable_tokens(causal.drop(columns="offsets"))["tokens"][0][2:4] == ["run", "ning"]
+    assert mark_word_pieces(labels, offsets[:-1]) == labels  # offsets of other tokens: left as they are

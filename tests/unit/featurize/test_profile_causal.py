@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from attnclust.featurize import TokenContext
-from attnclust.featurize.profile import OFFSETS, PROFILE_COMPONENTS, profile_maps
+from attnclust.featurize.profile import CAUSAL_PROFILE_COMPONENTS, OFFSETS, PROFILE_COMPONENTS, profile_maps
 
 from helpers import causal_uniform as _causal_uniform
 
@@ -20,6 +20,7 @@ def causal_uniform(n: int) -> np.ndarray:
     return _causal_uniform(n, np.float32)
 
 COL = {name: i for i, name in enumerate(PROFILE_COMPONENTS)}
+CAUSAL_COL = {name: i for i, name in enumerate(CAUSAL_PROFILE_COMPONENTS)}
 WHERE = [c for c in PROFILE_COMPONENTS if c.startswith("offset")] + ["cls", "sep", "punct", "last"]
 
 
@@ -50,6 +51,25 @@ def brute_force_causal_where(a: np.ndarray, ctx: TokenContext, r: int) -> dict[s
     return out
 
 
+def brute_force_token_targets(a: np.ndarray, tokens: list[str]) -> dict[str, float]:
+    """The induction and duplicate-token components of one map, in loops: over the rows that have such keys, the
+    mean mass on them, as excess over the causal uniform row's ``|keys| / (i + 1)``."""
+    n = len(a)
+    a = a / a.sum(1, keepdims=True)
+    out = {}
+    for name, is_target in (("induction", lambda i, j: j >= 1 and j - 1 < i and tokens[j - 1] == tokens[i]),
+                            ("duplicate", lambda i, j: j < i and tokens[j] == tokens[i])):
+        rows = {i: [j for j in range(n) if is_target(i, j)] for i in range(n)}
+        rows = {i: keys for i, keys in rows.items() if keys}
+        if not rows:
+            out[name] = 0.0
+            continue
+        x = np.mean([sum(a[i, j] for j in keys) for i, keys in rows.items()])
+        u = np.mean([len(keys) / (i + 1) for i, keys in rows.items()])
+        out[name] = max(0.0, (x - u) / (1 - u)) if u < 1 else 0.0
+    return out
+
+
 def test_a_causal_uniform_map_has_no_excess_and_full_entropy():
     rng = np.random.default_rng(0)
     for n in (2, 9, 40):
@@ -70,7 +90,8 @@ def ctx_tokens(ctx: TokenContext, n: int) -> list[str]:
 @pytest.mark.parametrize("n", [3, 11, 30])
 def test_causal_excess_equals_loops_over_rows(n):
     rng = np.random.default_rng(n)
-    ctx = causal_context(n, 4, rng)
+    tokens = ["<s>", *(str(t) for t in rng.choice(["w", "x", ".", ",", "[SEP]"], size=n - 1))]
+    ctx = TokenContext.from_tokens([tokens], [[0] * n], maps_per_row=4, causal=True)
     maps = np.stack([np.tril(rng.dirichlet(np.full(n, 0.3), size=n)) for _ in range(4)]).astype(np.float32)
     maps[1] += np.triu(np.full((n, n), 0.02, np.float32), 1)  # mass after the query is still not behaviour
     got = profile_maps(maps, ctx, weighted=False)
@@ -79,9 +100,13 @@ def test_causal_excess_equals_loops_over_rows(n):
         for name, value in want.items():
             if m == 1 and name in ("cls", "sep", "punct") or m == 1 and name.startswith("offset-"):
                 continue  # the loop above is for causal maps; map 1 checks only what cannot exist
+            if name in ("offset+1", "offset+2"):
+                continue  # a causal profile holds induction and duplicate there (below)
             assert got[m, COL[name]] == pytest.approx(value, abs=2e-5), (m, name)
-        for name in ("offset+1", "offset+2", "offset+3", "last"):
+        for name in ("offset+3", "last"):
             assert got[m, COL[name]] == 0.0
+        for name, value in brute_force_token_targets(maps[m], tokens).items():
+            assert got[m, CAUSAL_COL[name]] == pytest.approx(value, abs=2e-5), (m, name)
         h = [-(p[p > 0] * np.log(p[p > 0])).sum() / np.log(i + 1)
              for i, p in enumerate(maps[m] / maps[m].sum(1, keepdims=True)) if i > 0]
         if m != 1:

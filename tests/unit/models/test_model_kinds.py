@@ -136,12 +136,10 @@ def test_the_forward_gives_the_kinds_outputs(arch, model_dirs, runs):
         {f: (np.dtype(np.float32), (m,)) for f in kind.outputs}
     qa = pd.read_parquet(runs[arch] / "qa.parquet")
     assert list(qa.columns) == ["feature_id", *kind.outputs]
-    assert (runs[arch] / "head_outputs.zarr").exists() is kind.stores_head_outputs  # extract.head_outputs is on
-    if kind.is_decoder:
-        with pytest.raises(ModelError, match=r"head outputs are stored for encoders only"):
-            kind.forward(loaded, rows, head_outputs=True)
-    else:
-        assert kind.forward(loaded, rows, head_outputs=True).head_outputs is not None
+    assert kind.stores_head_outputs and (runs[arch] / "head_outputs.zarr").exists()  # extract.head_outputs is on
+    pooled = kind.forward(loaded, rows, head_outputs=True).head_outputs
+    summary = pooled.arrays()[kind.summary_pooling]  # [CLS], or a decoder's last prompt token: one per query head
+    assert summary.shape[:3] == (len(rows), 2, 4) and pooled.context_mean.shape == summary.shape
 
 
 @pytest.mark.parametrize(("arch", "layout"), [("bert", HeadLayout(2, 4, 4)), ("llama", HeadLayout(2, 4, 2)),
@@ -159,19 +157,16 @@ def test_heads_are_gated_per_query_head(arch, layout, model_dirs):
     assert kind.head_layout(loaded) == layout  # the tiny Llama groups 4 query heads on 2 key/value heads
     gate = torch.ones(layout.layers, layout.heads)
     ids = torch.tensor([[1, 5, 7, 9, 2]])
-    if kind.is_decoder:  # the hooks find an encoder's attention output projections only
-        with pytest.raises(ModelError, match=r"^head gates and head outputs: model type \w+: no per-layer"):
-            with kind.gated(loaded, gate):
-                pass
-        return
+    output = "logits" if kind.is_decoder else "start_logits"  # a decoder's gates sit on o_proj / c_proj
     with torch.no_grad():
-        plain = loaded.model(input_ids=ids).start_logits
+        plain = getattr(loaded.model(input_ids=ids), output)
         with kind.gated(loaded, gate):
-            ones = loaded.model(input_ids=ids).start_logits
+            ones = getattr(loaded.model(input_ids=ids), output)
         gate[1, 2] = 0.0
         with kind.gated(loaded.model, gate):
-            cut = loaded.model(input_ids=ids).start_logits
+            cut = getattr(loaded.model(input_ids=ids), output)
     assert torch.equal(plain, ones) and not torch.allclose(plain, cut)
+    assert [int(layout.kv_head(h)) for h in range(4)] == ([0, 0, 1, 1] if layout.kv_heads == 2 else [0, 1, 2, 3])
 
 
 def test_a_run_records_the_kind_as_before(runs):
