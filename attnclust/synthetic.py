@@ -247,6 +247,29 @@ class PlantedStore:
         return self.head_types[np.asarray(layer, np.int64), np.asarray(head, np.int64)]
 
 
+def _planted_plan(rng: np.random.Generator, n_features: int, lo: int, hi: int, kinds, n_layers: int, n_heads: int,
+                  shuffle_heads: bool, tokens):
+    """What a planted store holds before its maps: each feature's length (the first ``lo``, the last ``hi``), each
+    head's type (``kinds`` in turn over the heads, shuffled when asked), each feature's tokens (``tokens(n, rng=)``)
+    and the features table."""
+    import pandas as pd
+
+    seq_len = rng.integers(lo, hi + 1, size=n_features).astype(np.int32)
+    if n_features >= 2:
+        seq_len[0], seq_len[-1] = lo, hi
+    order = np.resize(np.arange(len(kinds)), n_layers * n_heads)
+    if shuffle_heads:
+        order = rng.permutation(order)
+    head_types = np.asarray(kinds, dtype=object)[order].reshape(n_layers, n_heads).astype(str)
+    seqs = tuple(tokens(int(n), rng=rng) for n in seq_len)
+    features = pd.DataFrame({
+        "feature_id": np.arange(n_features, dtype=np.int64),
+        "example_id": [f"planted-{i}" for i in range(n_features)],
+        "span": np.zeros(n_features, np.int64),
+    })
+    return seq_len, head_types, seqs, features
+
+
 def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_features: int = 16, n_layers: int = 2,
                         n_heads: int = 4, lengths: tuple[int, int] = (16, 384), noise: float = 0.2,
                         kinds: tuple[str, ...] = HEAD_TYPES, features_per_task: int = 4,
@@ -277,25 +300,12 @@ def write_planted_store(root: str | Path, *, rng: np.random.Generator, n_feature
         The answer; it is also in the store's attributes as ``planted_heads`` (one list of type names per
         layer).
     """
-    import pandas as pd
 
     lo, hi = int(lengths[0]), int(lengths[1])
     if lo < 5 or hi < lo:
         raise ValueError(f"write_planted_store: lengths {lengths}: need 5 <= low <= high")
-    seq_len = rng.integers(lo, hi + 1, size=n_features).astype(np.int32)
-    if n_features >= 2:
-        seq_len[0], seq_len[-1] = lo, hi
-    order = np.resize(np.arange(len(kinds)), n_layers * n_heads)
-    if shuffle_heads:
-        order = rng.permutation(order)
-    head_types = np.asarray(kinds, dtype=object)[order].reshape(n_layers, n_heads).astype(str)
-    seqs = tuple(planted_tokens(int(n), rng=rng) for n in seq_len)
-
-    features = pd.DataFrame({
-        "feature_id": np.arange(n_features, dtype=np.int64),
-        "example_id": [f"planted-{i}" for i in range(n_features)],
-        "span": np.zeros(n_features, np.int64),
-    })
+    seq_len, head_types, seqs, features = _planted_plan(rng, n_features, lo, hi, kinds, n_layers, n_heads,
+                                                         shuffle_heads, planted_tokens)
     layout = _write_planted(root, "planted (attnclust.synthetic)", hi, head_types, seq_len, seqs, features,
                             features_per_task,
                             lambda kind, f: planted_head_map(kind, seqs[f], rng=rng, noise=noise))
@@ -699,7 +709,6 @@ def write_planted_decoder_store(root: str | Path, *, rng: np.random.Generator, n
     PlantedStore
         The answer (also in the store's attributes as ``planted_heads``).
     """
-    import pandas as pd
 
     from .models.kinds import DECODER
 
@@ -710,19 +719,8 @@ def write_planted_decoder_store(root: str | Path, *, rng: np.random.Generator, n
     if unknown:
         raise ValueError(f"write_planted_decoder_store: kinds {unknown} unknown; allowed: "
                          f"{', '.join(DECODER_HEAD_TYPES)}")
-    seq_len = rng.integers(lo, hi + 1, size=n_features).astype(np.int32)
-    if n_features >= 2:
-        seq_len[0], seq_len[-1] = lo, hi
-    order = np.resize(np.arange(len(kinds)), n_layers * n_heads)
-    if shuffle_heads:
-        order = rng.permutation(order)
-    head_types = np.asarray(kinds, dtype=object)[order].reshape(n_layers, n_heads).astype(str)
-    seqs = tuple(planted_decoder_tokens(int(n), rng=rng) for n in seq_len)
-    features = pd.DataFrame({
-        "feature_id": np.arange(n_features, dtype=np.int64),
-        "example_id": [f"planted-{i}" for i in range(n_features)],
-        "span": np.zeros(n_features, np.int64),
-    })
+    seq_len, head_types, seqs, features = _planted_plan(rng, n_features, lo, hi, kinds, n_layers, n_heads,
+                                                         shuffle_heads, planted_decoder_tokens)
     part = [["instruction"] + ["context"] * (len(q) - 1) for q in seqs]
     layout = _write_planted(root, "planted decoder (attnclust.synthetic)", hi, head_types, seq_len, seqs, features,
                             features_per_task,

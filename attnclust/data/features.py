@@ -19,7 +19,7 @@ from ..errors import ConfigError, DataError
 from .squad import Example, _show
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_LAYOUT_VERSION", "WORD_MARKERS", "check_pair_layout", "control_strings",
-           "examples_with_control_strings", "special_ids", "tokenize_examples"]
+           "examples_with_control_strings", "feature_frame", "special_ids", "tokenize_examples"]
 
 #: Columns of the frame returned by :func:`tokenize_examples`, in order.
 FEATURE_COLUMNS = (
@@ -351,6 +351,12 @@ def tokenize_examples(
                 raise DataError(
                     f"example {lo + k} ({batch[k].id!r}): yields no feature; fix the context text or drop the example"
                 )
+    return feature_frame(rows, dropped, normalised)
+
+
+def feature_frame(rows: dict[str, list], dropped, normalised) -> pd.DataFrame:
+    """The features table from its columns (:data:`FEATURE_COLUMNS`, positions as int32), with what was left out
+    (``attrs["dropped_features"]``) and the characters normalised (``attrs["normalised"]``)."""
     frame = pd.DataFrame(rows, columns=list(FEATURE_COLUMNS))
     for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
         frame[name] = frame[name].astype(np.int32)

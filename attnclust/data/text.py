@@ -24,12 +24,11 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
 from ..safeio import load_json, read_user_bytes
-from .features import FEATURE_COLUMNS, _check_int, _context_offsets, special_ids
+from .features import FEATURE_COLUMNS, _check_int, _context_offsets, feature_frame, special_ids
 from .squad import Example, _kind, _refuse_surrogates, _show
 
 __all__ = ["JSONL_SUFFIXES", "TEXT_KEY", "TEXT_UNITS", "TEXT_WINDOWS_VERSION", "read_texts", "reads_text",
@@ -289,9 +288,4 @@ def window_texts(examples: Iterable[Example], tokenizer: Any, *, max_seq_len: in
                     ("answer_start_token", -1), ("answer_end_token", -1),
                 ):
                     rows[name].append(value)
-    frame = pd.DataFrame(rows, columns=list(FEATURE_COLUMNS))
-    for name in ("span", "seq_len", "context_start", "context_end", "answer_start_token", "answer_end_token"):
-        frame[name] = frame[name].astype(np.int32)
-    frame.attrs["dropped_features"] = dropped
-    frame.attrs["normalised"] = sorted(normalised)
-    return frame
+    return feature_frame(rows, dropped, normalised)
