@@ -101,6 +101,23 @@ class PlantedTokens:
         return np.flatnonzero(np.isin(np.asarray(self.tokens, dtype=object), names))
 
 
+def _punctuated(rng: np.random.Generator, n: int, words, *, sentence: tuple[int, int], comma: float) -> list[str]:
+    """``n`` tokens of prose: words drawn from ``words``, a '.' after each sentence of ``rng.integers(*sentence)``
+    tokens and a ',' with probability ``comma`` at a token (never two marks in a row, never first)."""
+    out, until = [], int(rng.integers(*sentence))
+    for i in range(n):
+        until -= 1
+        prev_punct = bool(out) and out[-1] in (".", ",")
+        if until <= 0 and not prev_punct:
+            out.append(".")
+            until = int(rng.integers(*sentence))
+        elif not prev_punct and i > 0 and rng.random() < comma:
+            out.append(",")
+        else:
+            out.append(words[int(rng.integers(0, len(words)))])
+    return out
+
+
 def planted_tokens(n: int, *, rng: np.random.Generator, question_len: int | None = None) -> PlantedTokens:
     """A BERT QA token sequence of length ``n`` (at least 5).
 
@@ -126,17 +143,7 @@ def planted_tokens(n: int, *, rng: np.random.Generator, question_len: int | None
     q = max(1, min(int(question_len), n - 4))
     c = n - 3 - q
     question = [_WORDS[i] for i in rng.integers(0, len(_WORDS), q - 1)] + ["?"]
-    context, until_period = [], int(rng.integers(6, 21))
-    for i in range(c):
-        until_period -= 1
-        prev_punct = bool(context) and context[-1] in (".", ",")
-        if until_period <= 0 and not prev_punct:
-            context.append(".")
-            until_period = int(rng.integers(6, 21))
-        elif not prev_punct and i > 0 and rng.random() < 0.06:
-            context.append(",")
-        else:
-            context.append(_WORDS[int(rng.integers(0, len(_WORDS)))])
+    context = _punctuated(rng, c, _WORDS, sentence=(6, 21), comma=0.06)
     if "." not in context and "," not in context:
         context[-1] = "."
     tokens = ("[CLS]", *question, "[SEP]", *context, "[SEP]")
@@ -600,17 +607,7 @@ def planted_decoder_tokens(n: int, *, rng: np.random.Generator) -> PlantedTokens
     if n < 4:
         raise ValueError(f"planted_decoder_tokens: n={n}; a prompt with a repeated passage needs at least 4 tokens")
     length = n // 2  # the passage; its repeat fills the rest
-    passage, until = [], int(rng.integers(4, 13))
-    for i in range(length):
-        until -= 1
-        prev_punct = bool(passage) and passage[-1] in (".", ",")
-        if until <= 0 and not prev_punct:
-            passage.append(".")
-            until = int(rng.integers(4, 13))
-        elif not prev_punct and i > 0 and rng.random() < 0.08:
-            passage.append(",")
-        else:
-            passage.append(DECODER_WORDS[int(rng.integers(0, len(DECODER_WORDS)))])
+    passage = _punctuated(rng, length, DECODER_WORDS, sentence=(4, 13), comma=0.08)
     tokens = (DECODER_FIRST, *passage, *passage[:n - 1 - length])
     return PlantedTokens(tokens=tokens, segment_ids=np.zeros(n, np.int64))
 
