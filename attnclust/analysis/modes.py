@@ -44,8 +44,8 @@ from .answer import RIGHT_MIN_F1
 from .heads import HeadContext, head_analysis
 
 __all__ = ["MAX_QUESTIONS", "MIN_CLASS_QUESTIONS", "MIN_MODE_QUESTIONS", "MODE_COLUMNS", "MODE_K_MAX",
-           "MODE_PERMUTATIONS", "fit_modes", "mode_balanced", "mode_table", "modes_skip_reason", "question_vectors",
-           "right_labels"]
+           "MODE_PERMUTATIONS", "first_features", "fit_modes", "mode_balanced", "mode_table", "modes_skip_reason",
+           "question_vectors", "right_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,13 @@ def right_labels(predictions: pd.DataFrame, example_ids=None) -> pd.Series:
     return f1 >= RIGHT_MIN_F1
 
 
+def first_features(features: pd.DataFrame, example_ids) -> pd.Series:
+    """Each question's first feature (its lowest ``feature_id``), indexed by ``example_id`` (str) in the order of
+    ``example_ids``; a question without a feature is left out."""
+    first = features.assign(example_id=features["example_id"].astype(str)).groupby("example_id")["feature_id"].min()
+    return first.reindex(pd.Index(np.asarray(example_ids).astype(str))).dropna().astype(np.int64)
+
+
 def question_vectors(layout, features: pd.DataFrame, example_ids) -> tuple[np.ndarray, np.ndarray]:
     """Each question's first feature's vectors from ``embedding.zarr``.
 
@@ -136,8 +143,7 @@ def question_vectors(layout, features: pd.DataFrame, example_ids) -> tuple[np.nd
     """
     from ..store.contract import open_embedding
 
-    first = features.assign(example_id=features["example_id"].astype(str)).groupby("example_id")["feature_id"].min()
-    first = first.reindex(pd.Index(np.asarray(example_ids).astype(str))).dropna().astype(np.int64)
+    first = first_features(features, example_ids)
     group = open_embedding(layout.root)
     n_layers, n_heads = int(group.attrs["num_layers"]), int(group.attrs["num_heads"])
     feature_of_map = np.asarray(group["feature_id"][:], np.int64)

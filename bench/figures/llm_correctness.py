@@ -66,12 +66,12 @@ def question_codes(root: Path, example_ids) -> np.ndarray:
     """(question, layer, head) atlas cluster of each question's first feature's maps (-1 where a map is missing)."""
     import pandas as pd
 
+    from attnclust.analysis.modes import first_features
     from attnclust.layout import RunLayout
 
     layout = RunLayout(root)
     features = pd.read_parquet(layout.features, columns=["feature_id", "example_id"])
-    first = features.assign(example_id=features["example_id"].astype(str)).groupby("example_id")["feature_id"].min()
-    first = first.reindex(pd.Index(np.asarray(example_ids).astype(str))).to_numpy(np.int64)
+    first = first_features(features, example_ids).to_numpy(np.int64)
     labels = pd.read_parquet(layout.cluster_labels, columns=["feature_id", "layer", "head", "cluster"])
     labels = labels[labels["feature_id"].isin(first)]
     n_layers, n_heads = int(labels["layer"].max()) + 1, int(labels["head"].max()) + 1
