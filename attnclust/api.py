@@ -80,14 +80,22 @@ class Output:
     def attention(self):
         """``xarray.DataArray`` (feature, layer, head, query, key), dask-backed, with ``seq_len`` and
         ``example_id`` coordinates on ``feature``. A compact store's maps are decoded as
-        :meth:`~attnclust.store.AttentionStore.read_map` decodes them (each row's largest weights, rows summing to
-        at most 1); ``attrs["compact"]["kept"]`` holds the measured share of the row mass they keep."""
+        :meth:`~attnclust.store.AttentionStore.read_map` decodes them (each row's largest weights, and the mass
+        it dropped spread over the other keys where the store says so); ``attrs["compact"]["kept"]`` holds the
+        measured share of the row mass they keep and ``attrs["compact"]["error"]`` how far they are from the exact
+        maps."""
         import dask.array as da
         import xarray as xr
 
         arr = da.from_zarr(self._store.attention)
         if self._store.mode == "compact":  # square-root codes, whole rows in every chunk
-            arr = arr.map_blocks(decode_compact, dtype="float32")
+            spread, seq_len = self._store.spread, self._store.seq_len
+
+            def decode(block, block_info=None):  # each chunk: whole rows of some features
+                first = block_info[0]["array-location"][0][0] if block_info else 0
+                return decode_compact(block, spread=spread, lengths=seq_len[first:first + block.shape[0]])
+
+            arr = arr.map_blocks(decode, dtype="float32")
         elif self._store.scale != 1.0:  # a uint8 store: weights = stored * scale
             arr = arr.astype("float32") * self._store.scale
         feats = self.features

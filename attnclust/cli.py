@@ -176,7 +176,7 @@ def _explore(args) -> int:
 
     host = args.host or DEFAULT_HOST
     try:
-        server = make_server(args.dir, host=host, port=args.port)
+        server = make_server(args.dir, host=host, port=args.port, note=lambda line: print(line, flush=True))
     except OSError as exc:
         import errno
 

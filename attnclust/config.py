@@ -240,6 +240,11 @@ class ExtractConfig(_Model):
         and one worked example.
     max_new_tokens
         Causal models only: the longest answer generated (greedy decoding), in tokens.
+    needle_lengths
+        Causal models only: context lengths of Wu et al.'s needle-in-a-haystack test of retrieval heads, evenly
+        spaced from half of ``max_seq_len`` (or of the model's positions) to all of it (3: 0.5, 0.75 and 1 of it);
+        each length runs 3 needles x 3 depths, and each test decodes up to 50 tokens (about 3 s a test for
+        SmolLM2-135M on 2 CPU cores); ``1``: the longest only, ``0``: no needle test (the report says so).
     decoding
         Causal models only: ``greedy`` (the model's own choice at each step) or ``context`` (the greedy choice
         among the tokens that keep the answer a run of the context's tokens, or the word ``unanswerable``).
@@ -265,6 +270,7 @@ class ExtractConfig(_Model):
     prompt: PromptStyle = _choice("short", PromptStyle)
     max_new_tokens: int = _int(16, 1, 256)
     decoding: Decoding = _choice("greedy", Decoding)
+    needle_lengths: int = _int(3, 0, 20)
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> ExtractConfig:

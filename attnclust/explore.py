@@ -14,7 +14,10 @@ Routes (GET and HEAD only)::
     /api/map?feature=F&layer=L&head=H[&format=json|png]
                           one map at its full true length, read from attention.zarr, with its tokens and the gold
                           answer's token span (``answer``, or null); JSON weights are rounded to
-                          :data:`MAP_DECIMALS` decimals; ``format=png`` draws it with matplotlib
+                          :data:`MAP_DECIMALS` decimals; ``format=png`` draws it with matplotlib. On a compact store
+                          a map outside its exact sample is exact too, recomputed by one forward of the run's model
+                          (:mod:`attnclust.recompute`), while that model is here unchanged; otherwise it is the
+                          compact map, and the answer says why it was not recomputed
 
 A re-run into the same directory is noticed per request: the identity of the run on disk (the inode, mtime and
 size of its marker, its report and every stage record in ``_state/``: one ``stat`` each) is compared with that
@@ -29,8 +32,8 @@ a symbolic link or resolves outside the run directory (403). Files are opened on
 host is refused (403, against DNS rebinding). Another address must be asked for explicitly (``--host``); there is
 no authentication, so the command line then prints a warning.
 
-Kept whole (about 640 lines): the routes, the checks that refuse a path and the request handler are one security
-boundary, reviewed together.
+Kept whole (about 700 lines): the routes, the checks that refuse a path and the request handler are one security
+boundary, reviewed together (recomputing a compact run's maps lives in :mod:`attnclust.recompute`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -147,21 +151,32 @@ class ExploreApp:
     ----------
     root
         A finished run directory (checked with :func:`finished_run`).
+    exact_on_demand : bool
+        On a compact store, recompute the exact maps of a feature outside its exact sample by one forward of the
+        run's model (:class:`~attnclust.recompute.ExactOnDemand`) when that model is here unchanged; ``False`` serves
+        the compact maps (and says so).
+    note : callable, optional
+        Called with one line for people: whether a compact store's maps are recomputed and, if not, why (when a run
+        is first read, and when its model fails to load); the command line prints it.
     """
 
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], *, exact_on_demand: bool = True,
+                 note: Callable[[str], None] | None = None):
         self.given = Path(root)
         self.layout = finished_run(root)
         self.root = self.layout.root  # resolved
         self._lock = threading.Lock()
+        self._exact_on_demand, self._note = exact_on_demand, note
         self.identity = self.run_identity()
         self._drop_caches()
+        _ = self.exact_on_demand  # decided (and said) at start-up; the model loads on the first map it recomputes
 
     def _drop_caches(self) -> None:
         self._store = None
         self._features = None
         self._search = None
         self._heads = None
+        self._exact = None
 
     # -- the run on disk ----------------------------------------------------------------------
     def run_identity(self) -> tuple:
@@ -234,6 +249,18 @@ class ExploreApp:
 
                 self._store = open_attention_store(self.layout.attention)
             return self._store
+
+    @property
+    def exact_on_demand(self):
+        """The run's :class:`~attnclust.recompute.ExactOnDemand`: whether (and how) maps outside a compact store's
+        exact sample are recomputed exactly."""
+        store = self.store
+        with self._lock:
+            if self._exact is None:
+                from .recompute import ExactOnDemand
+
+                self._exact = ExactOnDemand(self.layout, store, enabled=self._exact_on_demand, note=self._note)
+            return self._exact
 
     @property
     def features(self):
@@ -365,24 +392,37 @@ class ExploreApp:
         return out[0], out[1], out[2]
 
     def map_source(self, feature: int) -> str:
-        """Where :meth:`read_map` reads ``feature``'s maps: ``full``, ``exact sample`` (a compact store's exact
-        maps of the feature) or ``compact`` (its approximate maps: the feature is not in the sample)."""
+        """Where :meth:`read_map` reads ``feature``'s maps: ``full``, ``exact sample`` (a compact store's exact maps
+        of the feature), ``recomputed`` (not in the sample: exact, recomputed by one forward of the run's model,
+        :attr:`exact_on_demand`) or ``compact`` (its approximate maps, when they are not recomputed). Asked after
+        :meth:`read_map`, it names what that read: a model that failed to load there turned recomputing off for
+        good."""
         store = self.store
         if store.exact is not None and feature in set(store.exact_features.tolist()):
             return "exact sample"
+        if store.mode == "compact" and self.exact_on_demand.status:
+            return "recomputed"
         return store.mode
 
     def read_map(self, feature: int, layer: int, head: int) -> tuple:
         """One map at its full true length and its tokens: exact where the store holds it exactly (a full store,
-        or a compact store's exact sample), otherwise the compact store's approximation (:meth:`map_source`).
+        or a compact store's exact sample), exact as recomputed by one forward of the run's model for a compact
+        store's other features (:attr:`exact_on_demand`), otherwise the compact store's approximation
+        (:meth:`map_source`, asked after this, says which).
 
         Returns
         -------
         weights : numpy.ndarray of float32, shape (query, key) = (n, n)
         tokens : list of str, length n
         """
-        if self.map_source(feature) == "exact sample":
+        import numpy as np
+
+        source = self.map_source(feature)
+        maps = self.exact_on_demand.maps(feature) if source == "recomputed" else None  # None: the model did not load
+        if source == "exact sample":
             weights = self.store.read_exact(feature)[layer, head]
+        elif maps is not None:
+            weights = maps[layer, head].astype(np.float32)
         else:
             weights = self.store.read_map(feature, layer, head)
         tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
@@ -399,14 +439,21 @@ class ExploreApp:
         ``segment_ids``, ``question``, ``answer`` (the gold answer's inclusive token span ``[start, end]``, or
         ``null`` when it is not in this feature or the run has no answer positions), ``weights`` (query rows of
         key weights, rounded to :data:`MAP_DECIMALS`), ``source`` (:meth:`map_source`: ``full``, ``exact
-        sample`` or ``compact``) and ``kept_mass``: for a compact map the share of the exact row mass its rows
-        hold, averaged over them as measured at extraction (:meth:`~attnclust.store.AttentionStore.read_kept_mass`;
-        each row sums to at most 1, short by what it dropped), ``null`` for an exact map."""
+        sample``, ``recomputed``: exact, recomputed by one forward of the run's model, or ``compact``), ``kept_mass``:
+        for a compact map the share of the exact row mass its rows hold, averaged over them as measured at
+        extraction (:meth:`~attnclust.store.AttentionStore.read_kept_mass`), ``null`` for an exact map, ``map_error``:
+        for a compact map its mean row L1 distance from the exact map as measured at extraction
+        (:meth:`~attnclust.store.AttentionStore.read_map_error`; ``null`` for an exact map or a store that did not
+        measure it), ``exact_on_demand``: on a compact store whether maps outside its exact sample are recomputed
+        (``true``) or not (``false``, and ``exact_on_demand_reason`` says why in one line), ``null`` for a full
+        store."""
         import numpy as np
 
         weights, tokens = self.read_map(feature, layer, head)
-        source = self.map_source(feature)
+        source = self.map_source(feature)  # after the read: what it read
         kept = round(self.store.read_kept_mass(feature, layer, head), 4) if source == "compact" else None
+        error = self.store.read_map_error(feature, layer, head) if source == "compact" else float("nan")
+        exact = self.exact_on_demand
         row = self.features.loc[feature]
         a, b = int(row.get("answer_start_token", -1)), int(row.get("answer_end_token", -1))
         return {"feature": feature, "layer": layer, "head": head, "example_id": str(row["example_id"]),
@@ -414,7 +461,9 @@ class ExploreApp:
                 "question": self.questions().get(str(row["example_id"]), ""),
                 "answer": [a, b] if 0 <= a <= b < len(tokens) else None,
                 "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist(),
-                "source": source, "kept_mass": kept}
+                "source": source, "kept_mass": kept, "map_error": round(error, 4) if np.isfinite(error) else None,
+                "exact_on_demand": exact.status,
+                "exact_on_demand_reason": exact.reason if exact.status is False else None}
 
     def map_png(self, feature: int, layer: int, head: int) -> bytes:
         """``/api/map?format=png``: the map drawn at full length with token labels (matplotlib Agg).
@@ -429,6 +478,7 @@ class ExploreApp:
         from matplotlib.figure import Figure
 
         weights, tokens = self.read_map(feature, layer, head)
+        source = self.map_source(feature)  # after the read: what it read
         n = len(tokens)
         side = min(40.0, max(4.0, 1.5 + 0.12 * n))
         fig = Figure(figsize=(side + 0.8, side))
@@ -439,11 +489,11 @@ class ExploreApp:
         labels = [t.replace("$", r"\$") for t in tokens]
         ax.set_xticks(np.arange(n), labels, rotation=90, fontsize=6)
         ax.set_yticks(np.arange(n), labels, fontsize=6)
-        source = self.map_source(feature)
         kept = f": its rows keep {self.store.read_kept_mass(feature, layer, head):.3g} of their mass on average" \
             if source == "compact" else ""
-        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens)" + ("" if source == "full" else
-                                                                          f", {source} map{kept}"), fontsize=9)
+        what = {"full": "", "recomputed": ", exact map recomputed by one forward of the run's model"}.get(
+            source, f", {source} map{kept}")
+        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens){what}", fontsize=9)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         buf = io.BytesIO()
@@ -612,10 +662,12 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_POST
 
 
-def make_server(root: str | os.PathLike[str], *, host: str = DEFAULT_HOST, port: int = 0) -> ThreadingHTTPServer:
+def make_server(root: str | os.PathLike[str], *, host: str = DEFAULT_HOST, port: int = 0,
+                note: Callable[[str], None] | None = None) -> ThreadingHTTPServer:
     """A server for the run ``root``, bound (and listening) on ``host:port`` but not yet serving.
 
-    Call ``serve_forever()`` on it (in a thread, for tests), ``shutdown()`` and ``server_close()`` to stop.
+    Call ``serve_forever()`` on it (in a thread, for tests), ``shutdown()`` and ``server_close()`` to stop; its
+    :class:`ExploreApp` is ``server.app``.
 
     Parameters
     ----------
@@ -625,6 +677,8 @@ def make_server(root: str | os.PathLike[str], *, host: str = DEFAULT_HOST, port:
         Address to bind (default 127.0.0.1); any other than a loopback address exposes the run to the network.
     port : int
         0 picks a free port; ``server.server_address`` tells which.
+    note : callable, optional
+        Given one line whenever a compact run's maps are, or are not, recomputed (:class:`ExploreApp`).
 
     Returns
     -------
@@ -637,9 +691,9 @@ def make_server(root: str | os.PathLike[str], *, host: str = DEFAULT_HOST, port:
     OSError
         The address cannot be bound (in use, not an address of this machine).
     """
-    app = ExploreApp(root)
+    app = ExploreApp(root, note=note)
     handler = type("ExploreHandler", (_Handler,), {"app": app, "check_host": is_loopback(host)})
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_cls = type("ExploreServer", (ThreadingHTTPServer,), {"address_family": family,
-                                                                 "daemon_threads": True})
+                                                                 "daemon_threads": True, "app": app})
     return server_cls((host.strip("[]"), port), handler)

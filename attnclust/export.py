@@ -235,7 +235,7 @@ def cluster_maps_figure(layout: RunLayout) -> Figure:
     matplotlib.figure.Figure
     """
     from .analysis.thumbnails import cluster_mean_maps, medoid_maps
-    from .store.contract import read_features
+    from .store.contract import open_attention_store, read_features
 
     fix = "run 'attnclust report' for this run first"
     maps = _table(layout, layout.table("maps"), "cluster_maps", fix)
@@ -243,7 +243,10 @@ def cluster_maps_figure(layout: RunLayout) -> Figure:
     k = len(clusters)
     seed = int(_job(layout).get("config", {}).get("cluster", {}).get("random_state", 0))
     means = cluster_mean_maps(layout, maps, k, random_state=seed)
-    medoids = medoid_maps(layout, clusters, read_features(layout.root)) if "medoid_feature_id" in clusters else {}
+    sources: dict[int, str] = {}
+    medoids = medoid_maps(layout, clusters, read_features(layout.root), sources=sources) \
+        if "medoid_feature_id" in clusters else {}
+    store = open_attention_store(layout.attention) if "compact" in sources.values() else None
     shown = clusters.head(24)
     fig = Figure(figsize=(7.0, 3.2 * len(shown)))
     axes = np.asarray(fig.subplots(len(shown), 2, squeeze=False))
@@ -255,8 +258,13 @@ def cluster_maps_figure(layout: RunLayout) -> Figure:
             m, toks = medoids[c]
             n = min(64, len(toks))
             ax_med.imshow(m[:n, :n], cmap="viridis", interpolation="nearest", vmin=0.0)
-            ax_med.set_title(f"cluster {c}: medoid ({len(toks)} tokens" + (", first 64)" if n < len(toks) else ")"),
-                             fontsize=8)
+            title = f"cluster {c}: medoid ({len(toks)} tokens" + (", first 64)" if n < len(toks) else ")")
+            if sources.get(c) == "compact":  # an approximate map: what it keeps, and how far it is from the exact
+                where = (int(row.medoid_feature_id), int(row.medoid_layer), int(row.medoid_head))
+                title += f"\ncompact map: keeps {store.read_kept_mass(*where):.2f} of its mass"
+                error = store.read_map_error(*where)
+                title += f", row L1 {error:.2f} from exact" if np.isfinite(error) else ""
+            ax_med.set_title(title, fontsize=8)
         else:
             ax_med.set_axis_off()
         for ax in (ax_mean, ax_med):

@@ -35,7 +35,7 @@ from .decoder import RETRIEVAL_MIN
 
 __all__ = ["NEEDLES", "NEEDLE_COLUMNS", "NEEDLE_DEPTHS", "NEEDLE_FRACTIONS", "NEEDLE_OVERLAP", "NEEDLE_ROUGE_MIN",
            "NEEDLE_STEPS", "PAPER_GRID", "Needle", "copy_scores", "decode_tops", "haystack_tokens", "insertion_point",
-           "measure_retrieval", "needle_lengths", "needle_prompt", "needle_span", "needle_tests",
+           "measure_retrieval", "needle_fractions", "needle_lengths", "needle_prompt", "needle_span", "needle_tests",
            "retrieval_from_tests", "rouge1_recall", "rouge_tokens"]
 
 
@@ -107,6 +107,16 @@ def rouge1_recall(reference: str, prediction: str) -> float:
 
 
 # -- the haystack and the prompt ---------------------------------------------------------------------------------------
+
+def needle_fractions(count: int) -> tuple[float, ...]:
+    """``count`` context lengths as fractions of the longest, evenly spaced from 0.5 to 1 (the job's
+    ``extract.needle_lengths``): 3 gives :data:`NEEDLE_FRACTIONS`, 1 the longest only, 0 none (no needle test)."""
+    if count <= 0:
+        return ()
+    if count == 1:
+        return (1.0,)
+    return tuple(0.5 + 0.5 * i / (count - 1) for i in range(count))
+
 
 def needle_lengths(max_len: int, positions: int | None, fractions: Sequence[float] = NEEDLE_FRACTIONS) -> list[int]:
     """The context lengths of the tests: ``fractions`` of the longest sequence (prompt and answer) the run allows,

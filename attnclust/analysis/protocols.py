@@ -49,7 +49,7 @@ from .head_detectors import (
     tl_scores,
 )
 from .heads import HeadContext, head_analysis
-from .needle import NEEDLE_COLUMNS, NEEDLE_DEPTHS, NEEDLES, measure_retrieval
+from .needle import NEEDLE_COLUMNS, NEEDLE_DEPTHS, NEEDLE_FRACTIONS, NEEDLES, measure_retrieval, needle_fractions
 from .plugins import AnalysisContext, register_analysis
 from .sink_rate import (
     GU_TABLE1,
@@ -202,7 +202,8 @@ def detector_flags(table: pd.DataFrame, thresholds: dict[str, float]) -> dict[st
 def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "cpu", template: int | None = None,
                       n_sink: int = SINK_SEQUENCES, n_detector: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,
                       permutations: int = PROTOCOL_PERMUTATIONS, seed: int = PROTOCOL_SEED,
-                      batch: int = 10, max_len: int | None = None) -> tuple[pd.DataFrame, dict]:
+                      batch: int = 10, max_len: int | None = None,
+                      needle_lengths: int = len(NEEDLE_FRACTIONS)) -> tuple[pd.DataFrame, dict]:
     """Run the protocols on a causal model.
 
     Parameters
@@ -224,6 +225,9 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
     max_len
         The longest needle-in-a-haystack test, prompt and answer (the job's ``extract.max_seq_len``;
         :func:`~.needle.measure_retrieval`); None: no needle test (its columns NaN and False, ``retrieval`` None).
+    needle_lengths
+        Context lengths of the needle test, evenly spaced from half of the longest to the longest
+        (:func:`~.needle.needle_fractions`; the job's ``extract.needle_lengths``); 0: no needle test, as None above.
 
     Returns
     -------
@@ -282,11 +286,12 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
                                             permutations=permutations, seed=null_seed).ravel()
     del maps
     retrieval = None
-    if max_len is None:
+    if max_len is None or needle_lengths <= 0:
         columns["needle_retrieval"], columns["needle_retrieval_head"] = np.full(len(li), np.nan), np.zeros(len(li),
                                                                                                             bool)
     else:
-        found, retrieval = measure_retrieval(loaded, tokenizer, contexts, max_len=max_len, device=device)
+        found, retrieval = measure_retrieval(loaded, tokenizer, contexts, max_len=max_len, device=device,
+                                             fractions=needle_fractions(needle_lengths))
         columns.update({c: found[c].to_numpy() for c in NEEDLE_COLUMNS})  # the same (layer, head) order
     table = pd.DataFrame({c: columns[c] for c in PROTOCOL_COLUMNS})
     ceiling = tl_ceiling(ids)
@@ -332,7 +337,7 @@ def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu") -> 
     tokenizer = get_tokenizer(cfg.model)
     table, summary = measure_protocols(get_model(cfg.model, device=device), tokenizer, list(contexts),
                                        device=device, template=template_first_token(tokenizer, cfg.extract.prompt),
-                                       max_len=cfg.extract.max_seq_len)
+                                       max_len=cfg.extract.max_seq_len, needle_lengths=cfg.extract.needle_lengths)
     atomic_write_parquet(table, layout.decoder_protocols)
     atomic_write_json(layout.decoder_protocols_summary, summary)
     return time.perf_counter() - t0

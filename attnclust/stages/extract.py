@@ -58,6 +58,10 @@ from ..store.writers import (  # profile_and_statistics re-exported: what every 
 )
 from .base import RunContext, Stage
 
+COMPACT_SPREAD_VERSION = 1
+"""Version of how a compact store gives a read row its dropped mass back (``attrs["compact"]["spread"]`` and the
+``map_error`` array, :func:`attnclust.store.spread_dropped`): in a compact run's fingerprint, so a compact store
+written without them is extracted again."""
 PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
@@ -334,6 +338,8 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         features_per_task=per_task, dtype=cfg.extract.store_dtype, mode=plan.mode,
         compact_mass=cfg.extract.compact_mass, compact_max_keys=plan.max_keys,
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
+        # a read compact row gets the mass it dropped back, over the keys it sees (a decoder's: up to its query)
+        compact_spread="causal" if kind_of(model_info).is_decoder else "keys",
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
                "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs,
@@ -421,7 +427,8 @@ class ExtractStage(Stage):
         plan = self._store_plan(ctx)
         return {"extract.store": plan.mode,
                 **({"extract.exact_sample": len(plan.sample) if plan.sample_cut else ctx.cfg.extract.exact_sample,
-                    "compact_encoding": COMPACT_ENCODING} if plan.mode == "compact" else {}),
+                    "compact_encoding": COMPACT_ENCODING, "compact_spread": COMPACT_SPREAD_VERSION}
+                   if plan.mode == "compact" else {}),
                 **({"extract.compact_max_keys": plan.max_keys} if plan.fitted else {})}
 
     @staticmethod
@@ -450,6 +457,9 @@ class ExtractStage(Stage):
         if kind.is_decoder:  # its induction diagnostic and the papers' protocols are measured here (finalize)
             capped["induction"] = INDUCTION_VERSION
             capped["decoder_protocols"] = PROTOCOLS_VERSION
+            needles = ctx.cfg.extract.needle_lengths  # the needle test's grid; the default leaves earlier runs' as is
+            if needles != type(ctx.cfg.extract).model_fields["needle_lengths"].default:
+                capped["extract.needle_lengths"] = needles
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(kind.is_decoder), **capped}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .contract import (
     COMPACT_ENCODING,
+    COMPACT_SPREADS,
     DIMS,
     EMBED_SCHEMA,
     MAP_SOURCES,
@@ -21,15 +22,18 @@ from .contract import (
     decode_compact,
     exact_sample_ids,
     kept_mass_summary,
+    map_error_summary,
     mark_store_complete,
     open_attention_store,
     open_embedding,
     quantize_uint8,
     read_features,
     read_table,
+    spread_dropped,
 )
 
-__all__ = ["AttentionStore", "COMPACT_ENCODING", "DIMS", "EMBED_SCHEMA", "MAP_SOURCES", "SCHEMA_VERSION",
-           "atomic_write_bytes", "atomic_write_json", "atomic_write_parquet", "check_store_tables", "compact_maps",
-           "create_attention_store", "decode_compact", "exact_sample_ids", "kept_mass_summary", "mark_store_complete",
-           "open_attention_store", "open_embedding", "quantize_uint8", "read_features", "read_table"]
+__all__ = ["AttentionStore", "COMPACT_ENCODING", "COMPACT_SPREADS", "DIMS", "EMBED_SCHEMA", "MAP_SOURCES",
+           "SCHEMA_VERSION", "atomic_write_bytes", "atomic_write_json", "atomic_write_parquet", "check_store_tables",
+           "compact_maps", "create_attention_store", "decode_compact", "exact_sample_ids", "kept_mass_summary",
+           "map_error_summary", "mark_store_complete", "open_attention_store", "open_embedding", "quantize_uint8",
+           "read_features", "read_table", "spread_dropped"]

@@ -37,7 +37,7 @@ from .contract import exact_sample_ids, open_attention_store
 
 __all__ = ["COMPACT_EXPECTED_RATIO", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "SAMPLE_SHARE", "StorePlan",
            "check_store_room", "compact_rows_bytes", "compact_store_bytes", "fit_max_keys", "fit_sample_size",
-           "plan_store", "store_bytes"]
+           "map_bytes", "plan_store", "store_bytes"]
 
 
 # The compact rows' bytes on disk over their bound (uint8 true-length maps before compression), with margin:
@@ -211,10 +211,8 @@ def plan_store(cfg: JobConfig, seq_len: np.ndarray, *, num_layers: int, num_head
                      sample_setting=cfg.extract.exact_sample)
     if mode == "full":
         return plan
-    from ..featurize.profile import PROFILE_COMPONENTS
-
     if fitted:
-        room = budget * 1e9 - sample_bytes - maps * len(lengths) * len(PROFILE_COMPONENTS) * 4
+        room = budget * 1e9 - sample_bytes - maps * len(lengths) * map_bytes()
         max_keys = fit_max_keys(lengths, maps, room)
         if max_keys == 0:
             least = budget * 1e9 - room + compact_rows_bytes(lengths, maps, 1)
@@ -303,13 +301,20 @@ def store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int, dtype: 
 
 def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int) -> int:
     """What a compact store takes on disk, at most: every map at its true length in uint8 and its profile
-    vector (float32), before compression. Only each row's largest weights are nonzero, and the zeros compress
-    away, so far less in practice (``python -m bench --only store``: ``store_compact_bytes_per_map``).
+    vector, kept mass and error (float32, :func:`map_bytes`), before compression. Only each row's largest weights
+    are nonzero, and the zeros compress away, so far less in practice (``python -m bench --only store``:
+    ``store_compact_bytes_per_map``).
     """
+    profiles = num_layers * num_heads * len(seq_len) * map_bytes()
+    return store_bytes(seq_len, num_layers=num_layers, num_heads=num_heads, dtype="uint8") + profiles
+
+
+def map_bytes() -> int:
+    """Bytes a compact store holds for each map beside its rows, before compression: its ``profile`` vector, its
+    ``kept_mass`` and its ``map_error`` (float32 each)."""
     from ..featurize.profile import PROFILE_COMPONENTS
 
-    profiles = num_layers * num_heads * len(seq_len) * len(PROFILE_COMPONENTS) * 4
-    return store_bytes(seq_len, num_layers=num_layers, num_heads=num_heads, dtype="uint8") + profiles
+    return (len(PROFILE_COMPONENTS) + 2) * 4
 
 
 def _held_bytes(path: Path) -> int | None:

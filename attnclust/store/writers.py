@@ -14,9 +14,9 @@ import time
 import numpy as np
 
 from ..analysis.stats import map_statistics, token_masks
-from .contract import compact_maps
+from .contract import compact_maps, decode_compact
 
-__all__ = ["ExactSampleWriter", "ShardFiller", "profile_and_statistics"]
+__all__ = ["ExactSampleWriter", "ShardFiller", "compact_error", "profile_and_statistics"]
 
 
 def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: bool = False
@@ -59,6 +59,30 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
                                                               rows=rows, causal=causal, tokens=tokens)
 
 
+def compact_error(codes, maps, *, spread: str | None) -> np.ndarray:
+    """Each compact map's mean row L1 distance from its exact map: the codes read back as a reader reads them
+    (:func:`~attnclust.store.decode_compact`, with the store's ``spread``) against the exact weights.
+
+    Parameters
+    ----------
+    codes : torch.Tensor
+        (..., query, key) uint8 codes of :func:`~attnclust.store.compact_maps`, at one true length.
+    maps : torch.Tensor
+        The exact maps they encode, same shape, on any device.
+    spread
+        The store's :attr:`~attnclust.store.AttentionStore.spread`.
+
+    Returns
+    -------
+    numpy.ndarray
+        (...) float32: ``mean over rows of sum over keys |read - exact|``, 0 for a map read back exactly, at most
+        2.
+    """
+    read = decode_compact(codes.cpu().numpy(), spread=spread)
+    read -= maps.float().cpu().numpy()
+    return np.abs(read, out=read).sum(-1).mean(-1)
+
+
 class ShardFiller:
     """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
 
@@ -69,7 +93,8 @@ class ShardFiller:
     stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
     then the maps are cast straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store each
     row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's row mass they hold
-    (the store's ``kept_mass``).
+    (the store's ``kept_mass``) and, in a store that spreads the dropped mass, each map's mean row L1 distance
+    between the map as read back and the exact map (``map_error``: :func:`compact_error`).
 
     Parameters
     ----------
@@ -101,6 +126,7 @@ class ShardFiller:
         self.profile = None if store.profile is None else \
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
         self.kept = None if self.compact is None else np.zeros((n, n_layers, n_heads), np.float32)
+        self.error = None if store.map_error is None else np.zeros((n, n_layers, n_heads), np.float32)
 
     def __call__(self, row, maps) -> dict[str, np.ndarray]:
         """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
@@ -116,6 +142,8 @@ class ShardFiller:
                                        with_kept=True)
             self.shard[j, :, :, :m, :m] = codes.cpu()
             self.kept[j] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
+            if self.error is not None:
+                self.error[j] = compact_error(codes, maps, spread=self.store.spread)
         elif self.quantise:
             self.shard[j, :, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
         else:
@@ -132,6 +160,8 @@ class ShardFiller:
             self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
         if self.kept is not None:
             self.store.kept_mass.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.kept
+        if self.error is not None:
+            self.store.map_error.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.error
         self.seconds += time.perf_counter() - t0
 
 

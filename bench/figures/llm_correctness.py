@@ -49,14 +49,14 @@ JOINT_PERMUTATIONS = 199
 
 
 def run_llm(root: Path, data: Path, questions: int, *, progress: bool = True) -> float:
-    """Run ``jobs/llm.yaml`` (stages extract, qa, featurize, cluster; no UMAP, no importance, no probes) on
-    ``questions`` questions of ``data`` into ``root``; the seconds it took."""
+    """Run ``jobs/llm.yaml`` (stages extract, qa, featurize, cluster; no UMAP, importance, probes or needle test)
+    on ``questions`` questions of ``data`` into ``root``; the seconds it took."""
     from attnclust.config import load_job
     from attnclust.pipeline import run_job
 
     cfg = load_job(ROOT / "jobs" / "llm.yaml", [f"data.path={data}", f"data.max_examples={questions}",
                                                 "cluster.umap=false", "importance.enabled=false",
-                                                "probe.enabled=false"])
+                                                "probe.enabled=false", "extract.needle_lengths=0"])
     t0 = time.perf_counter()
     run_job(cfg, root, stages=("extract", "qa", "featurize", "cluster"), progress=progress)
     return time.perf_counter() - t0

@@ -365,8 +365,8 @@ def test_a_featurizers_settings_join_the_featurize_section_until_it_is_removed()
 def test_syntax_section_is_off_by_default_and_validated():
     cfg = JobConfig()
     assert (cfg.syntax.conllu, cfg.syntax.spacy_model, cfg.syntax.max_features) == (None, None, None)
-    assert sorted(JobConfig.SECTIONS) == ["cluster", "data", "extract", "featurize", "finetune", "importance",
-                                          "model", "probe", "qa", "report", "syntax"]
+    assert sorted(JobConfig.SECTIONS) == ["cluster", "data", "extract", "featurize", "finetune", "head_map",
+                                          "importance", "model", "probe", "qa", "report", "syntax"]
     demo = load_job(default_job_path())  # the demo parses with the gold parses bundled with its sample
     assert demo.syntax.conllu == "bundled" and demo.syntax.conllu_path().name == "sample_syntax.conllu"
     assert demo.syntax.conllu_path().is_file()
@@ -395,3 +395,18 @@ def test_probe_section_defaults_and_validation():
     with pytest.raises(ConfigError, match=r"^config probe\.pooling: got 'mean'; allowed: cls \| last_prompt \| "
                                           r"context_mean$"):
         JobConfig.from_dict({"probe": {"pooling": "mean"}})
+
+
+def test_head_map_settings_are_checked_and_in_the_fingerprint_only_when_set():
+    """``head_map.features`` / ``head_map.rows`` (the head distances' sample): checked in one line; at their
+    defaults they leave the report stage's fingerprint as it was, set they enter it."""
+    from attnclust.analysis.distances import DEFAULT_FEATURES, DEFAULT_ROWS
+    from attnclust.analysis.plugins import ANALYSES
+
+    cfg = JobConfig()
+    assert (cfg.head_map.features, cfg.head_map.rows) == (DEFAULT_FEATURES, DEFAULT_ROWS)
+    assert ANALYSES["head_distances"].fingerprint_keys(cfg) == ()
+    cfg = JobConfig.from_dict({"head_map": {"features": 16, "rows": None}})
+    assert ANALYSES["head_distances"].fingerprint_keys(cfg) == ("head_map.features", "head_map.rows")
+    with pytest.raises(ConfigError, match=r"head_map\.features"):
+        JobConfig.from_dict({"head_map": {"features": 0}})

@@ -1,9 +1,12 @@
-"""``attnclust explore``: the local server over a small planted run, checked over real HTTP on 127.0.0.1."""
+"""``attnclust explore``: the local server over a small planted run, checked over real HTTP on 127.0.0.1; and over a
+tiny model's compact run, whose maps outside the exact sample are recomputed by one forward of the run's model (or,
+when that model changed, is gone or does not load, served compact with the reason)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import threading
 
 import numpy as np
@@ -210,3 +213,187 @@ def test_bad_features_parameters_are_400_with_one_line(server, query, match):
     status, ctype, body = get(server, "/api/features?" + query)
     assert status == 400 and ctype == "application/json"
     assert body.count(b"\n") == 1 and match in json.loads(body)["error"]
+
+
+# --- a compact run: maps outside the exact sample recomputed by one forward of the run's model ----------------
+
+def _job(model, **extract):
+    from attnclust.config import JobConfig
+    from attnclust.data import sample_path
+
+    return JobConfig.from_dict({"name": "t", "data": {"path": str(sample_path()), "max_examples": 3},
+                                "model": {"name": str(model)},
+                                "extract": {"batch_size": 4, "features_per_task": 4, **extract},
+                                "featurize": {"method": "pooled", "grid": 4},
+                                "cluster": {"umap": False, "k": 2, "stability_resamples": 2}})
+
+
+def _compact_run(base, tiny_model):
+    """A finished compact run (exact sample: one feature) of a tiny random BERT saved in ``base/model`` over three
+    questions of the bundled sample."""
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    model = tiny_model(base / "model")
+    run_job(_job(model, store="compact", exact_sample=1), base / "run", executor=SerialExecutor(), progress=False)
+    return base / "run", model
+
+
+@pytest.fixture(scope="module")
+def compact_run(tmp_path_factory, tiny_model):
+    """The compact run, and the full store of an extraction of the same data by the same model."""
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    base = tmp_path_factory.mktemp("compact-run")
+    root, model = _compact_run(base, tiny_model)
+    run_job(_job(model, store="full"), base / "full", stages=("extract",), executor=SerialExecutor(), progress=False)
+    return root, open_attention_store(RunLayout(base / "full").attention)
+
+
+def _count(monkeypatch) -> dict:
+    """Count the model loads and the forwards (with the features of each) the explorer makes."""
+    from attnclust.models import runner
+    from attnclust.models.kinds import EncoderKind
+
+    calls = {"loads": 0, "forwards": []}
+    forward, get_model = EncoderKind.forward, runner.get_model
+
+    def counted_forward(self, loaded, rows, **kwargs):
+        calls["forwards"].append(rows["feature_id"].tolist())
+        return forward(self, loaded, rows, **kwargs)
+
+    def counted_load(*args, **kwargs):
+        calls["loads"] += 1
+        return get_model(*args, **kwargs)
+
+    monkeypatch.setattr(EncoderKind, "forward", counted_forward)
+    monkeypatch.setattr(runner, "get_model", counted_load)
+    return calls
+
+
+def _outside(store) -> list[int]:
+    return [f for f in range(store.n_features) if f not in set(store.exact_features.tolist())]
+
+
+def test_a_compact_run_serves_exact_maps_recomputed_by_one_forward_of_its_model(compact_run, monkeypatch):
+    """Outside the exact sample every map of a feature is exact (as the full store of the same data and model holds
+    it, within float16's rounding, where the compact map is not), from one forward of that feature; the model loads
+    on the first such map, not at start-up, and the start-up line says maps are recomputed."""
+    root, full = compact_run
+    calls, lines = _count(monkeypatch), []
+    srv = make_server(root, port=0, note=lines.append)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        app = srv.app
+        store = app.store
+        assert store.mode == "compact" and np.array_equal(store.seq_len, full.seq_len)
+        assert len(lines) == 1 and "recomputed on demand by one forward of the run's model" in lines[0], lines
+        assert calls == {"loads": 0, "forwards": []}
+        outside = _outside(store)
+        assert len(outside) == 2
+        for f in outside:
+            for layer in range(store.n_layers):
+                for head in range(store.n_heads):
+                    status, _, body = get(srv, f"/api/map?feature={f}&layer={layer}&head={head}")
+                    got, want = json.loads(body), full.read_map(f, layer, head)
+                    assert status == 200 and got["source"] == "recomputed", got.get("error") or got.get("source")
+                    assert got["kept_mass"] is None and got["map_error"] is None and got["exact_on_demand"] is True
+                    assert got["exact_on_demand_reason"] is None
+                    # float16's rounding (one step: 2^-11 of a weight) and the JSON's 5 decimals apart, no more
+                    np.testing.assert_allclose(np.asarray(got["weights"]), want, rtol=2e-3, atol=1e-5)
+                    # while the compact map is not: the check tells the two apart
+                    assert not np.allclose(store.read_map(f, layer, head), want, rtol=2e-3, atol=1e-5)
+        assert calls == {"loads": 1, "forwards": [[f] for f in outside]}  # one forward a feature, every head in it
+        sample = int(store.exact_features[0])
+        assert app.map_json(sample, 0, 0)["source"] == "exact sample" and len(calls["forwards"]) == 2
+        status, ctype, body = get(srv, f"/api/map?feature={outside[0]}&layer=1&head=2&format=png")
+        assert status == 200 and ctype == "image/png" and body.startswith(b"\x89PNG\r\n\x1a\n")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
+    assert lines[1:] == []  # nothing else to say
+
+
+def test_a_recomputed_feature_is_kept_and_not_computed_again(compact_run, monkeypatch):
+    """A second map of the same feature (another head) is read from the cache, no forward; past the cache's size the
+    least recently read feature is dropped and computed again when asked."""
+    from attnclust import recompute
+    from attnclust.explore import ExploreApp
+
+    root, full = compact_run
+    calls = _count(monkeypatch)
+    app = ExploreApp(root)
+    first, second = _outside(app.store)
+    for layer, head in ((0, 0), (1, 3), (0, 0)):
+        np.testing.assert_allclose(app.read_map(first, layer, head)[0], full.read_map(first, layer, head), atol=1e-3)
+        assert app.map_source(first) == "recomputed"
+    assert calls["forwards"] == [[first]]
+    monkeypatch.setattr(recompute, "CACHED_FEATURES", 1)
+    for f in (second, second, first):
+        assert app.map_json(f, 1, 1)["source"] == "recomputed"
+    assert calls["forwards"] == [[first], [second], [first]] and calls["loads"] == 1
+
+
+def test_a_changed_missing_or_unloadable_model_serves_the_compact_map_and_says_why(tmp_path, tiny_model,
+                                                                                   monkeypatch):
+    """The run's model rewritten with other weights after the run, removed, or failing to load: the compact map and
+    its kept mass are served, the start-up line (or, for a failed load, the line then) and every answer say why,
+    and no forward runs."""
+    from attnclust.errors import ModelError
+    from attnclust.explore import ExploreApp
+    from attnclust.models import runner
+
+    root, model = _compact_run(tmp_path, tiny_model)
+    calls = _count(monkeypatch)
+    f = _outside(open_attention_store(RunLayout(root).attention))[0]
+
+    def served_compact(app, why: str) -> None:
+        got, store = app.map_json(f, 1, 2), app.store
+        assert got["source"] == "compact" and got["exact_on_demand"] is False, got["source"]
+        assert why in got["exact_on_demand_reason"] and "\n" not in got["exact_on_demand_reason"]
+        np.testing.assert_allclose(np.asarray(got["weights"]), store.read_map(f, 1, 2), atol=1e-5)
+        assert got["kept_mass"] == round(store.read_kept_mass(f, 1, 2), 4) and 0 < got["kept_mass"] <= 1
+        error = store.read_map_error(f, 1, 2)  # measured at extraction, beside the kept mass
+        assert got["map_error"] == (round(error, 4) if np.isfinite(error) else None)
+
+    def failing(*args, **kwargs):
+        raise ModelError(f"model.name {str(model)!r}: model.safetensors is unreadable")
+
+    with monkeypatch.context() as patch:  # the model's identity is the run's, but it does not load
+        patch.setattr(runner, "get_model", failing)
+        lines = []
+        app = ExploreApp(root, note=lines.append)
+        assert app.exact_on_demand.status is True and len(lines) == 1
+        served_compact(app, "did not load (model.name")
+        assert len(lines) == 2 and "not recomputed: the run's model" in lines[1] and "did not load" in lines[1]
+        served_compact(app, "model.safetensors is unreadable")
+        assert len(lines) == 2  # said once
+    tiny_model(model, seed=1)  # other weights in the same folder: another identity
+    lines = []
+    served_compact(ExploreApp(root, note=lines.append), "changed since the run was extracted")
+    assert len(lines) == 1 and "not recomputed: the run's model" in lines[0] and "changed" in lines[0]
+    shutil.rmtree(model)
+    lines = []
+    served_compact(ExploreApp(root, note=lines.append), "is not available here (model.name")
+    assert len(lines) == 1 and "no such directory" in lines[0]
+    served_compact(ExploreApp(root, exact_on_demand=False), "turned off")
+    assert calls["forwards"] == []
+
+
+def test_a_store_without_an_extract_record_says_its_model_is_not_known(small_planted_run, server):
+    """A compact store another tool wrote (no extract record): compact maps, and the reason; a full store has
+    nothing to recompute (``exact_on_demand`` is null)."""
+    from attnclust.explore import ExploreApp
+    from attnclust.synthetic import write_compact_decoy
+
+    status, _, body = get(server, "/api/map?feature=0&layer=0&head=0")
+    assert status == 200 and json.loads(body)["exact_on_demand"] is None and json.loads(body)["source"] == "full"
+    root = small_planted_run("explore-decoy")
+    write_compact_decoy(root, [0])
+    lines = []
+    got = ExploreApp(root, note=lines.append).map_json(3, 0, 0)
+    assert got["source"] == "compact" and got["exact_on_demand"] is False
+    assert "no readable record of its extract stage" in got["exact_on_demand_reason"] and len(lines) == 1

@@ -71,9 +71,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stages", ("attnclust.stages",)),
     # running a whole job, and the Python API over it and its outputs
     ("pipeline", ("attnclust.pipeline", "attnclust.api")),
-    # tools on finished runs and on the job service; planted stores for tests and benchmarks
-    ("applications", ("attnclust.compare", "attnclust.explore", "attnclust.export", "attnclust.service",
-                      "attnclust.synthetic")),
+    # tools on finished runs and on the job service (the explorer's exact maps recomputed on demand); planted stores
+    # for tests and benchmarks
+    ("applications", ("attnclust.compare", "attnclust.explore", "attnclust.export", "attnclust.recompute",
+                      "attnclust.service", "attnclust.synthetic")),
     # entry points: the command line and the package's public names
     ("entry points", ("attnclust.cli", "attnclust")),
 )

@@ -252,9 +252,12 @@
       var q = { n: n, tokens: m.tokens, answer: m.answer, pred: null };
       container.replaceChild(mapView(q, values, "Feature " + m.feature + " (example " + m.example_id + "), L" +
         layer + "H" + head + (m.question ? " on “" + m.question + "”" : "") + " (" + n + " tokens" +
-        (m.source && m.source !== "full" ? ", " + m.source + " map" : "") +
+        (m.source === "recomputed" ? ", exact map recomputed by one forward of the run's model" :
+          m.source && m.source !== "full" ? ", " + m.source + " map" : "") +
         (m.kept_mass !== null && m.kept_mass !== undefined ?
-          ": its rows keep " + m.kept_mass.toFixed(3) + " of their mass on average" : "") + ")"), slot);
+          ": its rows keep " + m.kept_mass.toFixed(3) + " of their mass on average" : "") +
+        (m.source === "compact" && m.exact_on_demand_reason ? "; not recomputed: " + m.exact_on_demand_reason : "") +
+        ")"), slot);
     }, function (err) {
       if (token === container.loadToken) { slot.textContent = "The map could not be loaded: " + err.message; }
     });

@@ -394,16 +394,17 @@ def test_a_model_without_chat_template_has_raw_rates_only_and_the_section_says_s
     assert template_first_token(tok) is None
     contexts = [e.context for e in read_squad(sample_path(), max_examples=4)]
     table, summary = measure_protocols(get_model(ModelConfig(name=str(path))), tok, contexts, n_sink=3,
-                                       n_detector=2, length=10, permutations=99)
+                                       n_detector=2, length=10, permutations=99, max_len=64, needle_lengths=0)
     assert table["sink_alpha_random_template"].isna().all() and table["sink_alpha_random"].notna().all()
     assert summary["sink"]["rates"]["random"]["template"] is None
     assert summary["sink"]["sequences"]["natural"] == {"raw": 3, "template": 0}
     assert summary["detectors"]["sequences"] == 2 and summary["detectors"]["bos"] == tok.bos_token_id
-    assert summary["retrieval"] is None and table["needle_retrieval"].isna().all()  # no max_len: no needle test
+    assert summary["retrieval"] is None and table["needle_retrieval"].isna().all()  # needle_lengths 0: no test
     heads = pd.DataFrame({"layer": [0], "head": [0]})
     context = decoder_protocols_section(SimpleNamespace(analyses={"decoder_protocols": summary}, heads=heads))
     html = REPORT_SECTIONS["decoder_protocols"].load_template().render(**context)
     assert "first:" not in " ".join(context["lines"]) and "the model has no chat template" in html
     assert len(context["detectors"]["rows"]) == 4  # no induction column in heads: no row for today's score
-    assert context["retrieval"] is None and "Retrieval heads" not in html
+    assert context["retrieval"] is None and "needle in a haystack (Wu et al. 2024): not measured in this run " \
+        "(extract.needle_lengths = 0" in html and "Run here:" not in html
     assert decoder_protocols_section(SimpleNamespace(analyses={}, heads=heads)) is None  # an encoder: no section

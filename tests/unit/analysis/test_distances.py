@@ -15,6 +15,7 @@ from attnclust.analysis.distances import (
     js_between_heads,
     js_between_maps,
 )
+from attnclust.errors import StoreError
 from attnclust.store import open_attention_store
 from attnclust.synthetic import planted_head_map, planted_tokens, write_planted_store
 
@@ -181,6 +182,13 @@ def test_report_stage_writes_head_layout_and_renders_the_head_map(tmp_path):
     section = html.split('<section id="head_map">', 1)[1].split("</section>", 1)[0]
     assert "Head map" in section and "data:image/png;base64," in section
     assert "coloured by layer and by " in section and "Most similar heads" in section
+    assert pd.read_parquet(layout.head_layout).attrs["n_features"] == 6  # head_map.features 64: every feature
+    # head_map.features: the report stage's fingerprint holds the setting; forced, it reads 2 sampled features
+    cfg = load_job(None, ["cluster.umap=false", "cluster.k=4", "cluster.stability_resamples=2", "head_map.features=2"])
+    with pytest.raises(StoreError, match=r"stage 'report' was run with other settings \(head_map\.features"):
+        run_job(cfg, planted.root, stages=("report",), executor=SerialExecutor(), progress=False)
+    run_job(cfg, planted.root, stages=("report",), executor=SerialExecutor(), progress=False, force=True)
+    assert pd.read_parquet(layout.head_layout).attrs["n_features"] == 2
 
 
 def test_head_map_section_colours_by_role_when_heads_have_roles_else_by_dominant_cluster():

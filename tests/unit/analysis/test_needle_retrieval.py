@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from attnclust.analysis.needle import (
+    NEEDLE_FRACTIONS,
     NEEDLE_ROUGE_MIN,
     NEEDLES,
     copy_scores,
@@ -20,6 +21,7 @@ from attnclust.analysis.needle import (
     haystack_tokens,
     insertion_point,
     measure_retrieval,
+    needle_fractions,
     needle_lengths,
     needle_prompt,
     needle_span,
@@ -183,6 +185,9 @@ def test_insertion_backs_up_to_a_sentence_end_and_lengths_are_bounded():
     assert needle_lengths(384, 8192) == [192, 288, 384]
     assert needle_lengths(4096, 256) == [128, 192, 256]  # the model's positions bound it
     assert needle_lengths(384, None) == [192, 288, 384]
+    # the job's extract.needle_lengths: evenly from half the longest to the longest
+    assert needle_fractions(3) == NEEDLE_FRACTIONS and needle_fractions(1) == (1.0,) and needle_fractions(0) == ()
+    assert needle_lengths(384, None, needle_fractions(5)) == [192, 240, 288, 336, 384]
 
 
 # --- with a tokenizer and a model -----------------------------------------------------------------------------------

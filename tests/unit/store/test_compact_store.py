@@ -78,7 +78,7 @@ def test_a_key_cap_bounds_the_kept_keys():
     assert ((stored > 0).sum(-1) == 4).all() and (stored[stored > 0] == round(255 * 0.1 ** 0.5)).all()
 
 
-def test_read_map_reconstruction_keeps_the_mass_and_is_zero_elsewhere(both):
+def test_read_map_reconstruction_keeps_the_mass_and_spreads_the_rest(both):
     cfg, full, compact = both
     a, b = open_attention_store(full.attention), open_attention_store(compact.attention)
     assert (a.mode, b.mode) == ("full", "compact") and b.attrs["compact"]["mass"] == cfg.extract.compact_mass
@@ -88,11 +88,17 @@ def test_read_map_reconstruction_keeps_the_mass_and_is_zero_elsewhere(both):
         n = int(b.seq_len[f])
         exact = a.read_map(f, 1, 2)                    # float16: within 1e-3 of the exact weights
         approx = b.read_map(f, 1, 2)
-        assert approx.shape == (n, n)
+        codes = np.asarray(b.attention[f, 1, 2, :n, :n])
+        assert approx.shape == (n, n) and b.spread == "keys"
+        np.testing.assert_allclose(approx.sum(-1), 1, atol=1e-5)  # the dropped mass is back
         for q in range(n):
-            kept = np.flatnonzero(approx[q])
+            kept, dropped = np.flatnonzero(codes[q]), np.flatnonzero(codes[q] == 0)
             assert exact[q, kept].sum() >= mass * exact[q].sum() - 3e-3
             np.testing.assert_allclose(approx[q, kept], exact[q, kept], atol=1 / 255 + 1e-3)
+            if len(dropped):  # in equal shares over the keys the row did not keep
+                np.testing.assert_allclose(approx[q, dropped], (1 - approx[q, kept].sum()) / len(dropped), atol=1e-6)
+        error = np.abs(approx.astype(np.float64) - exact).sum(-1).mean()  # the stated error, within float16's
+        assert b.read_map_error(f, 1, 2) == pytest.approx(error, abs=2e-3)
     block = b.read_block(0, b.n_features)
     n = int(b.seq_len[4])
     np.testing.assert_array_equal(block[4, 1, 2, :n, :n], b.read_map(4, 1, 2))

@@ -123,7 +123,7 @@ def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp
     assert open_attention_store(RunLayout(first).attention).attrs["compact"]["max_keys"] is None  # 5 GB: no cap
     lengths = read_features(first)["seq_len"].to_numpy()
     maps = 2 * 4
-    fixed = maps * len(lengths) * len(PROFILE_COMPONENTS) * 4          # the profile vectors
+    fixed = maps * len(lengths) * (len(PROFILE_COMPONENTS) + 2) * 4    # the profile vectors, kept mass and error
     budget = (fixed + _brute_rows_bytes(lengths, maps, 3)) * (1 + 1e-9) / 1e9   # not 4 keys: brute(4) is far more
     out = tmp_path / "fitted"
     record = _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=0, store_budget_gb=budget), out,
@@ -136,7 +136,8 @@ def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp
     for f in range(store.n_features):
         for layer in range(2):
             for head in range(4):
-                assert (np.count_nonzero(store.read_map(f, layer, head), axis=-1) <= 3).all()
+                n = int(store.seq_len[f])  # the rows' codes: the keys each keeps
+                assert (np.count_nonzero(store.attention[f, layer, head, :n, :n], axis=-1) <= 3).all()
     held = sum(p.stat().st_size for p in RunLayout(out).attention.rglob("*") if p.is_file())
     assert held <= budget * 1e9, (held, budget * 1e9)
     # the data or the budget changes the cap: the fingerprint says so rather than serve the old store
