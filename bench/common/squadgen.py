@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SQUAD2_DEV_QUESTIONS", "WORDS", "generate_squad", "write_squad"]
+__all__ = ["DENSE", "SQUAD2_DEV_QUESTIONS", "WORDS", "generate_squad", "write_squad"]
 
 SQUAD2_DEV_QUESTIONS = 11_873
 """Questions in SQuAD 2.0's dev set (dev-v2.0.json), the dataset the store projections are for."""
@@ -60,12 +60,19 @@ def _context(rng: np.random.Generator, n_words: int) -> str:
     return " ".join(sentences)
 
 
+DENSE = {"min_words": 90, "max_words": 620, "median_words": 188.0, "sigma": 0.4}
+"""The dense arm's context lengths (``generate_squad(..., **DENSE)``, ``write_squad(..., dense=True)``), like real
+English prose nobody here wrote (technical documentation: features of median 203 and mean 224 tokens, 8% at the
+384 cap). Measured with MiniLM's tokenizer over 1,500 questions: features of median 220, mean 234 tokens, 7.0% at
+the cap, 1.76x the attention volume (sum of squared lengths) of the default lengths (median 150, mean 169, 3.4%)."""
+
+
 def generate_squad(n_examples: int, *, seed: int = 0, min_words: int = 52, max_words: int = 330,
                    median_words: float = 125.0, sigma: float = 0.5) -> dict:
     """Nested SQuAD v2.0 dict with ``n_examples`` questions.
 
     Context lengths in words ~ log-normal(median ``median_words``, ``sigma``) clipped to
-    ``[min_words, max_words]`` (about 60 to 380 WordPiece tokens with this word list).
+    ``[min_words, max_words]`` (about 60 to 380 WordPiece tokens with this word list; :data:`DENSE` for longer).
     """
     rng = np.random.default_rng(seed)
     data, made, pid = [], 0, 0
@@ -100,9 +107,10 @@ def generate_squad(n_examples: int, *, seed: int = 0, min_words: int = 52, max_w
     return {"version": "v2.0", "data": data}
 
 
-def write_squad(path: Path, n_examples: int, *, seed: int = 0) -> Path:
-    """Generate and write the dataset as nested SQuAD v2.0 JSON; returns ``path``."""
+def write_squad(path: Path, n_examples: int, *, seed: int = 0, dense: bool = False) -> Path:
+    """Generate and write the dataset as nested SQuAD v2.0 JSON (``dense``: the lengths of :data:`DENSE`); returns
+    ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(generate_squad(n_examples, seed=seed)))
+    path.write_text(json.dumps(generate_squad(n_examples, seed=seed, **(DENSE if dense else {}))))
     return path

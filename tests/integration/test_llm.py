@@ -22,7 +22,8 @@ def test_smollm2_answers_bundled_questions(tmp_path, capfd):
     from attnclust.store import open_attention_store
 
     cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 3},
-                               "model": {"name": "smollm2"}, "probe": {"enabled": False}})
+                               "model": {"name": "smollm2"}, "probe": {"enabled": False},
+                               "extract": {"needle_lengths": 0}})  # the needle test: the test below
     try:
         run_job(cfg, tmp_path / "run", stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
     except ModelError as exc:
@@ -43,6 +44,8 @@ def test_smollm2_answers_bundled_questions(tmp_path, capfd):
 
     outputs = zarr.open_group(str(tmp_path / "run" / "head_outputs.zarr"), mode="r")
     assert outputs["last_prompt"].shape == (3, 30, 9, 64) and outputs["last_prompt_hidden"].shape == (3, 576)
+    protocols = json.loads((tmp_path / "run" / "decoder_protocols.json").read_text())
+    assert protocols["retrieval"] is None and protocols["sink"]["heads"] == 270  # needle_lengths 0: no needle test
     assert np.isfinite(np.asarray(outputs["last_prompt"][:], dtype=np.float32)).all()
     from attnclust.qa.prompting import parse_answer
 

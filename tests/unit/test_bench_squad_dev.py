@@ -112,15 +112,22 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
            "wall_s": 100.0, "peak_rss": 1e9, "peak_pss": None, "stages": stages, "disk_bytes": 1, "store_bytes": 1,
            "store": "compact", "store_setting": "auto", "report_bytes": 1,
            "report": {"interactive_s": 1.0}, "explore": {"map_p95_ms": 1.0, "search_p95_ms": 1.0}}
-    monkeypatch.setattr(sd, "_arm", lambda ctx, q: dev)
+    dense = {**dev, "wall_s": 300.0, "peak_rss": 2e9, "disk_bytes": 3e9, "features": 13_000, "dense": True}
+    monkeypatch.setattr(sd, "_arm", lambda ctx, q, **kw: dense if kw.get("dense") else dev)
+    monkeypatch.setattr(sd, "_forward_arm", lambda arm: {"wall_s": 50.0 if arm is dev else 120.0})
     monkeypatch.setattr(sd, "run_cli", fake_run_cli)
     monkeypatch.setattr(sd, "write_bert_base", lambda folder: {"checked": True})
-    monkeypatch.setattr(bench.common.squadgen, "write_squad", lambda path, n, seed=0: path)
+    monkeypatch.setattr(bench.common.squadgen, "write_squad", lambda path, n, seed=0, dense=False: path)
     figures = {}
     ctx = types.SimpleNamespace(tmp=tmp_path, state={},
                                 figure=lambda name, value, op, goal, settings: figures.update({name: value}))
     sd.bench_squad_dev(ctx, [sd.DEV_QUESTIONS], 20, [sd.DEV_QUESTIONS])
     dev_features = sd.DEV_QUESTIONS * dev["features"] / dev["examples"]
+    # the dense arm and both against the bare forward of their own features
+    assert figures["squad_dev_e2e_vs_forward"] == pytest.approx(100.0 / 50.0)
+    assert figures["squad_dev_dense_e2e_vs_forward"] == pytest.approx(300.0 / 120.0)
+    assert figures["squad_dev_dense_e2e_min"] == pytest.approx(5.0)
+    assert (figures["squad_dev_dense_peak_rss_gb"], figures["squad_dev_dense_disk_gb"]) == (2.0, 3.0)
     # BERT-base (12 x 12) at dev's size, fitted to the default budget as the extract stage's pre-flight would
     from attnclust.config import JobConfig
     from attnclust.stages.extract import compact_store_bytes, store_bytes
@@ -136,3 +143,21 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
     assert figures["squad_dev_bertbase_other_store_gb"] == pytest.approx(1000 * dev_features / 1e9)
     assert ["extract.store=compact", "extract.exact_sample=0", f"extract.compact_max_keys={plan.max_keys}"] == \
         seen[-1][1:]
+
+
+def test_bare_forward_covers_the_runs_features_on_one_process_per_worker(tmp_path, tiny_bert_dir, small_squad):
+    """The physical-limit arm: every feature of the run's features.parquet goes through a forward once, the
+    extract stage's batches dealt over the processes; the wall is the slowest process."""
+    from attnclust.config import JobConfig
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+    from attnclust.stages.extract import CPU_BATCH_SIDE, batch_ranges
+    from bench.figures.squad_dev import bare_forward_workers
+
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)}, "model": {"name": str(tiny_bert_dir)}})
+    run_job(cfg, tmp_path / "run", stages=("extract",), executor=SerialExecutor(), progress=False)
+    seq_len = pd.read_parquet(tmp_path / "run" / "features.parquet").sort_values("feature_id")["seq_len"].to_numpy()
+    got = bare_forward_workers(tmp_path / "run", workers=2, model=str(tiny_bert_dir))
+    assert got["features"] == len(seq_len) and got["tokens"] == int(seq_len.sum())
+    assert got["batches"] == len(batch_ranges(seq_len, 8, pairs=8 * CPU_BATCH_SIDE ** 2))
+    assert len(got["worker_s"]) == 2 and got["wall_s"] == max(got["worker_s"]) > 0
