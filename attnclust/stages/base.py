@@ -183,9 +183,12 @@ IDENTITY_WORDS = {"model_weights": "model (its weights, tokenizer, chat template
 
 def describe_change(old: dict, new: dict) -> str:
     """What differs between two fingerprints, for people: ``cluster.k: 8 -> 10``, ``data file content``."""
+    def plain(value: Any) -> Any:  # as the record holds it (JSON): a tuple of this run is the list it recorded
+        return json.loads(json.dumps(value, default=str))
+
     changes = []
     for key in sorted(set(old.get("keys", {})) | set(new.get("keys", {}))):
-        a, b = old.get("keys", {}).get(key, "(unset)"), new.get("keys", {}).get(key, "(unset)")
+        a, b = plain(old.get("keys", {}).get(key, "(unset)")), plain(new.get("keys", {}).get(key, "(unset)"))
         if a != b:
             changes.append(f"{key}: {a!r} -> {b!r}" if isinstance(a, str) or isinstance(b, str) else
                            f"{key}: {a} -> {b}")

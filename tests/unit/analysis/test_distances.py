@@ -185,7 +185,9 @@ def test_report_stage_writes_head_layout_and_renders_the_head_map(tmp_path):
     assert pd.read_parquet(layout.head_layout).attrs["n_features"] == 6  # head_map.features 64: every feature
     # head_map.features: the report stage's fingerprint holds the setting; forced, it reads 2 sampled features
     cfg = load_job(None, ["cluster.umap=false", "cluster.k=4", "cluster.stability_resamples=2", "head_map.features=2"])
-    with pytest.raises(StoreError, match=r"stage 'report' was run with other settings \(head_map\.features"):
+    # only what changed is named (the job's tuples equal the lists the record holds)
+    with pytest.raises(StoreError, match=r"stage 'report' was run with other settings \(head_map\.features: "
+                                         r"'\(unset\)' -> 2\); re-run with --force"):
         run_job(cfg, planted.root, stages=("report",), executor=SerialExecutor(), progress=False)
     run_job(cfg, planted.root, stages=("report",), executor=SerialExecutor(), progress=False, force=True)
     assert pd.read_parquet(layout.head_layout).attrs["n_features"] == 2
