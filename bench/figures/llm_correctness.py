@@ -39,8 +39,8 @@ import numpy as np
 
 from ..common import RESULTS, ROOT
 
-__all__ = ["JOINT_PERMUTATIONS", "bench_llm_correctness", "correctness_figures", "joint_score", "main",
-           "one_hot_codes", "question_codes", "run_llm"]
+__all__ = ["JOINT_PERMUTATIONS", "answerability", "bench_llm_correctness", "correctness_figures", "joint_score",
+           "main", "one_hot_codes", "question_codes", "run_llm", "verdict"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -118,7 +118,8 @@ def correctness_figures(root: Path, *, permutations: int = 9999, joint_permutati
     from attnclust.layout import RunLayout
 
     layout = RunLayout(root)
-    right = right_labels(pd.read_parquet(layout.predictions))
+    predictions = pd.read_parquet(layout.predictions)
+    right = right_labels(predictions)
     features = pd.read_parquet(layout.features, columns=["feature_id", "example_id"])
     ids, vectors = question_vectors(layout, features, right.index)
     y = right.reindex(ids).to_numpy(bool)
@@ -127,8 +128,9 @@ def correctness_figures(root: Path, *, permutations: int = 9999, joint_permutati
     modes = np.stack([[fit_modes(vectors[:, la, h], seed=seed) for h in range(vectors.shape[2])]
                       for la in range(vectors.shape[1])]).transpose(2, 0, 1)
     clusters = question_codes(root, ids)
+    unanswerable = predictions.set_index("example_id")["is_impossible"].reindex(ids).to_numpy(bool)
     return {
-        **summary, "right_share": float(y.mean()),
+        **summary, "right_share": float(y.mean()), "answerability": answerability(y, unanswerable),
         "best_head": {"layer": int(best["layer"]), "head": int(best["head"]),
                       "balanced_accuracy": float(best["mode_accuracy"]), "p": float(best["mode_p"]),
                       "q": float(best["mode_q"])},
@@ -138,8 +140,28 @@ def correctness_figures(root: Path, *, permutations: int = 9999, joint_permutati
     }
 
 
+def answerability(right: np.ndarray, unanswerable: np.ndarray) -> dict:
+    """How right/wrong splits over answerable and unanswerable questions: ``right_answerable``,
+    ``answerable``, ``right_unanswerable``, ``unanswerable`` (counts) and ``same`` (True when right/wrong is
+    exactly answerability or its opposite, e.g. a model that abstains on every question: right is then "the
+    question is unanswerable", and anything that predicts it predicts answerability, not correctness)."""
+    right, unanswerable = np.asarray(right, bool), np.asarray(unanswerable, bool)
+    return {"right_answerable": int((right & ~unanswerable).sum()), "answerable": int((~unanswerable).sum()),
+            "right_unanswerable": int((right & unanswerable).sum()), "unanswerable": int(unanswerable.sum()),
+            "same": bool(len(right) and ((right == unanswerable).all() or (right != unanswerable).all()))}
+
+
 def verdict(fig: dict) -> str:
-    """One line: what beats the baseline at p < 0.05, or that nothing does."""
+    """One line: what beats the baseline at p < 0.05, or that nothing does; first, when right/wrong is exactly
+    answerability (:func:`answerability`), that the figures measure answerability."""
+    a = fig.get("answerability") or {}
+    caveat = (f"right/wrong IS answerability here ({a['right_unanswerable']} of {a['unanswerable']} unanswerable "
+              f"questions right, {a['right_answerable']} of {a['answerable']} answerable ones): every figure below "
+              f"predicts whether a question is answerable, not whether the answer is right; ") if a.get("same") else ""
+    return caveat + _wins(fig)
+
+
+def _wins(fig: dict) -> str:
     wins = []
     if fig["heads_q05"]:
         b = fig["best_head"]
@@ -163,6 +185,8 @@ def _record(ctx, fig: dict, settings: dict) -> None:
                {**settings, **b, "heads_q05": fig["heads_q05"]})
     ctx.figure("llm_correctness_joint_clusters_bacc", jc["balanced_accuracy"], None, None, {**settings, **jc})
     ctx.figure("llm_correctness_joint_modes_bacc", jm["balanced_accuracy"], None, None, {**settings, **jm})
+    ctx.figure("llm_correctness_right_answerable", fig["answerability"]["right_answerable"], None, None,
+               {**settings, **fig["answerability"]})
     print(f"# llm_correctness: {verdict(fig)}", flush=True)
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 from attnclust.data import read_squad
 from attnclust.layout import RunLayout
 from bench.common.factgen import generate_facts, write_facts
-from bench.figures.llm_correctness import joint_score, one_hot_codes, question_codes, verdict
+from bench.figures.llm_correctness import answerability, joint_score, one_hot_codes, question_codes, verdict
 
 
 def test_generated_answers_lie_at_their_offsets_and_a_quarter_are_unanswerable(tmp_path):
@@ -61,6 +61,22 @@ def test_verdict_says_when_nothing_beats_the_baseline():
     assert verdict(fig).startswith("nothing beats the baseline")
     fig["joint_modes"] = {"p": 0.01, "balanced_accuracy": 0.64, "null_95": 0.56}
     assert "modes together: balanced accuracy 0.640" in verdict(fig)
+
+
+def test_a_model_that_abstains_everywhere_makes_right_answerability_and_the_verdict_says_so():
+    """SmolLM2 on the generated facts abstained on 317 of 400 questions: every right answer was an abstention on an
+    unanswerable question. Right/wrong is then answerability, and the verdict says what the figures measure."""
+    unanswerable = np.array([True] * 3 + [False] * 7)
+    same = answerability(unanswerable.copy(), unanswerable)
+    assert same == {"right_answerable": 0, "answerable": 7, "right_unanswerable": 3, "unanswerable": 3, "same": True}
+    mixed = answerability(np.array([True, False, True] + [True] + [False] * 6), unanswerable)
+    assert mixed["same"] is False and mixed["right_answerable"] == 1 and mixed["right_unanswerable"] == 2
+    wins = {"p": 0.01, "balanced_accuracy": 0.86, "null_95": 0.56}
+    fig = {"heads_q05": 0, "best_head": {"layer": 0, "head": 0, "balanced_accuracy": 0.6, "q": 0.3},
+           "joint_clusters": wins, "joint_modes": wins, "answerability": same}
+    assert verdict(fig).startswith("right/wrong IS answerability here (3 of 3 unanswerable questions right, 0 of 7 "
+                                   "answerable ones)") and "modes together: balanced accuracy 0.860" in verdict(fig)
+    assert not verdict({**fig, "answerability": mixed}).startswith("right/wrong IS")
 
 
 def test_each_question_gets_its_first_features_clusters(tmp_path):
