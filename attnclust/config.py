@@ -222,10 +222,11 @@ class ExtractConfig(_Model):
         the profile vectors, by a measured per-row estimate (:mod:`attnclust.store.plan`); no cap when
         every row fits whole. The pre-flight line names the cap, and the fingerprint records it.
     overlap
-        Convert and store batch ``i``'s maps in a second thread while the forward of batch ``i + 1`` runs (the
-        outputs are the same either way); ``false``: one after the other; ``None`` (the default): overlap only
-        when the forward runs on a GPU. On CPU the forward already keeps every core busy, so the second thread
-        does not help (bench/README.md: ``extract_overlapped_vs_forward``).
+        Convert and store each layer's maps in a second thread while the forward computes the next layer (two
+        layers' maps in memory at most; the outputs are the same either way); ``false``: each layer's maps are
+        converted inside the forward as the layer makes them, before the next layer runs; ``None`` (the default):
+        overlap only when the forward runs on a GPU. On CPU the forward already keeps every core busy, so the
+        second thread does not help (bench/README.md: ``extract_overlapped_vs_forward``).
     head_outputs
         Also store each head's output (its context vector) pooled per feature at [CLS] and over the context
         tokens, and the last layer's [CLS] hidden state, in ``head_outputs.zarr`` (float16: ``2 x layers x heads x

@@ -93,6 +93,7 @@ class ExactOnDemand:
         """``(model config, None)`` when the run's recorded model is here with its recorded identity, else
         ``(None, reason)``."""
         from .config import ModelConfig
+        from .models.kinds import kind_of
         from .models.sources import model_identity
 
         path = self.layout.stage_record("extract")
@@ -107,9 +108,9 @@ class ExactOnDemand:
             return None, f"_state/{path.name} records no model name and weights identity"
         self.model_name = name
         try:
-            # an encoder run's record holds no model_kind; a decoder's says "causal" (ModelKind.identity)
-            cfg = ModelConfig(name=name, revision=keys.get("model.revision"),
-                              kind=identity.get("model_kind") or "encoder", gguf_file=identity.get("model.gguf_file"))
+            # the kind the store records (a decoder's store says so: ModelKind.store_attrs)
+            cfg = ModelConfig(name=name, revision=keys.get("model.revision"), kind=kind_of(self.store).name,
+                              gguf_file=identity.get("model.gguf_file"))
             now = model_identity(cfg)
         except (ValueError, OSError) as exc:  # ModelError, ConfigError (ValueErrors) or an unreadable file
             return None, f"the run's model {name!r} is not available here ({_line(exc)})"

@@ -213,7 +213,7 @@ def stop_token_ids(tokenizer, model=None) -> list[int]:
 
 
 def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = True,
-                   head_outputs: bool = False):
+                   head_outputs: bool = False, layer_maps=None):
     """One teacher-forced forward pass of a causal LM over a batch of features (prompt + answer tokens).
 
     Parameters
@@ -227,12 +227,17 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
     device
         ``cpu`` or ``cuda``.
     attentions
-        Also return the attention maps.
+        Also return the attention maps, each layer's copied into them as the forward makes it
+        (:func:`attnclust.models.hooks.layer_attention`).
     head_outputs
         Also return each query head's output at the last prompt token and averaged over the context tokens, and
         the last hidden state at the last prompt token (:class:`~attnclust.models.HeadOutputs`: ``last_prompt``,
         ``context_mean``, ``last_prompt_hidden``; :func:`attnclust.models.hooks.capture_head_outputs`): ``rows``
         then needs ``part`` (the context is its ``context`` tokens).
+    layer_maps : callable, optional
+        Instead of ``attentions`` (pass ``attentions=False``): ``layer_maps(layer, weights)`` gets each layer's
+        weights, (feature, head, query, key) per query head, padded, on ``device``, inside the forward as the layer
+        makes them; none is kept (:func:`attnclust.models.hooks.stream_attention`).
 
     Returns
     -------
@@ -243,7 +248,7 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
     """
     import torch
 
-    from .hooks import capture_head_outputs, stack_layers
+    from .hooks import capture_head_outputs, layer_attention, stack_layers
 
     lens = [len(ids) for ids in rows["input_ids"]]
     n = max(lens)
@@ -262,10 +267,12 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
             in_context[i, :len(parts)] = np.asarray(list(parts)) == "context"
         capture = capture_head_outputs(loaded.model, at={"last_prompt": last},
                                        mean={"context_mean": torch.from_numpy(in_context)})
-    with capture as captured, torch.inference_mode(), \
+    stream, maps = layer_attention(loaded.model, loaded.num_layers, layer_maps=layer_maps,
+                                   stack=(len(lens), loaded.num_heads, n) if attentions else None)
+    with capture as captured, stream, torch.inference_mode(), \
             torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-        result = loaded.model(**inputs, output_attentions=attentions, output_hidden_states=head_outputs,
-                              use_cache=False)
+        result = loaded.model(**inputs, output_attentions=attentions or layer_maps is not None,
+                              output_hidden_states=head_outputs, use_cache=False)
         logp = torch.log_softmax(result.logits[:, :-1].float(), dim=-1)
         picked = logp.gather(-1, inputs["input_ids"][:, 1:, None])[..., 0]
     pooled = None
@@ -277,17 +284,6 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
                              .float().cpu().numpy())
     token_logprobs = np.zeros((len(lens), n), dtype=np.float32)
     token_logprobs[:, 1:] = picked.cpu().numpy() * mask[:, 1:]
-    layers = list(result.attentions or ()) if attentions else None
-    del result, logp
-    maps = None
-    if attentions:
-        if not layers or layers[0] is None:
-            raise ModelError("causal_forward: the model returned no attention weights; load it with get_model(), "
-                             "which uses eager attention")
-        maps = torch.empty((layers[0].shape[0], len(layers), *layers[0].shape[1:]), dtype=torch.float32)
-        for i in range(len(layers)):
-            maps[:, i] = layers[i]
-            layers[i] = None
     return ForwardOutput(attentions=maps, start_logits=None, end_logits=None, token_logprobs=token_logprobs,
                          head_outputs=pooled)
 

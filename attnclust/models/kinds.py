@@ -27,7 +27,7 @@ so that the stages and the analyses ask a model one way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -196,7 +196,8 @@ class ModelKind:
                             max_features_per_example=cfg.data.max_features_per_example)
 
     def forward(self, loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = False,
-                head_outputs: bool = False) -> ForwardOutput:
+                head_outputs: bool = False, layer_maps: Callable[[int, torch.Tensor], None] | None = None
+                ) -> ForwardOutput:
         """One forward pass over a batch of features (inference mode; fp16 autocast on ``cuda``).
 
         Parameters
@@ -211,6 +212,10 @@ class ModelKind:
             Also return the attention maps.
         head_outputs
             Also return each head's pooled output (only where :attr:`stores_head_outputs`).
+        layer_maps
+            Instead of ``attentions``: ``layer_maps(layer, weights)`` gets each layer's weights, (feature, head,
+            query, key) padded on ``device``, inside the forward as the layer makes them; none is kept
+            (:func:`attnclust.models.hooks.stream_attention`).
 
         Returns
         -------
@@ -286,11 +291,13 @@ class EncoderKind(ModelKind):
                                  max_features_per_example=cfg.data.max_features_per_example)
 
     def forward(self, loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = False,
-                head_outputs: bool = False) -> ForwardOutput:
+                head_outputs: bool = False, layer_maps: Callable[[int, torch.Tensor], None] | None = None
+                ) -> ForwardOutput:
         """:func:`attnclust.models.run_forward`."""
         from .runner import run_forward
 
-        return run_forward(loaded, rows, device=device, attentions=attentions, head_outputs=head_outputs)
+        return run_forward(loaded, rows, device=device, attentions=attentions, head_outputs=head_outputs,
+                           layer_maps=layer_maps)
 
 
 class DecoderKind(ModelKind):
@@ -358,11 +365,13 @@ class DecoderKind(ModelKind):
         return frame
 
     def forward(self, loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu", attentions: bool = False,
-                head_outputs: bool = False) -> ForwardOutput:
+                head_outputs: bool = False, layer_maps: Callable[[int, torch.Tensor], None] | None = None
+                ) -> ForwardOutput:
         """:func:`attnclust.models.causal_forward` (teacher-forced over prompt + answer)."""
         from .decoder import causal_forward
 
-        return causal_forward(loaded, rows, device=device, attentions=attentions, head_outputs=head_outputs)
+        return causal_forward(loaded, rows, device=device, attentions=attentions, head_outputs=head_outputs,
+                              layer_maps=layer_maps)
 
 
 ENCODER = EncoderKind()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -181,7 +181,8 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cp
 def describe_model(cfg: ModelConfig) -> dict:
     """Pre-flight check of the model: load it (cached, CPU) and describe it.
 
-    A checkpoint that does not load fails here, before a run writes anything.
+    A checkpoint that does not load, or whose attention modules extraction does not find
+    (:func:`attnclust.models.hooks.attention_modules`), fails here, before a run writes anything.
 
     Parameters
     ----------
@@ -198,13 +199,19 @@ def describe_model(cfg: ModelConfig) -> dict:
     Raises
     ------
     ModelError
-        If the model cannot be found or loaded.
+        If the model cannot be found or loaded, or is of no registered family of attention modules.
     """
+    from .hooks import attention_modules
+
     loaded = get_model(cfg)
     if loaded.num_layers < 1 or loaded.num_heads < 1:
         raise ModelError(f"model.name {cfg.name!r}: config.json gives {loaded.num_layers} layers x "
                          f"{loaded.num_heads} attention heads; a model has at least one layer with one head: fix "
                          f"num_hidden_layers / num_attention_heads in config.json")
+    try:
+        attention_modules(loaded.model)  # where extraction reads each layer's weights
+    except ModelError as exc:
+        raise ModelError(f"model.name {cfg.name!r}: {exc}") from None
     kv = getattr(getattr(loaded.model, "config", None), "num_key_value_heads", None)
     grouped = {"kv_heads": int(kv)} if isinstance(kv, int) and 0 < kv < loaded.num_heads else {}
     return {"source": resolve_model_path(cfg), "identity": model_identity(cfg), "num_layers": loaded.num_layers,
@@ -286,7 +293,8 @@ def context_mask(rows: pd.DataFrame) -> np.ndarray:
 
 
 def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
-                attentions: bool = False, head_outputs: bool = False) -> ForwardOutput:
+                attentions: bool = False, head_outputs: bool = False,
+                layer_maps: Callable[[int, torch.Tensor], None] | None = None) -> ForwardOutput:
     """One forward pass over a batch of features (inference mode; fp16 autocast on ``cuda``).
 
     Parameters
@@ -299,30 +307,45 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
     device
         ``cpu`` or ``cuda``.
     attentions
-        Also return the attention maps (needs eager attention).
+        Also return the attention maps (needs eager attention), each layer's copied into them as the forward makes
+        it (:func:`attnclust.models.hooks.layer_attention`).
     head_outputs
         Also return each head's pooled output and the last layer's [CLS] hidden state (:class:`HeadOutputs`),
         captured by forward pre-hooks on the attention output projections
         (:func:`attnclust.models.hooks.attention_outputs`); ``rows`` then needs ``tokens``.
+    layer_maps
+        Instead of ``attentions``: hand each layer's attention weights, (feature, head, query, key) padded to the
+        longest feature of ``rows`` on ``device`` (float16 under CUDA autocast), to ``layer_maps(layer, weights)``
+        inside the forward, as the layer makes them; none is kept (:func:`attnclust.models.hooks.stream_attention`).
 
     Returns
     -------
     ForwardOutput
         ``attentions`` (feature, layer, head, query, key) or ``None``, ``start_logits`` / ``end_logits``
         (feature, token), all padded to the longest feature of ``rows``; ``head_outputs`` or ``None``.
+
+    Raises
+    ------
+    ModelError
+        With ``attentions`` or ``layer_maps``: the model returns no attention weights (not eager attention) or its
+        attention modules are not found (:func:`attnclust.models.hooks.attention_modules`).
     """
     import torch
 
-    from .hooks import capture_head_outputs, stack_layers
+    from .hooks import capture_head_outputs, layer_attention, stack_layers
 
     inputs = batch_inputs(loaded.model, rows, device=device)
     capture = contextlib.nullcontext({})
     if head_outputs:  # at [CLS] (position 0) and averaged over the context tokens
         capture = capture_head_outputs(loaded.model, at={"cls": torch.zeros(len(rows), dtype=torch.long)},
                                        mean={"context_mean": torch.from_numpy(context_mask(rows))})
-    with capture as captured, torch.inference_mode(), \
+    width = inputs["input_ids"].shape[1]
+    stream, maps = layer_attention(loaded.model, loaded.num_layers, layer_maps=layer_maps,
+                                   stack=(len(rows), loaded.num_heads, width) if attentions else None)
+    with capture as captured, stream, torch.inference_mode(), \
             torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
-        result = loaded.model(**inputs, output_attentions=attentions, output_hidden_states=head_outputs)
+        result = loaded.model(**inputs, output_attentions=attentions or layer_maps is not None,
+                              output_hidden_states=head_outputs)
     pooled = None
     if head_outputs:
         pooled = HeadOutputs(cls=stack_layers(captured["cls"], loaded.num_layers),
@@ -330,18 +353,4 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
                              last_cls=result.hidden_states[-1][:, 0].float().cpu().numpy())
     start_logits = result.start_logits.float().cpu().numpy()
     end_logits = result.end_logits.float().cpu().numpy()
-    layers = list(result.attentions or ()) if attentions else None
-    del result  # the layers' maps are now held by `layers` only, so each one is freed once copied
-    maps = None
-    if attentions:
-        if not layers:
-            raise ModelError("run_forward: the model returned no attention weights; load it with get_model(), "
-                             "which uses eager attention")
-        # (feature, layer, head, query, key) filled layer by layer, each layer freed after its copy: the batch's
-        # maps are in memory once and a layer, not twice as with torch.stack. Outside inference mode: an
-        # ordinary tensor.
-        maps = torch.empty((layers[0].shape[0], len(layers), *layers[0].shape[1:]), dtype=torch.float32)
-        for i in range(len(layers)):
-            maps[:, i] = layers[i]
-            layers[i] = None
     return ForwardOutput(attentions=maps, start_logits=start_logits, end_logits=end_logits, head_outputs=pooled)

@@ -5,18 +5,24 @@ prints the store's projected size and refuses one that would not fit (:meth:`Ext
 features by length (so a batch pads little) and plans one block per shard of the store; each block, on a
 Dask worker, loads the model once per process, runs its features in length-grouped batches, writes its whole
 shard (no other task touches it) with the maps' ``profile`` vectors, its per-map statistics and QA logits as
-parquet parts (the vectors and the statistics from one pass over each feature's maps). The driver never holds
-attention maps. The stage's fingerprint holds the data file's content hash and the model's weights identity,
-so an edited file or a re-trained model is never served from an old extraction.
+parquet parts. Each batch is one streaming pass per layer: a hook on each layer's attention module hands the
+layer's weights over as the forward makes them (:func:`attnclust.models.hooks.stream_attention`), each feature's
+maps of the layer are converted there (the vectors and the statistics from one pass over them, then the stored
+form) and the weights are dropped before the next layer runs, so neither the forward nor the task ever holds a
+batch's maps of all layers. The driver never holds attention maps. The stage's fingerprint holds the data file's
+content hash and the model's weights identity, so an edited file or a re-trained model is never served from an
+old extraction.
 
 The store's size and the room for it are :mod:`attnclust.store.plan`'s (:func:`store_bytes`,
 :func:`check_store_room`), the shard and the exact sample are written by :mod:`attnclust.store.writers`
-(:func:`profile_and_statistics`, :class:`~attnclust.store.writers.ShardFiller`); this stage orders the work.
+(:func:`profile_and_statistics`, :class:`~attnclust.store.writers.ShardFiller`, a layer at a time); this stage
+orders the work.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -139,10 +145,10 @@ FEATURE_ROW_GROUP = 64
 
 # A CPU forward batch holds at most batch_size x CPU_BATCH_SIDE^2 query-key pairs a head (padded to its longest
 # feature): batch_size features up to 96 tokens, 4 of 128, 2 of 192, one above 192. On a CPU a long feature's
-# forward is faster alone than in a batch, and the batch's maps are held while they are converted. Measured with
-# the packaged MiniLM, one thread, ms a feature by batch size: 70-90 tokens 14.8 (16), 12.8 (8), 13.1 (4),
-# 19.2 (1); 140-160 tokens 30.4 (8), 28.1 (4), 28.5 (2); 240-270 tokens 70.2 (8), 59.7 (2), 57.5 (1); 384 tokens
-# 151.7 (8), 123.9 (4), 114.1 (2). A GPU batches as configured (its throughput grows with the batch).
+# forward is faster alone than in a batch. Measured with the packaged MiniLM, one thread, ms a feature by batch
+# size: 70-90 tokens 14.8 (16), 12.8 (8), 13.1 (4), 19.2 (1); 140-160 tokens 30.4 (8), 28.1 (4), 28.5 (2); 240-270
+# tokens 70.2 (8), 59.7 (2), 57.5 (1); 384 tokens 151.7 (8), 123.9 (4), 114.1 (2). A GPU batches as configured (its
+# throughput grows with the batch).
 CPU_BATCH_SIDE = 96
 
 
@@ -226,21 +232,25 @@ def _worker_threads() -> int | None:
 def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu") -> dict:
     """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
 
-    Each batch's maps are converted where the forward left them, feature by feature on views of the batch
-    (:class:`~attnclust.store.writers.ShardFiller`): one pass of row sums gives the ``profile`` vectors and the
-    statistics, then the maps are cast straight into the shard (float16/uint8, or the compact rows of
-    ``extract.store: compact``). With
-    ``extract.overlap`` (by default only when ``device`` is a GPU) one worker thread converts batch ``i`` while
-    the forward of batch ``i + 1`` runs.
+    Each layer's maps are converted where the forward makes them: the forward hands each layer's attention weights
+    of the batch over inside the pass (``layer_maps`` of :meth:`~attnclust.models.kinds.ModelKind.forward`), and
+    they are converted feature by feature on views of them (:class:`~attnclust.store.writers.ShardFiller`, one
+    layer at a time): one pass of row sums gives the ``profile`` vectors and the statistics, then the maps are cast
+    straight into their place in the shard (float16/uint8, or the compact rows of ``extract.store: compact``) and
+    the layer's weights are dropped, so a batch holds one layer's maps, never all of them. With ``extract.overlap``
+    (by default only when ``device`` is a GPU) one worker thread converts layer ``l`` while the forward computes
+    layer ``l + 1`` (two layers' maps at most).
 
     Returns
     -------
     dict
-        ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes and
-        ``convert_seconds`` spent on profile vectors, statistics, conversion and the shard write (overlapped
-        with the forwards when ``extract.overlap`` is on).
+        ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes (less the
+        conversion inside them) and ``convert_seconds`` spent on profile vectors, statistics, conversion and the
+        shard write (overlapped with the forwards when ``extract.overlap`` is on).
     """
     from concurrent.futures import ThreadPoolExecutor
+
+    import torch
 
     from ..models.runner import get_model
     from ..runtime import fix_malloc_thresholds
@@ -255,60 +265,75 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         raise RuntimeError(f"extract block {block}: features.parquet holds {len(feats)} of features "
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
-    fill = ShardFiller(store, start, stop, loaded.num_layers, loaded.num_heads, device,
+    n_layers, n_heads = loaded.num_layers, loaded.num_heads
+    fill = ShardFiller(store, start, stop, n_layers, n_heads, device,
                        causal=kind_of(store).is_decoder)  # the profile's causal uniform null
     exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
-    stat_rows: list[dict[str, np.ndarray]] = []
+    # (feature, layer, head) per statistic, filled layer by layer
+    columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in stat_columns(fill.causal)}
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
-    forward_s = 0.0
+    forward_s = in_hook_s = 0.0
     bs = cfg.extract.batch_size
 
-    def convert(rows: pd.DataFrame, result) -> None:
-        attn = result.attentions  # (feature, layer, head, query, key)
-        for i, row in enumerate(rows.itertuples(index=False)):
-            m = int(row.seq_len)
-            maps = attn[i, :, :, :m, :m]
-            stat_rows.append(fill(row, maps))
-            exact(row, maps)
-            # start/end logits, or a decoder's token log-probabilities (qa/prompting.py scores the generated text)
-            qa_rows.append({"feature_id": row.feature_id, **kind.token_outputs(result, i, m)})
+    def convert(rows: pd.DataFrame, layer: int, weights) -> None:
+        """One layer of a batch, (feature, head, query, key) padded: each feature's maps into its places."""
+        with torch.inference_mode():  # as in the forward (the weights are its inference tensors)
+            weights = weights.float()  # float16 under CUDA autocast: the float32 the statistics read
+            for i, row in enumerate(rows.itertuples(index=False)):
+                m = int(row.seq_len)
+                maps = weights[i, None, :, :m, :m]  # (1 layer, head, query, key): a view
+                stats = fill(row, maps, layer=layer)
+                for name, values in columns.items():
+                    values[int(row.feature_id) - start, layer] = stats[name][0]
+                exact(row, maps, layer=layer)
 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool:
+
+        def layer_maps(rows: pd.DataFrame, layer: int, weights) -> None:
+            """Inside the forward: convert the layer now, or hand it to the worker thread once the layer before it
+            is done (at most one layer waits: two layers' maps in memory at most)."""
+            nonlocal pending, in_hook_s
+            t0 = time.perf_counter()
+            if overlap:
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(convert, rows, layer, weights)
+            else:
+                convert(rows, layer, weights)
+            in_hook_s += time.perf_counter() - t0
+
         pairs = None if device.startswith("cuda") else bs * CPU_BATCH_SIDE ** 2
         for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
             rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
-            result = kind.forward(loaded, rows, device=device, attentions=True, head_outputs=pooled is not None)
+            result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
+                                  layer_maps=functools.partial(layer_maps, rows))
+            forward_s += time.perf_counter() - t0
             if pooled is not None:
                 pooled.append(result.head_outputs)
-            forward_s += time.perf_counter() - t0
-            if pending is not None:
-                pending.result()  # at most one batch waits: two batches of maps in memory at most
-            if overlap:
-                pending = pool.submit(convert, rows, result)
-            else:
-                convert(rows, result)
-            del result  # (the pending convert holds its own) not alive through the next batch's forward
+            for i, row in enumerate(rows.itertuples(index=False)):
+                # start/end logits, or a decoder's token log-probabilities (qa/prompting.py scores the generated text)
+                qa_rows.append({"feature_id": row.feature_id, **kind.token_outputs(result, i, int(row.seq_len))})
         if pending is not None:
             pending.result()
+    exact.close()
     fill.write()
-    n_layers, n_heads = loaded.num_layers, loaded.num_heads
     fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
     stats = pd.DataFrame({
         "feature_id": fid.astype(np.int64),
         "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), len(feats)),
         "head": np.tile(np.arange(n_heads, dtype=np.int16), n_layers * len(feats)),
-        **{c: np.concatenate([r[c].ravel() for r in stat_rows]) for c in stat_columns(fill.causal)},
+        **{name: values.ravel() for name, values in columns.items()},
     })
     atomic_write_parquet(stats, layout.part("stats", block))
     atomic_write_parquet(pd.DataFrame(qa_rows), layout.part("qa", block))
     if pooled is not None:
         save_head_output_part(layout.head_output_part(block), feats["feature_id"].to_numpy(), pooled)
     return {"block": block, "features": len(feats), "tokens": int(feats["seq_len"].sum()),
-            "forward_seconds": forward_s, "convert_seconds": fill.seconds}
+            "forward_seconds": forward_s - in_hook_s, "convert_seconds": fill.seconds}
 
 
 def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, model_info: dict,
@@ -339,7 +364,7 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         compact_mass=cfg.extract.compact_mass, compact_max_keys=plan.max_keys,
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         # a read compact row gets the mass it dropped back, over the keys it sees (a decoder's: up to its query)
-        compact_spread="causal" if kind_of(model_info).is_decoder else "keys",
+        compact_spread="prefix" if kind_of(model_info).is_decoder else "keys",
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
                "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs,

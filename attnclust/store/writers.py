@@ -2,9 +2,15 @@
 exact sample.
 
 :class:`ShardFiller` holds one task's shard in memory and writes it once (no other task touches it);
-:class:`ExactSampleWriter` writes the sample features' exact maps beside it, each its own shard. Both take the
-forward's maps as torch tensors at the feature's true length; :func:`profile_and_statistics` computes a feature's
-``profile`` vectors and per-map statistics from one pass over them.
+:class:`ExactSampleWriter` writes the sample features' exact maps beside it, each its own shard. Both take exact
+maps as torch tensors at the feature's true length, any run of a feature's layers at a time: the extract stage
+streams them one layer at a time, each feature's maps of a layer handed over inside the forward pass as the layer
+makes them (:func:`attnclust.models.hooks.stream_attention`), and they put each into that feature's and that layer's
+place. :func:`profile_and_statistics` computes the ``profile`` vectors and per-map statistics of maps of one feature
+(all its layers or some) from one pass over them. Every number is per map, so a layer at a time gives the numbers
+of all layers at once up to float32 rounding: the row sums are batched matrix products, whose rounding can change
+with the number of maps in a batch (:func:`~attnclust.featurize.profile.profile_tensor` takes one product per map
+below 8 maps on one thread, one per query above, and the BLAS kernel may depend on the batch's size).
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
     Parameters
     ----------
     maps : torch.Tensor
-        (layer, head, query, key) float32 exact attention at the feature's true length ``n``, on any device; a
-        view cropped out of the forward's padded batch is read in place (never copied).
+        (layer, head, query, key) float32 exact attention at the feature's true length ``n``, on any device: all
+        the feature's layers or some of them (the extract stage's: one layer, (1, head, query, key)); a view
+        cropped out of the forward's padded batch is read in place (never copied).
     tokens, segment_ids
         The feature's ``n`` tokens and segment ids.
     causal
@@ -84,17 +91,17 @@ def compact_error(codes, maps, *, spread: str | None) -> np.ndarray:
 
 
 class ShardFiller:
-    """One task's shard in memory, filled feature by feature from exact maps, written once at the end.
+    """One task's shard in memory, filled from exact maps feature by feature and layer by layer (any run of a
+    feature's layers at a time: the extract stage gives one layer), written once at the end.
 
-    For each feature, in torch on the task's device (on a CPU on views of the forward's batch, never copied; a
-    GPU task moves each feature's maps there once, as :func:`~attnclust.models.run_forward` hands its batch
-    over in host memory): one pass of
+    For each feature's maps, in torch on the task's device (views of the layer's weights in the forward's batch,
+    never copied on the device they were made on; maps on another device are moved there): one pass of
     row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.featurize.profile.profile_tensor`,
     stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
-    then the maps are cast straight into the shard: float16, uint8 ``round(255 w)``, or in a compact store each
-    row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's row mass they hold
-    (the store's ``kept_mass``) and, in a store that spreads the dropped mass, each map's mean row L1 distance
-    between the map as read back and the exact map (``map_error``: :func:`compact_error`).
+    then the maps are cast straight into their place in the shard: float16, uint8 ``round(255 w)``, or in a
+    compact store each row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's
+    row mass they hold (the store's ``kept_mass``) and, in a store that spreads the dropped mass, each map's mean
+    row L1 distance between the map as read back and the exact map (``map_error``: :func:`compact_error`).
 
     Parameters
     ----------
@@ -128,26 +135,43 @@ class ShardFiller:
         self.kept = None if self.compact is None else np.zeros((n, n_layers, n_heads), np.float32)
         self.error = None if store.map_error is None else np.zeros((n, n_layers, n_heads), np.float32)
 
-    def __call__(self, row, maps) -> dict[str, np.ndarray]:
-        """Put one feature's exact maps, (layer, head, query, key) float32 at its true length (a view of the
-        batch), into the shard and its profile vectors into :attr:`profile`; return its statistics."""
+    def __call__(self, row, maps, *, layer: int = 0) -> dict[str, np.ndarray]:
+        """Put exact maps of feature ``row.feature_id`` into its place in the shard and their profile vectors into
+        :attr:`profile`; return their statistics.
+
+        Parameters
+        ----------
+        row
+            The feature's row of ``features.parquet`` (``feature_id``, ``tokens``, ``segment_ids``).
+        maps : torch.Tensor
+            (layer, head, query, key) float32 at the feature's true length (a view of the forward's batch): the
+            feature's layers ``layer, layer + 1, ...``, one or all of them.
+        layer
+            The first layer ``maps`` holds.
+
+        Returns
+        -------
+        dict
+            (layer, head) float32 per statistic (:func:`profile_and_statistics`), for the layers of ``maps``.
+        """
         t0 = time.perf_counter()
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
-        maps = maps.to(self.device)  # on a GPU the row sums and compact rows run there (no copy on a CPU)
+        layers = slice(layer, layer + maps.shape[0])
+        maps = maps.to(self.device)  # the row sums and compact rows run on the task's device (a no-op there)
         vectors, stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids), causal=self.causal)
         if self.profile is not None:
-            self.profile[j] = vectors
+            self.profile[j, layers] = vectors
         if self.compact is not None:
             codes, kept = compact_maps(maps, mass=float(self.compact["mass"]), max_keys=self.compact["max_keys"],
                                        with_kept=True)
-            self.shard[j, :, :, :m, :m] = codes.cpu()
-            self.kept[j] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
+            self.shard[j, layers, :, :m, :m] = codes.cpu()
+            self.kept[j, layers] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
             if self.error is not None:
-                self.error[j] = compact_error(codes, maps, spread=self.store.spread)
+                self.error[j, layers] = compact_error(codes, maps, spread=self.store.spread)
         elif self.quantise:
-            self.shard[j, :, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
+            self.shard[j, layers, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
         else:
-            self.shard[j, :, :, :m, :m] = maps.cpu()  # cast to float16 in the copy
+            self.shard[j, layers, :, :m, :m] = maps.cpu()  # cast to float16 in the copy
         self.seconds += time.perf_counter() - t0
         return stats
 
@@ -167,7 +191,8 @@ class ShardFiller:
 
 class ExactSampleWriter:
     """Writes the exact maps of the sample features in one task's features ``start:stop`` (float16, as a full
-    store would hold them). Each sample feature is its own shard of ``exact``: no other task writes it.
+    store would hold them). Each sample feature is its own shard of ``exact``: no other task writes it. A feature's
+    maps may come a few layers at a time: they are held until it has all its layers, then written at once.
 
     Parameters
     ----------
@@ -181,16 +206,31 @@ class ExactSampleWriter:
         self.exact = store.exact
         ids = store.exact_features if store.exact is not None else np.zeros(0, np.int64)
         self.rows = {int(f): i for i, f in enumerate(ids) if start <= f < stop}
+        self.held: dict[int, tuple[np.ndarray, set[int]]] = {}  # sample row -> its maps so far, their layers
 
-    def __call__(self, row, maps) -> None:
-        """Store feature ``row.feature_id``'s exact maps (a torch tensor (layer, head, query, key) at its true
-        length) when it is in the sample."""
+    def __call__(self, row, maps, *, layer: int = 0) -> None:
+        """Take feature ``row.feature_id``'s exact maps when it is in the sample: ``maps`` a torch tensor (layer,
+        head, query, key) at its true length holding its layers ``layer, layer + 1, ...``; written once all its
+        layers have come."""
         i = self.rows.get(int(row.feature_id))
         if i is None:
             return
         import torch
 
         m = maps.shape[-1]
-        out = np.zeros(self.exact.shape[1:], np.float16)
-        out[:, :, :m, :m] = maps.to(torch.float16).cpu().numpy()  # the same cast as a full store's shard
-        self.exact.with_config({"write_empty_chunks": True})[i] = out
+        if i not in self.held:
+            self.held[i] = (np.zeros(self.exact.shape[1:], np.float16), set())
+        out, done = self.held[i]
+        # the same cast as a full store's shard
+        out[layer:layer + maps.shape[0], :, :m, :m] = maps.to(torch.float16).cpu().numpy()
+        done.update(range(layer, layer + maps.shape[0]))
+        if len(done) == out.shape[0]:
+            self.exact.with_config({"write_empty_chunks": True})[i] = out
+            del self.held[i]
+
+    def close(self) -> None:
+        """Refuse to end with a sample feature whose layers did not all come (its maps then are not written)."""
+        if self.held:
+            got = {i: sorted(done) for i, (_, done) in self.held.items()}
+            raise RuntimeError(f"exact sample: rows {sorted(got)} of the exact array got only layers {got} of "
+                               f"{self.exact.shape[1]}; their maps were not written")

@@ -91,10 +91,11 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     ``bucketing_gain``, five arms interleaved in one loop.
 
     A: the extraction stage in-process (prepare_store + extract_block per shard + finish_store: forward, crop,
-    statistics, QA spans, zarr shard, parquet parts) with the job's defaults (on CPU: conversion after each forward).
-    A2: the same with ``extract.overlap: true`` (conversion of batch i in a second thread during the forward of batch
-    i+1). A3: ``extract.store: compact`` without an exact sample (defaults otherwise). B: bare forwards over the same
-    length-sorted batches. C: bare forwards over the same features in dataset order (unsorted batches).
+    statistics, QA spans, zarr shard, parquet parts) with the job's defaults (on CPU: each layer converted inside the
+    forward as it is made). A2: the same with ``extract.overlap: true`` (conversion of layer l in a second thread
+    while the forward computes layer l+1). A3: ``extract.store: compact`` without an exact sample (defaults
+    otherwise). B: bare forwards over the same length-sorted batches. C: bare forwards over the same features in
+    dataset order (unsorted batches).
     """
     import torch
 
@@ -149,12 +150,13 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     ctx.figure("extract_vs_forward", tp["extract_stage"] / tp["bare_sorted"], ">=", 0.85, {
         **common, **last_rep("extract_stage"),
         "note": "extract stage (in-process extract_block on planned features, with zarr + parquet writes; "
-                "the job's defaults: on CPU, profile vectors, statistics, conversion and shard filling after each "
-                "forward) vs bare model(**batch, output_attentions=True) on the same length-sorted batches"})
+                "the job's defaults: on CPU, profile vectors, statistics, conversion and shard filling of each layer "
+                "inside the forward as the layer makes it) vs bare model(**batch, output_attentions=True) on the "
+                "same length-sorted batches"})
     ctx.figure("extract_overlapped_vs_forward", tp["extract_overlapped"] / tp["bare_sorted"], None, None, {
         **common, **last_rep("extract_overlapped"),
-        "note": "informational: the same stage with extract.overlap: true (batch i converted in a second thread "
-                "during the forward of batch i+1; the default on a GPU only), interleaved with the other arms"})
+        "note": "informational: the same stage with extract.overlap: true (layer l converted in a second thread "
+                "while the forward computes layer l+1; the default on a GPU only), interleaved with the other arms"})
     ctx.figure("extract_compact_vs_forward", tp["extract_compact"] / tp["bare_sorted"], None, None, {
         **common, **last_rep("extract_compact"),
         "note": "informational: extract.store: compact (top rows to 0.95 of the mass, uint8 + int16, and the "

@@ -1,6 +1,7 @@
 """docs/extending.md's worked examples run: each ``# file:`` block of the page is written to a module, all are
 imported in a fresh process, and a small job (a tiny random BERT over the small SQuAD file, in-process) shows each
-extension in the run's outputs, settings, fingerprint and report; the model family's gates act on a tiny OPT."""
+extension in the run's outputs, settings, fingerprint and report; the model family's gates act on a tiny OPT and its
+attention weights stream from it."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ from transformers import OPTConfig, OPTForCausalLM
 from attnclust.models.hooks import gated
 torch.manual_seed(0)
 opt = OPTForCausalLM(OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=4,
-                               max_position_embeddings=32, word_embed_proj_dim=16)).eval()
+                               max_position_embeddings=32, word_embed_proj_dim=16, attn_implementation="eager")).eval()
 ids = torch.arange(12).unsqueeze(0)
 with torch.no_grad():
     plain = opt(ids).logits
@@ -59,6 +60,13 @@ with torch.no_grad():
     with gated(opt, gate):
         cut = opt(ids).logits
 assert torch.allclose(plain, ones, atol=1e-6) and not torch.allclose(plain, cut, atol=1e-4)
+from attnclust.models.hooks import stream_attention
+with torch.no_grad():
+    weights = opt(ids, output_attentions=True).attentions
+    handed = []
+    with stream_attention(opt, lambda layer, w: handed.append(w), n_layers=2):
+        streamed = opt(ids, output_attentions=True)
+assert not streamed.attentions and len(handed) == 2 and all(torch.equal(a, b) for a, b in zip(handed, weights))
 print("EXTENSIONS OK")
 '''
 

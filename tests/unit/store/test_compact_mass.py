@@ -126,7 +126,7 @@ def test_the_dropped_mass_is_spread_as_a_loop_over_each_row_spreads_it(causal):
     want = _spread_loop(plain, codes, causal, lengths)
     got = spread_dropped(plain.copy(), codes, causal=causal, lengths=lengths)
     np.testing.assert_allclose(got, want, atol=1e-6)
-    np.testing.assert_allclose(decode_compact(codes, spread="causal" if causal else "keys", lengths=lengths), want,
+    np.testing.assert_allclose(decode_compact(codes, spread="prefix" if causal else "keys", lengths=lengths), want,
                                atol=1e-6)
     for f, n in enumerate(lengths):  # real rows sum to 1; padding stays 0
         np.testing.assert_allclose(got[f, :, :, :n, :n].sum(-1), 1, atol=1e-5)
