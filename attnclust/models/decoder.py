@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -175,16 +176,48 @@ def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = Tr
     quiet_transformers()
     from transformers import AutoModelForCausalLM
 
+    from .gguf_cache import cached, store_entry
+
     source = resolve_model_path(cfg)
+    attention = {"attn_implementation": "eager"} if eager else {}
+    entry = cached(cfg, "model") if source_kwargs(cfg) else None  # a GGUF file's weights, dequantised before
+    if entry is not None:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(entry, trust_remote_code=False, local_files_only=True,
+                                                         **attention)
+            model.eval().to(device)
+            return _loaded(model)
+        except Exception:  # noqa: BLE001 -- a damaged entry (attnclust's own): removed, the GGUF file read again
+            shutil.rmtree(entry, ignore_errors=True)
     cache_only = _cache_only_reason(source)
     try:
         with _from_hub(cache_only) as hub, without_gguf_bar():
             model = AutoModelForCausalLM.from_pretrained(
-                source, revision=cfg.revision, trust_remote_code=False, **source_kwargs(cfg),
-                **({"attn_implementation": "eager"} if eager else {}), **hub)
+                source, revision=cfg.revision, trust_remote_code=False, **source_kwargs(cfg), **attention, **hub)
     except Exception as exc:
         raise ModelError(_load_failure(cfg, source, "model", exc, cache_only=cache_only)) from None
+    if source_kwargs(cfg):  # kept as an ordinary checkpoint: the next process reads it in about a second
+        store_entry(cfg, "model", lambda folder: _save_dequantised(model, folder))
     model.eval().to(device)
+    return _loaded(model)
+
+
+def _save_dequantised(model, folder: Path) -> None:
+    """A GGUF-loaded model as an ordinary checkpoint (its ``save_pretrained`` refuses a GGUF-quantised model):
+    the float32 weights (tied ones once), ``config.json`` and ``generation_config.json``."""
+    import json
+
+    from safetensors.torch import save_model
+
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+
+
+def _loaded(model) -> LoadedModel:
     config = model.config
     return LoadedModel(model=model, head_trained=True, num_layers=int(config.num_hidden_layers),
                        num_heads=int(config.num_attention_heads), kind="causal")

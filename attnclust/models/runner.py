@@ -79,18 +79,41 @@ def get_tokenizer(cfg: ModelConfig):
             quiet_transformers()
             from transformers import AutoTokenizer
 
+            from .gguf_cache import cached, store_entry
+
             source = resolve_model_path(cfg)
-            cache_only = _cache_only_reason(source)
-            try:
-                with _from_hub(cache_only) as hub:
-                    tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True,
-                                                        trust_remote_code=False, **source_kwargs(cfg), **hub)
-            except Exception as exc:
-                raise ModelError(_load_failure(cfg, source, "tokenizer", exc, cache_only=cache_only)) from None
+            gguf = bool(source_kwargs(cfg))
+            tok = _cached_tokenizer(cached(cfg, "tokenizer")) if gguf else None  # built from a GGUF file before
+            if tok is None:
+                cache_only = _cache_only_reason(source)
+                try:
+                    with _from_hub(cache_only) as hub:
+                        tok = AutoTokenizer.from_pretrained(source, revision=cfg.revision, use_fast=True,
+                                                            trust_remote_code=False, **source_kwargs(cfg), **hub)
+                except Exception as exc:
+                    raise ModelError(_load_failure(cfg, source, "tokenizer", exc, cache_only=cache_only)) from None
+                if gguf and getattr(tok, "is_fast", False):
+                    store_entry(cfg, "tokenizer", tok.save_pretrained)
             if not getattr(tok, "is_fast", False):
                 raise ModelError(f"model.name {cfg.name!r}: needs a fast tokenizer (offset mapping); none found")
             _CACHE[key] = tok
         return _CACHE[key]
+
+
+def _cached_tokenizer(entry):
+    """The tokenizer kept in a GGUF cache entry (:mod:`attnclust.models.gguf_cache`), or None (no entry, or a
+    damaged one: removed, attnclust's own, and the GGUF file read again)."""
+    if entry is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(entry, use_fast=True, trust_remote_code=False, local_files_only=True)
+    except Exception:  # noqa: BLE001
+        import shutil
+
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
 
 
 def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: bool = True) -> LoadedModel:

@@ -103,3 +103,42 @@ def test_smollm2_report_prints_the_papers_protocols(tmp_path):
             in text)
     heads = pd.read_parquet(tmp_path / "run" / "heads.parquet")
     assert int(heads["needle_retrieval_head"].sum()) == found["heads"]
+
+
+@pytest.mark.slow
+def test_a_cached_gguf_load_gives_the_files_weights_and_tokens(tmp_path, monkeypatch):
+    """The first load of the packaged SmolLM2 keeps its dequantised weights and its tokenizer in the cache; a load
+    from there gives bit for bit the same logits and attention maps, the same token ids, chat template and
+    generation config."""
+    pytest.importorskip("gguf")
+    import torch
+
+    from attnclust.config import ModelConfig
+    from attnclust.models import gguf_cache, runner
+    from attnclust.models.decoder import load_causal_model
+
+    monkeypatch.setenv("ATTNCLUST_CACHE", str(tmp_path / "cache"))
+    cfg = ModelConfig(name="smollm2")
+    text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    seen = []
+    for _ in range(2):
+        runner._CACHE.clear()  # the per-process caches: each round loads
+        try:
+            loaded, tok = load_causal_model(cfg), runner.get_tokenizer(cfg)
+        except ModelError as exc:
+            if "is not installed" in str(exc):
+                pytest.skip(str(exc))
+            raise
+        ids = tok(text)["input_ids"]
+        with torch.inference_mode():
+            out = loaded.model(input_ids=torch.tensor([ids]), output_attentions=True)
+        seen.append({"ids": ids, "logits": out.logits, "maps": out.attentions[7],
+                     "template": tok.chat_template, "generation": loaded.model.generation_config.to_dict()})
+        assert gguf_cache.cached(cfg, "model") is not None and gguf_cache.cached(cfg, "tokenizer") is not None
+    first, second = seen
+    assert first["ids"] == second["ids"] and first["template"] == second["template"]
+    assert first["generation"] == second["generation"]
+    assert torch.equal(first["logits"], second["logits"]) and torch.equal(first["maps"], second["maps"])
+    import shutil
+
+    shutil.rmtree(tmp_path / "cache")  # 0.5 GB of float32 weights: not left in the test's temporary folder

@@ -55,7 +55,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the attention and embedding stores' contract, and reading a run's tables
     ("stores", ("attnclust.store",)),
     # where a model's files come from (packaged, a directory, the hub, a GGUF file), what a load returns
-    ("model sources", ("attnclust.models.sources",)),
+    ("model sources", ("attnclust.models.sources", "attnclust.models.gguf_cache")),
     # loading and running models (decoders in causal, below the runner that dispatches to it), the CPU/GPU
     # backends, the Dask runtime, and the one task runner of the stages and of the work inside them (executors)
     ("compute", ("attnclust.models.decoder", "attnclust.models", "attnclust.backend", "attnclust.runtime",
