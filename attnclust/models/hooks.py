@@ -152,6 +152,17 @@ def _gpt2(model: Any, base: Any) -> list | None:
     return None
 
 
+def _per_layer(model: Any, registry: dict) -> list | None:
+    """The first registered family's modules of every layer (``registry``: family -> ``find(model, base)``), or
+    None when no family finds them."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    for find in registry.values():
+        found = find(model, base)
+        if found is not None:
+            return found
+    return None
+
+
 def attention_outputs(model: Any) -> list:
     """Each layer's attention output projection: the module whose input is the concatenated heads' context.
 
@@ -171,11 +182,9 @@ def attention_outputs(model: Any) -> list:
     ModelError
         No registered family finds them, or the model is an ALBERT with several attention blocks per layer.
     """
-    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
-    for find in OUTPUT_PROJECTIONS.values():
-        found = find(model, base)
-        if found is not None:
-            return found
+    found = _per_layer(model, OUTPUT_PROJECTIONS)
+    if found is not None:
+        return found
     raise ModelError(f"head gates and head outputs: model type {type(model).__name__}: no per-layer attention output "
                      f"projection found; they support BERT-style encoders (encoder.layer[i].attention.output.dense: "
                      f"BERT, RoBERTa, ELECTRA, DeBERTa), DistilBERT, ALBERT, Llama-style decoders "
@@ -460,11 +469,9 @@ def attention_modules(model: Any) -> list:
     ModelError
         No registered family finds them, or the model is an ALBERT with several attention blocks per layer.
     """
-    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
-    for find in ATTENTION_MODULES.values():
-        found = find(model, base)
-        if found is not None:
-            return found
+    found = _per_layer(model, ATTENTION_MODULES)
+    if found is not None:
+        return found
     raise ModelError(f"extraction: model type {type(model).__name__}: no per-layer attention module found; "
                      f"extraction reads BERT-style encoders (encoder.layer[i].attention.self: BERT, RoBERTa, ELECTRA, "
                      f"DeBERTa), DistilBERT, ALBERT, Llama-style decoders (layers[i].self_attn: Llama, Mistral, Qwen, "
