@@ -496,8 +496,7 @@ def spread_dropped(weights: np.ndarray, codes: np.ndarray, *, causal: bool = Fal
     count = free.sum(-1, dtype=np.int32)  # (..., query)
     dropped = np.maximum(1.0 - weights.sum(-1, dtype=np.float64), 0)  # float64: the same wherever the row is padded
     some = ~np.all(codes == 0, axis=-1)  # rows that keep some key
-    dropped *= (count > 0) & some
-    share = np.divide(dropped, count, out=np.zeros_like(dropped), where=count > 0).astype(weights.dtype)
+    share = np.divide(dropped, count, out=np.zeros_like(dropped), where=(count > 0) & some).astype(weights.dtype)
     weights += free * share[..., None]
     whole = (count == 0) & some  # kept every key it sees: only the codes' rounding keeps it from 1
     if whole.any():
@@ -844,28 +843,28 @@ def kept_mass_summary(store: AttentionStore) -> dict:
     """The share of the exact row mass a compact store's rows keep, from its ``kept_mass`` array: ``mean`` over
     every query row of every map (each map's mean weighted by its rows), and over the maps' means the 5th
     percentile ``p05`` and the least ``min``; 4 significant digits."""
-    with store._reading(0, store.n_features):
-        per_map = np.asarray(store.kept_mass[:], dtype=np.float64)  # (feature, layer, head)
-    if per_map.size == 0:
-        return {"mean": 1.0, "p05": 1.0, "min": 1.0}
-    rows = np.broadcast_to(store.seq_len.astype(np.float64)[:, None, None], per_map.shape)
-    return {name: float(f"{value:.4g}") for name, value in (("mean", (per_map * rows).sum() / rows.sum()),
-                                                            ("p05", np.percentile(per_map, 5)),
-                                                            ("min", per_map.min()))}
+    return _per_map_summary(store, store.kept_mass, empty=1.0, tail=("p05", 5), extreme=("min", np.min))
 
 
 def map_error_summary(store: AttentionStore) -> dict:
     """How far a compact store's maps read back are from the exact maps, from its ``map_error`` array: ``mean``
     over every query row of every map (each map's mean weighted by its rows), the 95th percentile ``p95`` of the
     maps' means and the largest ``max``; 4 significant digits."""
+    return _per_map_summary(store, store.map_error, empty=0.0, tail=("p95", 95), extreme=("max", np.max))
+
+
+def _per_map_summary(store: AttentionStore, array, *, empty: float, tail: tuple[str, float],
+                     extreme: tuple[str, Any]) -> dict:
+    """A (feature, layer, head) array of per-map row means: the mean over every query row, a percentile of the
+    maps' means and their extreme (``empty`` for each without maps)."""
     with store._reading(0, store.n_features):
-        per_map = np.asarray(store.map_error[:], dtype=np.float64)
+        per_map = np.asarray(array[:], dtype=np.float64)
     if per_map.size == 0:
-        return {"mean": 0.0, "p95": 0.0, "max": 0.0}
+        return {"mean": empty, tail[0]: empty, extreme[0]: empty}
     rows = np.broadcast_to(store.seq_len.astype(np.float64)[:, None, None], per_map.shape)
     return {name: float(f"{value:.4g}") for name, value in (("mean", (per_map * rows).sum() / rows.sum()),
-                                                            ("p95", np.percentile(per_map, 95)),
-                                                            ("max", per_map.max()))}
+                                                            (tail[0], np.percentile(per_map, tail[1])),
+                                                            (extreme[0], extreme[1](per_map)))}
 
 
 def check_store_tables(root: Path) -> None:

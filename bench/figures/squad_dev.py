@@ -295,29 +295,28 @@ def write_bert_base(folder: Path) -> dict:
 
 
 def _forward_share(root: str, model: str, batches: list[tuple[int, int]], threads: int) -> float:
-    """In a child process: seconds of ``kind.forward(..., attentions=True)`` over ``batches`` (``(start, stop)``
-    feature ranges of ``root``'s features.parquet), the model loaded first and not timed; nothing kept."""
+    """In a child process: seconds of the bare forward (:func:`bench.figures.extraction.bare_forward`: maps
+    returned, nothing kept) over ``batches`` (``(start, stop)`` feature ranges of ``root``'s features.parquet),
+    the model loaded and the inputs made first, not timed."""
     import pandas as pd
     import torch
 
     from attnclust.config import ModelConfig
-    from attnclust.models.kinds import kind_of
     from attnclust.models.runner import get_model
+
+    from .extraction import bare_forward, make_batches
 
     torch.set_num_threads(threads)
     loaded = get_model(ModelConfig(name=model), threads=threads)
-    kind = kind_of(loaded)
     feats = pd.read_parquet(Path(root) / "features.parquet").sort_values("feature_id").reset_index(drop=True)
-    kind.forward(loaded, feats.iloc[:1], attentions=True)  # warm-up, as a worker's first block
-    t0 = time.perf_counter()
-    for b0, b1 in batches:
-        kind.forward(loaded, feats.iloc[b0:b1], attentions=True)
-    return time.perf_counter() - t0
+    inputs = [make_batches(feats.iloc[b0:b1], b1 - b0)[0] for b0, b1 in batches]
+    bare_forward(loaded.model, inputs[:1])  # warm-up, as a worker's first block
+    return bare_forward(loaded.model, inputs)
 
 
 def bare_forward_workers(run: Path, *, workers: int, batch_size: int = 8, model: str = "minilm") -> dict:
-    """The physical limit of a run on this machine: the bare forward (attention maps returned, nothing converted
-    or stored) over the run's own features, in the extract stage's length-grouped batches
+    """The physical limit of a run on this machine: the bare forward of an encoder (attention maps returned,
+    nothing converted or stored) over the run's own features, in the extract stage's length-grouped batches
     (:func:`attnclust.stages.extract.batch_ranges`), on ``workers`` processes of one thread each as the embedded
     cluster's workers, the batches dealt round-robin. ``wall_s``: the slowest process's forward seconds."""
     import multiprocessing as mp
