@@ -223,8 +223,10 @@ class ExtractConfig(_Model):
         every row fits whole. The pre-flight line names the cap, and the fingerprint records it.
     overlap
         Convert and store each layer's maps in a second thread while the forward computes the next layer (two
-        layers' maps in memory at most; the outputs are the same either way); ``false``: each layer's maps are
-        converted inside the forward as the layer makes them, before the next layer runs; ``None`` (the default):
+        layers' maps in memory at most; the outputs are the same either way), and compress and write each finished
+        batch's maps in a writer thread beside the next batches' forwards; ``false``: each layer's maps are
+        converted inside the forward as the layer makes them, before the next layer runs, and the task's shard is
+        written once at its end; ``None`` (the default):
         overlap only when the forward runs on a GPU. On CPU the forward already keeps every core busy, so the
         second thread does not help (bench/README.md: ``extract_overlapped_vs_forward``).
     head_outputs

@@ -239,7 +239,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     straight into their place in the shard (float16/uint8, or the compact rows of ``extract.store: compact``) and
     the layer's weights are dropped, so a batch holds one layer's maps, never all of them. With ``extract.overlap``
     (by default only when ``device`` is a GPU) one worker thread converts layer ``l`` while the forward computes
-    layer ``l + 1`` (two layers' maps at most).
+    layer ``l + 1`` (two layers' maps at most), and a writer thread compresses and writes the maps of each batch
+    whose layers are all converted while the next batches' forwards run (:meth:`ShardFiller.flush
+    <attnclust.store.writers.ShardFiller.flush>`); without it the shard is written once, at the end.
 
     Returns
     -------
@@ -266,11 +268,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
     n_layers, n_heads = loaded.num_layers, loaded.num_heads
-    fill = ShardFiller(store, start, stop, n_layers, n_heads, device,
-                       causal=kind_of(store).is_decoder)  # the profile's causal uniform null
-    exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
+    causal = kind_of(store).is_decoder  # the profile's causal uniform null, the causal statistics
     # (feature, layer, head) per statistic, filled layer by layer
-    columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in stat_columns(fill.causal)}
+    columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in stat_columns(causal)}
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
     forward_s = in_hook_s = 0.0
@@ -290,7 +290,12 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{block}") as writer:
+        # with overlap, the finished features' maps are compressed and written beside the next batches' forwards
+        fill = ShardFiller(store, start, stop, n_layers, n_heads, device, causal=causal,
+                           writer=writer if overlap else None)
+        exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
 
         def layer_maps(rows: pd.DataFrame, layer: int, weights) -> None:
             """Inside the forward: convert the layer now, or hand it to the worker thread once the layer before it
@@ -306,12 +311,16 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             in_hook_s += time.perf_counter() - t0
 
         pairs = None if device.startswith("cuda") else bs * CPU_BATCH_SIDE ** 2
+        finished = 0  # features 0:finished of the block have all their layers converted
         for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
             rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
             result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
                                   layer_maps=functools.partial(layer_maps, rows))
             forward_s += time.perf_counter() - t0
+            # the batch before this one is converted (its last layer was waited for at this one's first)
+            fill.flush(start + finished)
+            finished = b1
             if pooled is not None:
                 pooled.append(result.head_outputs)
             for i, row in enumerate(rows.itertuples(index=False)):
@@ -319,8 +328,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                 qa_rows.append({"feature_id": row.feature_id, **kind.token_outputs(result, i, int(row.seq_len))})
         if pending is not None:
             pending.result()
-    exact.close()
-    fill.write()
+        exact.close()
+        fill.write()
     fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
     stats = pd.DataFrame({
         "feature_id": fid.astype(np.int64),

@@ -636,13 +636,14 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     records ``mass``, ``max_keys`` and ``encoding`` (:data:`COMPACT_ENCODING`); ``dtype`` is not used. The zero
     runs cost almost nothing after zstd (measured with a linear byte code: 0.0104 of raw float32 per map against
     0.0137 for ragged key-ordered uint8 weights + int16 key deltas and 0.0275 for largest-first weights + keys).
-    Its chunks are stored key-major (zarr's ``transpose`` codec) and compressed by Blosc zstd level 1 with
-    bit-shuffling: 0.0108 of raw float32 per map against 0.01163 in query-major order with zstd level 1. The
-    square-root code's small weights take distinct values where a linear byte rounds them all to 1: over 308
-    generated SQuAD-v2 features of the packaged MiniLM, uncapped rows at ``compact_mass`` 0.95 take 0.0295 of raw
-    float32 per map (0.0133 for the linear code, 384 wide). Level 1, not 5, because the write is the largest part
-    of a compact extraction: over 126 generated SQuAD-v2 features in one process and one thread, level 1 converts
-    and writes at 47 ms a feature against 60 for level 5, for 8% more bytes (``bench/README.md``).
+    Its chunks are stored key-major (zarr's ``transpose`` codec: a head's [CLS]/[SEP]/punctuation columns become
+    runs) and compressed by zstd level 1, chosen by measurement over the candidates of
+    ``bench/studies/codec_choice.py`` (MiniLM maps of 12 generated dense features, 11 keys a row, 2026-11-28):
+    0.0284 of the raw uint8 chunk, encoded at 1.9-2.0 GB/s, against 0.0473 at 0.7 GB/s for Blosc zstd level 1
+    bit-shuffled (the codec before, chosen for the linear byte code, whose values were small integers with zero high
+    bit planes; the square-root code's are not) and 0.0368 for zstd level 1 query-major. Level 3 is 4% larger and
+    slower. The square-root code's small weights take distinct values where a linear byte rounds them all to 1, so
+    uncapped rows at ``compact_mass`` 0.95 cost more than they did with the linear code.
 
     ``exact_features`` (compact only; :func:`exact_sample_ids`): features whose exact maps are also kept, as
     float16 in the ``exact`` array (one shard per feature, so each extract task writes only its own features'),
@@ -671,7 +672,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
             attrs["exact_sample"] = {"features": len(sample)}
     elif dtype == "uint8":  # linear: a compact store's codes are not (COMPACT_ENCODING)
         attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
-    from zarr.codecs import BloscCodec, TransposeCodec, ZstdCodec
+    from zarr.codecs import TransposeCodec, ZstdCodec
 
     from .integrity import COMPLETE, with_checksum
 
@@ -685,10 +686,9 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     group = open_writable_group(path, mode="w", zarr_format=3)
     group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
                         "store": mode, "complete": False, **attrs})
-    # compact: each chunk stored key-major (a head's [CLS]/[SEP]/punctuation columns become runs) and
-    # bit-shuffled (the kept weights are small integers: their high bit planes are zero); see the docstring
-    codecs = ({"filters": [TransposeCodec(order=(0, 1, 2, 4, 3))],
-               "compressors": with_checksum(BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", typesize=1))}
+    # compact: each chunk stored key-major (a head's [CLS]/[SEP]/punctuation columns become runs), zstd level 1;
+    # every part's codec measured against the others (bench/studies/codec_choice.py; see the docstring)
+    codecs = ({"filters": [TransposeCodec(order=(0, 1, 2, 4, 3))], "compressors": with_checksum(ZstdCodec(level=1))}
               if mode == "compact" else {"compressors": with_checksum(ZstdCodec(level=1))})
     attention = group.create_array(
         "attention", shape=(n, num_layers, num_heads, width, width), dtype=dtype,

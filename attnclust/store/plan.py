@@ -47,13 +47,14 @@ __all__ = ["COMPACT_EXPECTED_RATIO", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "
 COMPACT_EXPECTED_RATIO = 0.8
 
 # What a compact row that keeps k keys takes on disk, at most, in bytes: ROW_BYTES_ONE_KEY x k ** ROW_KEYS_EXPONENT.
-# Measured (the store's codecs: key-major, Blosc zstd-1 bit-shuffled, 384 wide; the square-root code) on 32
-# generated SQuAD-v2 features of 70-299 tokens, bytes a row at 1, 2, 4, 8, 16, 32 keys: the packaged MiniLM 4.4,
-# 8.6, 14.5, 23.1, 35.5, 52.9 (uncapped at compact_mass 0.95: 88.8 for 89 keys); a random-init BERT-base (12 x 12)
-# 4.8, 7.2, 11.0, 16.9, 26.7, 42.9. A row's bytes grow slower than its keys (the positions of more keys cost fewer
-# bits each); 6.4 k ** 0.7 lies 17-69% above every measured point, so a store sized by it lands under its budget.
-ROW_BYTES_ONE_KEY = 6.4
-ROW_KEYS_EXPONENT = 0.7
+# Measured (the store's codecs: key-major, zstd-1, 384 wide; the square-root code; bench/studies/codec_choice.py),
+# bytes a true-length row at 1, 2, 4, 8, 16, 32 keys: the packaged MiniLM on 12 generated dense SQuAD-v2 features
+# 2.0, 4.2, 7.8, 13.7, 23.5, 38.8; a random-init BERT-base (12 x 12) on 5 features of 70-299 random tokens 2.5, 4.4,
+# 7.7, 13.3, 22.5, 36.2. A row's bytes grow slower than its keys (the positions of more keys cost fewer bits each);
+# 3.4 k ** 0.75 lies 16-70% above every measured point, so a store sized by it lands under its budget. (Blosc
+# zstd-1 bit-shuffled, the codec before 2026-11-28, took 4.1-4.7 bytes at one key and 43-58 at 32: 6.4 k ** 0.7.)
+ROW_BYTES_ONE_KEY = 3.4
+ROW_KEYS_EXPONENT = 0.75
 
 # The share of extract.store_budget_gb a compact store fitted to it (compact_max_keys null) gives its exact sample
 # at most: extract.exact_sample's 256 features of SQuAD-like lengths take 1.3 GB of float16 maps for MiniLM (6 x 12

@@ -116,13 +116,23 @@ class ShardFiller:
     causal
         The maps are a causal model's: the profile vectors use the causal uniform null
         (:func:`profile_and_statistics`).
+    writer : concurrent.futures.Executor, optional
+        A writer thread (its owner shuts it down): the shard's maps are compressed and written there as its
+        features are finished (:meth:`flush`), beside the next batches' forwards, instead of all at once in
+        :meth:`write`. Each flush is a partial write of the shard: zarr compresses only the new features' inner
+        chunks and rewrites the shard file with the earlier ones' bytes as they were. The store is the same either
+        way.
     """
 
-    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, device: str, *, causal: bool):
+    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, device: str, *, causal: bool,
+                 writer=None):
         import torch
 
         self.store, self.start, self.stop, self.device = store, start, stop, device
         self.seconds = 0.0
+        self.written = start  # the shard's maps of features start:written are written or being written
+        self.pending: list = []  # the writer thread's writes, waited for in write()
+        self.writer = writer
         n, width = stop - start, store.width
         dtype = torch.uint8 if store.attention.dtype == np.uint8 else torch.float16
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
@@ -175,11 +185,31 @@ class ShardFiller:
         self.seconds += time.perf_counter() - t0
         return stats
 
-    def write(self) -> None:
-        """Write the whole shard and its profile vectors for features ``start:stop``."""
+    def _write_maps(self, lo: int, upto: int) -> float:
+        """Write the shard's maps of features ``lo:upto``; the seconds it took."""
         t0 = time.perf_counter()
         # every inner chunk holds a real map: skip zarr's (slow, float16) all-zero scan of each chunk
-        self.store.attention.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.shard.numpy()
+        self.store.attention.with_config({"write_empty_chunks": True})[lo:upto] = \
+            self.shard.numpy()[lo - self.start:upto - self.start]
+        return time.perf_counter() - t0
+
+    def flush(self, upto: int) -> None:
+        """Features ``start:upto`` have all their layers: with a writer thread, hand the maps of those not yet
+        handed over to it (a no-op without one: :meth:`write` writes the whole shard)."""
+        if self.writer is None or upto <= self.written:
+            return
+        lo, self.written = self.written, upto
+        self.pending.append(self.writer.submit(self._write_maps, lo, upto))
+
+    def write(self) -> None:
+        """Write what is left of the shard (all of it without a writer thread), wait for the writer thread, then
+        write the profile vectors (and kept mass, map error) of features ``start:stop``."""
+        if self.writer is not None:
+            self.flush(self.stop)
+            self.seconds += sum(f.result() for f in self.pending)  # the writer thread's error is raised here
+        else:
+            self.seconds += self._write_maps(self.start, self.stop)
+        t0 = time.perf_counter()
         if self.profile is not None:
             self.store.profile.with_config({"write_empty_chunks": True})[self.start:self.stop] = self.profile
         if self.kept is not None:
