@@ -93,7 +93,7 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     A: the extraction stage in-process (prepare_store + extract_block per shard + finish_store: forward, crop,
     statistics, QA spans, zarr shard, parquet parts) with the job's defaults (on CPU: each layer converted inside the
     forward as it is made). A2: the same with ``extract.overlap: true`` (conversion of layer l in a second thread
-    while the forward computes layer l+1). A3: ``extract.store: compact`` without an exact sample (defaults
+    while the forward computes layer l+1, finished batches written by a writer thread). A3: ``extract.store: compact`` without an exact sample (defaults
     otherwise). B: bare forwards over the same length-sorted batches. C: bare forwards over the same features in
     dataset order (unsorted batches).
     """
@@ -156,7 +156,9 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     ctx.figure("extract_overlapped_vs_forward", tp["extract_overlapped"] / tp["bare_sorted"], None, None, {
         **common, **last_rep("extract_overlapped"),
         "note": "informational: the same stage with extract.overlap: true (layer l converted in a second thread "
-                "while the forward computes layer l+1; the default on a GPU only), interleaved with the other arms"})
+                "while the forward computes layer l+1, and each finished batch's maps compressed and written by a "
+                "writer thread beside the next batches' forwards; the default on a GPU only), interleaved with the "
+                "other arms"})
     ctx.figure("extract_compact_vs_forward", tp["extract_compact"] / tp["bare_sorted"], None, None, {
         **common, **last_rep("extract_compact"),
         "note": "informational: extract.store: compact (top rows to 0.95 of the mass, uint8 + int16, and the "
