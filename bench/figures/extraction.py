@@ -93,7 +93,8 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
     A: the extraction stage in-process (prepare_store + extract_block per shard + finish_store: forward, crop,
     statistics, QA spans, zarr shard, parquet parts) with the job's defaults (on CPU: each layer converted inside the
     forward as it is made). A2: the same with ``extract.overlap: true`` (conversion of layer l in a second thread
-    while the forward computes layer l+1, finished batches written by a writer thread). A3: ``extract.store: compact`` without an exact sample (defaults
+    while the forward computes layer l+1, finished batches written by a writer thread). A3: ``extract.store:
+    compact`` without an exact sample (defaults
     otherwise). B: bare forwards over the same length-sorted batches. C: bare forwards over the same features in
     dataset order (unsorted batches).
     """
