@@ -114,3 +114,23 @@ def write_squad(path: Path, n_examples: int, *, seed: int = 0, dense: bool = Fal
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(generate_squad(n_examples, seed=seed, **(DENSE if dense else {}))))
     return path
+
+
+def generated_feature_maps(examples: int, features: int, *, dense: bool = True):
+    """The packaged MiniLM's exact maps over up to ``features`` generated features spread over their lengths (the
+    studies of the compact store): yields ``(row, maps)``, ``row`` the feature's row of the planned features and
+    ``maps`` a float32 torch tensor (layer, head, query, key) at its true length."""
+    import tempfile
+
+    from attnclust.config import JobConfig
+    from attnclust.models.runner import get_model, run_forward
+    from attnclust.stages.extract import prepare_inputs
+
+    with tempfile.TemporaryDirectory(prefix="attnclust-maps-") as tmp:
+        data = write_squad(Path(tmp) / "data.json", examples, dense=dense)
+        cfg = JobConfig.from_dict({"name": "maps", "data": {"path": str(data)}})
+        feats = prepare_inputs(cfg)["features"]
+    feats = feats.iloc[np.unique(np.linspace(0, len(feats) - 1, min(features, len(feats))).astype(int))]
+    loaded = get_model(cfg.model, threads=None, device="cpu")
+    for i in range(len(feats)):
+        yield feats.iloc[i], run_forward(loaded, feats.iloc[[i]], attentions=True).attentions[0].float()

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-__all__ = ["CANDIDATES", "bench_codecs", "store_parts"]
+__all__ = ["bench_codecs", "store_parts"]
 
 WIDTH = 384
 ROW_KEYS = (1, 2, 4, 8, 16, 32)
@@ -48,58 +46,41 @@ def _candidates() -> dict:
     }
 
 
-CANDIDATES = ("zstd-1", "zstd-3", "blosc-zstd-1-byteshuffle", "blosc-zstd-1-bitshuffle", "blosc-lz4-5-byteshuffle",
-              "blosc-lz4-5-bitshuffle")
+def _padded(maps: np.ndarray, n: int) -> np.ndarray:
+    """(layer, head, n, n) maps as the store's inner chunks hold them: each layer's (head, WIDTH, WIDTH), zero
+    beyond the true length ``n``."""
+    out = np.zeros((*maps.shape[:2], WIDTH, WIDTH), maps.dtype)
+    out[..., :n, :n] = maps
+    return out
 
 
 def store_parts(n_features: int) -> tuple[dict[str, list[np.ndarray]], dict[str, int]]:
     """The chunks each store part would hold for ``n_features`` generated features: ``{part: [chunk, ...]}``, and
     for the compact rows capped at each of :data:`ROW_KEYS` keys (parts ``rows@K``) the number of true-length rows
     they hold (their bytes a row are what :data:`attnclust.store.plan.ROW_BYTES_ONE_KEY` estimates)."""
-    import torch
-
-    from attnclust.config import JobConfig
     from attnclust.featurize import TokenContext
     from attnclust.featurize.profile import profile_tensor
-    from attnclust.models.runner import get_model, run_forward
-    from attnclust.stages.extract import prepare_inputs
     from attnclust.store import compact_maps
 
-    from ..common.squadgen import write_squad
+    from ..common.squadgen import generated_feature_maps
 
-    with tempfile.TemporaryDirectory(prefix="attnclust-codec-") as tmp:
-        data = write_squad(Path(tmp) / "dense.json", n_features, dense=True)
-        cfg = JobConfig.from_dict({"name": "codec", "data": {"path": str(data)}})
-        features = prepare_inputs(cfg)["features"]
-    features = features.iloc[np.linspace(0, len(features) - 1, n_features).astype(int)]
-    loaded = get_model(cfg.model, threads=None, device="cpu")
     rows_per_part: dict[str, int] = {}
     parts: dict[str, list[np.ndarray]] = {"full": [], "compact": [], "compact-query-major": [], "profile": []}
-    for _, row in features.iterrows():
-        rows = features.loc[[row.name]]
-        maps = run_forward(loaded, rows, attentions=True).attentions[0].float()  # (layer, head, query, key)
+    for row, maps in generated_feature_maps(n_features, n_features):
         n = int(row.seq_len)
         context = TokenContext.from_tokens([list(row.tokens)], [list(row.segment_ids)],
                                            maps_per_row=maps.shape[0] * maps.shape[1])
         vectors = profile_tensor(maps.reshape(-1, n, n), context)
         parts["profile"].append(np.asarray(vectors, np.float32))
-        codes = compact_maps(maps, mass=0.95, max_keys=11)  # dev's budget keeps 11 keys a row
         for keys in ROW_KEYS:
-            by_keys = compact_maps(maps, mass=0.95, max_keys=keys).numpy()
-            padded = np.zeros((*by_keys.shape[:2], WIDTH, WIDTH), np.uint8)
-            padded[..., :n, :n] = by_keys
-            parts.setdefault(f"rows@{keys}", []).extend(np.ascontiguousarray(p.transpose(0, 2, 1)) for p in padded)
+            codes = _padded(compact_maps(maps, mass=0.95, max_keys=keys).numpy(), n)
+            parts.setdefault(f"rows@{keys}", []).extend(np.ascontiguousarray(c.transpose(0, 2, 1)) for c in codes)
             rows_per_part[f"rows@{keys}"] = rows_per_part.get(f"rows@{keys}", 0) + n * maps.shape[0] * maps.shape[1]
-        for layer in range(maps.shape[0]):
-            full = np.zeros((maps.shape[1], WIDTH, WIDTH), np.float16)
-            full[:, :n, :n] = maps[layer].numpy()
-            compact = np.zeros((maps.shape[1], WIDTH, WIDTH), np.uint8)
-            compact[:, :n, :n] = codes[layer].numpy()
-            parts["full"].append(full)
-            parts["compact"].append(np.ascontiguousarray(compact.transpose(0, 2, 1)))  # key-major, as stored
-            parts["compact-query-major"].append(compact)
+        parts["full"].extend(_padded(maps.numpy().astype(np.float16), n))
+        compact = _padded(compact_maps(maps, mass=0.95, max_keys=11).numpy(), n)  # dev's budget: 11 keys a row
+        parts["compact"].extend(np.ascontiguousarray(c.transpose(0, 2, 1)) for c in compact)  # key-major, as stored
+        parts["compact-query-major"].extend(compact)
     parts["profile"] = [np.stack(parts["profile"])]  # one chunk per shard
-    del torch
     return parts, rows_per_part
 
 

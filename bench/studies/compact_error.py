@@ -20,8 +20,6 @@ default budget allows can be read against the error it gives.
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 
 import numpy as np
 
@@ -31,25 +29,13 @@ __all__ = ["compact_error_by_keys"]
 def compact_error_by_keys(examples: int, keys: list[int], *, dense: bool = True, features: int = 10) -> dict:
     """``{cap: {"zeros", "even", "oracle", "row_bytes"}}``: mean row L1 errors over the maps of up to ``features``
     features spread over the generated data's lengths, and the estimated bytes a row."""
-    import torch
-
-    from attnclust.config import JobConfig
-    from attnclust.models.runner import get_model, run_forward
-    from attnclust.stages.extract import prepare_inputs
     from attnclust.store import compact_maps, decode_compact
     from attnclust.store.plan import ROW_BYTES_ONE_KEY, ROW_KEYS_EXPONENT
 
-    from ..common.squadgen import write_squad
+    from ..common.squadgen import generated_feature_maps
 
-    with tempfile.TemporaryDirectory(prefix="attnclust-compact-error-") as tmp:
-        data = write_squad(Path(tmp) / "data.json", examples, dense=dense)
-        cfg = JobConfig.from_dict({"name": "compact-error", "data": {"path": str(data)}})
-        feats = prepare_inputs(cfg)["features"]
-    feats = feats.iloc[np.unique(np.linspace(0, len(feats) - 1, min(features, len(feats))).astype(int))]
-    loaded = get_model(cfg.model, threads=None, device="cpu")
     errors: dict[int, dict[str, list[float]]] = {k: {"zeros": [], "even": [], "oracle": []} for k in keys}
-    for i in range(len(feats)):
-        maps = run_forward(loaded, feats.iloc[[i]], attentions=True).attentions[0].float()
+    for _, maps in generated_feature_maps(examples, features, dense=dense):
         exact = maps.numpy()
         for k in keys:
             codes = compact_maps(maps, mass=0.95, max_keys=k).numpy()
@@ -60,7 +46,6 @@ def compact_error_by_keys(examples: int, keys: list[int], *, dense: bool = True,
             oracle = zeros + dropped * profile / np.maximum(profile.sum(-1, keepdims=True), 1e-12)
             for name, read in (("zeros", zeros), ("even", decode_compact(codes, spread="keys")), ("oracle", oracle)):
                 errors[k][name].append(float(np.abs(read - exact).sum(-1).mean()))
-    del torch
     return {k: {**{name: round(float(np.mean(v)), 3) for name, v in e.items()},
                 "row_bytes": round(ROW_BYTES_ONE_KEY * k ** ROW_KEYS_EXPONENT, 1)} for k, e in errors.items()}
 
