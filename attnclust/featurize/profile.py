@@ -312,9 +312,66 @@ def profile_maps(maps: np.ndarray, context: TokenContext | None = None, *, offse
                           device=device)
 
 
+class ProfilePlan:
+    """What :func:`profile_tensor` needs besides the maps: the key masks of a token context, the length's far
+    indicators and offset sizes, the batches, a scratch buffer and (on a CPU) the keyed products' operand, for
+    ``m`` maps of ``n`` keys on one device.
+
+    Built by each call that is given none; a caller that profiles several sets of maps with one context (the
+    extract stage: each layer of one feature, one at a time) builds it once and passes it to each call, so what
+    depends only on the tokens and the length is made once per feature and not once per layer. It holds a
+    scratch buffer and the mask row last written into the keyed operand: one thread uses it at a time.
+
+    Parameters
+    ----------
+    context : TokenContext
+        The maps' token masks (``m`` rows of ``n`` keys, or fewer rows indexed by :attr:`TokenContext.row`).
+    m, n
+        Maps and keys.
+    device
+        torch device the arithmetic runs on.
+    offsets, far
+        As in :func:`profile_maps`.
+    """
+
+    def __init__(self, context: TokenContext, m: int, n: int, device, *, offsets: int = OFFSETS,
+                 far: tuple[float, ...] = FAR_FRACTIONS):
+        import torch
+
+        device = torch.device(device)
+        if context.n_keys != n or len(context.row) != m:
+            raise ValueError(f"profile_maps: context for {len(context.row)} maps of {context.n_keys} keys, but {m} "
+                             f"maps of {n} keys were given")
+        self.context, self.m, self.n, self.device, self.offsets, self.far = context, m, n, device, offsets, far
+        self.key_masks = key_masks = _key_masks(context)
+        self.segment = key_masks[..., 5:].argmax(-1)  # (row, key): index of the token's segment
+        self.count = key_masks[..., 5:].sum(1, dtype=np.float64)  # (row, segment)
+        self.row = row = np.asarray(context.row, np.int64)
+        self.masks, self.rows = torch.from_numpy(key_masks).to(device), torch.from_numpy(row).to(device)
+        self.sizes, self.beyond = _length_constants(n, offsets, far, device)
+        # On the CPU, a run of maps that share a mask row (the layer x head maps of one feature) gets one product
+        # per query for the masks and the far mass together, the fastest way; other maps, and all on a GPU, a
+        # product per map for the masks and one per query for the far mass. One CPU thread (a Dask worker's):
+        # batches of a dozen or two maps. Several: 16 MB batches, and runs only when they fill half of one (or are
+        # all the maps: one feature's, from the extract stage); every torch operation synchronises the threads,
+        # and on a loaded machine each one can wait for a scheduler slice.
+        on_cpu = device.type == "cpu"
+        step = max(1, (_BATCH_FLOATS if on_cpu else _BATCH_FLOATS_GPU) // (n * n))
+        if on_cpu and torch.get_num_threads() == 1:
+            step, min_run = min(step, _BATCH_MAPS_ONE_THREAD), _MIN_RUN
+        else:
+            min_run = (1 if row.min() == row.max() else max(_MIN_RUN, step // 2)) if on_cpu else None
+        self.batches = _batches(row, step, min_run)
+        self.scratch = torch.empty((min(step, m), n, n), dtype=torch.float32, device=device)
+        self.keyed = torch.cat([self.masks.new_zeros(n, n, self.masks.shape[-1]), self.beyond], dim=-1) \
+            if on_cpu else None
+        self.keyed_row = None  # the mask row written into keyed's mask columns
+        self.targets = _token_targets(context, device) if context.causal and offsets >= 2 else None
+
+
 def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = OFFSETS,
                    far: tuple[float, ...] = FAR_FRACTIONS, weighted: bool = True, excess: bool = True,
-                   device=None, return_rows: bool = False):
+                   device=None, return_rows: bool = False, plan: ProfilePlan | None = None):
     """Profile vectors of maps of one true length, given as a torch tensor (the one implementation:
     :func:`profile_maps` goes through it, and the extract stage calls it on each feature's maps in the
     forward's batch, on the model's device).
@@ -332,6 +389,9 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
     return_rows
         Also return the row sums the vectors were computed from (for per-map statistics of the same maps
         without reading them again).
+    plan
+        A :class:`ProfilePlan` for these maps (its context is used, ``context`` is not read), made once for
+        several calls; ``None``: one is made for this call.
 
     Returns
     -------
@@ -358,40 +418,25 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
     dim = 2 * offsets + 1 + 7 + len(far)
     if m == 0:
         return np.zeros((0, dim), np.float32)
-    ctx = context if context is not None else TokenContext.positional(n, m)
-    if ctx.n_keys != n or len(ctx.row) != m:
-        raise ValueError(f"profile_maps: context for {len(ctx.row)} maps of {ctx.n_keys} keys, but {m} maps of "
-                         f"{n} keys were given")
-    key_masks = _key_masks(ctx)
-    segment = key_masks[..., 5:].argmax(-1)  # (row, key): index of the token's segment
-    count = key_masks[..., 5:].sum(1, dtype=np.float64)  # (row, segment)
-    row = np.asarray(ctx.row, np.int64)
-    masks, rows = torch.from_numpy(key_masks).to(device), torch.from_numpy(row).to(device)
-    sizes, beyond = _length_constants(n, offsets, far, device)
-    # On the CPU, a run of maps that share a mask row (the layer x head maps of one feature) gets one product per
-    # query for the masks and the far mass together, the fastest way; other maps, and all on a GPU, a product per
-    # map for the masks and one per query for the far mass. One CPU thread (a Dask worker's): batches of a dozen
-    # or two maps. Several: 16 MB batches, and runs only when they fill half of one (or are all the maps: one
-    # feature's, from the extract stage); every torch operation synchronises the threads, and on a loaded
-    # machine each one can wait for a scheduler slice.
-    on_cpu = device.type == "cpu"
-    step = max(1, (_BATCH_FLOATS if on_cpu else _BATCH_FLOATS_GPU) // (n * n))
-    if on_cpu and torch.get_num_threads() == 1:
-        step, min_run = min(step, _BATCH_MAPS_ONE_THREAD), _MIN_RUN
-    else:
-        min_run = (1 if row.min() == row.max() else max(_MIN_RUN, step // 2)) if on_cpu else None
-    scratch = torch.empty((min(step, m), n, n), dtype=torch.float32, device=device)
-    keyed = torch.cat([masks.new_zeros(n, n, masks.shape[-1]), beyond], dim=-1) if on_cpu else None
-    targets = _token_targets(ctx, device) if ctx.causal and offsets >= 2 else None
-    out, keyed_row, kept, on_targets = [], None, [], []
+    if plan is None:
+        plan = ProfilePlan(context if context is not None else TokenContext.positional(n, m), m, n, device,
+                           offsets=offsets, far=far)
+    elif (plan.m, plan.n, plan.device, plan.offsets, plan.far) != (m, n, device, offsets, far):
+        raise ValueError(f"profile_tensor: a plan for {plan.m} maps of {plan.n} keys on {plan.device} (offsets "
+                         f"{plan.offsets}, far {plan.far}), but {m} maps of {n} keys on {device} (offsets {offsets}, "
+                         f"far {far}) were given")
+    ctx, row, masks, rows, beyond, keyed, targets = (plan.context, plan.row, plan.masks, plan.rows, plan.beyond,
+                                                      plan.keyed, plan.targets)
+    segment, count, sizes, key_masks, scratch = plan.segment, plan.count, plan.sizes, plan.key_masks, plan.scratch
+    out, kept, on_targets = [], [], []
     with torch.inference_mode():
-        for b0, b1, shared in _batches(row, step, min_run):
+        for b0, b1, shared in plan.batches:
             a = maps[b0:b1].to(device=device, dtype=torch.float32)
             if shared is None:
                 sums = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0])
             else:
-                if shared != keyed_row:  # (query, key, mask + far): this mask row for every query, its far keys
-                    keyed_row = shared
+                if shared != plan.keyed_row:  # (query, key, mask + far): this mask row for every query, its far keys
+                    plan.keyed_row = shared
                     keyed[..., :masks.shape[-1]] = masks[shared]
                 sums = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes, ctx.causal))

@@ -505,7 +505,8 @@ def spread_dropped(weights: np.ndarray, codes: np.ndarray, *, causal: bool = Fal
     return weights
 
 
-def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: bool = False):
+def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: bool = False,
+                 error_spread: str | None = None):
     """Each query row's largest weights holding at least ``mass`` of the row, encoded, the rest zero.
 
     Parameters
@@ -519,6 +520,9 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: b
         Most weights kept per row (``None``: no cap); a row that needs more keeps only this many.
     with_kept
         Also return the share of each row's sum that its kept keys hold.
+    error_spread
+        Also return each row's L1 distance between the row as a reader decodes it with this spread
+        (:data:`COMPACT_SPREADS`, :func:`decode_compact`) and the exact row (:func:`_row_errors`); ``None``: not.
 
     Returns
     -------
@@ -529,6 +533,8 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: b
     kept : torch.Tensor
         Only with ``with_kept``: (..., query) float32, the exact mass of each row's kept keys over the row's sum
         (1 for a row that sums to 0).
+    error : torch.Tensor
+        Only with ``error_spread``: (..., query) float64, ``sum over keys |read - exact|`` of each row.
 
     Notes
     -----
@@ -539,13 +545,21 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: b
     """
     import torch
 
+    if error_spread is not None and error_spread not in COMPACT_SPREADS:
+        raise ValueError(f"compact error spread {error_spread!r}: allowed {' | '.join(COMPACT_SPREADS)} or None")
     a = maps.float()
     n = a.shape[-1]
     if a.device.type == "cpu":
         flat = a.reshape(-1, n) if a.numel() else a.new_zeros((0, n))
-        codes, kept = _compact_cpu(flat, mass, max_keys)
-        codes = torch.from_numpy(codes.reshape(a.shape))
-        return (codes, torch.from_numpy(kept.reshape(a.shape[:-1]))) if with_kept else codes
+        codes, kept, largest, count = _compact_cpu(flat, mass, max_keys)
+        out = [torch.from_numpy(codes.reshape(a.shape))]
+        if with_kept:
+            out.append(torch.from_numpy(kept.reshape(a.shape[:-1])))
+        if error_spread is not None:
+            error = _row_errors(torch.from_numpy(largest), flat, torch.from_numpy(count),
+                                _visible(a.shape, error_spread, a.device))
+            out.append(error.reshape(a.shape[:-1]))
+        return tuple(out) if len(out) > 1 else out[0]
     values = torch.sort(a, dim=-1, descending=True).values
     sums, running = a.sum(-1, keepdim=True), values.cumsum(-1)
     count = (running < mass * sums).sum(-1, keepdim=True) + 1
@@ -559,15 +573,86 @@ def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: b
         left = count[rows] - (a[rows] > cut[rows]).sum(-1, keepdim=True)
         keep[rows] = (a[rows] > cut[rows]) | (ties & (ties.cumsum(-1) <= left))
     codes = a.clamp(0, 1).sqrt_().mul_(255).round_().mul_(keep).to(torch.uint8)
-    if not with_kept:
-        return codes
-    held = running.gather(-1, count - 1)  # the kept keys' sum: ties at the cut are equal weights
-    return codes, torch.where(sums > 0, held / sums.clamp(min=torch.finfo(a.dtype).tiny), 1.0)[..., 0]
+    out = [codes]
+    if with_kept:
+        held = running.gather(-1, count - 1)  # the kept keys' sum: ties at the cut are equal weights
+        out.append(torch.where(sums > 0, held / sums.clamp(min=torch.finfo(a.dtype).tiny), 1.0)[..., 0])
+    if error_spread is not None:
+        error = _row_errors(values.reshape(-1, n), a.reshape(-1, n), count.reshape(-1),
+                            _visible(a.shape, error_spread, a.device))
+        out.append(error.reshape(a.shape[:-1]))
+    return tuple(out) if len(out) > 1 else out[0]
 
 
-def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`compact_maps` of (row, key) float32 CPU rows, its codes and the kept share of each row: the same
-    numbers as its torch path, twice as fast.
+def _visible(shape, spread: str, device):
+    """(row,) int64: the keys each flattened row of maps of ``shape`` (..., query, key) sees: every key
+    (``keys``), or its query's position + 1 (``prefix``: a decoder's causal rows)."""
+    import torch
+
+    n_query, n = shape[-2], shape[-1]
+    rows = int(np.prod(shape[:-1]))
+    if spread == "keys":
+        return torch.full((rows,), n, dtype=torch.int64, device=device)
+    return (torch.arange(rows, device=device) % n_query + 1).clamp_(max=n)
+
+
+def _row_errors(largest, rows, count, visible):
+    """Each compact row's L1 distance from its exact row once read back with its dropped mass spread
+    (:func:`decode_compact` with a spread), without decoding it: from the row's kept weights and one pass over
+    the exact row.
+
+    A row keeps its ``count`` largest weights; of those, the ones whose code is not 0 are read back, ``d = (code /
+    255) ** 2`` (divided by their sum when it exceeds 1). The reader gives each of the ``f`` other keys the row
+    sees the share ``s = max(1 - sum(d), 0) / f``, so the distance is ``sum |d - w|`` over the keys read back plus
+    ``sum |s - w|`` over the others: ``sum |s - w|`` over the whole row less the keys read back, less ``s`` for
+    each key the row does not see (a causal row's future: exact zeros, read as 0). A row that keeps every key it
+    sees is divided by its sum (its ``s`` is 0); one that keeps none reads 0, so its distance is its sum. Checked
+    against decoding the codes and measuring the distance directly (tests/unit/store/test_compact_mass.py).
+
+    Parameters
+    ----------
+    largest : torch.Tensor
+        (row, keys) float32, each row's largest weights, largest first (at least its ``count``).
+    rows : torch.Tensor
+        (row, key) float32, the exact rows.
+    count : torch.Tensor
+        (row,) int, the keys each row keeps (:func:`compact_maps`: ties at the cut are equal weights).
+    visible : torch.Tensor
+        (row,) int64, the keys each row sees (:func:`_visible`).
+
+    Returns
+    -------
+    torch.Tensor
+        (row,) float64.
+    """
+    import torch
+
+    n, device = rows.shape[-1], rows.device
+    count = count.to(device=device, dtype=torch.int64).reshape(-1, 1)
+    top = largest[:, :int(count.max()) if len(count) else 0]
+    coded = top.clamp(0, 1).sqrt().mul_(255).round_()  # the codes of the kept weights, as compact_maps makes them
+    read = (torch.arange(top.shape[-1], device=device) < count) & (coded > 0)
+    d = torch.from_numpy(_SQUARES).to(device)[coded.to(torch.int64)] * read
+    total = d.sum(-1, keepdim=True)
+    d = torch.where(total > 1, d / total, d)  # a row over 1 is scaled down as the reader does
+    kept = read.sum(-1)  # keys read back
+    free = visible - kept
+    mass = d.sum(-1, dtype=torch.float64)
+    share = torch.where((free > 0) & (kept > 0), (1 - mass).clamp(min=0) / free.clamp(min=1), 0.0)
+    whole = (free <= 0) & (kept > 0)  # every key it sees kept: divided by its sum
+    d = torch.where(whole[:, None], d / d.sum(-1, keepdim=True, dtype=torch.float64).to(d.dtype).clamp(
+        min=torch.finfo(d.dtype).tiny), d)
+    s = share.to(rows.dtype)[:, None]
+    on_kept = ((d - top).abs() * read).sum(-1, dtype=torch.float64)
+    on_all = (rows - s).abs_().sum(-1, dtype=torch.float64)  # the one pass over the exact rows
+    on_rest = on_all - ((top - s).abs() * read).sum(-1, dtype=torch.float64) - share * (n - visible)
+    return on_kept + on_rest
+
+
+def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, ...]:
+    """:func:`compact_maps` of (row, key) float32 CPU rows: its codes and the kept share of each row, the same
+    numbers as its torch path, twice as fast; and for :func:`_row_errors` each row's largest weights (largest
+    first) and the number of keys it keeps.
 
     The running sum is torch's (it accumulates in double, as the GPU path's), over the values sorted largest
     first; it never decreases, so the keys to keep are one binary search per row, and whether a row has more
@@ -588,8 +673,8 @@ def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, n
     # np.sort 0.46, torch.topk 2.4 (k = 8) to 5.3 (k = 64), np.partition + a sort of the k largest 0.63-0.74;
     # n = 384: 2.9, 15.6-24.9, 4.0-4.9 (and topk would still need a pass counting the weights at the cut).
     ascending = np.sort(arr, axis=-1)
-    largest = ascending[:, ::-1][:, :keys]  # the keys largest values, largest first
-    running = torch.from_numpy(largest.copy()).cumsum(-1)  # never decreasing
+    largest = ascending[:, ::-1][:, :keys].copy()  # the keys largest values, largest first (positive strides)
+    running = torch.from_numpy(largest).cumsum(-1)  # never decreasing
     sums = flat.sum(-1, keepdim=True)
     count = torch.searchsorted(running, sums * mass).numpy()[:, 0] + 1  # sums below + 1
     np.minimum(count, keys, out=count)
@@ -609,7 +694,7 @@ def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, n
         ties = rows == cuts
         left = count[extra][:, None] - (rows > cuts).sum(-1, keepdims=True)
         q[extra] *= (rows > cuts) | (ties & (np.cumsum(ties, axis=-1) <= left))
-    return q, kept
+    return q, kept, largest, count
 
 
 def _zarr():

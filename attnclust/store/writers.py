@@ -20,13 +20,42 @@ import time
 import numpy as np
 
 from ..analysis.stats import map_statistics, token_masks
-from .contract import compact_maps, decode_compact
+from .contract import compact_maps
 
-__all__ = ["ExactSampleWriter", "ShardFiller", "compact_error", "profile_and_statistics"]
+__all__ = ["ExactSampleWriter", "FeatureTokens", "ShardFiller", "profile_and_statistics"]
 
 
-def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: bool = False
-                           ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+class FeatureTokens:
+    """What the row sums and statistics of one feature's maps need from its tokens, made once for all its layers:
+    the token context and its :class:`~attnclust.featurize.profile.ProfilePlan` (key masks, the length's far
+    indicators, batches, scratch), and the [SEP], punctuation and segment masks of the statistics.
+
+    Parameters
+    ----------
+    tokens, segment_ids
+        The feature's ``n`` tokens and segment ids.
+    layers, heads
+        The maps of each call: ``layers`` layers (the extract stage's: one) of ``heads`` heads.
+    device
+        Where the row sums run.
+    causal
+        The maps are a causal model's (:func:`profile_and_statistics`).
+    """
+
+    def __init__(self, tokens, segment_ids, layers: int, heads: int, device, *, causal: bool = False):
+        from ..featurize import TokenContext
+        from ..featurize.profile import ProfilePlan
+
+        self.tokens, self.segment_ids, self.causal = list(tokens), list(segment_ids), causal
+        self.layers, self.heads, n = layers, heads, len(self.tokens)
+        context = TokenContext.from_tokens([self.tokens], [self.segment_ids], maps_per_row=layers * heads,
+                                           causal=causal)
+        self.plan = ProfilePlan(context, layers * heads, n, device)
+        self.sep, self.punct, self.seg = token_masks(self.tokens, self.segment_ids)
+
+
+def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: bool = False,
+                           feature: FeatureTokens | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The ``profile`` vectors and the per-map statistics of one feature's maps from one pass over them.
 
     Parameters
@@ -36,11 +65,15 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
         the feature's layers or some of them (the extract stage's: one layer, (1, head, query, key)); a view
         cropped out of the forward's padded batch is read in place (never copied).
     tokens, segment_ids
-        The feature's ``n`` tokens and segment ids.
+        The feature's ``n`` tokens and segment ids (not read when ``feature`` is given).
     causal
         The maps are a causal model's (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`): the
         profile uses the causal uniform null and its induction and duplicate-token components, the statistics
         read the maps as causal (:func:`~attnclust.analysis.stats.map_statistics`).
+    feature
+        The feature's :class:`FeatureTokens` for maps of this many layers, made once for several calls (the
+        extract stage: one per feature, for each of its layers); ``None``: made for this call. The numbers are
+        the same either way.
 
     Returns
     -------
@@ -52,42 +85,18 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
     """
     import math
 
-    from ..featurize import TokenContext
     from ..featurize.profile import profile_tensor
 
     layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
-    context = TokenContext.from_tokens([tokens], [segment_ids], maps_per_row=layers * heads, causal=causal)
-    vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), context, return_rows=True)
-    sep, punct, seg = token_masks(tokens, segment_ids)
+    if feature is None:
+        feature = FeatureTokens(tokens, segment_ids, layers, heads, maps.device, causal=causal)
+    vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), return_rows=True, plan=feature.plan)
     mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
     rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
             "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
-    return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=sep, punct=punct, segment_ids=seg,
-                                                              rows=rows, causal=causal, tokens=tokens)
-
-
-def compact_error(codes, maps, *, spread: str | None) -> np.ndarray:
-    """Each compact map's mean row L1 distance from its exact map: the codes read back as a reader reads them
-    (:func:`~attnclust.store.decode_compact`, with the store's ``spread``) against the exact weights.
-
-    Parameters
-    ----------
-    codes : torch.Tensor
-        (..., query, key) uint8 codes of :func:`~attnclust.store.compact_maps`, at one true length.
-    maps : torch.Tensor
-        The exact maps they encode, same shape, on any device.
-    spread
-        The store's :attr:`~attnclust.store.AttentionStore.spread`.
-
-    Returns
-    -------
-    numpy.ndarray
-        (...) float32: ``mean over rows of sum over keys |read - exact|``, 0 for a map read back exactly, at most
-        2.
-    """
-    read = decode_compact(codes.cpu().numpy(), spread=spread)
-    read -= maps.float().cpu().numpy()
-    return np.abs(read, out=read).sum(-1).mean(-1)
+    return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=feature.sep, punct=feature.punct,
+                                                              segment_ids=feature.seg, rows=rows,
+                                                              causal=feature.causal, tokens=feature.tokens)
 
 
 class ShardFiller:
@@ -101,7 +110,8 @@ class ShardFiller:
     then the maps are cast straight into their place in the shard: float16, uint8 ``round(255 w)``, or in a
     compact store each row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's
     row mass they hold (the store's ``kept_mass``) and, in a store that spreads the dropped mass, each map's mean
-    row L1 distance between the map as read back and the exact map (``map_error``: :func:`compact_error`).
+    row L1 distance between the map as read back and the exact map (``map_error``:
+    :func:`~attnclust.store.compact_maps` with ``error_spread``).
 
     Parameters
     ----------
@@ -144,6 +154,7 @@ class ShardFiller:
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
         self.kept = None if self.compact is None else np.zeros((n, n_layers, n_heads), np.float32)
         self.error = None if store.map_error is None else np.zeros((n, n_layers, n_heads), np.float32)
+        self.feature, self.feature_id = None, None  # the last feature's FeatureTokens, for its next layers
 
     def __call__(self, row, maps, *, layer: int = 0) -> dict[str, np.ndarray]:
         """Put exact maps of feature ``row.feature_id`` into its place in the shard and their profile vectors into
@@ -168,16 +179,22 @@ class ShardFiller:
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
         layers = slice(layer, layer + maps.shape[0])
         maps = maps.to(self.device)  # the row sums and compact rows run on the task's device (a no-op there)
-        vectors, stats = profile_and_statistics(maps, list(row.tokens), list(row.segment_ids), causal=self.causal)
+        feature = self.feature
+        if feature is None or self.feature_id != j or feature.layers != maps.shape[0]:  # one per feature
+            feature = FeatureTokens(row.tokens, row.segment_ids, maps.shape[0], maps.shape[1], maps.device,
+                                    causal=self.causal)
+            self.feature, self.feature_id = feature, j
+        vectors, stats = profile_and_statistics(maps, feature.tokens, feature.segment_ids, feature=feature)
         if self.profile is not None:
             self.profile[j, layers] = vectors
         if self.compact is not None:
-            codes, kept = compact_maps(maps, mass=float(self.compact["mass"]), max_keys=self.compact["max_keys"],
-                                       with_kept=True)
+            spread = self.store.spread if self.error is not None else None
+            codes, kept, *error = compact_maps(maps, mass=float(self.compact["mass"]),
+                                               max_keys=self.compact["max_keys"], with_kept=True, error_spread=spread)
             self.shard[j, layers, :, :m, :m] = codes.cpu()
             self.kept[j, layers] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
-            if self.error is not None:
-                self.error[j, layers] = compact_error(codes, maps, spread=self.store.spread)
+            if error:  # (layer, head): the mean row L1 distance of the map as read back
+                self.error[j, layers] = error[0].mean(-1).cpu().numpy()
         elif self.quantise:
             self.shard[j, layers, :, :m, :m] = maps.mul(255).round_().clamp_(0, 255).cpu()
         else:

@@ -45,6 +45,28 @@ def test_resnet_featurizer_on_cuda_matches_cpu():
     assert cos.min() > 0.99
 
 
+@pytest.mark.parametrize("spread", ["keys", "prefix"])
+def test_compact_rows_kept_mass_and_row_error_on_cuda_equal_the_cpu_path(spread):
+    """compact_maps' torch path (on the GPU) against its NumPy path (on the CPU): the same codes, the same kept
+    share and the same row error, for rows with ties at the cut and causal rows."""
+    import torch
+
+    from attnclust.store import compact_maps
+
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 3, 50, 50)) * 3
+    if spread == "prefix":
+        logits = np.where(np.tri(50, dtype=bool), logits, -np.inf)
+    maps = torch.from_numpy(logits).softmax(-1).float()
+    maps[0, 0, :, :4] = maps[0, 0, :, :4].mean(-1, keepdim=True)  # four equal weights in each row
+    for cap in (None, 3, 13):
+        cpu = compact_maps(maps, mass=0.95, max_keys=cap, with_kept=True, error_spread=spread)
+        gpu = compact_maps(maps.cuda(), mass=0.95, max_keys=cap, with_kept=True, error_spread=spread)
+        assert torch.equal(cpu[0], gpu[0].cpu())
+        np.testing.assert_allclose(gpu[1].cpu().numpy(), cpu[1].numpy(), atol=1e-6)
+        np.testing.assert_allclose(gpu[2].cpu().numpy(), cpu[2].numpy(), atol=1e-6)
+
+
 def test_finetune_on_cuda_uses_mixed_precision_and_learns(tmp_path, tiny_bert_dir):
     from attnclust.config import JobConfig
     from attnclust.qa import finetune_model

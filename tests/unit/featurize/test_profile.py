@@ -17,8 +17,10 @@ from attnclust.featurize.pooled import pool_maps
 from attnclust.featurize.profile import (
     PROFILE_COMPONENTS,
     SPREAD_WEIGHT,
+    ProfilePlan,
     component_weights,
     profile_maps,
+    profile_tensor,
 )
 from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_head_maps, planted_tokens
 
@@ -195,6 +197,31 @@ def test_profile_without_context_and_bad_inputs():
         TokenContext.from_tokens([["a"] * 3, ["a"] * 4], [[0] * 3, [0] * 4])
     with pytest.raises(ValueError, match=r"row must be \(map,\) indices in 0\.\.0"):
         TokenContext(cls=ctx.cls, sep=ctx.sep, punct=ctx.punct, segment_ids=ctx.segment_ids, row=np.array([1]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_plan_made_once_gives_each_later_call_the_numbers_of_a_fresh_one(causal):
+    """The extract stage makes one ProfilePlan per feature and profiles each layer's maps with it: every call with
+    the plan equals, to the bit, a call that makes its own (vectors and row sums), whatever maps came before; a
+    plan for other maps is refused."""
+    import torch
+
+    seq = planted_tokens(30, rng=np.random.default_rng(1))
+    context = TokenContext.from_tokens([seq.tokens], [seq.segment_ids], maps_per_row=12, causal=causal)
+    plan = ProfilePlan(context, 12, 30, "cpu")
+    rng = np.random.default_rng(2)
+    for layer in range(3):
+        maps = torch.from_numpy(rng.dirichlet(np.ones(30) * (layer + 0.2), size=(12, 30)).astype(np.float32))
+        if causal:
+            maps = torch.tril(maps)
+            maps /= maps.sum(-1, keepdim=True)
+        got, got_rows = profile_tensor(maps, return_rows=True, plan=plan)
+        want, want_rows = profile_tensor(maps, context, return_rows=True)
+        np.testing.assert_array_equal(got, want)
+        for name in want_rows:
+            np.testing.assert_array_equal(got_rows[name], want_rows[name])
+    with pytest.raises(ValueError, match=r"a plan for 12 maps of 30 keys on cpu .* but 6 maps of 30 keys"):
+        profile_tensor(maps[:6], plan=plan)
 
 
 def test_the_registry_hands_context_only_to_featurizers_that_ask_for_it():

@@ -1,7 +1,7 @@
 """The extract stage's streaming pass: each layer's attention weights are read where the layer makes them (a hook on
 its attention module, :func:`attnclust.models.hooks.stream_attention`), converted and dropped. Checked against an
 independent computation: a plain transformers forward with ``output_attentions=True`` over the same batches, fed
-through the per-map functions (``profile_and_statistics``, ``compact_maps``, ``compact_error``, the float16 and
+through the per-map functions (``profile_and_statistics``, ``compact_maps`` with its error, the float16 and
 uint8 casts), for a tiny random BERT and a tiny random Llama in full, uint8 and compact stores, equal to the bit;
 and the forward holds one layer's weights at a time.
 
@@ -21,7 +21,7 @@ import pytest
 from attnclust.config import JobConfig, ModelConfig
 from attnclust.models.hooks import attention_modules, stream_attention
 from attnclust.store import compact_maps, open_attention_store
-from attnclust.store.writers import compact_error, profile_and_statistics
+from attnclust.store.writers import profile_and_statistics
 
 from families import FAMILIES
 from helpers import save_tiny_causal
@@ -152,10 +152,10 @@ def _plain_reference(root, cfg: JobConfig, causal: bool) -> dict:
                        "exact": maps.to(torch.float16).numpy()}
                 if store.mode == "compact":
                     compact = store.attrs["compact"]
-                    codes, kept = compact_maps(maps, mass=compact["mass"], max_keys=compact["max_keys"],
-                                               with_kept=True)
+                    codes, kept, error = compact_maps(maps, mass=compact["mass"], max_keys=compact["max_keys"],
+                                                      with_kept=True, error_spread=store.spread)
                     ref.update(attention=codes.numpy(), kept=kept.mean(-1).numpy(),
-                               error=compact_error(codes, maps, spread=store.spread))
+                               error=error.mean(-1).numpy().astype(np.float32))
                 elif store.attention.dtype == np.uint8:
                     ref["attention"] = maps.mul(255).round_().clamp_(0, 255).to(torch.uint8).numpy()
                 else:

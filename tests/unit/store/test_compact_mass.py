@@ -149,14 +149,13 @@ def test_spread_rows_sum_to_one_are_closer_and_the_store_states_each_maps_error(
     import torch
 
     from attnclust.store import decode_compact, map_error_summary
-    from attnclust.store.writers import compact_error
 
     exact = _rows(kind, np.random.default_rng(0))
     store = create_attention_store(tmp_path / "c.zarr", seq_len=np.array([WIDTH], np.int32), num_layers=2,
                                    num_heads=3, features_per_task=1, attrs={}, mode="compact", compact_spread="keys")
-    codes = compact_maps(torch.from_numpy(exact), mass=0.95, max_keys=11)
+    codes, error = compact_maps(torch.from_numpy(exact), mass=0.95, max_keys=11, error_spread=store.spread)
     store.attention[0] = codes.numpy()
-    store.map_error[0] = compact_error(codes, torch.from_numpy(exact), spread=store.spread)
+    store.map_error[0] = error.mean(-1).numpy()  # as the extract stage's writer records it
     opened = open_attention_store(store.path, require_complete=False)
     assert opened.spread == "keys"
     for layer in range(2):
@@ -172,6 +171,45 @@ def test_spread_rows_sum_to_one_are_closer_and_the_store_states_each_maps_error(
             assert opened.read_map_error(0, layer, head) == pytest.approx(l1, abs=1e-5)
     summary = map_error_summary(opened)
     assert summary["max"] == pytest.approx(float(np.asarray(opened.map_error[0]).max()), rel=1e-3)
+
+
+def _planted_maps(rng: np.random.Generator, n: int, kind: str, causal: bool) -> np.ndarray:
+    """(2, n, n) float32 attention rows: softmax of logits at one of three spreads, or rows with a run of equal
+    weights at the top (ties at the cut); causal rows see keys 0..query only (the others exactly 0)."""
+    if kind == "ties":
+        maps = np.full((2, n, n), 1.0)
+        maps[..., : max(1, n // 3)] = 4.0
+    else:
+        maps = np.exp(rng.normal(size=(2, n, n)) * {"diffuse": 0.3, "mixed": 3.0, "peaked": 9.0}[kind])
+    if causal:
+        maps = np.where(np.tri(n, dtype=bool), maps, 0.0)
+    return (maps / maps.sum(-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_rows_error_equals_the_distance_of_the_row_decoded_with_its_spread(causal):
+    """The row error ``compact_maps`` measures from each row's sort equals, to float32 rounding, the L1 distance
+    measured the long way: the codes decoded with the store's spread (every key, or a causal row's prefix) minus
+    the exact row, summed over the keys; for rows that keep some keys, every key they see (divided by their sum),
+    ties at the cut, and rows of 1 to 40 keys."""
+    import torch
+
+    from attnclust.store import decode_compact
+
+    rng, spread = np.random.default_rng(5), "prefix" if causal else "keys"
+    checked = 0
+    for n in (1, 2, 7, 40):
+        for kind in ("diffuse", "mixed", "peaked", "ties"):
+            exact = _planted_maps(rng, n, kind, causal)
+            for mass, cap in ((0.5, None), (0.95, 3), (0.95, 11), (1.0, None)):
+                codes, error = compact_maps(torch.from_numpy(exact), mass=mass, max_keys=cap, error_spread=spread)
+                read = decode_compact(codes.numpy(), spread=spread).astype(np.float64)
+                want = np.abs(read - exact.astype(np.float64)).sum(-1)
+                np.testing.assert_allclose(error.numpy(), want, atol=2e-6, err_msg=f"{n} {kind} {mass} {cap}")
+                checked += want.size
+    assert checked == 1600  # rows of 2 maps: 2 (1 + 2 + 7 + 40) rows x 4 kinds x 4 settings
+    with pytest.raises(ValueError, match="compact error spread"):
+        compact_maps(torch.from_numpy(exact), mass=0.9, error_spread="rows")
 
 
 @pytest.fixture
