@@ -276,11 +276,12 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     forward_s = in_hook_s = 0.0
     bs = cfg.extract.batch_size
 
-    def convert(rows: pd.DataFrame, layer: int, weights) -> None:
-        """One layer of a batch, (feature, head, query, key) padded: each feature's maps into its places."""
+    def convert(rows: list, layer: int, weights) -> None:
+        """One layer of a batch, (feature, head, query, key) padded: each feature's maps into its places (``rows``
+        the batch's rows of features.parquet as named tuples)."""
         with torch.inference_mode():  # as in the forward (the weights are its inference tensors)
             weights = weights.float()  # float16 under CUDA autocast: the float32 the statistics read
-            for i, row in enumerate(rows.itertuples(index=False)):
+            for i, row in enumerate(rows):
                 m = int(row.seq_len)
                 maps = weights[i, None, :, :m, :m]  # (1 layer, head, query, key): a view
                 stats = fill(row, maps, layer=layer)
@@ -297,7 +298,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                            writer=writer if overlap else None)
         exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
 
-        def layer_maps(rows: pd.DataFrame, layer: int, weights) -> None:
+        def layer_maps(rows: list, layer: int, weights) -> None:
             """Inside the forward: convert the layer now, or hand it to the worker thread once the layer before it
             is done (at most one layer waits: two layers' maps in memory at most)."""
             nonlocal pending, in_hook_s
@@ -316,7 +317,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
             result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
-                                  layer_maps=functools.partial(layer_maps, rows))
+                                  layer_maps=functools.partial(layer_maps, list(rows.itertuples(index=False))))
             forward_s += time.perf_counter() - t0
             # the batch before this one is converted (its last layer was waited for at this one's first)
             fill.flush(start + finished)

@@ -154,7 +154,7 @@ class ShardFiller:
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
         self.kept = None if self.compact is None else np.zeros((n, n_layers, n_heads), np.float32)
         self.error = None if store.map_error is None else np.zeros((n, n_layers, n_heads), np.float32)
-        self.feature, self.feature_id = None, None  # the last feature's FeatureTokens, for its next layers
+        self.features: dict[int, FeatureTokens] = {}  # each feature's, from its first layer to its last
 
     def __call__(self, row, maps, *, layer: int = 0) -> dict[str, np.ndarray]:
         """Put exact maps of feature ``row.feature_id`` into its place in the shard and their profile vectors into
@@ -179,11 +179,12 @@ class ShardFiller:
         j, m = int(row.feature_id) - self.start, maps.shape[-1]
         layers = slice(layer, layer + maps.shape[0])
         maps = maps.to(self.device)  # the row sums and compact rows run on the task's device (a no-op there)
-        feature = self.feature
-        if feature is None or self.feature_id != j or feature.layers != maps.shape[0]:  # one per feature
-            feature = FeatureTokens(row.tokens, row.segment_ids, maps.shape[0], maps.shape[1], maps.device,
-                                    causal=self.causal)
-            self.feature, self.feature_id = feature, j
+        feature = self.features.get(j)
+        if feature is None or feature.layers != maps.shape[0]:  # one per feature, kept until its last layer
+            feature = self.features[j] = FeatureTokens(row.tokens, row.segment_ids, maps.shape[0], maps.shape[1],
+                                                       maps.device, causal=self.causal)
+        if layers.stop >= self.shard.shape[1]:
+            del self.features[j]
         vectors, stats = profile_and_statistics(maps, feature.tokens, feature.segment_ids, feature=feature)
         if self.profile is not None:
             self.profile[j, layers] = vectors
