@@ -10,9 +10,11 @@ Only the run's model is used: the one its extract stage recorded in ``_state/ext
 ``model.revision``; a decoder's kind and ``model.gguf_file``), and only while its identity
 (:func:`attnclust.models.model_identity`: weights, configuration, tokenizer files) is still the recorded
 ``model_weights``, so the maps recomputed are those the run would have stored. Whether it can is decided when the
-object is made, cheaply (the identity hashes a few small files; the model is loaded on the first feature that needs
-it). When it cannot, :attr:`ExactOnDemand.reason` says why in one line, and a model that fails to load on that first
-feature turns it off with its reason then: the maps are then the compact ones, and every answer says so.
+object is made (the identity hashes the model's files, once per version of each:
+:func:`attnclust.models.sources.file_digest`), and asked again when the model is loaded, on the first feature that
+needs it, so weights swapped after the explorer started are not used. When it cannot, :attr:`ExactOnDemand.reason`
+says why in one line, and a model that fails to load on that first feature turns it off with its reason then: the
+maps are then the compact ones, and every answer says so.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class ExactOnDemand:
         self._loaded = None
         self.model_name: str | None = None
         self._cfg = None
+        self._recorded: str | None = None
         self.reason: str | None = None
         if store.mode != "compact":
             self.status: bool | None = None
@@ -114,10 +117,34 @@ class ExactOnDemand:
             now = model_identity(cfg)
         except (ValueError, OSError) as exc:  # ModelError, ConfigError (ValueErrors) or an unreadable file
             return None, f"the run's model {name!r} is not available here ({_line(exc)})"
+        self._recorded = recorded
         if now != recorded:
-            return None, (f"the run's model {name!r} changed since the run was extracted (its weights, configuration "
-                          f"or tokenizer files differ), so it would not give this run's maps")
+            return None, self._changed()
         return cfg, None
+
+    def _changed(self) -> str:
+        return (f"the run's model {self.model_name!r} changed since the run was extracted (its weights, configuration "
+                f"or tokenizer files differ), so it would not give this run's maps")
+
+    def _load(self) -> str | None:
+        """Load the run's model for the first map that needs it; ``None``, or why it cannot be used.
+
+        Its identity is asked again right before and right after the load (the files may have changed since the
+        explorer started, or while they were read), so the weights loaded are the run's.
+        """
+        from .models.runner import get_model
+        from .models.sources import model_identity
+
+        try:
+            if model_identity(self._cfg) != self._recorded:
+                return self._changed()
+            loaded = get_model(self._cfg, device="cpu")
+            if model_identity(self._cfg) != self._recorded:
+                return self._changed()
+        except (ValueError, OSError) as exc:  # ModelError (a ValueError) or a file that went away
+            return f"the run's model {self.model_name!r} did not load ({_line(exc)})"
+        self._loaded = loaded
+        return None
 
     def line(self) -> str | None:
         """The note for people: whether maps outside the exact sample are recomputed, and if not why; ``None`` for a
@@ -163,12 +190,9 @@ class ExactOnDemand:
                 self._cache.move_to_end(feature)
                 return cached
             if self._loaded is None:
-                from .models.runner import get_model
-
-                try:
-                    self._loaded = get_model(self._cfg, device="cpu")
-                except (ValueError, OSError) as exc:  # ModelError (a ValueError) or a file that went away
-                    self.status, self.reason = False, f"the run's model {self.model_name!r} did not load ({_line(exc)})"
+                why = self._load()
+                if why is not None:
+                    self.status, self.reason = False, why
                     self._tell(self.line())
                     return None
             maps = self.forward(feature)

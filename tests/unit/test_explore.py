@@ -397,3 +397,33 @@ def test_a_store_without_an_extract_record_says_its_model_is_not_known(small_pla
     got = ExploreApp(root, note=lines.append).map_json(3, 0, 0)
     assert got["source"] == "compact" and got["exact_on_demand"] is False
     assert "no readable record of its extract stage" in got["exact_on_demand_reason"] and len(lines) == 1
+
+
+def test_weights_swapped_after_the_explorer_started_are_not_used(tmp_path, tiny_model, monkeypatch):
+    """Issue 51, finding 2: the identity is asked again when the model is loaded for the first recomputed map, so
+    weights of the same size with a kept modification time, put in place after start-up, serve the compact map with
+    the reason, and no forward runs."""
+    import os
+
+    from attnclust.explore import ExploreApp
+    from attnclust.models import sources
+
+    monkeypatch.setenv("ATTNCLUST_CACHE", str(tmp_path / "cache"))
+    root, model = _compact_run(tmp_path, tiny_model)
+    calls = _count(monkeypatch)
+    f = _outside(open_attention_store(RunLayout(root).attention))[0]
+    lines = []
+    app = ExploreApp(root, note=lines.append)
+    assert app.exact_on_demand.status is True and len(lines) == 1
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    other = tiny_model(tmp_path / "other", seed=1) / "model.safetensors"
+    assert other.stat().st_size == st.st_size
+    weights.write_bytes(other.read_bytes())
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    monkeypatch.setattr(sources, "_FILE_DIGESTS", {})  # not needed (the change time differs), but a new process
+    got = app.map_json(f, 1, 2)
+    assert got["source"] == "compact" and got["exact_on_demand"] is False
+    assert "changed since the run was extracted" in got["exact_on_demand_reason"]
+    assert calls["forwards"] == [] and calls["loads"] == 0
+    assert len(lines) == 2 and "changed" in lines[1]
