@@ -51,6 +51,7 @@ from .stability import (
     split_half_stability,
     tied_candidates,
 )
+from .units import resampling_units
 
 __all__ = ["PLACEMENT", "SEED_STREAMS", "FittedClusters", "Placement", "assign_block", "fit_clusters", "fit_from_store",
            "place_rest", "sample_rows", "stream_seed"]
@@ -86,6 +87,8 @@ class FittedClusters:
         no map in the stability sample; None when ``stability_resamples`` is null.
     stability_maps_, stability_examples_
         Maps and examples (groups) of the stability sample (0 when nothing was measured on it).
+    resampling_
+        What the stability was resampled over (:attr:`attnclust.cluster.units.Units.description`).
     pca_, kmeans_, umap_
         Fitted estimators (``pca_``/``umap_`` may be None).
     umap_rows_, umap_xy_
@@ -111,6 +114,7 @@ class FittedClusters:
     cluster_dissolved_: np.ndarray | None = None
     stability_maps_: int = 0
     stability_examples_: int = 0
+    resampling_: str = "resampled over the examples"
     umap_rows_: np.ndarray | None = None
     umap_xy_: np.ndarray | None = None
     placement_: str | None = None
@@ -240,7 +244,7 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     pick = sample_rows(n, cfg.stability_sample, stream_seed(cfg.stability_seed, "stability_sample")) if measure \
         else np.arange(0)
     zs, gs = z[pick], codes[pick]
-    fitted.stability_maps_, fitted.stability_examples_ = len(pick), len(np.unique(gs))
+    fitted.stability_maps_, fitted.stability_examples_ = len(pick), len(np.unique(gs[gs >= 0]))
     if cfg.k == "auto":
         if min(cfg.k_max, len(zs) - 1) < cfg.k_min:
             raise ConfigError(f"config cluster.k_min: {cfg.k_min} needs more than {len(zs)} maps; give k "
@@ -301,21 +305,26 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     return fitted
 
 
-def _example_ids(out: Path, feature_id: np.ndarray) -> np.ndarray:
-    """(map,) example of each map, from ``features.parquet``; the feature id itself when the run has none (a
-    bare embedding store, as in tests)."""
+def _example_ids(out: Path, feature_id: np.ndarray) -> tuple[np.ndarray, str]:
+    """(map,) resampling unit of each map (its example, or its block of windows:
+    :func:`attnclust.cluster.units.resampling_units`) from ``features.parquet``, and the unit's description; the
+    feature id itself when the run has none (a bare embedding store, as in tests)."""
     from ..layout import RunLayout
 
     path = RunLayout(out).features
     if not path.exists():
-        return feature_id
-    features = pd.read_parquet(path, columns=["feature_id", "example_id"])
-    example = pd.Series(pd.factorize(features["example_id"])[0], index=features["feature_id"].to_numpy())
-    found = np.isin(feature_id, example.index.to_numpy())
+        return feature_id, "resampled over the features"
+    import pyarrow.parquet as pq
+
+    present = set(pq.read_schema(path).names)
+    columns = [c for c in ("feature_id", "example_id", "span", "offsets", "context_start", "context_end")
+               if c in present]
+    units = resampling_units(pd.read_parquet(path, columns=columns))
+    found = np.isin(feature_id, units.groups.index.to_numpy())
     if not found.all():
         raise StoreError(f"{path}: no row for feature {int(feature_id[~found][0])} of embedding.zarr, so its "
                          f"example is unknown; the output dir mixes runs, re-run 'attnclust run --force'")
-    return example.loc[feature_id].to_numpy()
+    return units.groups.loc[feature_id].to_numpy(), units.description
 
 
 def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: OnStep | None = None
@@ -352,10 +361,12 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
         else:
             x = emb.get_orthogonal_selection((rows, slice(None)))
             feature_id = group["feature_id"].get_orthogonal_selection((rows,))
-        examples = _example_ids(Path(out), np.asarray(feature_id, dtype=np.int64))
+        examples, unit = _example_ids(Path(out), np.asarray(feature_id, dtype=np.int64))
     with worker_executor() as executor:
-        return fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
-                            placement=cfg.placement, executor=executor)
+        fitted = fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
+                              placement=cfg.placement, executor=executor)
+    fitted.resampling_ = unit
+    return fitted
 
 
 def place_rest(fitted: FittedClusters, z: np.ndarray) -> np.ndarray:

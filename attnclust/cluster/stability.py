@@ -34,21 +34,25 @@ def group_codes(groups: np.ndarray | None, n: int) -> np.ndarray:
     Parameters
     ----------
     groups
-        (map,) group (example id, of any sortable type) of each map; None: each map its own group.
+        (map,) group (example id, of any sortable type) of each map; None: each map its own group. A negative
+        integer group is a buffer (:data:`attnclust.cluster.units.BUFFER`): in no group, code ``-1``.
     n
         Number of maps.
 
     Returns
     -------
     np.ndarray
-        (map,) int64 codes.
+        (map,) int64 codes; ``-1`` for a buffer.
     """
     if groups is None:
         return np.arange(n, dtype=np.int64)
     groups = np.asarray(groups)
     if groups.shape != (n,):
         raise ValueError(f"groups: expected one group per map, shape ({n},); got shape {groups.shape}")
-    return np.unique(groups, return_inverse=True)[1].astype(np.int64).reshape(n)
+    buffer = groups < 0 if np.issubdtype(groups.dtype, np.number) else np.zeros(n, bool)
+    codes = np.full(n, -1, np.int64)
+    codes[~buffer] = np.unique(groups[~buffer], return_inverse=True)[1].reshape(-1)
+    return codes
 
 
 def best_jaccard(ref: np.ndarray, other: np.ndarray, k_ref: int, k_other: int) -> np.ndarray:
@@ -119,9 +123,9 @@ def _split_scores(k: int, first: int, stop: int, *, z: np.ndarray, halves: np.nd
     from sklearn.metrics import adjusted_rand_score
 
     ari = np.empty(stop - first)
-    for i, s in enumerate(range(first, stop)):
-        a = _kmeans_labels(backend, z[halves[s]], z, k, seeds[s, 0], n_init)
-        b = _kmeans_labels(backend, z[~halves[s]], z, k, seeds[s, 1], n_init)
+    for i, s in enumerate(range(first, stop)):  # halves: 1 first half, 0 second, -1 neither (a buffer)
+        a = _kmeans_labels(backend, z[halves[s] == 1], z, k, seeds[s, 0], n_init)
+        b = _kmeans_labels(backend, z[halves[s] == 0], z, k, seeds[s, 1], n_init)
         if a.max() == a.min() or b.max() == b.min():
             return None
         ari[i] = adjusted_rand_score(a, b)
@@ -145,7 +149,9 @@ def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | l
     z
         (map, dim) vectors.
     groups
-        (map,) group (example) of each map; the maps of one group stay in one half. None: each map its own group.
+        (map,) group (example, or block of windows: :mod:`attnclust.cluster.units`) of each map; the maps of one
+        group stay in one half; a buffer (negative) is in neither, labelled but not fitted. None: each map its own
+        group.
     ks
         Candidate numbers of clusters. A candidate above the number of maps of the smaller half of some split, or
         for which a model puts every map in one cluster (the maps are all alike), is left out of the result.
@@ -174,13 +180,14 @@ def split_half_stability(z: np.ndarray, groups: np.ndarray | None, ks: range | l
     codes = group_codes(groups, len(z))
     n_groups = int(codes.max()) + 1 if len(codes) else 0
     if n_groups < 2:
-        raise ConfigError(f"config cluster.k auto: split-half stability needs at least 2 examples, the sample has "
-                          f"{n_groups}; give k explicitly or use more data")
+        raise ConfigError(f"config cluster.k auto: split-half stability needs at least 2 examples (or blocks of "
+                          f"windows), the sample has {n_groups}; give k explicitly or use more data")
     rounds = 1 if refine is None else 2
     rng = np.random.default_rng(split_seed)
-    halves = [(rng.permutation(n_groups) < n_groups // 2)[codes] for _ in range(rounds * n_splits)]
+    halves = [np.where(codes >= 0, (rng.permutation(n_groups) < n_groups // 2)[codes.clip(0)], -1).astype(np.int8)
+              for _ in range(rounds * n_splits)]
     seeds = _seeds(np.random.default_rng(random_state), rounds * n_splits, 2)
-    smallest = min(min(int(h.sum()), int((~h).sum())) for h in halves)
+    smallest = min(min(int((h == 1).sum()), int((h == 0).sum())) for h in halves)
     feasible = [int(k) for k in ks if k <= smallest]
     if not feasible:
         raise ConfigError(f"config cluster.k_min: {min(ks)} clusters need more than the {smallest} maps of the "
@@ -364,7 +371,8 @@ def bootstrap_stability(z: np.ndarray, groups: np.ndarray | None, labels: np.nda
     for b in range(n_boot):
         if on_step is not None:
             on_step("per-cluster stability", b, n_boot, "resamples")
-        weight = np.bincount(rng.integers(0, n_groups, size=n_groups), minlength=n_groups)[codes]
+        weight = np.where(codes >= 0, np.bincount(rng.integers(0, n_groups, size=n_groups),
+                                                  minlength=n_groups)[codes.clip(0)], 0)
         drawn = weight > 0
         if drawn.sum() < k:
             continue

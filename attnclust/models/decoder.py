@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -176,7 +175,7 @@ def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = Tr
     quiet_transformers()
     from transformers import AutoModelForCausalLM
 
-    from .gguf_cache import cached, store_entry
+    from .gguf_cache import cached, discard_entry, store_entry
 
     source = resolve_model_path(cfg)
     attention = {"attn_implementation": "eager"} if eager else {}
@@ -187,8 +186,8 @@ def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = Tr
                                                          **attention)
             model.eval().to(device)
             return _loaded(model)
-        except Exception:  # noqa: BLE001 -- a damaged entry (attnclust's own): removed, the GGUF file read again
-            shutil.rmtree(entry, ignore_errors=True)
+        except Exception as exc:  # noqa: BLE001 -- an entry that does not load: moved aside, the GGUF file read again
+            discard_entry(entry, f"does not load ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})")
     cache_only = _cache_only_reason(source)
     try:
         with _from_hub(cache_only) as hub, without_gguf_bar():

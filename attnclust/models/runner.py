@@ -101,18 +101,18 @@ def get_tokenizer(cfg: ModelConfig):
 
 
 def _cached_tokenizer(entry):
-    """The tokenizer kept in a GGUF cache entry (:mod:`attnclust.models.gguf_cache`), or None (no entry, or a
-    damaged one: removed, attnclust's own, and the GGUF file read again)."""
+    """The tokenizer kept in a GGUF cache entry (:mod:`attnclust.models.gguf_cache`), or None (no entry, or one that
+    does not load: moved aside, and the GGUF file read again)."""
     if entry is None:
         return None
     from transformers import AutoTokenizer
 
+    from .gguf_cache import discard_entry
+
     try:
         return AutoTokenizer.from_pretrained(entry, use_fast=True, trust_remote_code=False, local_files_only=True)
-    except Exception:  # noqa: BLE001
-        import shutil
-
-        shutil.rmtree(entry, ignore_errors=True)
+    except Exception as exc:  # noqa: BLE001 -- any failure: the entry is not used
+        discard_entry(entry, f"does not load ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})")
         return None
 
 

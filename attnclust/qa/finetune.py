@@ -147,15 +147,17 @@ def _check_model_dir(layout: ModelDirLayout) -> None:
                           f"through links: remove it or choose a new --out")
 
 
-def _file_identity(path: Path, split: str | None = None) -> list[int] | str:
-    """A data file's size and modification time; a ``save_to_disk`` folder's or a hub dataset's content identity
-    (:func:`attnclust.data.hf.data_fingerprint`)."""
+def _file_identity(path: Path, split: str | None = None) -> str:
+    """A data file's content hash (read once per version of the file: :func:`attnclust.models.sources.file_digest`,
+    so a file replaced under a kept size and modification time is another file); a ``save_to_disk`` folder's or a
+    hub dataset's content identity (:func:`attnclust.data.hf.data_fingerprint`)."""
     if not path.is_file():
         from ..data.hf import data_fingerprint
 
         return data_fingerprint(path, split)
-    st = path.stat()
-    return [st.st_size, st.st_mtime_ns]
+    from ..models.sources import file_digest
+
+    return file_digest(path)
 
 
 def _fingerprint(cfg: JobConfig, data_path: str) -> str:

@@ -24,6 +24,7 @@ import pandas as pd
 
 from .. import backend as bk
 from ..cluster.fit import FittedClusters, assign_block
+from ..cluster.units import resampling_units
 from ..config import ClusterConfig
 from ..errors import ConfigError
 from ..executors import StepBars
@@ -105,9 +106,19 @@ class ClusterStage(Stage):
         return (layout.cluster_labels, layout.cluster_model)
 
     def check(self, ctx: RunContext) -> None:
-        """A fixed k must not exceed the number of maps (known before extraction from the tokenised data)."""
+        """A fixed k must not exceed the number of maps, and ``k: auto`` needs two resampling units (examples, or
+        blocks of one example's windows: :func:`attnclust.cluster.units.resampling_units`); both known before
+        extraction from the tokenised data."""
         k = ctx.cfg.cluster.k
         if k == "auto":
+            if "features" in ctx.inputs:
+                features = ctx.inputs["features"]
+                units = resampling_units(features)
+                if units.n_units < 2:
+                    raise ConfigError(
+                        f"config cluster.k auto: split-half stability needs at least 2 examples or blocks of windows "
+                        f"to resample, the data gives {units.n_units} ({units.n_examples} example(s), "
+                        f"{len(features)} window(s)); give k explicitly (--set cluster.k=4) or use more data")
             return
         if "features" in ctx.inputs:
             info = ctx.inputs["model_info"]
@@ -160,7 +171,7 @@ class ClusterStage(Stage):
                 "k_scores": model["k_scores"],
                 "k_stability": {k: v["median"] for k, v in model["k_stability"].items()},
                 "unstable_clusters": model["unstable_clusters"], "fit_parts": fitted.timings_,
-                "backend": ctx.backend}
+                "resampling": fitted.resampling_, "backend": ctx.backend}
 
 
 def _number(value: float) -> float | None:
@@ -208,6 +219,7 @@ def model_record(fitted: FittedClusters, cfg: ClusterConfig) -> dict:
         "k_scores": {str(k): v for k, v in fitted.k_scores_.items()},
         "k_separated": {str(k): bool(v) for k, v in fitted.k_separated_.items()},
         "stability": {"maps": fitted.stability_maps_, "examples": fitted.stability_examples_,
+                      "unit": fitted.resampling_,
                       "splits": cfg.stability_splits, "tolerance": cfg.stability_tolerance,
                       "seed": cfg.stability_seed, "resamples": cfg.stability_resamples, "n_init": cfg.n_init,
                       "statistic": "median split-half ARI; per cluster: mean best bootstrap Jaccard"},

@@ -116,6 +116,9 @@ class ReportStage(Stage):
         notes = [] if qa is None or qa["head_trained"] else [qa["note"]]
         if reads_text(ctx.records):
             notes.append(TEXT_NOTE)
+        unit = cl_record.get("resampling") or ""
+        if "windows" in unit:  # the examples are the usual unit: said only when it is not
+            notes.append(f"Cluster stability (the choice of k, per-cluster stability) {unit}.")
         control = ctx.records.get("extract", {}).get("control_strings") or {}
         if control.get("examples"):
             held = "text(s) held" if reads_text(ctx.records) else "question(s) held"

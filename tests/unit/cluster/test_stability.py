@@ -201,7 +201,8 @@ def test_every_candidate_collapsing_is_refused():
 
 def test_one_example_cannot_be_split():
     x = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
-    with pytest.raises(ConfigError, match=r"split-half stability needs at least 2 examples, the sample has 1"):
+    with pytest.raises(ConfigError, match=r"split-half stability needs at least 2 examples \(or blocks of windows\), "
+                                          r"the sample has 1"):
         fit_clusters(x, AUTO, groups=np.zeros(50, dtype=int))
 
 
