@@ -413,8 +413,22 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
         (run_lengths if ran else skipped).append(int(length))
     if not contexts:
         skipped = [int(length) for length in lengths]
+    reason = None
+    if not tests:
+        if not contexts:
+            reason = "the run has no text to make a haystack from"
+        elif not lengths:
+            reason = "no context length was asked for (extract.needle_lengths)"
+        else:  # the shortest test a needle allows: its prompt, the needle twice over in haystack, the answer steps
+            need = min(steps + len(needle_prompt(tokenizer, turn, "", nd.question))
+                       + 2 * len(tokenizer(nd.needle, add_special_tokens=False)["input_ids"]) for nd in needles)
+            reason = (f"extract.max_seq_len = {max_len} is too short for any test: its lengths "
+                      f"({', '.join(str(int(n)) for n in lengths)} tokens) leave no room for the prompt, the needle "
+                      f"with haystack around it and the {steps} answer steps, which need {need} tokens; raise "
+                      f"extract.max_seq_len to at least {need}")
     return tests, {"lengths": run_lengths, "skipped_lengths": skipped, "depths": [float(d) for d in depths],
-                   "positions": None if positions is None else int(positions), "max_seq_len": int(max_len)}
+                   "positions": None if positions is None else int(positions), "max_seq_len": int(max_len),
+                   "none_reason": reason}
 
 
 def measure_retrieval(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_len: int, device: str = "cpu",
@@ -427,7 +441,7 @@ def measure_retrieval(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, m
         One row per (``layer``, ``head``): :data:`NEEDLE_COLUMNS`.
     summary : dict
         ``needles`` (the sentences, questions and answers), ``lengths``, ``skipped_lengths``, ``depths``,
-        ``positions``, ``max_seq_len``, ``steps``, ``rouge_min``, ``threshold``, ``paper`` (:data:`PAPER_GRID`),
+        ``positions``, ``max_seq_len``, ``none_reason`` (why no test ran, one line; None when some did), ``steps``, ``rouge_min``, ``threshold``, ``paper`` (:data:`PAPER_GRID`),
         ``tests`` and ``accepted`` (counts), ``heads`` (above the threshold), ``max`` and ``best`` (``[layer,
         head]``; None when no test was accepted), ``runs`` (each test's ``needle``, ``length``, ``depth``,
         ``prompt_tokens``, ``span``, ``answer``, ``rouge1_recall``, ``accepted``, ``steps``) and ``seconds``.

@@ -323,9 +323,10 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
     return table, summary
 
 
-def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu") -> float:
+def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", note=None) -> float:
     """Measure the run's causal model (:func:`measure_protocols`) and write ``decoder_protocols.parquet`` and
-    ``decoder_protocols.json`` atomically.
+    ``decoder_protocols.json`` atomically; ``note`` (a callable taking one line) is told why the needle test ran
+    no test, when it ran none.
 
     Returns the seconds it took.
     """
@@ -340,6 +341,9 @@ def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu") -> 
                                        max_len=cfg.extract.max_seq_len, needle_lengths=cfg.extract.needle_lengths)
     atomic_write_parquet(table, layout.decoder_protocols)
     atomic_write_json(layout.decoder_protocols_summary, summary)
+    why = (summary.get("retrieval") or {}).get("none_reason")
+    if why and note is not None:
+        note(f"needle test: no test ran: {why}")
     return time.perf_counter() - t0
 
 

@@ -29,6 +29,7 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from ..safeio import load_json, read_user_bytes
 from .features import FEATURE_COLUMNS, _check_int, _context_offsets, feature_frame, special_ids
+from .limits import InputBound
 from .squad import Example, _kind, _refuse_surrogates, _show
 
 __all__ = ["JSONL_SUFFIXES", "TEXT_KEY", "TEXT_UNITS", "TEXT_WINDOWS_VERSION", "read_texts", "reads_text",
@@ -56,8 +57,8 @@ def reads_text(records: Mapping[str, Any]) -> bool:
 # ------------------------------------------------------------------------------------------------- reading
 
 
-def read_texts(path: str | os.PathLike[str], *, unit: str = "paragraph", max_examples: int | None = None
-               ) -> list[Example]:
+def read_texts(path: str | os.PathLike[str], *, unit: str = "paragraph", max_examples: int | None = None,
+               bound: InputBound | None = None) -> list[Example]:
     """Read a text file into one :class:`~attnclust.data.squad.Example` per text.
 
     Parameters
@@ -69,6 +70,9 @@ def read_texts(path: str | os.PathLike[str], *, unit: str = "paragraph", max_exa
         one. A ``.jsonl`` file gives one text per line either way.
     max_examples
         Keep only the first N texts; ``None`` keeps all.
+    bound
+        What one text can use (:class:`attnclust.data.limits.InputBound`): a kept text longer than that is refused
+        before anything is tokenised; ``None``: no bound.
 
     Returns
     -------
@@ -81,7 +85,8 @@ def read_texts(path: str | os.PathLike[str], *, unit: str = "paragraph", max_exa
     ------
     DataError
         The file is missing, not a regular file, not UTF-8 text (binary), empty, or a ``.jsonl`` line is not an
-        object with a non-empty string under :data:`TEXT_KEY`; one line naming the file (and line) and the fix.
+        object with a non-empty string under :data:`TEXT_KEY`, or a kept text is longer than ``bound`` allows; one
+        line naming the file (and line) and the fix.
     ConfigError
         ``unit`` or ``max_examples`` is not allowed.
     """
@@ -100,9 +105,13 @@ def read_texts(path: str | os.PathLike[str], *, unit: str = "paragraph", max_exa
         blocks = _BLANK_LINE.split(text.replace("\r\n", "\n").replace("\r", "\n"))
         texts = [(f"paragraph-{i}", block) for i, block in
                  enumerate((b.strip() for b in blocks if b.strip()), start=1)]
-    examples = [Example(id=rid, title="", question="", context=body, answers=(), is_impossible=False)
-                for rid, body in texts]
-    return examples if max_examples is None else examples[:max_examples]
+    texts = texts if max_examples is None else texts[:max_examples]
+    limit = None if bound is None else bound.chars
+    for rid, body in texts:
+        if limit is not None and len(body) > limit:
+            raise DataError(bound.refusal(where, f"text {rid!r}", len(body)))
+    return [Example(id=rid, title="", question="", context=body, answers=(), is_impossible=False)
+            for rid, body in texts]
 
 
 def _read_text(file: pathlib.Path, where: str) -> str:

@@ -91,16 +91,18 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         their windows.
     """
     from ..data.features import examples_with_control_strings
+    from ..data.limits import InputBound
     from ..data.squad import check_label_fields, extra_columns, read_squad, sample_path
     from ..data.text import read_texts
     from ..models.runner import describe_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
     text = cfg.data.format == "text"
+    bound = InputBound.of(cfg)  # what the windows can use: a longer context is refused before it is tokenised
     if text:
-        examples = read_texts(path, unit=cfg.data.text_unit, max_examples=cfg.data.max_examples)
+        examples = read_texts(path, unit=cfg.data.text_unit, max_examples=cfg.data.max_examples, bound=bound)
     else:
-        examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split)
+        examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split, bound=bound)
     if cfg.probe.enabled and not text:  # natural text has no labels to probe: the probe analysis says so
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
@@ -580,7 +582,7 @@ class ExtractStage(Stage):
             induction = {"induction_seconds": round(write_induction(ctx.layout, ctx.cfg, device=device), 3),
                          # the papers' protocols (analysis/protocols.py), the run's contexts as natural text
                          "protocols_seconds": round(write_protocols(ctx.layout, ctx.cfg, inputs["examples"]["context"],
-                                                                    device=device), 3)}
+                                                                    device=device, note=ctx.note), 3)}
         else:
             ctx.layout.remove(ctx.layout.induction, ctx.layout.decoder_protocols, ctx.layout.decoder_protocols_summary)
         seconds = time.perf_counter() - self.t0_

@@ -93,7 +93,9 @@ def retrieval_summary(found: dict | None, table: Any = None) -> tuple[dict | Non
     line = (f"Retrieval heads, needle in a haystack (Wu et al. 2024): {accepted} of {tests} test"
             f"{'s' if tests != 1 else ''} accepted (ROUGE-1 recall > {found['rouge_min']:g}; {len(found['needles'])} "
             f"needles x lengths {lengths} tokens x {len(depths)} depths); ")
-    if found.get("best") is None:
+    if not tests and found.get("none_reason"):
+        line = f"Retrieval heads, needle in a haystack (Wu et al. 2024): no test ran: {found['none_reason']}."
+    elif found.get("best") is None:
         line += "no score without an accepted test."
     else:
         line += (f"{heads} head{'s' if heads != 1 else ''} above {found['threshold']:g} (strongest "
@@ -102,6 +104,7 @@ def retrieval_summary(found: dict | None, table: Any = None) -> tuple[dict | Non
             "skipped": ", ".join(fmt(int(x)) for x in found.get("skipped_lengths") or []),
             "depths": [f"{d:g}%" for d in depths], "steps": found["steps"], "rouge_min": f"{found['rouge_min']:g}",
             "threshold": f"{found['threshold']:g}", "heads": fmt(heads), "rows": rows, "top": top,
+            "none_reason": found.get("none_reason") if not tests else None,
             "paper": (f"{paper.get('needles', 3)} needles x {paper.get('lengths', 20)} lengths from "
                       f"{fmt(paper.get('length_min', 1000))} to {fmt(paper.get('length_max', 50000))} tokens x "
                       f"{paper.get('depths', 10)} depths")}, line

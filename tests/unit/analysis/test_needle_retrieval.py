@@ -352,3 +352,25 @@ def test_a_length_too_short_for_a_needle_leaves_it_out(tokenizer, contexts):
     table, summary = measure_retrieval(loaded, tokenizer, ["", "  "], max_len=400, steps=50)
     assert summary["tests"] == 0 and summary["skipped_lengths"] == [200, 300, 400] and summary["best"] is None
     assert table["needle_retrieval"].isna().all()
+
+
+def test_a_max_seq_len_too_short_for_any_test_says_why(tokenizer, contexts):
+    """Issue 51, finding 9: no length holds a test: the summary says why in one line with the length that would
+    (checked: a test runs at that length and none at one token less), and the report's line says it."""
+    from attnclust.models import LoadedModel
+    from attnclust.report.sections.decoder_protocols import retrieval_summary
+
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"][0]
+    model = CopyingModel(tokenizer, {0: None, 1: None, 2: None}, newline)
+    loaded = LoadedModel(model=model, head_trained=True, num_layers=1, num_heads=3, kind="causal")
+    table, summary = measure_retrieval(loaded, tokenizer, contexts, max_len=96, steps=50)
+    why = summary["none_reason"]
+    assert summary["tests"] == 0 and "\n" not in why
+    assert why.startswith("extract.max_seq_len = 96 is too short for any test: its lengths (48, 72, 96 tokens)")
+    need = int(why.rsplit(" ", 1)[1])
+    assert needle_tests(loaded, tokenizer, contexts, max_len=need - 1, steps=50, fractions=(1.0,))[0] == []
+    assert len(needle_tests(loaded, tokenizer, contexts, max_len=need, steps=50, fractions=(1.0,))[0]) > 0
+    _, line = retrieval_summary(summary, table)
+    assert "no test ran: extract.max_seq_len = 96 is too short" in line and "0 of 0" not in line
+    # tests ran: no reason
+    assert measure_retrieval(loaded, tokenizer, contexts, max_len=400, steps=50)[1]["none_reason"] is None

@@ -271,3 +271,49 @@ def test_a_changed_text_file_or_text_unit_is_another_extraction(text_runs, tmp_p
     data.write_text(data.read_text(encoding="utf-8") + "\nA fourth paragraph.\n", encoding="utf-8")
     with pytest.raises(StoreError, match=r"stage 'extract' was run with other settings \(data file content changed\)"):
         extract(cfg)
+
+
+# --- bounded by what the windows can use (issue 51, finding 5) ------------------------------------------------------
+
+def test_a_text_longer_than_its_windows_can_use_is_refused_before_tokenising(tmp_path, monkeypatch):
+    """One 50 MB line with ``max_features_per_example`` 16 windows of 384 tokens (at most 614,400 characters): one
+    line, before any tokenizer runs (a tokenizer that is called fails the test)."""
+    from attnclust.data.limits import InputBound
+    from attnclust.data.text import read_texts
+    from attnclust.errors import DataError
+
+    big = tmp_path / "one-line.txt"
+    big.write_text("word " * 10_000_000)
+    with pytest.raises(DataError, match=r"text 'paragraph-1' holds 49,999,999 characters, more than "
+                                        r"data.max_features_per_example = 16 windows of extract.max_seq_len = 384 "
+                                        r"tokens can use \(614,400 at most"):
+        read_texts(big, bound=InputBound(384, 16))
+    assert len(read_texts(big, bound=InputBound(384, None))[0].context) == 49_999_999  # no bound: kept whole
+
+
+def test_only_the_kept_texts_are_bounded(tmp_path):
+    from attnclust.data.limits import InputBound
+    from attnclust.data.text import read_texts
+
+    path = tmp_path / "t.txt"
+    path.write_text("short text\n\n" + "x " * 5000)
+    assert [e.id for e in read_texts(path, max_examples=1, bound=InputBound(16, 1))] == ["paragraph-1"]
+
+
+def test_the_command_refuses_an_over_long_text_in_one_line_exit_2_before_any_stage(tmp_path, capsys, monkeypatch):
+    from attnclust.cli import main
+    from attnclust.models import runner
+
+    def no_tokenizer(*args, **kwargs):
+        raise AssertionError("the tokenizer was loaded")
+
+    monkeypatch.setattr(runner, "get_tokenizer", no_tokenizer)
+    path = tmp_path / "book.txt"
+    path.write_text("word " * 2000)
+    out = tmp_path / "run"
+    assert main(["run", "--data", str(path), "--out", str(out), "--set", "data.format=text", "--set",
+                 "data.max_features_per_example=1", "--set", "extract.max_seq_len=16", "--set",
+                 "extract.max_query_len=4", "--set", "extract.doc_stride=2", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds 9,999 characters, more than data.max_features_per_example = 1" in err
+    assert "raise data.max_features_per_example" in err and not out.exists()
