@@ -442,8 +442,9 @@ def measure_retrieval(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, m
     summary : dict
         ``needles`` (the sentences, questions and answers), ``lengths``, ``skipped_lengths``, ``depths``,
         ``positions``, ``max_seq_len``, ``none_reason`` (why no test ran, one line; None when some did),
-        ``steps``, ``rouge_min``, ``threshold``, ``paper`` (:data:`PAPER_GRID`), ``tests`` and ``accepted`` (counts), ``heads`` (above the threshold), ``max`` and ``best`` (``[layer,
-        head]``; None when no test was accepted), ``runs`` (each test's ``needle``, ``length``, ``depth``,
+        ``steps``, ``rouge_min``, ``threshold``, ``paper`` (:data:`PAPER_GRID`), ``tests`` and ``accepted``
+        (counts), ``heads`` (above the threshold), ``max`` and ``best`` (``[layer, head]``; None when no test was
+        accepted), ``runs`` (each test's ``needle``, ``length``, ``depth``,
         ``prompt_tokens``, ``span``, ``answer``, ``rouge1_recall``, ``accepted``, ``steps``) and ``seconds``.
     """
     t0 = time.perf_counter()
