@@ -12,7 +12,8 @@ Layout (relative to the run directory)::
     features.parquet        one row per feature (store row)
     examples.parquet        one row per question of the data file
     map_stats.parquet       per-map statistics (feature, layer, head)
-    qa.parquet              start/end logits per feature
+    qa.parquet              start/end logits per feature (a decoder: token log-probabilities, top-1 hits)
+    window_loss.parquet     a decoder's next-token loss per window of natural text
     head_outputs.zarr       per-head outputs pooled per feature (cls or a decoder's last_prompt, context_mean) and
                             the last hidden state there
     induction.parquet       per (layer, head) induction score of a causal model's diagnostic (analysis/induction.py)
@@ -158,6 +159,11 @@ class RunLayout(StateDirectory):
     def qa_logits(self) -> Path:
         """``qa.parquet``: start/end logits of every feature."""
         return self.root / "qa.parquet"
+
+    @property
+    def window_loss(self) -> Path:
+        """``window_loss.parquet``: a decoder's next-token loss and top-1 accuracy per window of natural text."""
+        return self.root / "window_loss.parquet"
 
     @property
     def induction(self) -> Path:

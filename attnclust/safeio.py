@@ -50,11 +50,14 @@ def _size(n: int) -> str:
 
 
 def read_user_bytes(path: str | os.PathLike[str], where: str, *, limit: int = MAX_INPUT_BYTES,
-                    error: type[AttnclustError] = DataError, missing: str = "not found; check the path") -> bytes:
+                    error: type[AttnclustError] = DataError, missing: str = "not found; check the path",
+                    follow_links: bool = True) -> bytes:
     """The whole content of a regular file given by the user, at most ``limit`` bytes.
 
-    A symbolic link is followed (reading through one is harmless); what it ends at must be a regular file.
-    The file is opened non-blocking, so a FIFO put in its place between the check and the open cannot hang.
+    A symbolic link is followed (reading a path the user gave through one is harmless) unless ``follow_links`` is
+    false (a file inside an input folder); what it ends at must be a regular file. The file is opened non-blocking,
+    so a FIFO put in its place between the check and the open cannot hang. Memory is taken for the size the file
+    has when opened (and in pieces for what it grows by, up to ``limit``), never for ``limit`` itself.
 
     Parameters
     ----------
@@ -68,34 +71,45 @@ def read_user_bytes(path: str | os.PathLike[str], where: str, *, limit: int = MA
         The error class raised.
     missing
         What the message says when the file does not exist.
+    follow_links
+        False: a symbolic link is refused (never opened), and nothing of its target is quoted.
 
     Raises
     ------
     AttnclustError
-        ``error``: missing, not a regular file (a directory, FIFO, device or socket), larger than ``limit``, or
-        unreadable; one line naming the file, what it is and the fix.
+        ``error``: missing, not a regular file (a directory, FIFO, device or socket; a symbolic link without
+        ``follow_links``), larger than ``limit``, or unreadable; one line naming the file, what it is and the fix.
     """
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=follow_links)
     except FileNotFoundError:
         raise error(f"{where}: {missing}") from None
     except OSError as exc:
         raise error(f"{where}: cannot be read ({exc.strerror or exc}); check the path and its permissions") from None
     if stat.S_ISDIR(st.st_mode):
         raise error(f"{where}: is a directory; give the path of a file")
+    if stat.S_ISLNK(st.st_mode):
+        raise error(f"{where}: is a symbolic link; attnclust reads only regular files here: copy the file in its place")
     if not stat.S_ISREG(st.st_mode):
         raise error(f"{where}: is {_kind(st.st_mode)}, not a regular file; attnclust reads input only from "
                     f"regular files: save the content to a file and give its path")
     if st.st_size > limit:
         raise error(f"{where}: is {_size(st.st_size)}, over the {_size(limit)} attnclust reads; use a smaller file")
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        nofollow = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)  # against a link put there since the check
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow)
         with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # replaced since the check above
-                raise error(f"{where}: is {_kind(os.fstat(fh.fileno()).st_mode)}, not a regular file; give a file")
-            data = fh.read(limit + 1)
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):  # replaced since the check above
+                raise error(f"{where}: is {_kind(st.st_mode)}, not a regular file; give a file")
+            pieces, n, want = [], 0, min(st.st_size, limit) + 1  # its size, and one byte more to see it grow
+            while n <= limit and (piece := fh.read(min(want, limit + 1 - n))):
+                pieces.append(piece)
+                n += len(piece)
+                want = 1 << 20
     except OSError as exc:
         raise error(f"{where}: cannot be read ({exc.strerror or exc}); check its permissions") from None
+    data = b"".join(pieces)  # one piece (the usual case) is returned as it is, not copied
     if len(data) > limit:  # it grew since the check
         raise error(f"{where}: is over the {_size(limit)} attnclust reads; use a smaller file")
     return data

@@ -17,6 +17,7 @@ from . import answer  # noqa: F401, I001  (registers the "answer_attention" and 
 from . import induction  # noqa: F401  (registers the "induction" head analysis)
 from . import protocols  # noqa: F401  (the papers' protocols: "sink_rate", the detectors, "decoder_protocols")
 from . import modes  # noqa: F401  (registers the "modes" head analysis)
+from . import loss  # noqa: F401  (registers the "loss_modes" head analysis: next-token loss of text runs)
 from . import retrieval  # noqa: F401  (registers the "retrieval" and "answer_step_attention" analyses)
 from . import roles  # noqa: F401  (registers the "roles" head analysis)
 from . import sink  # noqa: F401  (registers the "sink" head analysis)

@@ -36,6 +36,7 @@ from typing import Any
 from ..errors import ConfigError, DataError
 from ..safeio import load_json, read_user_bytes
 from .hf import read_records, resolve_source
+from .limits import InputBound
 
 __all__ = [
     "Answer",
@@ -185,8 +186,8 @@ def sample_path() -> pathlib.Path:
     return res
 
 
-def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None,
-               split: str | None = None) -> list[Example]:
+def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None, split: str | None = None,
+               bound: InputBound | None = None) -> list[Example]:
     """Read and validate a SQuAD-v2-format dataset.
 
     Parameters
@@ -202,6 +203,11 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None,
     max_examples
         Keep only the first N examples, in file order, after the whole file has been validated; ``None`` keeps
         all.
+    bound
+        What one example of the run can use (:meth:`InputBound.of(cfg) <attnclust.data.limits.InputBound.of>`):
+        a context of more than :attr:`~attnclust.data.limits.InputBound.chars` characters is refused, and a table's
+        row group or record batch over :attr:`~attnclust.data.limits.InputBound.row_bytes` a row before it is
+        decompressed (:func:`attnclust.data.hf.read_records`). ``None``: no bound but the input's size.
 
     Returns
     -------
@@ -213,7 +219,8 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None,
     DataError
         If the file is missing, unreadable, malformed or holds no question, or if any record is invalid. Records
         are numbered from 0 in file order (rows of a table); the message also gives the JSON path (nested) or
-        line (JSONL). A table's column missing or of another type is named with the schema expected.
+        line (JSONL). A table's column missing or of another type is named with the schema expected. A context
+        over ``bound``, or a table too large once decompressed.
     ConfigError
         If ``max_examples`` is not a positive integer or ``None``, or ``split`` does not fit the data (set for a
         single file, not one of a folder's splits, or missing where there are several).
@@ -232,8 +239,12 @@ def read_squad(path: str | os.PathLike[str], *, max_examples: int | None = None,
         file = pathlib.Path(path)
         raw_records = _records(_parse_json(_read_text(file, where), file, where), where)
     else:
-        raw_records = read_records(source)
+        raw_records = read_records(source, bound=bound)
     examples = [_validate_record(raw, where) for raw in raw_records]
+    if bound is not None and bound.chars is not None:  # before any tokenizer sees a context
+        for ex, label in examples:
+            if len(ex.context) > bound.chars:
+                raise DataError(bound.refusal(where, f"{label[len(where) + 2:]} context", len(ex.context)))
     if not examples:
         raise DataError(f"{where}: holds no questions; the file must contain at least one question")
     _check_unique_ids([(ex.id, label) for ex, label in examples], where)

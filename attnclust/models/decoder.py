@@ -276,6 +276,7 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
     attnclust.models.ForwardOutput
         ``attentions`` (feature, layer, head, query, key) float32 or ``None``; ``token_logprobs`` (feature,
         token): the log-probability of each token given those before it (0 at token 0), padded with 0;
+        ``token_top1`` (feature, token): 1.0 where the model's most likely next token was the token there;
         ``start_logits`` / ``end_logits`` ``None``; ``head_outputs`` or ``None``.
     """
     import torch
@@ -307,6 +308,7 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
                               output_hidden_states=head_outputs, use_cache=False)
         logp = torch.log_softmax(result.logits[:, :-1].float(), dim=-1)
         picked = logp.gather(-1, inputs["input_ids"][:, 1:, None])[..., 0]
+        top1 = logp.argmax(dim=-1) == inputs["input_ids"][:, 1:]
     pooled = None
     if head_outputs:
         final = result.hidden_states[-1]
@@ -316,8 +318,10 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
                              .float().cpu().numpy())
     token_logprobs = np.zeros((len(lens), n), dtype=np.float32)
     token_logprobs[:, 1:] = picked.cpu().numpy() * mask[:, 1:]
+    token_top1 = np.zeros((len(lens), n), dtype=np.float32)
+    token_top1[:, 1:] = top1.cpu().numpy() * mask[:, 1:]
     return ForwardOutput(attentions=maps, start_logits=None, end_logits=None, token_logprobs=token_logprobs,
-                         head_outputs=pooled)
+                         token_top1=token_top1, head_outputs=pooled)
 
 
 def last_prompt_positions(rows: pd.DataFrame) -> np.ndarray:

@@ -308,7 +308,7 @@ class DecoderKind(ModelKind):
     name = "causal"
     is_decoder = True
     first_name = "first-token sink"
-    outputs = ("token_logprobs",)
+    outputs = ("token_logprobs", "token_top1")
     stores_head_outputs = True
     summary_pooling = "last_prompt"
     summary_name = "the last prompt token"

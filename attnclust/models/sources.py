@@ -95,6 +95,9 @@ class ForwardOutput:
     token_logprobs : numpy.ndarray, shape (feature, token), or None
         A causal model's log-probability of each token given those before it
         (:func:`attnclust.models.decoder.causal_forward`).
+    token_top1 : numpy.ndarray, shape (feature, token), or None
+        A causal model's: 1.0 where its most likely next token given those before was the token there, else 0 (0
+        at token 0 and past the feature's length).
     """
 
     attentions: torch.Tensor | None
@@ -102,6 +105,7 @@ class ForwardOutput:
     end_logits: np.ndarray | None
     head_outputs: HeadOutputs | None = None
     token_logprobs: np.ndarray | None = None
+    token_top1: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -117,10 +117,11 @@ def _precision(cfg: JobConfig, device: str) -> dict:
 def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer,
           split: str | None = None) -> tuple[list, pd.DataFrame]:
     from ..data.features import tokenize_examples
+    from ..data.limits import InputBound
     from ..data.squad import read_squad, sample_path
 
     file = Path(path).expanduser() if path else sample_path()
-    examples = read_squad(file, max_examples=max_examples, split=split)
+    examples = read_squad(file, max_examples=max_examples, split=split, bound=InputBound.of(cfg))
     features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
                                  doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
                                  max_features_per_example=cfg.data.max_features_per_example)

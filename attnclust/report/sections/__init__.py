@@ -22,6 +22,7 @@ from . import (  # noqa: F401
     head_map,
     importance,
     k,
+    loss,
     methods,
     modes,
     notes,

@@ -273,6 +273,38 @@ def test_a_changed_text_file_or_text_unit_is_another_extraction(text_runs, tmp_p
         extract(cfg)
 
 
+def test_a_text_run_of_a_decoder_writes_window_loss_and_the_report_section(text_runs):
+    """The tiny Llama's text run: ``window_loss.parquet`` holds each window's loss as a plain forward of the
+    model gives it (a loop over the tokens), ``heads.parquet`` the loss columns, the report its section; the BERT
+    run over the same text has neither."""
+    import torch
+
+    from attnclust.analysis.loss import LOSS_COLUMNS
+    from attnclust.config import ModelConfig
+    from attnclust.layout import RunLayout
+    from attnclust.models import get_model
+
+    runs, _, _ = text_runs
+    root, model, _ = runs["llama"]
+    layout = RunLayout(root)
+    windows = pd.read_parquet(layout.window_loss)
+    features = pd.read_parquet(layout.features, columns=["feature_id", "input_ids"]).set_index("feature_id")
+    loaded = get_model(ModelConfig(name=str(model)))
+    for row in windows.head(3).itertuples():
+        ids = list(features.loc[row.feature_id, "input_ids"])
+        with torch.no_grad():
+            logits = loaded.model(torch.tensor([ids])).logits[0]
+        total = sum(-float(torch.log_softmax(logits[t - 1], -1)[ids[t]]) for t in range(1, len(ids)))
+        top1 = sum(int(logits[t - 1].argmax()) == ids[t] for t in range(1, len(ids)))
+        assert row.loss == pytest.approx(total / (len(ids) - 1), rel=1e-4)
+        assert row.top1 == pytest.approx(top1 / (len(ids) - 1))
+    heads = pd.read_parquet(root / "heads.parquet")
+    assert set(LOSS_COLUMNS) <= set(heads.columns) and np.isfinite(heads["loss_p"]).all()
+    assert "What goes with the model" in layout.report.read_text()
+    bert = RunLayout(runs["bert"][0])
+    assert not bert.window_loss.exists() and "loss_p" not in pd.read_parquet(bert.root / "heads.parquet").columns
+
+
 # --- bounded by what the windows can use (issue 51, finding 5) ------------------------------------------------------
 
 def test_a_text_longer_than_its_windows_can_use_is_refused_before_tokenising(tmp_path, monkeypatch):

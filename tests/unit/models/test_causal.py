@@ -270,6 +270,8 @@ def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
                            torch.stack([a[0] for a in alone.attentions]).numpy(), atol=1e-5)
         logp = torch.log_softmax(alone.logits[0, :-1], -1).gather(-1, torch.tensor(row.input_ids[1:])[:, None])
         assert np.allclose(result.token_logprobs[i, 1:n], logp[:, 0].numpy(), atol=1e-4)
+        top1 = [float(alone.logits[0, t].argmax() == row.input_ids[t + 1]) for t in range(n - 1)]  # a loop
+        assert result.token_top1[i, 0] == 0 and result.token_top1[i, 1:n].tolist() == top1
 
 
 def test_context_decoding_continues_runs_of_the_given_spans():

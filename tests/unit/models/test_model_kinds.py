@@ -129,7 +129,7 @@ def test_the_forward_gives_the_kinds_outputs(arch, model_dirs, runs):
     result = kind.forward(loaded, rows, attentions=True)
     n = int(rows["seq_len"].max())
     assert tuple(result.attentions.shape) == (len(rows), 2, 4, n, n)
-    fields = ("start_logits", "end_logits", "token_logprobs")
+    fields = ("start_logits", "end_logits", "token_logprobs", "token_top1")
     assert {f for f in fields if getattr(result, f) is not None} == set(kind.outputs)
     m = int(rows["seq_len"].iloc[0])
     assert {k: (v.dtype, v.shape) for k, v in kind.token_outputs(result, 0, m).items()} == \
