@@ -23,6 +23,7 @@ from ..errors import DataError
 from ..layout import RunLayout
 from ..store.contract import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
+from .moved import MOVED_COLUMNS
 from .naming import (  # re-exported: the cluster table's names are part of the atlas' public names
     BLOCK_MIN_LIFT,
     BOTH_MIN,
@@ -383,14 +384,20 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     from ..models.kinds import kind_of
 
     causal = kind_of(features).is_decoder  # a decoder's maps: its own statistics, names and baselines
+    moved = [c for c in MOVED_COLUMNS if c in maps.columns]  # what the heads move (analysis/moved.py), if measured
     cols = ["feature_id", "example_id", "span", "seq_len", "layer", "head", "cluster", "umap_x", "umap_y",
-            "centroid_dist", *(c for c in stat_columns(causal) if c in maps.columns)]
+            "centroid_dist", *(c for c in stat_columns(causal) if c in maps.columns), *moved]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
+    if moved:
+        heads = heads.merge(maps.groupby(["layer", "head"], as_index=False)[moved].mean().astype(
+            {c: np.float32 for c in moved}), on=["layer", "head"], how="left")
     store = open_attention_store(layout.attention) if layout.attention.exists() else None
     clusters = cluster_table(maps, heads, k, chance=segment_chance(features), causal=causal,
                              exact_features=None if store is None or store.exact is None else store.exact_ids(),
                              chances=causal_chances(features) if causal and "tokens" in features.columns else None)
+    if moved:  # beside the weights' means, not among the statistics the names are read from
+        clusters = clusters.join(maps.groupby("cluster")[moved].mean().astype(np.float32), on="cluster")
     stability = read_stability(layout, k, min_stability=min_stability)
     if stability is not None:
         clusters = clusters.join(stability, on="cluster")

@@ -526,3 +526,32 @@ def pruning_figure(curve: pd.DataFrame) -> Figure:
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def moved_norm_figure(heads: pd.DataFrame, targets: list[tuple[str, str]]) -> Figure:
+    """Per head, the share of attention weight on a target against the share of the moved norm there
+    (:mod:`attnclust.analysis.moved`), one colour per target, the diagonal where the two agree.
+
+    Parameters
+    ----------
+    heads : pandas.DataFrame
+        ``heads.parquet``: the weight statistic and its ``moved_`` twin of every target.
+    targets : list of (str, str)
+        ``(statistic, label)``, e.g. ``("to_cls", "[CLS]")``.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    fig = Figure(figsize=(4.6, 4.2))
+    ax = fig.subplots()
+    ax.plot([0, 1], [0, 1], color="#999999", lw=0.8, ls="--", label="weight = moved norm")
+    for (stat, label), color in zip(targets, ("#d62728", "#1f77b4", "#2ca02c")):
+        ax.scatter(heads[stat], heads[f"moved_{stat}"], s=12, alpha=0.75, color=color, label=label)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("share of the attention weight")
+    ax.set_ylabel("share of the moved norm")
+    ax.legend(fontsize=8, frameon=False, loc="upper left")
+    ax.grid(alpha=0.3)
+    return fig

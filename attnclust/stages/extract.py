@@ -31,9 +31,10 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.induction import INDUCTION_VERSION, write_induction
+from ..analysis.moved import MOVED_COLUMNS, MOVED_VERSION, moved_statistics
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
-from ..analysis.stats import stat_columns, statistics_versions
+from ..analysis.stats import stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
 from ..data.features import FEATURE_LAYOUT_VERSION
 from ..data.hf import data_fingerprint
@@ -43,6 +44,7 @@ from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
 from ..models.kinds import kind_of
+from ..models.value_norms import capture_value_norms, measures_moved_norm
 from ..store.contract import (
     COMPACT_ENCODING,
     atomic_write_parquet,
@@ -271,28 +273,38 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
     n_layers, n_heads = loaded.num_layers, loaded.num_heads
     causal = kind_of(store).is_decoder  # the profile's causal uniform null, the causal statistics
-    # (feature, layer, head) per statistic, filled layer by layer
-    columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in stat_columns(causal)}
+    # (feature, layer, head) per statistic, filled layer by layer; what the heads move where the family allows
+    moves = measures_moved_norm(loaded.model)
+    names = (*stat_columns(causal), *(MOVED_COLUMNS if moves else ()))
+    columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in names}
+    masks: dict[int, tuple] = {}  # each feature's [SEP] and punctuation keys, for the moved-norm statistics
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
     forward_s = in_hook_s = 0.0
     bs = cfg.extract.batch_size
 
-    def convert(rows: list, layer: int, weights) -> None:
+    def convert(rows: list, layer: int, weights, norms=None) -> None:
         """One layer of a batch, (feature, head, query, key) padded: each feature's maps into its places (``rows``
-        the batch's rows of features.parquet as named tuples)."""
+        the batch's rows of features.parquet as named tuples); with ``norms`` (feature, head, key), each key's
+        ``||f_h(x_j)||``, also the moved-norm statistics (:mod:`attnclust.analysis.moved`)."""
         with torch.inference_mode():  # as in the forward (the weights are its inference tensors)
             weights = weights.float()  # float16 under CUDA autocast: the float32 the statistics read
             for i, row in enumerate(rows):
-                m = int(row.seq_len)
+                m, j = int(row.seq_len), int(row.feature_id) - start
                 maps = weights[i, None, :, :m, :m]  # (1 layer, head, query, key): a view
                 stats = fill(row, maps, layer=layer)
+                if norms is not None:
+                    if j not in masks:
+                        masks[j] = token_masks(list(row.tokens), list(row.segment_ids))[:2]
+                    stats.update({name: value[None] for name, value in moved_statistics(
+                        maps[0], norms[i, :, :m], sep=masks[j][0], punct=masks[j][1]).items()})
                 for name, values in columns.items():
-                    values[int(row.feature_id) - start, layer] = stats[name][0]
+                    values[j, layer] = stats[name][0]
                 exact(row, maps, layer=layer)
 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
+    moved_norms: dict = {}  # the batch's value norms per layer (capture_value_norms), filled inside its forward
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{block}") as writer:
         # with overlap, the finished features' maps are compressed and written beside the next batches' forwards
@@ -305,12 +317,13 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             is done (at most one layer waits: two layers' maps in memory at most)."""
             nonlocal pending, in_hook_s
             t0 = time.perf_counter()
+            norms = moved_norms.get(layer)  # this batch's, set by the layer's value projection before its weights
             if overlap:
                 if pending is not None:
                     pending.result()
-                pending = pool.submit(convert, rows, layer, weights)
+                pending = pool.submit(convert, rows, layer, weights, norms)
             else:
-                convert(rows, layer, weights)
+                convert(rows, layer, weights, norms)
             in_hook_s += time.perf_counter() - t0
 
         pairs = None if device.startswith("cuda") else bs * CPU_BATCH_SIDE ** 2
@@ -318,8 +331,10 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
             rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
-            result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
-                                  layer_maps=functools.partial(layer_maps, list(rows.itertuples(index=False))))
+            capture = capture_value_norms(loaded.model, n_layers, n_heads) if moves else contextlib.nullcontext({})
+            with capture as moved_norms:
+                result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
+                                      layer_maps=functools.partial(layer_maps, list(rows.itertuples(index=False))))
             forward_s += time.perf_counter() - t0
             # the batch before this one is converted (its last layer was waited for at this one's first)
             fill.flush(start + finished)
@@ -475,7 +490,7 @@ class ExtractStage(Stage):
     def identity(self, ctx: RunContext) -> dict:
         """The data's content identity (:func:`~attnclust.data.hf.data_fingerprint`), the model's identity
         (weights, tokenizer, chat template, generation config: :func:`~attnclust.models.model_identity`), the
-        backend, the statistics' versions,
+        backend, the statistics' versions (the moved-norm ones', :mod:`attnclust.analysis.moved`, included),
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
         features, so the fingerprint, as they were); for a causal model also the settings of its prompts and
         answers (``extract.prompt``, ``extract.max_new_tokens``, ``model.gguf_file``), which an encoder's
@@ -498,7 +513,8 @@ class ExtractStage(Stage):
             if needles != type(ctx.cfg.extract).model_fields["needle_lengths"].default:
                 capped["extract.needle_lengths"] = needles
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
-                "backend": ctx.backend, "statistics": statistics_versions(kind.is_decoder), **capped}
+                "backend": ctx.backend, "statistics": statistics_versions(kind.is_decoder),
+                "moved_norm": MOVED_VERSION, **capped}
 
     def check(self, ctx: RunContext) -> None:
         """Before anything is written: note the features the cap dropped, print the store's projected size (with

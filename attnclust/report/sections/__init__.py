@@ -25,6 +25,7 @@ from . import (  # noqa: F401
     loss,
     methods,
     modes,
+    moved,
     notes,
     probes,
     qa,

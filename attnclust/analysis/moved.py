@@ -1,0 +1,72 @@
+"""What heads move, not only where they look: norm-based attention statistics (Kobayashi et al., EMNLP 2020).
+
+A head's output at query ``i`` is ``sum_j alpha_ij f(x_j)`` with ``f(x_j) = (x_j W_V + b_V) W_O`` (the value vector of
+key ``j`` times the head's slice of the output projection; :mod:`attnclust.models.value_norms` measures
+``||f(x_j)||`` at extraction). Kobayashi et al. read ``||alpha_ij f(x_j)|| = alpha_ij ||f(x_j)||`` instead of the
+weight alone and found that [CLS], [SEP] and punctuation get large weights but small norms. Here each query row of a
+map is turned into its *shares of the moved norm*, ``s_ij = alpha_ij ||f(x_j)|| / sum_k alpha_ik ||f(x_k)||`` (rows
+sum to 1 like the weights'), and the statistics of the weights are read again on those rows
+(:data:`MOVED_COLUMNS`, ``moved_`` + the weight statistic's name, in ``map_stats.parquet`` beside the weights'):
+the mass on the first token / [CLS], on [SEP], on '.' and ',', on the query token itself and on the previous one,
+averaged over query rows, and the mean row entropy.
+
+**Different from the paper, on purpose** (the methods page has the full text): Kobayashi et al. report
+``||alpha f(x)||`` summed over a group's keys, an absolute norm that grows with the model's scale; a share is
+comparable across heads, layers and models, and with the weights' share beside it reads as "71% of the weight, 6%
+of the moved norm". The output bias is left out, as they do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MOVED_COLUMNS", "MOVED_OF", "MOVED_VERSION", "moved_statistics"]
+
+MOVED_OF = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "entropy")
+"""The weight statistics read again on the moved-norm shares."""
+MOVED_COLUMNS = tuple(f"moved_{name}" for name in MOVED_OF)
+"""Their columns in ``map_stats.parquet`` (and ``maps.parquet``, the per-head and per-cluster means)."""
+MOVED_VERSION = 1
+"""Bumped when the definition changes: part of the extraction's fingerprint."""
+
+
+def moved_statistics(weights, norms, *, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:
+    """The moved-norm statistics of one feature's maps of one layer.
+
+    Parameters
+    ----------
+    weights : torch.Tensor, shape (head, query, key)
+        Attention weights at the feature's true length ``n`` (each row sums to 1).
+    norms : torch.Tensor, shape (head, key)
+        ``||f_h(x_j)||`` of each key for each query head.
+    sep, punct : numpy.ndarray of bool, shape (key,)
+        Separator and punctuation tokens (:func:`attnclust.analysis.stats.token_masks`).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        One (head,) float32 array per name in :data:`MOVED_COLUMNS`. A row whose moved norm is 0 (every key it
+        weighs has a zero value vector) counts as moving nothing: it adds 0 to the masses and the entropy.
+    """
+    import torch
+
+    a = weights.float()
+    nrm = norms.float().to(a.device)
+    h, n, _ = a.shape
+    moved = a * nrm[:, None, :]  # (head, query, key): alpha_ij ||f_j||
+    total = moved.sum(-1, keepdim=True)
+    shares = torch.where(total > 0, moved / total.clamp_min(1e-30), torch.zeros_like(moved))
+    sep_t = torch.from_numpy(np.asarray(sep, bool)).to(a.device)
+    punct_t = torch.from_numpy(np.asarray(punct, bool)).to(a.device)
+    masks = torch.stack([sep_t, punct_t], dim=1).float()  # (key, 2)
+    mass = shares @ masks  # (head, query, 2)
+    out = {
+        "moved_to_cls": shares[..., :, 0].mean(-1),
+        "moved_to_sep": mass[..., 0].mean(-1),
+        "moved_to_punct": mass[..., 1].mean(-1),
+        "moved_to_self": shares.diagonal(offset=0, dim1=-2, dim2=-1).mean(-1),
+        "moved_to_prev": (shares.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if n > 1
+                          else torch.zeros(h, device=a.device)),
+        "moved_entropy": -torch.log(shares.clamp_min(1e-30)).mul_(shares).sum(-1).mean(-1),
+    }
+    return {name: value.cpu().numpy().astype(np.float32) for name, value in out.items()}

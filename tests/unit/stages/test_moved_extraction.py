@@ -1,0 +1,68 @@
+"""The moved-norm statistics the extract stage stores (issue 52): for each feature and layer, what a plain forward of
+that feature alone gives (its attention and its value norms, each checked against the paper elsewhere) read by
+:func:`attnclust.analysis.moved.moved_statistics`; a family whose value projection is unknown is extracted without
+them; the report shows the weight beside the moved norm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnclust.analysis.moved import MOVED_COLUMNS, moved_statistics
+from attnclust.analysis.stats import token_masks
+from attnclust.config import ModelConfig
+from attnclust.layout import RunLayout
+from attnclust.models import get_model
+from attnclust.models.value_norms import capture_value_norms
+
+
+def extract(data, out, model, *more) -> None:
+    from attnclust.cli import main
+
+    assert main(["extract", "--data", str(data), "--out", str(out), "--set", f"model.name={model}",
+                 "--set", "extract.batch_size=3", "--quiet", *more]) == 0
+
+
+def expected(loaded, rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """(layer, head) per moved statistic of one feature (``rows``: its one row) from its own forward, as the model's
+    kind builds it (token types, positions), without padding."""
+    from attnclust.models.kinds import kind_of
+
+    row = next(rows.itertuples())
+    with capture_value_norms(loaded.model, loaded.num_layers, loaded.num_heads) as norms:
+        attn = kind_of(loaded).forward(loaded, rows, attentions=True).attentions[0]  # (layer, head, query, key)
+    sep, punct, _ = token_masks(list(row.tokens), list(row.segment_ids))
+    per_layer = [moved_statistics(attn[layer], norms[layer][0], sep=sep, punct=punct)
+                 for layer in range(loaded.num_layers)]
+    return {c: np.stack([p[c] for p in per_layer]) for c in MOVED_COLUMNS}
+
+
+@pytest.mark.parametrize("arch", ["bert", "llama"])
+def test_stored_moved_statistics_are_a_plain_forwards(tmp_path, tiny_bert_dir, small_squad, arch):
+    from helpers import save_tiny_causal
+
+    model = tiny_bert_dir if arch == "bert" else save_tiny_causal(tmp_path / "llama")
+    out = tmp_path / "run"
+    more = ["--set", "extract.max_new_tokens=3"] if arch == "llama" else []
+    extract(small_squad, out, model, *more)
+    layout = RunLayout(out)
+    stats = pd.read_parquet(layout.map_stats)
+    assert set(MOVED_COLUMNS) <= set(stats.columns)
+    features = pd.read_parquet(layout.features)
+    loaded = get_model(ModelConfig(name=str(model)))
+    ordered = features.sort_values("seq_len")
+    for i in (0, len(ordered) - 1):  # the shortest and the longest feature, each padded in its batch
+        rows = ordered.iloc[[i]]
+        want = expected(loaded, rows)
+        got = stats[stats["feature_id"] == int(rows["feature_id"].iloc[0])].sort_values(["layer", "head"])
+        for c in MOVED_COLUMNS:
+            np.testing.assert_allclose(got[c].to_numpy().reshape(want[c].shape), want[c], rtol=2e-4, atol=2e-5,
+                                       err_msg=c)
+
+
+def test_a_family_without_a_known_value_projection_is_extracted_without_them(tmp_path, family_model, small_squad):
+    out = tmp_path / "run"
+    extract(small_squad, out, family_model("deberta-v2"))
+    stats = pd.read_parquet(RunLayout(out).map_stats)
+    assert not set(MOVED_COLUMNS) & set(stats.columns) and "to_cls" in stats.columns
