@@ -1,5 +1,5 @@
 """Command line: ``attnclust run|extract|featurize|cluster|report|finetune [JOB.yaml] ...``, ``attnclust evaluate``,
-``attnclust compare A B --out C``,
+``attnclust compare A B --out C``, ``attnclust generate kv --out FILE [--calibrate]``,
 ``attnclust explore DIR [--port N] [--host H]``, ``attnclust export DIR --figure NAME [--format F] [--out FILE]``.
 
 Thin by design: parse arguments, load the job, call the library, map errors to exit codes (2 for bad input).
@@ -84,6 +84,26 @@ def _parser() -> argparse.ArgumentParser:
                     help="file format (default: --out's suffix, else png)")
     ex.add_argument("--out", help="output file (default DIR/exports/<figure>.<format>); an existing file is never "
                     "overwritten unless attnclust wrote it in DIR/exports/")
+    gen = sub.add_parser("generate", help="write generated questions as SQuAD-v2 JSON: in-context key-value lookup "
+                         "(kv), its difficulty set or calibrated to a model")
+    gen.add_argument("task", choices=("kv",), help="kv: 'k417: v23' lists, 'What is the value of k417?'")
+    gen.add_argument("--out", required=True, help="the file to write (new, or one attnclust generate wrote)")
+    gen.add_argument("--questions", type=integer, default=400, help="how many questions (default 400)")
+    gen.add_argument("--pairs", type=integer, help="lines per list (default 12; chosen by --calibrate)")
+    gen.add_argument("--similarity", type=number, default=0.5, help="share (0..1) of distractor keys one edit away "
+                     "from the asked key (default 0.5; with --calibrate, the one tried first)")
+    gen.add_argument("--seed", type=integer, default=0, help="numpy SeedSequence entropy (default 0)")
+    gen.add_argument("--calibrate", action="store_true", help="choose --pairs (and if needed --similarity) so that "
+                     "the job's model answers about --target of the questions right (it answers probe batches)")
+    gen.add_argument("--job", help="with --calibrate: the job whose model and extract settings answer (default: "
+                     "jobs/demo.yaml; e.g. jobs/llm.yaml)")
+    gen.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                     help="with --calibrate: override a job setting, e.g. --set model.name=smollm2 (repeatable)")
+    gen.add_argument("--target", type=number, help="with --calibrate: the share right aimed at "
+                     "(0.35-0.65; default 0.5)")
+    gen.add_argument("--probe-questions", type=integer,
+                     help="with --calibrate: questions per probe batch (default 40)")
+    gen.add_argument("--quiet", action="store_true", help="no probe lines")
     certs = sub.add_parser("certs", help="generate a CA and scheduler/worker/client TLS certificates")
     certs.add_argument("dir")
     return parser
@@ -111,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             return _export(args)
         if args.command == "finetune":
             return _finetune(args)
+        if args.command == "generate":
+            return _generate(args)
         from .config import load_job
         from .pipeline import result_summary, run_job
         from .stages import COMMANDS
@@ -213,6 +235,43 @@ def _export(args) -> int:
         return 0
     path = write_figure(args.dir, args.figure, args.fmt, args.out)
     print(f"figure {args.figure}: {path}")
+    return 0
+
+
+def _generate(args) -> int:
+    from .errors import ConfigError
+
+    if not args.calibrate:
+        from .data.kvgen import write_kv
+
+        stray = [flag for flag, given in (("--job", args.job), ("--set", args.overrides),
+                                          ("--target", args.target is not None),
+                                          ("--probe-questions", args.probe_questions is not None)) if given]
+        if stray:
+            raise ConfigError(f"{stray[0]}: applies only with --calibrate; add --calibrate or drop {stray[0]}")
+        pairs = 12 if args.pairs is None else args.pairs
+        path = write_kv(args.out, args.questions, pairs=pairs, similarity=args.similarity, seed=args.seed)
+        print(f"wrote {args.questions} key-value questions (pairs {pairs}, similarity {args.similarity:g}, seed "
+              f"{args.seed}) to {path}")
+        return 0
+    if args.pairs is not None:
+        raise ConfigError(f"--pairs {args.pairs} with --calibrate: calibration chooses the list length; drop --pairs "
+                          f"or --calibrate")
+    from .config import load_job
+    from .qa.calibrate import write_calibrated
+
+    cfg = load_job(args.job, list(args.overrides))
+    path, result = write_calibrated(cfg, args.out, args.questions, seed=args.seed, similarity=args.similarity,
+                                    target=0.5 if args.target is None else args.target,
+                                    probe_questions=40 if args.probe_questions is None else args.probe_questions,
+                                    progress=not args.quiet)
+    print(result.line())
+    if not result.in_band:
+        print(f"attnclust: warning: {cfg.model.name}: no probe reached {result.band[0]:g}-{result.band[1]:g} right; "
+              f"the file holds the closest setting (raise extract.max_seq_len for longer lists, or try another "
+              f"--similarity)", file=sys.stderr)
+    print(f"wrote {args.questions} key-value questions (pairs {result.pairs}, similarity {result.similarity:g}, "
+          f"seed {args.seed}) to {path}")
     return 0
 
 

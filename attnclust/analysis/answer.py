@@ -27,6 +27,7 @@ import logging
 import numpy as np
 import pandas as pd
 
+from ..qa.evaluate import RIGHT_MIN_F1  # right/wrong: official F1 at least this
 from ..store.contract import open_attention_store
 from .heads import HeadContext, head_analysis
 from .stats import token_masks
@@ -40,8 +41,6 @@ ANSWER_COLUMNS = ("answer_lift", "answer_lift_right", "answer_lift_wrong")
 """The columns of the ``answer_attention`` analysis (the ``unanswerable_attention`` one adds ``unanswerable_cls``)."""
 MAX_FEATURES = 64
 """At most this many answerable (and as many unanswerable) features are read from the store per run."""
-RIGHT_MIN_F1 = 0.5
-"""A prediction counts as right when its official SQuAD F1 against the gold answers is at least this."""
 _CACHE = "_answer_attention_table"
 
 

@@ -27,6 +27,7 @@ from ..safeio import load_json
 
 __all__ = [
     "PREDICTION_COLUMNS",
+    "RIGHT_MIN_F1",
     "evaluate_files",
     "evaluate_predictions",
     "exact_score",
@@ -41,6 +42,10 @@ PREDICTION_COLUMNS = ("example_id", "prediction", "best_span", "span_score", "nu
                       "span_probability", "n_best")
 """Columns of a predictions table, which :func:`attnclust.qa.score_answers` scores: written by
 :func:`attnclust.qa.predict_answers` and by :func:`~attnclust.qa.prompting.predict_generated` (here, below both)."""
+
+RIGHT_MIN_F1 = 0.5
+"""A prediction counts as right when its official SQuAD F1 against the gold answers is at least this (the atlas's
+right/wrong: :mod:`attnclust.analysis.answer`, :mod:`attnclust.analysis.modes`, :mod:`attnclust.qa.calibrate`)."""
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)

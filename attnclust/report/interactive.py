@@ -318,7 +318,7 @@ def grid_colours(heads: pd.DataFrame, palette: np.ndarray, roles: np.ndarray | N
     Parameters
     ----------
     heads : pandas.DataFrame
-        ``layer``, ``head``, ``dominant_cluster``, ``purity``; optionally ``importance``.
+        ``layer``, ``head``, ``dominant_cluster``, ``purity``; optionally ``importance`` and ``moved_to_cls``.
     palette : numpy.ndarray, shape (cluster, 4)
         :func:`attnclust.report.figures.cluster_palette`.
     roles : numpy.ndarray of str or None
@@ -328,7 +328,8 @@ def grid_colours(heads: pd.DataFrame, palette: np.ndarray, roles: np.ndarray | N
     -------
     dict
         ``cells``: (layer, head) -> {mode: (background, text)} for the modes ``cluster`` (palette, paler for lower
-        purity), ``role`` (when ``roles``) and ``importance`` (when the heads table has finite values: viridis);
+        purity), ``role`` (when ``roles``), ``importance`` and ``moved`` (the share of the moved norm on the first
+        token / [CLS], ``moved_to_cls``, on 0..1) when the heads table has finite values (viridis);
         ``legends``: mode -> list of (colour, label).
     """
     from matplotlib import colormaps
@@ -342,13 +343,14 @@ def grid_colours(heads: pd.DataFrame, palette: np.ndarray, roles: np.ndarray | N
         role_colour = {n: (np.array([0.85, 0.85, 0.85]) if n == "no role" else np.asarray(tab(i % 20))[:3])
                        for i, n in enumerate(names)}
         legends["role"] = [(_hex(c), n) for n, c in role_colour.items()]
-    imp = heads["importance"].to_numpy(np.float64) if "importance" in heads.columns else None
-    if imp is not None and not np.isfinite(imp).any():
-        imp = None
-    if imp is not None:
-        lo, hi = float(np.nanmin(imp)), float(np.nanmax(imp))
-        legends["importance"] = [(_hex(colormaps["viridis"](v)[:3]), f"{lo + v * (hi - lo):.3g}")
-                                 for v in (0.0, 0.5, 1.0)]
+    scales = {}  # viridis colourings of a number per head: importance, the share of the moved norm on the first token
+    for mode, column, lo_hi in (("importance", "importance", None), ("moved", "moved_to_cls", (0.0, 1.0))):
+        values = heads[column].to_numpy(np.float64) if column in heads.columns else None
+        if values is None or not np.isfinite(values).any():
+            continue
+        lo, hi = lo_hi or (float(np.nanmin(values)), float(np.nanmax(values)))
+        scales[mode] = (values, lo, hi)
+        legends[mode] = [(_hex(colormaps["viridis"](v)[:3]), f"{lo + v * (hi - lo):.3g}") for v in (0.0, 0.5, 1.0)]
     for i, r in enumerate(heads.to_dict("records")):
         key = (int(r["layer"]), int(r["head"]))
         c, p = int(r["dominant_cluster"]), _num(r["purity"])
@@ -359,11 +361,11 @@ def grid_colours(heads: pd.DataFrame, palette: np.ndarray, roles: np.ndarray | N
         if roles is not None:
             rc = role_colour[roles[i]]
             modes["role"] = (_hex(rc), text_color(rc))
-        if imp is not None:
-            v = imp[i]
+        for mode, (values, lo, hi) in scales.items():
+            v = values[i]
             ic = np.array([0.85, 0.85, 0.85]) if not np.isfinite(v) else np.asarray(
                 colormaps["viridis"]((v - lo) / (hi - lo) if hi > lo else 0.5))[:3]
-            modes["importance"] = (_hex(ic), text_color(ic))
+            modes[mode] = (_hex(ic), text_color(ic))
         cells[key] = modes
     return {"cells": cells, "legends": legends}
 

@@ -10,7 +10,15 @@ import pandas as pd
 from attnclust.data import read_squad
 from attnclust.layout import RunLayout
 from bench.common.factgen import generate_facts, write_facts
-from bench.figures.llm_correctness import answerability, joint_score, one_hot_codes, question_codes, verdict
+from bench.figures.llm_correctness import (
+    answerability,
+    balance_line,
+    joint_score,
+    one_hot_codes,
+    prepare_questions,
+    question_codes,
+    verdict,
+)
 
 
 def test_generated_answers_lie_at_their_offsets_and_a_quarter_are_unanswerable(tmp_path):
@@ -91,3 +99,19 @@ def test_each_question_gets_its_first_features_clusters(tmp_path):
         for layer in range(2):
             for head in range(3):
                 assert codes[q, layer, head] == feature * 100 + layer * 10 + head
+
+
+def test_the_bench_s_questions_are_kv_at_a_fixed_setting_or_the_facts(tmp_path):
+    path, settings = prepare_questions(tmp_path, 20, task="kv", pairs=7, similarity=0.25)
+    examples = read_squad(path)
+    assert settings == {"task": "kv", "pairs": 7, "similarity": 0.25, "calibrated": False}
+    assert len(examples) == 20 and all(len(ex.context.split("\n")) == 7 and ex.answers for ex in examples)
+    path, settings = prepare_questions(tmp_path, 12, task="facts")
+    assert settings == {"task": "facts"} and len(read_squad(path)) == 12
+
+
+def test_the_balance_line_says_whether_the_share_right_lies_in_the_band():
+    assert balance_line({"right": 190, "questions": 400, "right_share": 0.475}) == (
+        "class balance: 190 of 400 answered right (0.475, inside 0.35-0.65; majority baseline accuracy 0.525)")
+    assert "(0.100, OUTSIDE 0.35-0.65; majority baseline accuracy 0.900)" in balance_line(
+        {"right": 4, "questions": 40, "right_share": 0.1})

@@ -94,10 +94,11 @@ def grid(inputs: ReportInputs) -> dict[str, Any]:
     -------
     dict
         The context of ``grid.html.j2``: ``heads`` (column labels), ``rows`` (``layer``, ``cells`` with their
-        colours per mode), ``legend`` and ``other_legends``, ``modes`` (``cluster``, then ``role`` / ``importance``
-        when the heads table has them), ``text`` (whether cells show their numbers), ``data`` (the JSON of the head
-        panels and :attr:`ReportInputs.explorer`), ``script`` (``templates/report.js``) and ``kv`` (the grid by
-        key/value group: ``groups``, ``size`` query heads each, ``rows``; ``None`` without grouped heads).
+        colours per mode), ``legend`` and ``other_legends``, ``modes`` (``cluster``, then ``role``, ``importance``
+        and ``moved`` when the heads table has them), ``text`` (whether cells show their numbers), ``data`` (the
+        JSON of the head panels and :attr:`ReportInputs.explorer`), ``script`` (``templates/report.js``) and ``kv``
+        (the grid by key/value group: ``groups``, ``size`` query heads each, ``rows``; ``None`` without grouped
+        heads).
     """
     palette = cluster_palette(len(inputs.clusters))
     g = head_grid(inputs.heads)

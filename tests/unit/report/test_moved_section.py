@@ -45,7 +45,8 @@ def test_a_head_that_weighs_cls_but_moves_little_there_is_flagged_and_only_it():
     first = inputs.clusters.sort_values("cluster").iloc[0]
     assert context["clusters"][0]["cells"][0] == f"{100 * first['to_cls']:.1f}% / {100 * first['to_cls'] / 4:.1f}%"
     html = render_report(inputs)
-    assert "What heads move" in html and "71.0% of the weight, 6.0% of the moved norm" in html
+    assert "Heads whose weight and moved norm disagree" in html
+    assert "71.0% of the weight, 6.0% of the moved norm" in html
     assert len(re.findall(r"<img\b", html)) == len(re.findall(r"<img\b", render_report(synthetic_report_inputs()))) + 1
 
 
@@ -62,8 +63,21 @@ def test_the_types_are_size_weighted_means_of_their_clusters():
 def test_a_run_without_moved_columns_has_no_section():
     inputs = synthetic_report_inputs()
     assert not set(MOVED_COLUMNS) & set(inputs.heads.columns)
-    assert moved_section(inputs) is None and "What heads move" not in render_report(inputs)
+    assert moved_section(inputs) is None
+    assert "Heads whose weight and moved norm disagree" not in render_report(inputs)
 
 
 def test_a_decoder_compares_its_first_token_and_no_separator():
     assert [label for _, label in moved_targets(True)] == ["first token", "'.' and ','"]
+
+
+def test_the_grid_can_be_coloured_by_the_moved_norm_on_the_first_token():
+    from attnclust.report.figures import cluster_palette
+    from attnclust.report.interactive import grid_colours
+
+    inputs = with_moved(synthetic_report_inputs(), {(0, 1): (0.71, 0.06), (1, 0): (0.7, 0.9)})
+    colours = grid_colours(inputs.heads, cluster_palette(len(inputs.clusters)), None)
+    assert [label for _, label in colours["legends"]["moved"]] == ["0", "0.5", "1"]
+    low, high = colours["cells"][(0, 1)]["moved"][0], colours["cells"][(1, 0)]["moved"][0]
+    assert low != high
+    assert 'value="moved"' in render_report(inputs) and 'value="moved"' not in render_report(synthetic_report_inputs())

@@ -259,8 +259,8 @@ def test_builtin_sections_come_from_the_registry_in_order() -> None:
 
     names = [s.name for s in sections_in_order()]
     assert names == ["summary", "notes", "grid", "clusters", "umap", "question-view", "stats", "head_analyses",
-                     "decoder_protocols", "head_map", "importance", "syntax", "probes", "modes", "k", "qa", "settings",
-                     "methods"]
+                     "moved", "decoder_protocols", "head_map", "importance", "syntax", "probes", "modes", "loss", "k",
+                     "qa", "settings", "methods"]
     report = render_report(_inputs())
     nav = re.search(r"<nav>(.*?)</nav>", report).group(1)
     assert re.findall(r'href="#(\w+)"', nav) == ["grid", "clusters", "umap", "stats", "settings", "methods"]
