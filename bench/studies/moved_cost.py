@@ -1,0 +1,83 @@
+"""``moved_extract_ratio`` / ``moved_disk_ratio``: what measuring what heads move costs the extraction.
+
+Extraction measures each key's value norm through the head's output slice (:mod:`attnclust.models.value_norms`) and
+the moved-norm statistics of every map (:mod:`attnclust.analysis.moved`). This extracts the same questions with
+the packaged MiniLM with and without them (the arm without patches the extract stage's family check to say no), the
+arms interleaved (A, B, A, B, ...) in one run, and prints the median extraction time with / without and the size of
+the run's extraction outputs (``attention.zarr`` and ``map_stats.parquet``) with / without. The goal (issue 52):
+at most 1.10 for both.
+
+    .venv/bin/python -m bench.studies.moved_cost [--questions 40] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["bench_moved"]
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def _extract(out: Path, questions: int, *, moved: bool) -> tuple[float, int]:
+    import attnclust.stages.extract as extract
+    from attnclust.config import load_job
+    from attnclust.layout import RunLayout
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    original = extract.measures_moved_norm
+    if not moved:
+        extract.measures_moved_norm = lambda model: False
+    try:
+        cfg = load_job(None, [f"data.max_examples={questions}"])
+        t0 = time.perf_counter()
+        run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False)
+        seconds = time.perf_counter() - t0
+    finally:
+        extract.measures_moved_norm = original
+    layout = RunLayout(out)
+    return seconds, _size(layout.attention) + _size(layout.map_stats)
+
+
+def bench_moved(questions: int = 40, reps: int = 3) -> dict:
+    """Median extraction seconds and output bytes with and without the moved-norm statistics, and their ratios."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    sizes: dict[bool, int] = {}
+    base = Path(tempfile.mkdtemp(prefix="moved-cost-"))
+    try:
+        _extract(base / "warm", questions, moved=True)  # model load and first-call costs out of the timed arms
+        for rep in range(reps):
+            for moved in (True, False):
+                out = base / f"{rep}-{moved}"
+                seconds, size = _extract(out, questions, moved=moved)
+                times[moved].append(seconds)
+                sizes[moved] = size
+                shutil.rmtree(out)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    with_s, without_s = statistics.median(times[True]), statistics.median(times[False])
+    return {"questions": questions, "reps": reps, "extract_seconds_with": round(with_s, 2),
+            "extract_seconds_without": round(without_s, 2), "moved_extract_ratio": round(with_s / without_s, 3),
+            "bytes_with": sizes[True], "bytes_without": sizes[False],
+            "moved_disk_ratio": round(sizes[True] / sizes[False], 4)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=40)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    for key, value in bench_moved(args.questions, args.reps).items():
+        print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
