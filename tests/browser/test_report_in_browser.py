@@ -149,7 +149,9 @@ def test_grid_colour_switch_recolours_the_cells(page, demo_run):
     switch = page.locator("#grid-color")
     values = switch.locator("option").evaluate_all("els => els.map(e => e.value)")
     has_importance = "importance" in heads.columns and heads["importance"].notna().any()
-    assert set(values) == {"cluster", "role"} | ({"importance"} if has_importance else set())
+    has_moved = "moved_to_cls" in heads.columns and heads["moved_to_cls"].notna().any()
+    assert set(values) == {"cluster", "role"} | ({"importance"} if has_importance else set()) | \
+        ({"moved"} if has_moved else set())
     cells = page.locator("#grid [data-layer][data-head]")
     colours = "els => els.map(e => getComputedStyle(e).backgroundColor)"
     switch.select_option("cluster")
@@ -157,6 +159,10 @@ def test_grid_colour_switch_recolours_the_cells(page, demo_run):
     switch.select_option("role")
     by_role = cells.evaluate_all(colours)
     assert by_role != by_cluster
+    if has_moved:  # the share of the moved norm on [CLS] differs between heads: the colours do too
+        switch.select_option("moved")
+        by_moved = cells.evaluate_all(colours)
+        assert by_moved != by_cluster and len(set(by_moved)) > 1
     switch.select_option("cluster")
     assert cells.evaluate_all(colours) == by_cluster
     assert page.watch.errors == []
