@@ -187,7 +187,11 @@ def test_model_identity_changes_when_a_directory_gets_new_weights(tmp_path, tiny
     before = model_identity(cfg)
     assert model_identity(cfg) == before
     weights = local / "model.safetensors"
-    weights.write_bytes(weights.read_bytes())             # same name, re-written (as a new fine-tune would)
+    weights.write_bytes(weights.read_bytes())             # the same weights written again: the same model
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert model_identity(cfg) == before
+    data = bytearray(weights.read_bytes())                # new weights of the same size (a new fine-tune)
+    data[-8:] = bytes((b + 1) % 256 for b in data[-8:])
+    weights.write_bytes(bytes(data))
     assert model_identity(cfg) != before
     assert model_identity(ModelConfig(name="minilm")).startswith("minilm==")
