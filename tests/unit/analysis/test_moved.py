@@ -3,8 +3,6 @@ a planted head that weighs [CLS] heavily but moves little there."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -28,7 +26,6 @@ def brute_force(a: np.ndarray, norms: np.ndarray, sep, punct) -> dict[str, np.nd
         out["moved_to_punct"][head] = sum(sum(r[j] for j in range(n) if punct[j]) for r in rows) / n
         out["moved_to_self"][head] = sum(rows[i][i] for i in range(n)) / n
         out["moved_to_prev"][head] = sum(rows[i][i - 1] for i in range(1, n)) / (n - 1)
-        out["moved_entropy"][head] = sum(-sum(s * math.log(s) for s in r if s > 0) for r in rows) / n
     return out
 
 

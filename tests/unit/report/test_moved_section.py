@@ -20,14 +20,14 @@ def with_moved(inputs, planted: dict[tuple[int, int], tuple[float, float]]):
     """``inputs`` with moved columns: every head moves what it weighs, but the planted (layer, head) -> (weight on
     [CLS], moved share there)."""
     heads = inputs.heads.copy()
-    for c in ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "entropy"):
+    for c in ("to_cls", "to_sep", "to_punct", "to_self", "to_prev"):
         heads[c] = heads.get(c, pd.Series(0.1, index=heads.index)).fillna(0.1).clip(0, 0.25)
         heads[f"moved_{c}"] = heads[c]
     for (layer, head), (weight, moved) in planted.items():
         at = (heads["layer"] == layer) & (heads["head"] == head)
         heads.loc[at, "to_cls"], heads.loc[at, "moved_to_cls"] = weight, moved
     clusters = inputs.clusters.copy()
-    for c in ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "entropy"):
+    for c in ("to_cls", "to_sep", "to_punct", "to_self", "to_prev"):
         clusters[c] = clusters.get(c, pd.Series(0.2, index=clusters.index)).fillna(0.2)
         clusters[f"moved_{c}"] = clusters[c] / 4
     return dataclasses.replace(inputs, heads=heads, clusters=clusters)
