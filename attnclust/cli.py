@@ -86,13 +86,16 @@ def _parser() -> argparse.ArgumentParser:
                     "overwritten unless attnclust wrote it in DIR/exports/")
     gen = sub.add_parser("generate", help="write generated questions as SQuAD-v2 JSON: in-context key-value lookup "
                          "(kv), its difficulty set or calibrated to a model")
-    gen.add_argument("task", choices=("kv",), help="kv: 'k417: v23' lists, 'What is the value of k417?'")
+    gen.add_argument("task", choices=("kv",), help="kv: 'k4170: v23' lists, 'What is the value of k4170?'")
     gen.add_argument("--out", required=True, help="the file to write (new, or one attnclust generate wrote)")
     gen.add_argument("--questions", type=integer, default=400, help="how many questions (default 400)")
     gen.add_argument("--pairs", type=integer, help="lines per list (default 12; chosen by --calibrate)")
-    gen.add_argument("--similarity", type=number, default=0.5, help="share (0..1) of distractor keys one edit away "
-                     "from the asked key (default 0.5; with --calibrate, the one tried first)")
+    gen.add_argument("--similarity", type=number, default=0.5, help="share (0..1) of distractors that are near "
+                     "misses of the key (or value) the question names: anagrams of its digits, then one edit away "
+                     "(default 0.5; with --calibrate, the one tried first)")
     gen.add_argument("--seed", type=integer, default=0, help="numpy SeedSequence entropy (default 0)")
+    gen.add_argument("--ask", choices=("value", "key"), default="value", help="what a question asks for: value "
+                     "('What is the value of k4170?', default) or key ('Which key has the value v4170?')")
     gen.add_argument("--calibrate", action="store_true", help="choose --pairs (and if needed --similarity) so that "
                      "the job's model answers about --target of the questions right (it answers probe batches)")
     gen.add_argument("--job", help="with --calibrate: the job whose model and extract settings answer (default: "
@@ -250,9 +253,10 @@ def _generate(args) -> int:
         if stray:
             raise ConfigError(f"{stray[0]}: applies only with --calibrate; add --calibrate or drop {stray[0]}")
         pairs = 12 if args.pairs is None else args.pairs
-        path = write_kv(args.out, args.questions, pairs=pairs, similarity=args.similarity, seed=args.seed)
-        print(f"wrote {args.questions} key-value questions (pairs {pairs}, similarity {args.similarity:g}, seed "
-              f"{args.seed}) to {path}")
+        path = write_kv(args.out, args.questions, pairs=pairs, similarity=args.similarity, seed=args.seed,
+                        ask=args.ask)
+        print(f"wrote {args.questions} key-value questions (ask {args.ask}, pairs {pairs}, similarity "
+              f"{args.similarity:g}, seed {args.seed}) to {path}")
         return 0
     if args.pairs is not None:
         raise ConfigError(f"--pairs {args.pairs} with --calibrate: calibration chooses the list length; drop --pairs "
@@ -262,7 +266,7 @@ def _generate(args) -> int:
 
     cfg = load_job(args.job, list(args.overrides))
     path, result = write_calibrated(cfg, args.out, args.questions, seed=args.seed, similarity=args.similarity,
-                                    target=0.5 if args.target is None else args.target,
+                                    ask=args.ask, target=0.5 if args.target is None else args.target,
                                     probe_questions=40 if args.probe_questions is None else args.probe_questions,
                                     progress=not args.quiet)
     print(result.line())
@@ -270,8 +274,8 @@ def _generate(args) -> int:
         print(f"attnclust: warning: {cfg.model.name}: no probe reached {result.band[0]:g}-{result.band[1]:g} right; "
               f"the file holds the closest setting (raise extract.max_seq_len for longer lists, or try another "
               f"--similarity)", file=sys.stderr)
-    print(f"wrote {args.questions} key-value questions (pairs {result.pairs}, similarity {result.similarity:g}, "
-          f"seed {args.seed}) to {path}")
+    print(f"wrote {args.questions} key-value questions (ask {args.ask}, pairs {result.pairs}, similarity "
+          f"{result.similarity:g}, seed {args.seed}) to {path}")
     return 0
 
 

@@ -24,7 +24,7 @@ from .common import RESULTS, ROOT
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe")
-ON_REQUEST = ("squad_dev", "llm_correctness")  # run only when --only names them (~15 and ~10 minutes)
+ON_REQUEST = ("squad_dev", "llm_correctness")  # run only when --only names them (~15 and ~30+ minutes)
 # what each group of the --gpu arm would measure (printed as skipped where no GPU is usable); ``None``: not a
 # GPU figure, with the reason
 GPU_FIGURES = {

@@ -14,6 +14,7 @@ from bench.figures.llm_correctness import (
     answerability,
     balance_line,
     joint_score,
+    line_position,
     one_hot_codes,
     prepare_questions,
     question_codes,
@@ -104,7 +105,8 @@ def test_each_question_gets_its_first_features_clusters(tmp_path):
 def test_the_bench_s_questions_are_kv_at_a_fixed_setting_or_the_facts(tmp_path):
     path, settings = prepare_questions(tmp_path, 20, task="kv", pairs=7, similarity=0.25)
     examples = read_squad(path)
-    assert settings == {"task": "kv", "pairs": 7, "similarity": 0.25, "calibrated": False}
+    assert settings == {"task": "kv", "ask": "value", "pairs": 7, "similarity": 0.25, "calibrated": False}
+    assert all(ex.question.startswith("What is the value of k") for ex in examples)
     assert len(examples) == 20 and all(len(ex.context.split("\n")) == 7 and ex.answers for ex in examples)
     path, settings = prepare_questions(tmp_path, 12, task="facts")
     assert settings == {"task": "facts"} and len(read_squad(path)) == 12
@@ -115,3 +117,25 @@ def test_the_balance_line_says_whether_the_share_right_lies_in_the_band():
         "class balance: 190 of 400 answered right (0.475, inside 0.35-0.65; majority baseline accuracy 0.525)")
     assert "(0.100, OUTSIDE 0.35-0.65; majority baseline accuracy 0.900)" in balance_line(
         {"right": 4, "questions": 40, "right_share": 0.1})
+    assert balance_line({"right": 20, "questions": 40, "right_share": 0.5}, pairs=2).endswith(
+        "majority baseline accuracy 0.500; a guess among the 2 lines: 0.500)")
+
+
+def test_a_model_that_copies_the_last_line_makes_right_the_answer_s_line_and_the_verdict_says_so():
+    """SmolLM2 asked "Which key has the value v115?" of two-line lists answered the last line 400 times of 400:
+    right was exactly "the answer is on the last line"."""
+    contexts = ["k79: v8944\nk9: v115", "k9: v115\nk79: v8944", "a: 1\nb: 2\nc: 3", "a: 1\nb: 2\nc: 3"] * 5
+    starts = [[11], [0], [10], [5]] * 5
+    last = np.array([True, False, True, False] * 5)
+    pos = line_position(last, contexts, starts, permutations=19)
+    assert {k: pos[k] for k in ("right_last", "last", "right_other", "other", "same")} == {
+        "right_last": 10, "last": 10, "right_other": 0, "other": 10, "same": True}
+    assert pos["classifier"]["balanced_accuracy"] == 1.0
+    none = {"p": 0.4, "balanced_accuracy": 0.5, "null_95": 0.56}
+    fig = {"heads_q05": 0, "best_head": {"layer": 0, "head": 0, "balanced_accuracy": 0.6, "q": 0.3},
+           "joint_clusters": none, "joint_modes": none, "position": pos}
+    assert verdict(fig).startswith("right/wrong IS the answer's line here (10 of the 10 questions whose answer is on "
+                                   "the last line right, 0 of the 10 others)")
+    mixed = line_position(np.array([True, True, False, False] * 5), contexts, starts, permutations=19)
+    assert mixed["same"] is False and not verdict({**fig, "position": mixed}).startswith("right/wrong IS")
+    assert line_position(last, ["one line"] * 20, starts) is None
