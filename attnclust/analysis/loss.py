@@ -7,7 +7,8 @@ the model's own next-token loss on each window. Per window (:func:`window_losses
 model's most likely next token. Then, per (layer, head):
 
 1. **Modes**, as for correctness (:func:`attnclust.analysis.modes.fit_modes`): the head's vector of each window
-   (``embedding.zarr``), KMeans with ``k`` in 2 .. 4 by the silhouette; the loss takes no part.
+   (``embedding.zarr``, :func:`attnclust.analysis.modes.feature_vectors`), KMeans with ``k`` in 2 .. 4 by the
+   silhouette; the loss takes no part.
 2. **Rank association** (:func:`loss_association`): the windows' losses as ranks; ``loss_rho`` is the correlation
    between a window's loss rank and the mean loss rank of its mode, i.e. the square root of the share of the
    ranks' variance the modes explain (Kruskal-Wallis' ``H / (n - 1)``): 0 when every mode has the same mean rank,
@@ -31,9 +32,10 @@ import numpy as np
 import pandas as pd
 
 from .heads import HeadContext, head_analysis
+from .modes import feature_vectors, fit_modes
 
 __all__ = ["LOSS_COLUMNS", "LOSS_PERMUTATIONS", "MIN_LOSS_WINDOWS", "loss_association", "loss_skip_reason",
-           "loss_table", "window_losses", "window_vectors"]
+           "loss_table", "window_losses"]
 
 log = logging.getLogger(__name__)
 
@@ -77,26 +79,6 @@ def window_losses(qa: pd.DataFrame, features: pd.DataFrame) -> pd.DataFrame:
     keys = features[["feature_id", "example_id", "span"]].astype({"feature_id": np.int64})
     out = keys.merge(table, on="feature_id", how="inner").sort_values("feature_id", kind="stable")
     return out[["feature_id", "example_id", "span", "tokens", "loss", "top1"]].reset_index(drop=True)
-
-
-def window_vectors(layout, feature_ids) -> np.ndarray:
-    """The vectors of ``feature_ids`` (in that order) from ``embedding.zarr``: (window, layer, head, dim) float64,
-    NaN where a map has none."""
-    from ..store.contract import open_embedding
-
-    feature_ids = np.asarray(feature_ids, np.int64)
-    group = open_embedding(layout.root)
-    n_layers, n_heads = int(group.attrs["num_layers"]), int(group.attrs["num_heads"])
-    feature_of_map = np.asarray(group["feature_id"][:], np.int64)
-    rows = np.flatnonzero(np.isin(feature_of_map, feature_ids))
-    embedding = np.asarray(group["embedding"].oindex[rows], np.float64)
-    layer = np.asarray(group["layer"].oindex[rows], np.int64)
-    head = np.asarray(group["head"].oindex[rows], np.int64)
-    position = pd.Series(np.arange(len(feature_ids)), index=feature_ids)
-    w = position.reindex(feature_of_map[rows]).to_numpy(np.int64)
-    out = np.full((len(feature_ids), n_layers, n_heads, embedding.shape[1]), np.nan)
-    out[w, layer, head] = embedding
-    return out
 
 
 def loss_association(modes: np.ndarray, rank_sets: np.ndarray) -> np.ndarray:
@@ -145,7 +127,6 @@ def loss_table(vectors: np.ndarray, loss: np.ndarray, *, permutations: int = LOS
     """
     from scipy.stats import rankdata
 
-    from .modes import fit_modes
     from .roles import bh_qvalues
 
     loss = np.asarray(loss, np.float64)
@@ -231,7 +212,7 @@ def _loss_modes(ctx: HeadContext, *, permutations: int = LOSS_PERMUTATIONS) -> p
     atomic_write_parquet(windows, layout.window_loss)
     if len(windows) > MAX_LOSS_WINDOWS:
         windows = windows.iloc[np.sort(np.random.default_rng(0).choice(len(windows), MAX_LOSS_WINDOWS, False))]
-    vectors = window_vectors(layout, windows["feature_id"].to_numpy())
+    vectors = feature_vectors(layout, windows["feature_id"].to_numpy())
     table = loss_table(vectors, windows["loss"].to_numpy(), permutations=permutations)
     log.info(f"loss: {len(windows)} windows, median loss {windows['loss'].median():.3f} nats; "
              f"{int((table['loss_q'] < 0.05).sum())} head(s) whose modes go with the loss (q < 0.05)")

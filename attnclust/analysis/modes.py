@@ -44,8 +44,8 @@ from .answer import RIGHT_MIN_F1
 from .heads import HeadContext, head_analysis
 
 __all__ = ["MAX_QUESTIONS", "MIN_CLASS_QUESTIONS", "MIN_MODE_QUESTIONS", "MODE_COLUMNS", "MODE_K_MAX",
-           "MODE_PERMUTATIONS", "first_features", "fit_modes", "mode_balanced", "mode_table", "modes_skip_reason",
-           "question_vectors", "right_labels"]
+           "MODE_PERMUTATIONS", "feature_vectors", "first_features", "fit_modes", "mode_balanced", "mode_table",
+           "modes_skip_reason", "question_vectors", "right_labels"]
 
 log = logging.getLogger(__name__)
 
@@ -141,21 +141,33 @@ def question_vectors(layout, features: pd.DataFrame, example_ids) -> tuple[np.nd
         The questions that have a feature, in the order of ``example_ids``.
     vectors : numpy.ndarray of float64, shape (question, layer, head, dim)
     """
+    first = first_features(features, example_ids)
+    return first.index.to_numpy(str), feature_vectors(layout, first.to_numpy())
+
+
+def feature_vectors(layout, feature_ids) -> np.ndarray:
+    """The vectors of ``feature_ids`` (in that order) from ``embedding.zarr``.
+
+    Returns
+    -------
+    numpy.ndarray of float64, shape (feature, layer, head, dim)
+        NaN where a map has no vector.
+    """
     from ..store.contract import open_embedding
 
-    first = first_features(features, example_ids)
+    feature_ids = np.asarray(feature_ids, np.int64)
     group = open_embedding(layout.root)
     n_layers, n_heads = int(group.attrs["num_layers"]), int(group.attrs["num_heads"])
     feature_of_map = np.asarray(group["feature_id"][:], np.int64)
-    rows = np.flatnonzero(np.isin(feature_of_map, first.to_numpy()))
+    rows = np.flatnonzero(np.isin(feature_of_map, feature_ids))
     embedding = np.asarray(group["embedding"].oindex[rows], np.float64)
     layer = np.asarray(group["layer"].oindex[rows], np.int64)
     head = np.asarray(group["head"].oindex[rows], np.int64)
-    position = pd.Series(np.arange(len(first)), index=first.to_numpy())
-    q = position.reindex(feature_of_map[rows]).to_numpy(np.int64)
-    out = np.full((len(first), n_layers, n_heads, embedding.shape[1]), np.nan)
-    out[q, layer, head] = embedding
-    return first.index.to_numpy(str), out
+    position = pd.Series(np.arange(len(feature_ids)), index=feature_ids)
+    f = position.reindex(feature_of_map[rows]).to_numpy(np.int64)
+    out = np.full((len(feature_ids), n_layers, n_heads, embedding.shape[1]), np.nan)
+    out[f, layer, head] = embedding
+    return out
 
 
 def _kmeans(x: np.ndarray, k: int, rng: np.random.Generator, *, restarts: int = 4,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ModelConfig
-from .sources import gguf_identity, gguf_name
+from .sources import cache_home, gguf_identity, gguf_name
 
 __all__ = ["CACHE_VERSION", "MANIFEST", "cache_entry", "cache_root", "cached", "discard_entry", "store_entry",
            "verify_entry"]
@@ -54,10 +54,7 @@ _DIGESTS: dict[tuple, str] = {}  # (path, size, mtime_ns, ctime_ns, inode, devic
 
 def cache_root() -> Path:
     """``$ATTNCLUST_CACHE/gguf``, by default ``~/.cache/attnclust/gguf`` (``$XDG_CACHE_HOME`` when set)."""
-    base = os.environ.get("ATTNCLUST_CACHE")
-    if not base:
-        base = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnclust")
-    return Path(base).expanduser() / "gguf"
+    return cache_home() / "gguf"
 
 
 def _entry_and_header(cfg: ModelConfig, part: str) -> tuple[Path, dict] | None:
