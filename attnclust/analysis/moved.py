@@ -28,8 +28,9 @@ MOVED_OF = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev")
 """The weight statistics read again on the moved-norm shares."""
 MOVED_COLUMNS = tuple(f"moved_{name}" for name in MOVED_OF)
 """Their columns in ``map_stats.parquet`` (and ``maps.parquet``, the per-head and per-cluster means)."""
-MOVED_VERSION = 2
-"""Bumped when the definition changes: part of the extraction's fingerprint."""
+MOVED_VERSION = 3
+"""Bumped when the definition changes: part of the extraction's fingerprint (3: the store keeps each key's norm,
+``value_norm``)."""
 
 
 def moved_statistics(weights, norms, *, sep: np.ndarray, punct: np.ndarray) -> dict[str, np.ndarray]:

@@ -42,6 +42,7 @@ from .sources import (
     resolve_model_path,
     source_kwargs,
 )
+from .value_norms import measures_moved_norm
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -216,8 +217,9 @@ def describe_model(cfg: ModelConfig) -> dict:
     -------
     dict
         ``source`` (what ``from_pretrained`` loads), ``identity`` (:func:`model_identity`), ``num_layers``,
-        ``num_heads``, ``head_trained`` (:attr:`LoadedModel.head_trained`) and ``kind`` (``encoder`` or ``causal``);
-        for a model with grouped key/value heads (Llama, Qwen: fewer than its query heads) also ``kv_heads``.
+        ``num_heads``, ``head_trained`` (:attr:`LoadedModel.head_trained`), ``kind`` (``encoder`` or ``causal``) and
+        ``value_norms`` (whether its value vectors' norms are measured: :func:`attnclust.models.value_norms.
+        measures_moved_norm`); for a model with grouped key/value heads (Llama, Qwen: fewer than its query heads) also ``kv_heads``.
 
     Raises
     ------
@@ -238,7 +240,8 @@ def describe_model(cfg: ModelConfig) -> dict:
     kv = getattr(getattr(loaded.model, "config", None), "num_key_value_heads", None)
     grouped = {"kv_heads": int(kv)} if isinstance(kv, int) and 0 < kv < loaded.num_heads else {}
     return {"source": resolve_model_path(cfg), "identity": model_identity(cfg), "num_layers": loaded.num_layers,
-            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind, **grouped}
+            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind,
+            "value_norms": measures_moved_norm(loaded.model), **grouped}
 
 
 def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]]], *,

@@ -278,6 +278,11 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     names = (*stat_columns(causal), *(MOVED_COLUMNS if moves else ()))
     columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in names}
     masks: dict[int, tuple] = {}  # each feature's [SEP] and punctuation keys, for the moved-norm statistics
+    # each key's norm, coded for the store's value_norm arrays (attnclust.maps.NormCode), written with the block
+    keep_norms = moves and store.value_norm is not None
+    norm_codes = np.zeros((len(feats), n_layers, n_heads, store.width), np.uint8) if keep_norms else None
+    norm_max = np.zeros((len(feats), n_layers, n_heads), np.float32) if keep_norms else None
+    norm_code = store.norm_code
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
     forward_s = in_hook_s = 0.0
@@ -298,6 +303,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                         masks[j] = token_masks(list(row.tokens), list(row.segment_ids))[:2]
                     stats.update({name: value[None] for name, value in moved_statistics(
                         maps[0], norms[i, :, :m], sep=masks[j][0], punct=masks[j][1]).items()})
+                    if keep_norms:
+                        norm_codes[j, layer, :, :m], norm_max[j, layer] = norm_code.encode(
+                            norms[i, :, :m].float().cpu().numpy())
                 for name, values in columns.items():
                     values[j, layer] = stats[name][0]
                 exact(row, maps, layer=layer)
@@ -348,6 +356,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             pending.result()
         exact.close()
         fill.write()
+    if keep_norms:  # the block's own chunk of each array (chunked like the shards)
+        store.value_norm[start:stop] = norm_codes
+        store.value_norm_max[start:stop] = norm_max
     fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
     stats = pd.DataFrame({
         "feature_id": fid.astype(np.int64),
@@ -392,6 +403,7 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         # a read compact row gets the mass it dropped back, over the keys it sees (a decoder's: up to its query)
         compact_spread="prefix" if kind_of(model_info).is_decoder else "keys",
+        value_norms=bool(model_info.get("value_norms")),  # what heads move: each key's norm beside the maps
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
                model_info["num_layers"], "num_heads": model_info["num_heads"],
                "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs,

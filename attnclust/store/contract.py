@@ -56,6 +56,7 @@ import pandas as pd
 
 from ..errors import StoreError
 from ..layout import RunLayout
+from ..maps import NORM_CODE, NormCode
 from ..safeio import atomic_write as _atomic_write
 from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported with attnclust.store's names
 
@@ -145,6 +146,10 @@ class AttentionStore:
     map_error
         In a compact store written with it, the float32 zarr array (feature, layer, head) of each map's mean row
         L1 distance between the map as read back and the exact map (:meth:`read_map_error`); ``None`` otherwise.
+    value_norm, value_norm_max
+        In a store whose model's value vectors were measured, the uint8 zarr array (feature, layer, head, key) of
+        each key's ``||f_h(x_j)||`` in :attr:`norm_code` and the float32 array (feature, layer, head) of each map's
+        largest norm (:meth:`read_value_norms`); ``None`` otherwise.
     """
 
     path: Path
@@ -156,6 +161,26 @@ class AttentionStore:
     exact_features: np.ndarray | None = None
     kept_mass: Any = None
     map_error: Any = None
+    value_norm: Any = None
+    value_norm_max: Any = None
+
+    @property
+    def norm_code(self) -> NormCode | None:
+        """How :attr:`value_norm` codes the norms (``attrs["value_norms"]``), ``None`` without them."""
+        spec = self.attrs.get("value_norms")
+        return None if spec is None else NormCode.from_dict(spec)
+
+    def read_value_norms(self, feature: int, layer: int, head: int) -> np.ndarray | None:
+        """Each key's ``||f_h(x_j)||`` for one map at its true length (float32, within
+        :attr:`attnclust.maps.NormCode.relative_error` of the measured norm; 0 below its floor), or ``None`` when
+        the store holds no norms (a model family whose value vectors are not found, or a store written before)."""
+        if self.value_norm is None:
+            return None
+        n = int(self.seq_len[feature])
+        with self._reading(feature, feature + 1):
+            codes = np.asarray(self.value_norm[feature, layer, head, :n])
+            largest = np.asarray(self.value_norm_max[feature, layer, head])
+        return self.norm_code.decode(codes, largest)
 
     @property
     def mode(self) -> str:
@@ -707,7 +732,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
                            features_per_task: int, attrs: dict, dtype: str = "float16", mode: str = "full",
                            compact_mass: float = 0.95, compact_max_keys: int | None = None,
                            profile_dim: int | None = None, exact_features: np.ndarray | None = None,
-                           compact_spread: str | None = None) -> AttentionStore:
+                           compact_spread: str | None = None, value_norms: bool = False) -> AttentionStore:
     """Create the attention store (``path`` must not exist) with one shard per ``features_per_task`` features.
 
     The query/key width is the longest true length (not ``max_seq_len``); padding beyond each feature's own
@@ -738,6 +763,10 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     keys it did not keep (``attrs["compact"]["spread"]``), and the store gets a ``map_error`` array (feature,
     layer, head) for each map's measured distance from the exact map; ``None``: neither (readers leave those keys
     0).
+
+    ``value_norms``: the store gets ``value_norm`` (feature, layer, head, key) uint8 and ``value_norm_max``
+    (feature, layer, head) float32 arrays for each key's value-vector norm (:class:`attnclust.maps.NormCode`, named
+    in ``attrs["value_norms"]``), chunked like the shards.
     """
     if compact_spread is not None and compact_spread not in COMPACT_SPREADS:
         raise ValueError(f"compact spread {compact_spread!r}: allowed {' | '.join(COMPACT_SPREADS)} or None")
@@ -757,6 +786,8 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
             attrs["exact_sample"] = {"features": len(sample)}
     elif dtype == "uint8":  # linear: a compact store's codes are not (COMPACT_ENCODING)
         attrs = {**attrs, "quantization": {"dtype": "uint8", "scale": 1 / 255}}
+    if value_norms:
+        attrs = {**attrs, "value_norms": NORM_CODE.to_dict()}
     from zarr.codecs import TransposeCodec, ZstdCodec
 
     from .integrity import COMPLETE, with_checksum
@@ -794,6 +825,16 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         "map_error", shape=(n, num_layers, num_heads), dtype="float32", fill_value=0,
         chunks=(features_per_task, num_layers, num_heads), config=COMPLETE,
         compressors=with_checksum(ZstdCodec(level=1)), dimension_names=DIMS[:3])
+    value_norm = value_norm_max = None
+    if value_norms:
+        value_norm = group.create_array(
+            "value_norm", shape=(n, num_layers, num_heads, width), dtype="uint8", fill_value=0,
+            chunks=(features_per_task, num_layers, num_heads, width), config=COMPLETE,
+            compressors=with_checksum(ZstdCodec(level=1)), dimension_names=(*DIMS[:3], DIMS[4]))
+        value_norm_max = group.create_array(
+            "value_norm_max", shape=(n, num_layers, num_heads), dtype="float32", fill_value=0,
+            chunks=(features_per_task, num_layers, num_heads), config=COMPLETE,
+            compressors=with_checksum(ZstdCodec(level=1)), dimension_names=DIMS[:3])
     exact = None
     if len(sample):
         side = int(seq_len[sample].max())
@@ -811,7 +852,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     return AttentionStore(path=path, attention=attention, seq_len=np.asarray(seq_len, np.int32),
                           attrs=dict(group.attrs), profile=profile, exact=exact,
                           exact_features=sample if len(sample) else None, kept_mass=kept_mass,
-                          map_error=map_error)
+                          map_error=map_error, value_norm=value_norm, value_norm_max=value_norm_max)
 
 
 def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool = True) -> AttentionStore:
@@ -857,6 +898,8 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
             arrays["profile"] = group["profile"]
         if store_mode == "compact" and (attrs.get("compact") or {}).get("spread"):  # written beside the spread
             arrays["map_error"] = group["map_error"]
+        if attrs.get("value_norms") is not None:  # written beside the maps of a model whose values were measured
+            arrays["value_norm"], arrays["value_norm_max"] = group["value_norm"], group["value_norm_max"]
         seq_len = np.asarray(group["seq_len"][:], dtype=np.int32)
         sample = np.asarray(arrays["exact_feature"][:], np.int64) if "exact_feature" in arrays else None
     except KeyError as exc:
@@ -876,6 +919,18 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
         if per_map is not None and tuple(per_map.shape) != tuple(attention.shape[:3]):
             raise StoreError(f"store {path}: {name} has shape {tuple(per_map.shape)}, attention "
                              f"{tuple(attention.shape)}; expected (feature, layer, head) matching; {fix}")
+    value_norm, value_norm_max = arrays.get("value_norm"), arrays.get("value_norm_max")
+    if value_norm is not None:
+        try:
+            NormCode.from_dict(attrs["value_norms"])
+        except ValueError as exc:
+            raise StoreError(f"store {path}: attribute value_norms: {exc}; re-run 'attnclust extract --force' for "
+                             f"this output dir to rewrite them") from None
+        if tuple(value_norm_max.shape) != tuple(attention.shape[:3]) or \
+                tuple(value_norm.shape) != (*attention.shape[:3], attention.shape[4]):
+            raise StoreError(f"store {path}: value_norm has shape {tuple(value_norm.shape)} and value_norm_max "
+                             f"{tuple(value_norm_max.shape)}, attention {tuple(attention.shape)}; expected "
+                             f"(feature, layer, head, key) and (feature, layer, head) matching; {fix}")
     spread = (attrs.get("compact") or {}).get("spread")
     if store_mode == "compact" and spread is not None and spread not in COMPACT_SPREADS:
         raise StoreError(f"store {path}: attribute compact.spread = {spread!r} is not one of "
@@ -893,7 +948,8 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
     if require_complete and attrs.get("complete", True) is False:
         raise StoreError(f"store {path}: extraction did not finish; re-run the same command to resume it")
     return AttentionStore(path=path, attention=attention, seq_len=seq_len, attrs=attrs, profile=profile,
-                          exact=exact, exact_features=sample, kept_mass=kept_mass, map_error=map_error)
+                          exact=exact, exact_features=sample, kept_mass=kept_mass, map_error=map_error,
+                          value_norm=value_norm, value_norm_max=value_norm_max)
 
 
 def _check_exact(path: Path, exact, sample: np.ndarray, shape: tuple, seq_len: np.ndarray, fix: str) -> None:

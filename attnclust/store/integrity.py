@@ -39,7 +39,7 @@ __all__ = ["COMPLETE", "CONTRACT_ARRAYS", "CheckedStore", "LinkSafeStore", "dama
 COMPLETE = {"write_empty_chunks": True}
 """Array config of every array attnclust writes: all chunks on disk, so a missing one is damage, never zeros."""
 
-CONTRACT_ARRAYS = ("attention", "profile", "seq_len", "exact", "exact_feature")
+CONTRACT_ARRAYS = ("attention", "profile", "seq_len", "exact", "exact_feature", "value_norm", "value_norm_max")
 """Arrays of the attention store that are complete whatever their codecs: attnclust always wrote them whole."""
 
 _CHUNK_KEY = re.compile(r"^(?:(?P<array>.+)/)?c(?P<coords>(?:/\d+)+)$")

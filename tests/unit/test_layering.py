@@ -42,6 +42,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("attnclust.plugins", "attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes",
                      "attnclust.models.hooks", "attnclust.cluster.kmeans", "attnclust.cluster.placement",
                      "attnclust._settings")),
+    # what a map is: the encodings a store keeps beside its maps (attnclust.maps), no files, no models
+    ("maps", ("attnclust.maps",)),
     # array maths on attention maps that the model runner and the job's validation need, no files: per-map
     # statistics and token masks, the featurizers and their registry (the other analyses sit in "methods")
     ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),

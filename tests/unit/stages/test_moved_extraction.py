@@ -24,9 +24,9 @@ def extract(data, out, model, *more) -> None:
                  "--set", "extract.batch_size=3", "--quiet", *more]) == 0
 
 
-def expected(loaded, rows: pd.DataFrame) -> dict[str, np.ndarray]:
+def expected(loaded, rows: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(layer, head) per moved statistic of one feature (``rows``: its one row) from its own forward, as the model's
-    kind builds it (token types, positions), without padding."""
+    kind builds it (token types, positions), without padding; and its norms (layer, head, key)."""
     from attnclust.models.kinds import kind_of
 
     row = next(rows.itertuples())
@@ -35,30 +35,46 @@ def expected(loaded, rows: pd.DataFrame) -> dict[str, np.ndarray]:
     sep, punct, _ = token_masks(list(row.tokens), list(row.segment_ids))
     per_layer = [moved_statistics(attn[layer], norms[layer][0], sep=sep, punct=punct)
                  for layer in range(loaded.num_layers)]
-    return {c: np.stack([p[c] for p in per_layer]) for c in MOVED_COLUMNS}
+    stacked = np.stack([norms[layer][0].float().numpy() for layer in range(loaded.num_layers)])
+    return {c: np.stack([p[c] for p in per_layer]) for c in MOVED_COLUMNS}, stacked
 
 
-@pytest.mark.parametrize("arch", ["bert", "llama"])
-def test_stored_moved_statistics_are_a_plain_forwards(tmp_path, tiny_bert_dir, small_squad, arch):
+@pytest.mark.parametrize("arch", ["bert", "roberta", "gpt2", "llama"])
+def test_stored_moved_statistics_and_norms_are_a_plain_forwards(tmp_path, tiny_bert_dir, family_model, small_squad,
+                                                                 arch):
     from helpers import save_tiny_causal
 
-    model = tiny_bert_dir if arch == "bert" else save_tiny_causal(tmp_path / "llama")
+    from attnclust.store import open_attention_store
+
+    model = {"bert": lambda: tiny_bert_dir, "roberta": lambda: family_model("roberta"),
+             "gpt2": lambda: save_tiny_causal(tmp_path / "gpt2", arch="gpt2"),
+             "llama": lambda: save_tiny_causal(tmp_path / "llama")}[arch]()
     out = tmp_path / "run"
-    more = ["--set", "extract.max_new_tokens=3"] if arch == "llama" else []
+    more = ["--set", "extract.max_new_tokens=3"] if arch in ("gpt2", "llama") else []
     extract(small_squad, out, model, *more)
     layout = RunLayout(out)
     stats = pd.read_parquet(layout.map_stats)
     assert set(MOVED_COLUMNS) <= set(stats.columns)
     features = pd.read_parquet(layout.features)
+    store = open_attention_store(layout.attention)
     loaded = get_model(ModelConfig(name=str(model)))
     ordered = features.sort_values("seq_len")
+    tolerance = store.norm_code.relative_error
     for i in (0, len(ordered) - 1):  # the shortest and the longest feature, each padded in its batch
         rows = ordered.iloc[[i]]
-        want = expected(loaded, rows)
-        got = stats[stats["feature_id"] == int(rows["feature_id"].iloc[0])].sort_values(["layer", "head"])
+        feature = int(rows["feature_id"].iloc[0])
+        want, norms = expected(loaded, rows)
+        got = stats[stats["feature_id"] == feature].sort_values(["layer", "head"])
         for c in MOVED_COLUMNS:
             np.testing.assert_allclose(got[c].to_numpy().reshape(want[c].shape), want[c], rtol=2e-4, atol=2e-5,
                                        err_msg=c)
+        # the stored norms: the forward's, each within the code's relative error (none of these is below its floor)
+        assert norms.min() > 0
+        for layer in range(loaded.num_layers):
+            for head in range(loaded.num_heads):
+                stored = store.read_value_norms(feature, layer, head)
+                assert stored.shape == (int(rows["seq_len"].iloc[0]),)
+                np.testing.assert_allclose(stored, norms[layer, head], rtol=tolerance * 1.01 + 1e-3)
 
 
 def test_a_family_without_a_known_value_projection_is_extracted_without_them(tmp_path, family_model, small_squad):
@@ -66,3 +82,7 @@ def test_a_family_without_a_known_value_projection_is_extracted_without_them(tmp
     extract(small_squad, out, family_model("deberta-v2"))
     stats = pd.read_parquet(RunLayout(out).map_stats)
     assert not set(MOVED_COLUMNS) & set(stats.columns) and "to_cls" in stats.columns
+    from attnclust.store import open_attention_store
+
+    store = open_attention_store(RunLayout(out).attention)
+    assert store.value_norm is None and store.read_value_norms(0, 0, 0) is None
