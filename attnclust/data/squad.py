@@ -35,7 +35,8 @@ from typing import Any
 
 from ..errors import ConfigError, DataError
 from ..safeio import load_json, read_user_bytes
-from .hf import read_records, resolve_source
+from .hf.resolve import resolve_source
+from .hf.tables import read_records
 from .limits import InputBound
 
 __all__ = [

@@ -78,7 +78,7 @@ def test_a_parquet_row_group_over_the_bound_is_refused_from_its_footer(tmp_path,
 def test_a_parquet_file_over_the_input_limit_once_decompressed_is_refused_without_a_bound(tmp_path, monkeypatch):
     path = tmp_path / "bomb.parquet"
     pq.write_table(table(["x" * (2 << 20)]), path, compression="zstd")
-    monkeypatch.setattr("attnclust.data.hf.MAX_INPUT_BYTES", 1 << 20)
+    monkeypatch.setattr("attnclust.data.hf.tables.MAX_INPUT_BYTES", 1 << 20)
     no_decoding(monkeypatch)
     with pytest.raises(DataError, match=r"bomb\.parquet: takes 2,09\d,\d{3} bytes once decompressed, more than the "
                                         r"1,048,576 attnclust reads; keep fewer rows \(Dataset\.select\) and write it "
@@ -91,7 +91,7 @@ def test_a_dictionary_entry_used_by_every_row_is_counted_for_each(tmp_path, monk
     path = tmp_path / "dict.parquet"
     pq.write_table(table(["y" * 20_000] * 200), path)
     assert pq.ParquetFile(path).metadata.row_group(0).total_byte_size < 100_000
-    monkeypatch.setattr("attnclust.data.hf.MAX_INPUT_BYTES", 1 << 20)
+    monkeypatch.setattr("attnclust.data.hf.tables.MAX_INPUT_BYTES", 1 << 20)
     with pytest.raises(DataError, match=r"dict\.parquet: takes 4,0\d\d,\d{3} bytes once decompressed \(each "
                                         r"dictionary entry counted where it is used\), more than the 1,048,576 "
                                         r"attnclust reads"):
@@ -124,7 +124,7 @@ def test_arrow_values_shared_by_many_rows_are_counted_for_each(tmp_path, monkeyp
         topic = pa.Array.from_buffers(pa.string_view(), n, [None, pa.py_buffer(view * n), pa.py_buffer(value)])
     path = write_arrow(tmp_path / "shared.arrow", table(["a context"] * n, topic=topic))
     assert path.stat().st_size < 100_000
-    monkeypatch.setattr("attnclust.data.hf.MAX_INPUT_BYTES", 1 << 20)
+    monkeypatch.setattr("attnclust.data.hf.tables.MAX_INPUT_BYTES", 1 << 20)
     with pytest.raises(DataError, match=r"shared\.arrow: takes 4,0\d\d,\d{3} bytes once decompressed \(each "
                                         r"dictionary entry counted where it is used\)"):
         read_squad(path)
@@ -174,7 +174,7 @@ def test_a_folder_listing_too_many_shards_is_refused_before_any_is_opened(tmp_pa
                                         r"10,000 attnclust reads from a folder; save the dataset again in fewer "
                                         r"shards \(save_to_disk\(num_shards=\.\.\.\)\)$"):
         read_squad(folder)
-    monkeypatch.setattr("attnclust.data.hf.MAX_SHARDS", 2)
+    monkeypatch.setattr("attnclust.data.hf.resolve.MAX_SHARDS", 2)
     (folder / "state.json").write_text("{}")  # no list: the folder's .arrow files
     for i in (1, 2):
         write_arrow(folder / f"more-{i}.arrow", table(["a context"]))
