@@ -204,7 +204,7 @@ class Output:
 
         return head_view(self, layer, head, examples=examples)
 
-    def map_view(self, feature_id: int, layer: int, head: int):
+    def map_view(self, feature_id: int, layer: int, head: int, *, weighting: str = "weights"):
         """One map with its tokens, drawn inline as the report draws it (hover a cell for the tokens and weight).
 
         Parameters
@@ -213,6 +213,10 @@ class Output:
             The feature (``feature_id`` of :attr:`features`, the row of the store).
         layer, head : int
             The head, counted from 0.
+        weighting : {"weights", "norm"}
+            Shown first and drawn by ``figure()``: the attention weights, or each query row's shares of the norm it
+            moves (weight times each key's value-vector norm, Kobayashi et al. 2020). Where the store holds the
+            norms the inline view toggles between the two.
 
         Returns
         -------
@@ -226,7 +230,7 @@ class Output:
         """
         from .report.views import map_view
 
-        return map_view(self, feature_id, layer, head)
+        return map_view(self, feature_id, layer, head, weighting=weighting)
 
 
 def open_output(path: str | Path) -> Output:

@@ -54,6 +54,7 @@ from urllib.parse import parse_qs, unquote
 
 from .errors import StoreError
 from .layout import RunLayout
+from .maps import WEIGHTINGS
 
 __all__ = ["DEFAULT_HOST", "MAP_DECIMALS", "ExploreApp", "finished_run", "is_loopback", "make_server"]
 
@@ -434,7 +435,7 @@ class ExploreApp:
             tokens = display_tokens(tokens)
         return weights, tokens
 
-    def map_json(self, feature: int, layer: int, head: int) -> dict:
+    def map_json(self, feature: int, layer: int, head: int, weighting: str = "weights") -> dict:
         """``/api/map`` as JSON: ``feature``, ``layer``, ``head``, ``example_id``, ``seq_len``, ``tokens``,
         ``segment_ids``, ``question``, ``answer`` (the gold answer's inclusive token span ``[start, end]``, or
         ``null`` when it is not in this feature or the run has no answer positions), ``weights`` (query rows of
@@ -446,10 +447,13 @@ class ExploreApp:
         (:meth:`~attnclust.store.AttentionStore.read_map_error`; ``null`` for an exact map or a store that did not
         measure it), ``exact_on_demand``: on a compact store whether maps outside its exact sample are recomputed
         (``true``) or not (``false``, and ``exact_on_demand_reason`` says why in one line), ``null`` for a full
-        store."""
+        store, ``weighting`` (:data:`attnclust.maps.WEIGHTINGS`: with ``"norm"``, ``weights`` are each query row's
+        shares of the norm it moves, from the store's value norms) and ``value_norms`` (whether the store holds them:
+        whether ``weighting=norm`` can be asked)."""
         import numpy as np
 
         weights, tokens = self.read_map(feature, layer, head)
+        weights = self.store.reweigh(weights, feature, layer, head, weighting)
         source = self.map_source(feature)  # after the read: what it read
         kept = round(self.store.read_kept_mass(feature, layer, head), 4) if source == "compact" else None
         error = self.store.read_map_error(feature, layer, head) if source == "compact" else float("nan")
@@ -463,9 +467,10 @@ class ExploreApp:
                 "weights": np.round(weights.astype(np.float64), MAP_DECIMALS).tolist(),
                 "source": source, "kept_mass": kept, "map_error": round(error, 4) if np.isfinite(error) else None,
                 "exact_on_demand": exact.status,
-                "exact_on_demand_reason": exact.reason if exact.status is False else None}
+                "exact_on_demand_reason": exact.reason if exact.status is False else None,
+                "weighting": weighting, "value_norms": self.store.value_norm is not None}
 
-    def map_png(self, feature: int, layer: int, head: int) -> bytes:
+    def map_png(self, feature: int, layer: int, head: int, weighting: str = "weights") -> bytes:
         """``/api/map?format=png``: the map drawn at full length with token labels (matplotlib Agg).
 
         Returns
@@ -478,6 +483,7 @@ class ExploreApp:
         from matplotlib.figure import Figure
 
         weights, tokens = self.read_map(feature, layer, head)
+        weights = self.store.reweigh(weights, feature, layer, head, weighting)
         source = self.map_source(feature)  # after the read: what it read
         n = len(tokens)
         side = min(40.0, max(4.0, 1.5 + 0.12 * n))
@@ -493,7 +499,8 @@ class ExploreApp:
             if source == "compact" else ""
         what = {"full": "", "recomputed": ", exact map recomputed by one forward of the run's model"}.get(
             source, f", {source} map{kept}")
-        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens){what}", fontsize=9)
+        moved = ", norm-weighted: each row's shares of the norm it moves" if weighting == "norm" else ""
+        ax.set_title(f"feature {feature} L{layer}H{head} ({n} tokens){what}{moved}", fontsize=9)
         ax.set_xlabel("key")
         ax.set_ylabel("query")
         buf = io.BytesIO()
@@ -633,11 +640,21 @@ class _Handler(BaseHTTPRequestHandler):
                 fmt = arg("format") or "json"
                 if fmt not in ("json", "png"):
                     raise Refused(HTTPStatus.BAD_REQUEST, f"format={fmt!r}: expected json or png")
+                weighting = arg("weighting") or "weights"
+                if weighting not in WEIGHTINGS:
+                    raise Refused(HTTPStatus.BAD_REQUEST, f"weighting={weighting!r}: expected one of "
+                                                          f"{', '.join(WEIGHTINGS)}")
                 index = app.map_index(arg("feature"), arg("layer"), arg("head"))
+                if weighting == "norm" and app.store.value_norm is None:
+                    raise Refused(HTTPStatus.BAD_REQUEST, "weighting=norm: this run's store holds no value norms "
+                                                          "(its model's family has no known value projection, or it "
+                                                          "was extracted before attnclust stored them); re-run "
+                                                          "'attnclust extract --force' for it, or ask for "
+                                                          "weighting=weights")
                 if fmt == "png":
-                    self._send(HTTPStatus.OK, app.map_png(*index), "image/png")
+                    self._send(HTTPStatus.OK, app.map_png(*index, weighting), "image/png")
                 else:
-                    self._send(HTTPStatus.OK, _json_bytes(app.map_json(*index)), "application/json")
+                    self._send(HTTPStatus.OK, _json_bytes(app.map_json(*index, weighting)), "application/json")
             elif path.startswith("/exports/") and _EXPORT_NAME.match(path[len("/exports/"):]):
                 name = path[len("/exports/"):]
                 ctype = _TYPES.get(Path(name).suffix.lower())

@@ -230,3 +230,28 @@ def run_report_stages(layout, *overrides, progress=False):
     return run_job(cfg, layout.root, stages=("featurize", "cluster", "report"), executor=SerialExecutor(),
                    progress=progress)
 
+
+
+def plant_value_norms(run_dir: Path, norms) -> np.ndarray:
+    """Add value norms to a finished run's store as another tool following the store contract would: ``norms(n)``
+    gives one map's key norms (n,) for a feature of true length n, the same for every layer and head. Returns what
+    the store then reads back for each key (the norm code's rounding), (feature, width)."""
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    from attnclust.maps import NORM_CODE
+    from attnclust.store.integrity import COMPLETE, with_checksum
+
+    group = zarr.open_group(Path(run_dir) / "attention.zarr", mode="r+")
+    f, layers, heads, width, _ = group["attention"].shape
+    seq_len = np.asarray(group["seq_len"][:])
+    planted = np.zeros((f, layers, heads, width))
+    for i, n in enumerate(seq_len):
+        planted[i, :, :, :n] = norms(int(n))
+    codes, largest = NORM_CODE.encode(planted)
+    for name, values in (("value_norm", codes), ("value_norm_max", largest)):
+        array = group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape, fill_value=0,
+                                   config=COMPLETE, compressors=with_checksum(ZstdCodec(level=1)))
+        array[:] = values
+    group.attrs["value_norms"] = NORM_CODE.to_dict()
+    return NORM_CODE.decode(codes, largest)[:, 0, 0]

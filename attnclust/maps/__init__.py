@@ -5,6 +5,6 @@ Nothing here knows of jobs, runs, models or files; each encoding is a frozen obj
 (``encode`` / ``decode``), so the store stays readable by plain zarr plus the formula its attributes name.
 """
 
-from .norm_code import NORM_CODE, NormCode
+from .norm_code import NORM_CODE, WEIGHTINGS, NormCode, norm_shares, norm_weighted, reweigh
 
-__all__ = ["NORM_CODE", "NormCode"]
+__all__ = ["NORM_CODE", "WEIGHTINGS", "NormCode", "norm_shares", "norm_weighted", "reweigh"]

@@ -24,7 +24,10 @@ from typing import ClassVar
 
 import numpy as np
 
-__all__ = ["NORM_CODE", "NormCode"]
+__all__ = ["NORM_CODE", "WEIGHTINGS", "NormCode", "norm_shares", "norm_weighted", "reweigh"]
+
+WEIGHTINGS = ("weights", "norm")
+"""How a map is shown: its attention weights, or each query row's shares of the norm it moves (:func:`reweigh`)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,60 @@ class NormCode:
         largest = np.asarray(largest, dtype=np.float64)
         ratio = np.where(codes > 0, self.floor ** (1 - (codes.astype(np.float64) - 1) / self.STEPS), 0.0)
         return (ratio * largest[..., None]).astype(np.float32)
+
+
+def norm_weighted(attn: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """The norm-weighted map ``alpha_ij * ||f(x_j)||``: how much of each key's transformed value a query takes.
+
+    Parameters
+    ----------
+    attn : numpy.ndarray, shape (..., query, key)
+        Attention weights.
+    norms : numpy.ndarray, shape (..., key)
+        ``||f(x_j)||`` of the same head (:func:`attnclust.models.value_norms.capture_value_norms`).
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., query, key)
+    """
+    attn, norms = np.asarray(attn), np.asarray(norms)
+    dtype = np.result_type(attn, norms, np.float32)
+    return attn.astype(dtype, copy=False) * norms.astype(dtype, copy=False)[..., None, :]
+
+
+def norm_shares(attn: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """Each query row's share of the norm it moves: :func:`norm_weighted` over its row sum (rows sum to 1; a row
+    that moves nothing stays zero).
+
+    Parameters
+    ----------
+    attn : numpy.ndarray, shape (..., query, key)
+    norms : numpy.ndarray, shape (..., key)
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., query, key)
+    """
+    weighted = norm_weighted(attn, norms)
+    total = weighted.sum(axis=-1, keepdims=True)
+    return np.divide(weighted, total, out=np.zeros_like(weighted), where=total > 0)
+
+
+def reweigh(weights: np.ndarray, norms: np.ndarray | None, weighting: str) -> np.ndarray:
+    """A map as :data:`WEIGHTINGS` shows it: ``"weights"`` as it is, ``"norm"`` its :func:`norm_shares`.
+
+    Raises
+    ------
+    ValueError
+        An unknown weighting, or ``"norm"`` without ``norms`` (the caller says why the store has none).
+    """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting {weighting!r}: expected one of {', '.join(WEIGHTINGS)}")
+    if weighting == "weights":
+        return weights
+    if norms is None:
+        raise ValueError("weighting 'norm' needs the keys' value norms")
+    return norm_shares(weights, norms).astype(np.float32)
 
 
 NORM_CODE = NormCode()

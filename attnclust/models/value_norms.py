@@ -24,9 +24,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
-
 from ..errors import ModelError
+from ..maps.norm_code import norm_shares, norm_weighted  # re-exported: map maths, in the map package
 from .hooks import attention_outputs
 
 if TYPE_CHECKING:
@@ -291,43 +290,6 @@ def capture_value_norms(model: Any, num_layers: int, num_heads: int) -> Iterator
     if sink["calls"] != num_layers or len(sink["out"]) != num_layers:
         raise ModelError(f"norm-based attention: the value projections ran {sink['calls']} times in a model of "
                          f"{num_layers} layers; run the whole model once inside capture_value_norms")
-
-
-def norm_weighted(attn: np.ndarray, norms: np.ndarray) -> np.ndarray:
-    """The norm-weighted map ``alpha_ij * ||f(x_j)||``: how much of each key's transformed value a query takes.
-
-    Parameters
-    ----------
-    attn : numpy.ndarray, shape (..., query, key)
-        Attention weights.
-    norms : numpy.ndarray, shape (..., key)
-        ``||f(x_j)||`` of the same head (:func:`capture_value_norms`).
-
-    Returns
-    -------
-    numpy.ndarray, shape (..., query, key)
-    """
-    attn, norms = np.asarray(attn), np.asarray(norms)
-    dtype = np.result_type(attn, norms, np.float32)
-    return attn.astype(dtype, copy=False) * norms.astype(dtype, copy=False)[..., None, :]
-
-
-def norm_shares(attn: np.ndarray, norms: np.ndarray) -> np.ndarray:
-    """Each query row's share of the norm it moves: :func:`norm_weighted` over its row sum (rows sum to 1; a row
-    that moves nothing stays zero).
-
-    Parameters
-    ----------
-    attn : numpy.ndarray, shape (..., query, key)
-    norms : numpy.ndarray, shape (..., key)
-
-    Returns
-    -------
-    numpy.ndarray, shape (..., query, key)
-    """
-    weighted = norm_weighted(attn, norms)
-    total = weighted.sum(axis=-1, keepdims=True)
-    return np.divide(weighted, total, out=np.zeros_like(weighted), where=total > 0)
 
 
 def measures_moved_norm(model: Any) -> bool:

@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ..errors import AttnclustError
+from ..maps import WEIGHTINGS
 from ..store.contract import quantize_uint8, read_table
 from .figures import cluster_palette, draw_token_map, head_grid
 from .formatting import plain_text, short
@@ -165,6 +166,13 @@ class MapView(_View):
         The gold answer's first and last token (inclusive) when they are in this feature.
     cluster : int or None
         The map's cluster, where the run has ``maps.parquet``.
+    weighting : str
+        What :meth:`figure` draws and the inline view shows first: ``"weights"``, the attention weights, or
+        ``"norm"``, :attr:`moved`.
+    moved : numpy.ndarray of float32 or None
+        Each query row's shares of the norm it moves (Kobayashi et al. 2020;
+        :meth:`attnclust.store.AttentionStore.reweigh`) where the store holds the keys' value norms, else ``None``;
+        the inline view then has a weights / norm-weighted toggle.
     """
 
     feature_id: int
@@ -176,6 +184,8 @@ class MapView(_View):
     question: str
     answer: tuple[int, int] | None = None
     cluster: int | None = None
+    weighting: str = "weights"
+    moved: np.ndarray | None = None
     kind = "map"
 
     def __repr__(self) -> str:
@@ -185,8 +195,9 @@ class MapView(_View):
     def caption(self) -> str:
         """What the view writes above the map: the head, the question, the feature, its length and cluster."""
         cluster = "" if self.cluster is None else f", cluster {self.cluster}"
+        moved = ", norm-weighted: each row's shares of the norm it moves" if self.weighting == "norm" else ""
         return (f"L{self.layer}H{self.head} on “{self.question}” (feature {self.feature_id}, {len(self.tokens)} "
-                f"tokens{cluster})")
+                f"tokens{cluster}{moved})")
 
     def _question(self, text: str) -> dict[str, Any]:
         """The map as one of the report's embedded questions (:func:`~.interactive.build_explorer`), holding only
@@ -195,7 +206,8 @@ class MapView(_View):
                 "n": len(self.tokens), "tokens": list(self.tokens),
                 "answer": list(self.answer) if self.answer else None, "pred": None, "prediction": None,
                 "gold": None, "verdict": None, "pairs": [[self.layer, self.head]],
-                "maps": pack_uint8(quantize_uint8(self.weights))}
+                "maps": pack_uint8(quantize_uint8(self.weights)), "weighting": self.weighting,
+                **({"moved": pack_uint8(quantize_uint8(self.moved))} if self.moved is not None else {})}
 
     def _html(self, root: str) -> str:
         data = {"heads": [], "palette": [], "descr": {},
@@ -222,7 +234,7 @@ class MapView(_View):
         side = min(7.0, max(3.2, 1.6 + 0.07 * shown))
         fig = Figure(figsize=(side + 0.6, side), layout="constrained")
         ax = fig.subplots()
-        draw_token_map(ax, self.weights, list(self.tokens), shown)
+        draw_token_map(ax, self.moved if self.weighting == "norm" else self.weights, list(self.tokens), shown)
         cut = f", first {shown} of {n} tokens" if shown < n else ""
         ax.set_title(f"{self.caption[:-1]}{cut})".replace("$", r"\$"), fontsize=8)
         return fig
@@ -435,19 +447,24 @@ def _columns(output, path) -> list[str]:
 
 
 def _map(output, feature_id: int, layer: int, head: int, *, cluster: int | None,
-         questions: dict[str, str] | None = None) -> MapView:
+         questions: dict[str, str] | None = None, weighting: str = "weights") -> MapView:
     from ..analysis.words import readable_tokens
 
     features = readable_tokens(output.features)
     row = features.loc[features["feature_id"] == feature_id].iloc[0]
-    weights = np.asarray(output._store.read_map(feature_id, layer, head), dtype=np.float32)
+    store = output._store
+    weights = np.asarray(store.read_map(feature_id, layer, head), dtype=np.float32)
+    # the norm-weighted map: asked for (refused in one line without norms), or beside the weights for the toggle
+    moved = store.reweigh(weights, feature_id, layer, head, "norm") \
+        if weighting == "norm" or store.value_norm is not None else None
     tokens = tuple(str(t) for t in row["tokens"])
     a, b = int(row.get("answer_start_token", -1)), int(row.get("answer_end_token", -1))
     example_id = str(row["example_id"])
     questions = _questions(output) if questions is None else questions
     return MapView(feature_id=feature_id, layer=layer, head=head, weights=weights, tokens=tokens,
                    example_id=example_id, question=questions.get(example_id, example_id),
-                   answer=(a, b) if 0 <= a <= b < len(tokens) else None, cluster=cluster)
+                   answer=(a, b) if 0 <= a <= b < len(tokens) else None, cluster=cluster, weighting=weighting,
+                   moved=moved)
 
 
 def _maps_of(output, filters: list[tuple]) -> pd.DataFrame | None:
@@ -462,7 +479,7 @@ def _maps_of(output, filters: list[tuple]) -> pd.DataFrame | None:
     return read_table(path, columns=columns, filters=filters, fix=fix)
 
 
-def map_view(output, feature_id: int, layer: int, head: int) -> MapView:
+def map_view(output, feature_id: int, layer: int, head: int, *, weighting: str = "weights") -> MapView:
     """One map with its tokens, to draw inline (:meth:`attnclust.Output.map_view`).
 
     Parameters
@@ -473,6 +490,8 @@ def map_view(output, feature_id: int, layer: int, head: int) -> MapView:
         The feature (the store's row, ``feature_id`` of ``features.parquet``).
     layer, head : int
         The head, counted from 0.
+    weighting : {"weights", "norm"}
+        The attention weights, or each query row's shares of the norm it moves (the store's value norms).
 
     Returns
     -------
@@ -483,12 +502,14 @@ def map_view(output, feature_id: int, layer: int, head: int) -> MapView:
     attnclust.AttnclustError
         ``feature_id``, ``layer`` or ``head`` is not an integer in the run's range (the message names it).
     """
+    if weighting not in WEIGHTINGS:
+        raise AttnclustError(f"weighting {weighting!r}: expected one of {', '.join(map(repr, WEIGHTINGS))}")
     n = output._store.n_features
     feature_id = _index("feature_id", feature_id, n, f"the run's {n} features, feature_id of features.parquet")
     layer, head = _head_index(output, layer, head)
     rows = _maps_of(output, [("feature_id", "==", feature_id), ("layer", "==", layer), ("head", "==", head)])
     cluster = int(rows["cluster"].iloc[0]) if rows is not None and len(rows) else None
-    return _map(output, feature_id, layer, head, cluster=cluster)
+    return _map(output, feature_id, layer, head, cluster=cluster, weighting=weighting)
 
 
 def head_view(output, layer: int, head: int, *, examples: int = VIEW_EXAMPLES) -> HeadView:

@@ -56,7 +56,7 @@ import pandas as pd
 
 from ..errors import StoreError
 from ..layout import RunLayout
-from ..maps import NORM_CODE, NormCode
+from ..maps import NORM_CODE, NormCode, reweigh
 from ..safeio import atomic_write as _atomic_write
 from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported with attnclust.store's names
 
@@ -181,6 +181,25 @@ class AttentionStore:
             codes = np.asarray(self.value_norm[feature, layer, head, :n])
             largest = np.asarray(self.value_norm_max[feature, layer, head])
         return self.norm_code.decode(codes, largest)
+
+    def reweigh(self, weights: np.ndarray, feature: int, layer: int, head: int, weighting: str) -> np.ndarray:
+        """One map (``weights``, as read) shown by ``weighting`` (:data:`attnclust.maps.WEIGHTINGS`): as it is, or
+        each query row's shares of the norm it moves, from this store's value norms.
+
+        Raises
+        ------
+        attnclust.errors.StoreError
+            ``"norm"`` on a store that holds no value norms, in one line saying why and what to do.
+        """
+        norms = self.read_value_norms(feature, layer, head) if weighting == "norm" else None
+        if weighting == "norm" and norms is None:
+            raise StoreError(f"store {self.path}: holds no value norms, so no norm-weighted map (its model's family "
+                             f"has no known value projection, or it was extracted before attnclust stored them); "
+                             f"re-run 'attnclust extract --force' for this output dir, or show the weights")
+        try:
+            return reweigh(weights, norms, weighting)
+        except ValueError as exc:
+            raise StoreError(f"store {self.path}: {exc}") from None
 
     @property
     def mode(self) -> str:

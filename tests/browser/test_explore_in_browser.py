@@ -17,6 +17,9 @@ import pytest
 
 from browsing import read_table
 
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
+from playwright.sync_api import expect  # noqa: E402
+
 SECRET = "attnclust-browser-secret-9d27e1"
 
 
@@ -166,4 +169,38 @@ def test_file_page_has_no_server_controls_and_makes_no_request(page, demo_run):
     assert page.locator("#panel-longest").count() == 0 and page.locator("#panel-search").count() == 0
     assert "attnclust explore DIR" in page.locator(".hp-any").inner_text()
     assert [u for u in page.watch.requests if not u.startswith(("file:", "data:", "blob:"))] == []
+    assert page.watch.errors == []
+
+
+def test_the_map_toggles_to_the_norm_weighted_map_the_server_computes(page, server, demo_run):
+    """The demo's MiniLM store holds each key's value norm: the panel's map gets a weights / norm-weighted toggle;
+    'Norm-weighted' asks /api/map once with weighting=norm and paints its rows' shares of the moved norm, which the
+    hover reads out; 'Weights' goes back without asking again."""
+    features = read_table(demo_run, "features")
+    longest = features.loc[features["seq_len"].idxmax()]
+    host, port = server
+    page.goto(f"http://{host}:{port}/", wait_until="load")
+    page.locator("#grid [data-layer='0'][data-head='0']").first.click()
+    page.locator("#panel-longest").click()
+    view = page.locator(".hp-any .map-view")
+    view.wait_for()
+    by_norm = view.get_by_role("button", name="Norm-weighted")
+    expect(view.get_by_role("button", name="Weights")).to_have_attribute("aria-pressed", "true")
+    url = f"/api/map?feature={int(longest['feature_id'])}&layer=0&head=0"
+    asked = lambda: [u for u in page.watch.requests if u.endswith(url + "&weighting=norm")]  # noqa: E731
+    assert asked() == []
+    by_norm.click()
+    expect(view).to_have_attribute("data-weighting", "norm")
+    expect(by_norm).to_have_attribute("aria-pressed", "true")
+    moved = page.evaluate("async (u) => (await (await fetch(u)).json()).weights", url + "&weighting=norm")
+    canvas = view.locator("canvas.mv-canvas")
+    box, n = canvas.bounding_box(), len(moved)
+    canvas.hover(position={"x": 0.5 * box["width"] / n, "y": (n - 0.5) * box["height"] / n})  # last query, key 0
+    readout = view.locator(".mv-readout")
+    expect(readout).to_contain_text("→ key 0 ")
+    value = round(255 * moved[n - 1][0]) / 255
+    expect(readout).to_contain_text(f": {value:.3f} of the row's moved norm")
+    view.get_by_role("button", name="Weights").click()
+    expect(view).to_have_attribute("data-weighting", "weights")
+    assert len(asked()) == 2  # the toggle's one request, and this test's own fetch
     assert page.watch.errors == []

@@ -242,3 +242,28 @@ def test_the_tutorials_views_draw_and_respond(tutorial, page):
     expect(grid.locator(".head-panel h3")).to_have_text(re.compile(r"^L2H3 · cluster "))
     expect(grid.locator(".head-panel canvas.mv-canvas")).to_have_count(1)
     no_requests_or_errors(page)
+
+
+def test_a_map_view_with_value_norms_toggles_between_weights_and_norm_shares(page, small_planted_run, tmp_path):
+    """A store with value norms (planted: the first key moves a tenth of the others): the view's toggle repaints its
+    own map with the rows' shares of the moved norm, from file:// with no request, and the hover reads them out."""
+    from helpers import plant_value_norms
+
+    root = small_planted_run("browser_views_norms")
+    plant_value_norms(root, lambda n: np.r_[0.1, np.ones(n - 1)])
+    out = attnclust.open_output(root)
+    view = out.map_view(5, 0, 1)  # the planted [CLS] head
+    page.goto(notebook_page(tmp_path / "nb.html", [view._repr_html_(), view._repr_html_()]).as_uri(),
+              wait_until="load")
+    views = page.locator('.attnclust-view[data-view="map"]')
+    first, second = views.nth(0), views.nth(1)
+    assert hover_cell(second, 6, 0) == expected_readout(view.weights, view.tokens, 6, 0)
+    second.get_by_role("button", name="Norm-weighted").click()
+    expect(second.locator("figure.map-view")).to_have_attribute("data-weighting", "norm")
+    share = round(255 * float(view.moved[6, 0])) / 255
+    assert share < round(255 * float(view.weights[6, 0])) / 255  # the sink moves less than it weighs
+    assert hover_cell(second, 6, 0).endswith(f": {share:.3f} of the row's moved norm")
+    expect(first.locator("figure.map-view")).to_have_attribute("data-weighting", "weights")  # its own view only
+    second.get_by_role("button", name="Weights").click()
+    assert hover_cell(second, 6, 0) == expected_readout(view.weights, view.tokens, 6, 0)
+    no_requests_or_errors(page)

@@ -135,7 +135,10 @@ def test_absolute_paths_are_refused(server, outside):
                                           ("feature=0&layer=0", "head"),
                                           ("feature=0&layer=0&head=0&format=gif", "format"),
                                           ("feature=%D9%A0&layer=0&head=0", "feature"),  # an Arabic-Indic 0
-                                          ("feature=0&layer=%EF%BC%90&head=0", "layer")])  # a full-width 0
+                                          ("feature=0&layer=%EF%BC%90&head=0", "layer"),  # a full-width 0
+                                          ("feature=0&layer=0&head=0&weighting=value", "weighting"),
+                                          # a planted store holds no value norms: said, not served as weights
+                                          ("feature=0&layer=0&head=0&weighting=norm", "holds no value norms")])
 def test_bad_map_parameters_are_400_with_one_line(server, query, match):
     status, ctype, body = get(server, "/api/map?" + query)
     assert status == 400 and ctype == "application/json"
@@ -274,6 +277,42 @@ def _count(monkeypatch) -> dict:
 
 def _outside(store) -> list[int]:
     return [f for f in range(store.n_features) if f not in set(store.exact_features.tolist())]
+
+
+def test_the_norm_weighted_map_is_each_rows_share_of_the_norm_it_moves(compact_run):
+    """``weighting=norm``: each weight times its key's stored value norm, over the row's sum (a loop over the cells,
+    Kobayashi et al.'s ``||alpha_ij f(x_j)||`` as a share); the stored norms are the extraction's (within the norm
+    code's error of the plain forward's, tests/unit/stages/test_moved_extraction.py); the weights default."""
+    root, _ = compact_run
+    srv = make_server(root, port=0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        store = srv.app.store
+        f = int(store.exact_features[0])  # exact maps: the norm-weighted map of the exact weights
+        n = int(store.seq_len[f])
+        for layer, head in ((0, 0), (store.n_layers - 1, store.n_heads - 1)):
+            _, _, body = get(srv, f"/api/map?feature={f}&layer={layer}&head={head}")
+            plain = json.loads(body)
+            assert plain["weighting"] == "weights" and plain["value_norms"] is True
+            status, _, body = get(srv, f"/api/map?feature={f}&layer={layer}&head={head}&weighting=norm")
+            got = json.loads(body)
+            assert status == 200 and got["weighting"] == "norm"
+            weights, norms = store.read_exact(f)[layer, head].astype(np.float64), store.read_value_norms(f, layer, head)
+            assert norms.shape == (n,) and norms.min() > 0
+            want = np.zeros((n, n))
+            for i in range(n):
+                total = sum(weights[i, j] * norms[j] for j in range(n))
+                for j in range(n):
+                    want[i, j] = weights[i, j] * norms[j] / total
+            np.testing.assert_allclose(np.asarray(got["weights"]), want, atol=2e-4)
+            np.testing.assert_allclose(np.asarray(plain["weights"]), weights, atol=2e-4)
+            assert not np.allclose(want, weights, rtol=0.05, atol=0)  # the norms do change the map
+            status, ctype, body = get(srv, f"/api/map?feature={f}&layer={layer}&head={head}&weighting=norm&format=png")
+            assert status == 200 and body.startswith(b"\x89PNG")
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_a_compact_run_serves_exact_maps_recomputed_by_one_forward_of_its_model(compact_run, monkeypatch):

@@ -65,15 +65,43 @@
   }
 
   /* One map at full length with its token labels: keys along the top (.tok), queries down the side (.qtok). */
-  function mapView(q, values, caption) {
-    var n = q.n, level = DEFAULT_CELL;
-    var fig = el("figure", { "class": "map-view" });
+  /* One map (values: uint8, weight * 255, query-major). With `moved` ({load: function () -> Promise of such
+     values, start: "weights" | "norm"}) the caption gets a weights / norm-weighted toggle: each query row's shares of
+     the norm it moves (Kobayashi et al. 2020), loaded on first use. */
+  function mapView(q, values, caption, moved) {
+    var n = q.n, level = DEFAULT_CELL, shown = values, what = "weight";
+    var fig = el("figure", { "class": "map-view", "data-weighting": "weights" });
     var cap = el("figcaption", {}, caption);
     var zoomOut = el("button", { type: "button", "class": "zoom", "aria-label": "Zoom out" }, "−");
     var zoomIn = el("button", { type: "button", "class": "zoom", "aria-label": "Zoom in" }, "+");
     cap.appendChild(document.createTextNode(" "));
     cap.appendChild(zoomOut);
     cap.appendChild(zoomIn);
+    var byWeight = null, byNorm = null, normValues = null;
+    function weighting(which) {
+      var get = which !== "norm" ? Promise.resolve(values) : normValues ? Promise.resolve(normValues) :
+        moved.load().then(function (v) { normValues = v; return v; });
+      return get.then(function (v) {
+        shown = v; what = which === "norm" ? "norm" : "weight";
+        paint(canvas, v, n);
+        byWeight.setAttribute("aria-pressed", String(which !== "norm"));
+        byNorm.setAttribute("aria-pressed", String(which === "norm"));
+        fig.setAttribute("data-weighting", which);
+      }, function (err) { readout.textContent = "The norm-weighted map could not be loaded: " + err.message; });
+    }
+    if (moved) {
+      var toggle = el("span", { "class": "mv-toggle", role: "group", "aria-label": "what the map shows" });
+      byWeight = el("button", { type: "button", "class": "mv-weighting", "data-weighting": "weights",
+        "aria-pressed": "true", title: "the attention weights" }, "Weights");
+      byNorm = el("button", { type: "button", "class": "mv-weighting", "data-weighting": "norm", "aria-pressed": "false",
+        title: "each query row's shares of the norm it moves: weight times the key's value-vector norm " +
+          "(Kobayashi et al. 2020)" }, "Norm-weighted");
+      toggle.appendChild(byWeight); toggle.appendChild(byNorm);
+      cap.appendChild(document.createTextNode(" "));
+      cap.appendChild(toggle);
+      byWeight.addEventListener("click", function () { weighting("weights"); });
+      byNorm.addEventListener("click", function () { weighting("norm"); });
+    }
     var box = el("div", { "class": "mv-box", tabindex: "0", "aria-label": "attention map, scrollable" });
     var grid = el("div", { "class": "mv-grid" });
     var corner = el("div", { "class": "mv-corner" }, "query ↓ key →");
@@ -109,9 +137,10 @@
       var col = Math.floor((ev.clientX - r.left) / r.width * n), row = Math.floor((ev.clientY - r.top) / r.height * n);
       if (row < 0 || col < 0 || row >= n || col >= n) { return; }
       readout.textContent = "query " + row + " “" + q.tokens[row] + "” → key " + col + " “" + q.tokens[col] +
-        "”: " + (values[row * n + col] / 255).toFixed(3);
+        "”: " + (shown[row * n + col] / 255).toFixed(3) + (what === "weight" ? "" : " of the row's moved norm");
     });
     layout();
+    if (moved && moved.start === "norm") { weighting("norm"); }
     return fig;
   }
 
@@ -120,8 +149,11 @@
   function mapInto(container, qi, layer, head, caption) {
     var q = EXP.questions[qi], slot = placeholder("Decoding the map…");
     container.appendChild(slot);
+    var moved = !q.moved ? null : { start: q.weighting, load: function () {
+      return inflate(q.moved).then(function (bytes) { return headSlice(bytes, q, layer, head); });
+    } };
     return questionMaps(qi).then(function (bytes) {
-      container.replaceChild(mapView(q, headSlice(bytes, q, layer, head), caption), slot);
+      container.replaceChild(mapView(q, headSlice(bytes, q, layer, head), caption, moved), slot);
     }, function (err) { slot.textContent = "The map could not be shown: " + err.message; });
   }
 
@@ -241,15 +273,23 @@
     container.textContent = "";
     var slot = placeholder("Loading feature " + feature + " (L" + layer + "H" + head + ")…");
     container.appendChild(slot);
-    return getJson("/api/map?feature=" + feature + "&layer=" + layer + "&head=" + head).then(function (m) {
-      if (token !== container.loadToken) { return; }
+    var url = "/api/map?feature=" + feature + "&layer=" + layer + "&head=" + head;
+    function bytesOf(m) {
       var n = m.seq_len, values = new Uint8Array(n * n);
       for (var r = 0; r < n; r++) {
         for (var c = 0; c < n; c++) {
           values[r * n + c] = Math.max(0, Math.min(255, Math.round(m.weights[r][c] * 255)));
         }
       }
+      return values;
+    }
+    return getJson(url).then(function (m) {
+      if (token !== container.loadToken) { return; }
+      var n = m.seq_len, values = bytesOf(m);
       var q = { n: n, tokens: m.tokens, answer: m.answer, pred: null };
+      var moved = !m.value_norms ? null : { start: "weights", load: function () {
+        return getJson(url + "&weighting=norm").then(bytesOf);
+      } };
       container.replaceChild(mapView(q, values, "Feature " + m.feature + " (example " + m.example_id + "), L" +
         layer + "H" + head + (m.question ? " on “" + m.question + "”" : "") + " (" + n + " tokens" +
         (m.source === "recomputed" ? ", exact map recomputed by one forward of the run's model" :
@@ -257,7 +297,7 @@
         (m.kept_mass !== null && m.kept_mass !== undefined ?
           ": its rows keep " + m.kept_mass.toFixed(3) + " of their mass on average" : "") +
         (m.source === "compact" && m.exact_on_demand_reason ? "; not recomputed: " + m.exact_on_demand_reason : "") +
-        ")"), slot);
+        ")", moved), slot);
     }, function (err) {
       if (token === container.loadToken) { slot.textContent = "The map could not be loaded: " + err.message; }
     });

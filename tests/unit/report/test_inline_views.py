@@ -105,6 +105,58 @@ def test_map_view_data_is_the_stores_map(out, f, layer, head):
     assert view.cluster == int(maps.at[(f, layer, head), "cluster"])
 
 
+def small_first_key(n: int) -> np.ndarray:
+    """Planted value norms: the first key (a [CLS] / first-token sink) moves a tenth of what the others move."""
+    return np.r_[0.1, np.ones(n - 1)]
+
+
+@pytest.fixture(scope="module")
+def normed(small_planted_run):
+    """A planted run whose store holds value norms (planted as another tool would write them), and those norms."""
+    from helpers import plant_value_norms
+
+    root = small_planted_run("inline_views_norms")
+    norms = plant_value_norms(root, small_first_key)
+    return attnclust.open_output(root), norms
+
+
+@pytest.mark.parametrize("f,layer,head", [(5, 0, 1), (2, 1, 0)])
+def test_a_map_view_with_value_norms_carries_the_norm_weighted_map_and_shows_what_it_is_asked(normed, f, layer, head):
+    """Beside the weights, each row's shares of the norm it moves (a loop over the cells from the planted norms);
+    the page embeds both for its toggle and starts on the asked weighting; ``figure()`` draws that one."""
+    out, norms = normed
+    view = out.map_view(f, layer, head)
+    n = len(view.tokens)
+    weights = store_map(out, f, layer, head).astype(np.float64)
+    want = np.zeros((n, n))
+    for i in range(n):
+        total = sum(weights[i, j] * norms[f, j] for j in range(n))
+        for j in range(n):
+            want[i, j] = weights[i, j] * norms[f, j] / total
+    np.testing.assert_array_equal(view.weights, weights.astype(np.float32))
+    np.testing.assert_allclose(view.moved, want, atol=1e-6)
+    if head == 1 and layer == 0:  # the planted [CLS] head: most of its weight, a tenth as much of its moved norm
+        assert weights[:, 0].mean() > 0.5 and want[:, 0].mean() < 0.5 * weights[:, 0].mean()
+    (q,) = page_data(view._repr_html_())["explorer"]["questions"]
+    assert q["weighting"] == "weights"
+    np.testing.assert_array_equal(unpack(q["moved"], (n, n)), quantize_uint8(view.moved))
+    shown = out.map_view(f, layer, head, weighting="norm")
+    assert page_data(shown._repr_html_())["explorer"]["questions"][0]["weighting"] == "norm"
+    assert "norm-weighted" in shown.caption and "norm-weighted" not in view.caption
+    image = shown.figure().axes[0].images[0].get_array()
+    np.testing.assert_allclose(np.asarray(image), view.moved[:image.shape[0], :image.shape[1]], atol=1e-6)
+
+
+def test_without_value_norms_a_map_view_has_no_toggle_and_norm_is_refused_in_one_line(out):
+    view = out.map_view(2, 0, 0)
+    assert view.moved is None and "moved" not in page_data(view._repr_html_())["explorer"]["questions"][0]
+    with pytest.raises(attnclust.AttnclustError, match="holds no value norms") as info:
+        out.map_view(2, 0, 0, weighting="norm")
+    assert "\n" not in str(info.value)
+    with pytest.raises(attnclust.AttnclustError, match="^weighting 'value': expected one of 'weights', 'norm'$"):
+        out.map_view(2, 0, 0, weighting="value")
+
+
 def test_map_view_shows_the_planted_pattern_the_right_way_round(out):
     """Rows are queries and columns keys: a planted previous-token head puts its mass just below the diagonal."""
     f = int(out.features.loc[out.features["seq_len"].idxmax(), "feature_id"])
