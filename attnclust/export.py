@@ -334,6 +334,34 @@ def confidence_figure(layout: RunLayout) -> Figure:
     return _heatmap(layout, "confidence", "confidence", PERCENT_UNIT, "re-run 'attnclust report' for this run")
 
 
+@export_figure("moved", "per head, the share of weight on [CLS]/first token, [SEP] and punctuation against the "
+                        "share of the norm it moves there (Kobayashi et al. 2020)")
+def moved_export(layout: RunLayout) -> Figure:
+    """The report's "What heads move" scatter: each head's share of attention weight on a target against its share
+    of the moved norm there (:mod:`attnclust.analysis.moved`).
+
+    Parameters
+    ----------
+    layout : RunLayout
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    from .analysis.moved import MOVED_COLUMNS
+    from .models.kinds import kind_of
+    from .report.figures import moved_norm_figure
+    from .report.sections.moved import moved_targets
+    from .store.contract import read_features
+
+    heads = _heads(layout, "moved")
+    if not set(MOVED_COLUMNS) <= set(heads.columns):
+        raise DataError(f"figure moved: heads.parquet of {layout.root} has no moved-norm columns (its model's family "
+                        f"has no known value projection, or it was extracted before attnclust measured them); re-run "
+                        f"'attnclust run --force' for it, or export another figure")
+    return moved_norm_figure(heads, moved_targets(kind_of(read_features(layout.root)).is_decoder))
+
+
 @export_figure("entropy", "layer x head heatmap of mean attention entropy (nats)")
 def entropy_figure(layout: RunLayout) -> Figure:
     """Mean attention entropy as a layer x head heatmap.

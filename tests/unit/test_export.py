@@ -104,3 +104,28 @@ def test_nothing_is_written_into_a_folder_a_symlinked_exports_points_to(small_pl
                        f"does not write through links inside a run directory: remove it"]
     assert list(elsewhere.iterdir()) == []
     assert "exports/grid.png" not in layout.written()
+
+
+def test_the_moved_figure_plots_each_heads_weight_share_against_its_moved_share(small_planted_run, tmp_path):
+    """On a run whose heads table has the moved-norm columns (planted here), the figure's points are each head's
+    (weight share, moved share) per target; the file is written like every figure."""
+    import numpy as np
+    import pandas as pd
+
+    from attnclust.analysis.moved import MOVED_COLUMNS
+
+    run = small_planted_run("export-moved")
+    path = RunLayout(run).table("heads")
+    heads = pd.read_parquet(path)
+    rng = np.random.default_rng(3)
+    for column in MOVED_COLUMNS:
+        heads[column] = rng.uniform(0, 1, len(heads)).astype(np.float32)
+    heads.to_parquet(path, index=False)
+    fig = build_figure(run, "moved")
+    points = [c.get_offsets() for c in fig.axes[0].collections]
+    assert len(points) == 3  # [CLS], [SEP], punctuation: an encoder's targets
+    for offsets, stat in zip(points, ("to_cls", "to_sep", "to_punct")):
+        np.testing.assert_allclose(offsets, heads[[stat, f"moved_{stat}"]].to_numpy(), rtol=1e-6)
+    out = tmp_path / "moved.svg"
+    assert main(["export", str(run), "--figure", "moved", "--out", str(out)]) == 0
+    assert MAGIC["svg"](out.read_bytes())
