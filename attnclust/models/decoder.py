@@ -32,23 +32,11 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelError
-from .sources import (
-    PACKAGED,
-    PACKAGED_CAUSAL,
-    ForwardOutput,
-    HeadOutputs,
-    LoadedModel,
-    _cache_only_reason,
-    _from_hub,
-    _load_failure,
-    gguf_identity,
-    gguf_location,
-    gguf_name,
-    model_identity,
-    quiet_transformers,
-    resolve_model_path,
-    source_kwargs,
-)
+from .sources.gguf import PACKAGED_CAUSAL, gguf_location, gguf_name, source_kwargs
+from .sources.hub import _cache_only_reason, _from_hub, _load_failure, quiet_transformers
+from .sources.identity import gguf_identity, model_identity
+from .sources.resolve import PACKAGED, resolve_model_path
+from .sources.results import ForwardOutput, HeadOutputs, LoadedModel
 
 if TYPE_CHECKING:
     import pandas as pd

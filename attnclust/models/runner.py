@@ -29,19 +29,11 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelError
-from .sources import (
-    PACKAGED,
-    ForwardOutput,
-    HeadOutputs,
-    LoadedModel,
-    _cache_only_reason,
-    _from_hub,
-    _load_failure,
-    model_identity,
-    quiet_transformers,
-    resolve_model_path,
-    source_kwargs,
-)
+from .sources.gguf import source_kwargs
+from .sources.hub import _cache_only_reason, _from_hub, _load_failure, quiet_transformers
+from .sources.identity import model_identity
+from .sources.resolve import PACKAGED, resolve_model_path
+from .sources.results import ForwardOutput, HeadOutputs, LoadedModel
 from .value_norms import measures_moved_norm
 
 if TYPE_CHECKING:

@@ -445,7 +445,7 @@ def test_weights_swapped_after_the_explorer_started_are_not_used(tmp_path, tiny_
     import os
 
     from attnclust.explore import ExploreApp
-    from attnclust.models import sources
+    from attnclust.models.sources import identity
 
     monkeypatch.setenv("ATTNCLUST_CACHE", str(tmp_path / "cache"))
     root, model = _compact_run(tmp_path, tiny_model)
@@ -460,7 +460,7 @@ def test_weights_swapped_after_the_explorer_started_are_not_used(tmp_path, tiny_
     assert other.stat().st_size == st.st_size
     weights.write_bytes(other.read_bytes())
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
-    monkeypatch.setattr(sources, "_FILE_DIGESTS", {})  # not needed (the change time differs), but a new process
+    monkeypatch.setattr(identity, "_FILE_DIGESTS", {})  # not needed (the change time differs), but a new process
     got = app.map_json(f, 1, 2)
     assert got["source"] == "compact" and got["exact_on_demand"] is False
     assert "changed since the run was extracted" in got["exact_on_demand_reason"]

@@ -15,14 +15,13 @@ from safetensors.torch import load_file, save_file
 
 from attnclust.cli import main
 from attnclust.config import ModelConfig
-from attnclust.models import sources
-from attnclust.models.sources import file_digest, file_version, model_identity
+from attnclust.models.sources import file_digest, file_version, identity, model_identity
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNCLUST_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(sources, "_FILE_DIGESTS", {})
+    monkeypatch.setattr(identity, "_FILE_DIGESTS", {})
     return tmp_path / "cache"
 
 
@@ -78,7 +77,7 @@ def test_a_digest_is_read_once_per_version_of_the_file(tmp_path, cache):
     assert len(records) == 1 and json.loads(records[0].read_text())["key"] == list(file_version(file))
     # a later process finds the digest on disk and does not read the file (a planted digest proves it)
     records[0].write_text(json.dumps({"key": list(file_version(file)), "sha256": "planted"}))
-    sources._FILE_DIGESTS.clear()
+    identity._FILE_DIGESTS.clear()
     assert file_digest(file) == "planted"
     # a new version (same size and modification time, new change time) is read again
     st = file.stat()
@@ -88,7 +87,7 @@ def test_a_digest_is_read_once_per_version_of_the_file(tmp_path, cache):
 
 
 def test_an_unwritable_digest_cache_is_skipped(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "_FILE_DIGESTS", {})
+    monkeypatch.setattr(identity, "_FILE_DIGESTS", {})
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("x")
     monkeypatch.setenv("ATTNCLUST_CACHE", str(blocked))

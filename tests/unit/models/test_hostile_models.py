@@ -236,7 +236,7 @@ def test_a_gguf_that_does_not_load_is_not_called_a_bert_checkpoint(tmp_path, sma
 def test_a_tokenizer_that_needs_an_uninstalled_package_names_the_pip_command(monkeypatch):
     import importlib.util
 
-    from attnclust.models.sources import _load_failure
+    from attnclust.models.sources.hub import _load_failure
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else

@@ -15,7 +15,7 @@ from attnclust.config import ModelConfig
 from attnclust.errors import ModelError
 from attnclust.models import describe_model, get_tokenizer
 from attnclust.models import runner as models
-from attnclust.models import sources as modeling
+from attnclust.models.sources import hub as modeling
 
 MISSING = "someorg/some-model"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -18,7 +18,7 @@ import pytest
 from attnclust.config import ModelConfig
 from attnclust.errors import ModelError
 from attnclust.models import runner as models
-from attnclust.models import sources as modeling
+from attnclust.models.sources import resolve as modeling
 
 REFUSAL = r"has 'auto_map': the model needs its own Python code \(evil\.py\), which attnclust never runs"
 
