@@ -76,7 +76,7 @@ class AnswerSequence:
 def null_answer_ids(tokenizer: Any, prompt_end: str) -> list[int]:
     """The no-answer word's tokens as the model would write it after a prompt that ends in ``prompt_end``: without
     a leading space after whitespace (a chat template's ``assistant\\n``), with one otherwise (``Answer:``)."""
-    from ..qa.prompting import NO_ANSWER
+    from ..qa.templates import NO_ANSWER
 
     word = NO_ANSWER if not prompt_end or prompt_end[-1].isspace() else f" {NO_ANSWER}"
     return list(tokenizer(word, add_special_tokens=False)["input_ids"])

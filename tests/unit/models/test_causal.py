@@ -293,7 +293,8 @@ def test_context_decoding_continues_runs_of_the_given_spans():
 def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
     from attnclust.data import read_squad, sample_path
     from attnclust.models import get_model, get_tokenizer
-    from attnclust.qa.prompting import NO_ANSWER, prompt_features
+    from attnclust.qa.prompting import prompt_features
+    from attnclust.qa.templates import NO_ANSWER
 
     cfg = ModelConfig(name=str(tiny_llama))
     tok = get_tokenizer(cfg)

@@ -163,9 +163,9 @@ LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% 
 ])
 def test_a_broken_decoder_folder_is_one_line_and_writes_nothing(tmp_path, tiny_llama_dir, small_squad, capsys,
                                                                monkeypatch, name, text, config, expected):
-    from attnclust.qa import prompting
+    from attnclust.qa import templates
 
-    monkeypatch.setattr(prompting, "TEMPLATE_SECONDS", 1.0)
+    monkeypatch.setattr(templates, "TEMPLATE_SECONDS", 1.0)
     model = broken_copy(tiny_llama_dir, tmp_path, name, text, **config)
     out = tmp_path / "out"
     assert extract(small_squad, out, model, "--set", "data.max_examples=2") == 2
