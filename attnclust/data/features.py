@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
-from .squad import Example, _show
+from .json_layouts import _show
+from .squad import Example
 
 __all__ = ["FEATURE_COLUMNS", "FEATURE_LAYOUT_VERSION", "WORD_MARKERS", "check_pair_layout", "control_strings",
            "examples_with_control_strings", "feature_frame", "special_ids", "tokenize_examples"]

@@ -29,8 +29,9 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from ..safeio import load_json, read_user_bytes
 from .features import FEATURE_COLUMNS, _check_int, _context_offsets, feature_frame, special_ids
+from .json_layouts import _kind, _show
 from .limits import InputBound
-from .squad import Example, _kind, _refuse_surrogates, _show
+from .squad import Example, _refuse_surrogates
 
 __all__ = ["JSONL_SUFFIXES", "TEXT_KEY", "TEXT_UNITS", "TEXT_WINDOWS_VERSION", "read_texts", "reads_text",
            "single_template", "text_windows", "window_texts"]

@@ -21,7 +21,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..data.squad import _kind, _open_text, _show, _where, read_gold
+from ..data.json_layouts import _kind, _open_text, _show, _where
+from ..data.squad import read_gold
 from ..errors import ConfigError, DataError
 from ..safeio import load_json
 
