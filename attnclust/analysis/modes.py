@@ -15,11 +15,11 @@ classifier on a question's mode predicts whether the model answered it right. He
    recall of right and of wrong questions. A mode's majority class is most often the run's majority class (SmolLM2
    answers 45% of the sample right), so plain accuracy against the majority baseline rarely moved; balanced
    accuracy is 0.5 for every prediction that ignores the question, so ``mode_baseline`` is 0.5.
-   Folds are :func:`attnclust.analysis.probes.probe_fold_ids` over questions (stratified, ``min(5, rarest
+   Folds are :func:`attnclust.analysis.probe_fits.probe_fold_ids` over questions (stratified, ``min(5, rarest
    class)``).
 4. **Test**: ``mode_p = (1 + #{permuted >= observed}) / (1 + permutations)`` over :data:`MODE_PERMUTATIONS`
    label sets shuffled among the questions of each fold
-   (:func:`attnclust.analysis.probes.permuted_labels`: each fold keeps its class counts, and the modes do not
+   (:func:`attnclust.analysis.probe_fits.permuted_labels`: each fold keeps its class counts, and the modes do not
    depend on the labels, so the null is exact); ``mode_q`` is Benjamini-Hochberg over the tested heads
    (:func:`attnclust.analysis.roles.bh_qvalues`).
 
@@ -321,7 +321,7 @@ def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MO
     ValueError
         A class has fewer than two questions (no folds).
     """
-    from .probes import permuted_labels, probe_fold_ids
+    from .probe_fits import permuted_labels, probe_fold_ids
     from .roles import bh_qvalues
 
     codes = np.asarray(right, bool).astype(np.int64)

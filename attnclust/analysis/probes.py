@@ -13,13 +13,15 @@ on that head's pooled output and reports its cross-validated accuracy over featu
 together and balance the classes over examples (scikit-learn's ``StratifiedKFold`` on one label per example: then
 shuffling labels among the examples of a fold is an exact null): 5 folds, or as many as the rarest class has examples.
 The baseline predicts the training folds' majority class. The p-value compares the accuracy with ``probe.permutations``
-refits per head on labels shuffled among whole examples within each fold (:func:`permuted_labels`), pooled over the
-heads of the task by default (:func:`permutation_p_values`); q-values are Benjamini-Hochberg over the heads of a task
+refits per head on labels shuffled among whole examples within each fold
+(:func:`~attnclust.analysis.probe_fits.permuted_labels`), pooled over the heads of the task by default
+(:func:`~attnclust.analysis.probe_fits.permutation_p_values`); q-values are Benjamini-Hochberg over the heads of a task
 (:func:`attnclust.analysis.roles.bh_qvalues`).
 
-The fits are Newton steps (IRLS) batched over the permutations and classes of a head (:func:`fit_logistic`): the
-same optimum as ``sklearn.linear_model.LogisticRegression(C=1)`` (the tests compare them), at a cost that allows
-thousands of refits. As Jo & Myaeng, the top-k heads' outputs concatenated are compared with the last layer's
+The fits are Newton steps (IRLS) batched over the permutations and classes of a head
+(:func:`~attnclust.analysis.probe_fits.fit_logistic`): the same optimum as
+``sklearn.linear_model.LogisticRegression(C=1)`` (the tests compare them), at a cost that allows thousands of
+refits. As Jo & Myaeng, the top-k heads' outputs concatenated are compared with the last layer's
 [CLS] hidden state by the same folds; the k heads are chosen inside each training fold, by their accuracy on the
 training folds, so the held-out fold never takes part in the choice.
 
@@ -28,8 +30,7 @@ module: its settings (:class:`ProbeConfig`, the job's ``probe`` section), its ou
 ``probes_summary.json``), its fingerprint (its settings while on) and its report section (``probes``:
 :mod:`attnclust.report.sections.probes`).
 
-Kept whole (about 650 lines): the folds, the permutation null and the batched fits are the one protocol described
-above, and the plugin at the end declares that protocol's settings and outputs.
+The fits, the folds and the permutation null are in :mod:`attnclust.analysis.probe_fits`.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ from .._settings import _choice, _cross, _int, _Model, _setting
 from ..errors import DataError
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
 from .plugins import AnalysisContext, register_analysis
+from .probe_fits import MAX_FOLDS, _fit_predict, permutation_p_values, permuted_labels, probe_fold_ids
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "PROBE_ENCODER_LAST_PROMPT", "PROBE_SKIPPED",
-           "QWORDS", "ProbeConfig", "consolidate_head_outputs", "fit_logistic", "pooled_array", "predict_logistic",
-           "probe_fold_ids", "probe_heads", "probe_labels", "probe_table", "question_word", "read_head_outputs",
-           "run_probes", "save_head_output_part"]
+           "QWORDS", "ProbeConfig", "consolidate_head_outputs", "pooled_array", "probe_heads", "probe_labels",
+           "probe_table", "question_word", "read_head_outputs", "run_probes", "save_head_output_part"]
 
 PROBE_COLUMNS = ("task", "layer", "head", "accuracy", "baseline", "p", "q", "n", "examples", "folds", "classes",
                  "pooling")
@@ -59,7 +60,6 @@ QWORDS = ("what", "who", "when", "where", "why", "how", "which")
 """Question words of the ``qword`` task (anything else is ``other``)."""
 MIN_CLASS_EXAMPLES = 5
 """``qword`` classes with fewer examples than this are merged into ``other``."""
-MAX_FOLDS = 5
 _QWORD = re.compile(r"\b(" + "|".join(QWORDS) + r")\b", re.IGNORECASE)
 
 
@@ -131,203 +131,6 @@ def probe_labels(examples: pd.DataFrame, *, tasks: Sequence[str], labels: Sequen
 
 
 # --- the probe -------------------------------------------------------------------------------------------------
-
-def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float = 1e-9):
-    """L2-regularised binary logistic regressions on one design, fitted together by Newton steps (IRLS).
-
-    Minimises ``sum_i log(1 + exp(-s_i (x_i . w + b))) + |w|^2 / (2 c)`` (the intercept is not penalised), the
-    objective of ``sklearn.linear_model.LogisticRegression(C=c)``, for every row of ``targets``.
-
-    Parameters
-    ----------
-    x : torch.Tensor, shape (sample, dim)
-        float64 design (standardised), shared by every problem.
-    targets : torch.Tensor, shape (problem, sample)
-        0/1 targets, one problem per row.
-    c
-        Inverse regularisation strength.
-    iterations, tol
-        At most this many Newton steps; stop when no coefficient moves more than ``tol``.
-
-    Returns
-    -------
-    torch.Tensor, shape (problem, dim + 1)
-        Coefficients, the intercept last.
-    """
-    import torch
-
-    xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # (sample, dim + 1)
-    d = xb.shape[1]
-    theta = torch.zeros(targets.shape[0], d, dtype=x.dtype)
-    reg = torch.full((d,), 1.0 / c, dtype=x.dtype)
-    reg[-1] = 1e-10  # the intercept is not penalised (a tiny ridge keeps the step defined)
-    # With more problems than dimensions, each sample's outer product is formed once and every problem's Hessian
-    # X^T W X is one matrix product with the weights (problem, sample): 4.5x faster than a weighted copy of the
-    # design per problem for 147 problems of 1,600 samples x 33 (28 vs 126 ms, the same coefficients to 2e-16).
-    # The default probes of a 2,077-feature run (740 fits, MiniLM): 30 s in all, 112 s before.
-    # With few problems of many dimensions (the top-k heads, the [CLS] state) the outer products would be larger
-    # than the copies (1,600 x 385^2 doubles, 1.9 GB): there, the copies.
-    # The Hessian is symmetric: the products of its upper triangle only, mirrored (half the work again).
-    upper = torch.triu_indices(d, d) if d <= targets.shape[0] else None
-    outer = None if upper is None else xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
-    for _ in range(iterations):
-        p = torch.sigmoid(theta @ xb.T)  # (problem, sample)
-        grad = (p - targets) @ xb + theta * reg
-        weight = p * (1 - p)
-        if outer is not None:
-            half = weight @ outer
-            hess = torch.zeros(len(weight), d, d, dtype=x.dtype)
-            hess[:, upper[0], upper[1]] = half
-            hess[:, upper[1], upper[0]] = half
-        else:
-            hess = (weight.unsqueeze(1) * xb.T.unsqueeze(0)) @ xb
-        hess = hess + torch.diag(reg)  # (problem, dim + 1, dim + 1)
-        step = torch.linalg.solve(hess, grad.unsqueeze(-1)).squeeze(-1)
-        theta = theta - step
-        if float(step.abs().max()) < tol:
-            break
-    return theta
-
-
-def predict_logistic(x, theta, n_classes: int):
-    """Class predictions of :func:`fit_logistic`'s coefficients.
-
-    Parameters
-    ----------
-    x : torch.Tensor, shape (sample, dim)
-    theta : torch.Tensor, shape (label set, problem, dim + 1)
-        One problem for two classes (class 1 against 0); one per class (one-vs-rest) for more.
-    n_classes
-
-    Returns
-    -------
-    torch.Tensor of int64, shape (label set, sample)
-    """
-    import torch
-
-    xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
-    scores = theta @ xb.T  # (label set, problem, sample)
-    if n_classes == 2:
-        return (scores[:, 0] > 0).long()
-    return scores.argmax(dim=1)
-
-
-def _one_vs_rest(codes, n_classes: int):
-    """(label set, sample) class codes -> (label set, problem, sample) 0/1 targets."""
-    import torch
-
-    if n_classes == 2:
-        return codes.unsqueeze(1).double()
-    return (codes.unsqueeze(1) == torch.arange(n_classes).view(1, -1, 1)).double()
-
-
-def _fit_predict(x_train, codes_train, x_test, n_classes: int):
-    """Fit every label set of ``codes_train`` on ``x_train`` (standardised here); predict train and test."""
-    import torch
-
-    mean, std = x_train.mean(dim=0), x_train.std(dim=0, unbiased=False)
-    std = torch.where(std > 0, std, torch.ones_like(std))
-    xtr, xte = (x_train - mean) / std, (x_test - mean) / std
-    targets = _one_vs_rest(codes_train, n_classes)
-    sets, problems, n = targets.shape
-    theta = fit_logistic(xtr, targets.reshape(sets * problems, n)).reshape(sets, problems, -1)
-    return predict_logistic(xtr, theta, n_classes), predict_logistic(xte, theta, n_classes)
-
-
-def probe_fold_ids(codes: np.ndarray, groups: np.ndarray, *, seed: int = 0) -> tuple[np.ndarray, int]:
-    """Cross-validation folds that keep each example's features together, stratified over examples.
-
-    Parameters
-    ----------
-    codes : numpy.ndarray of int, shape (feature,)
-        Class codes (one per feature; all features of an example share it).
-    groups : numpy.ndarray of int, shape (feature,)
-        Example of each feature.
-    seed
-        Shuffling seed of ``StratifiedKFold``.
-
-    Returns
-    -------
-    fold : numpy.ndarray of int, shape (feature,)
-        The test fold of each feature.
-    n_folds : int
-        ``min(5, examples of the rarest class)``; below 2 there are no folds (``fold`` is all -1).
-    """
-    from sklearn.model_selection import StratifiedKFold
-
-    _, ex = np.unique(groups, return_inverse=True)
-    per_example = np.asarray(codes)[np.unique(ex, return_index=True)[1]]
-    counts = np.bincount(per_example)
-    n_folds = int(min(MAX_FOLDS, counts[counts > 0].min())) if (counts > 0).sum() > 1 else 0
-    fold = np.full(len(codes), -1, dtype=np.int64)
-    if n_folds < 2:
-        return fold, n_folds
-    ex_fold = np.empty(len(per_example), dtype=np.int64)
-    splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-    for f, (_, test) in enumerate(splitter.split(np.zeros(len(per_example)), per_example)):
-        ex_fold[test] = f
-    return ex_fold[ex], n_folds
-
-
-def permuted_labels(codes: np.ndarray, groups: np.ndarray, fold: np.ndarray, permutations: int, *,
-                    seed: int = 0) -> np.ndarray:
-    """Label sets for the permutation null: whole examples' labels shuffled among the examples of the same fold.
-
-    Shuffling within folds keeps each fold's class counts, so a permuted fit sees the same stratified folds as the
-    real one. Shuffling across folds would unbalance them, which pushes a chance-level probe *below* the
-    majority baseline and makes the null too easy to beat.
-
-    Parameters
-    ----------
-    codes, groups, fold : numpy.ndarray of int, shape (feature,)
-        Class, example and fold of each feature (an example's features share all three).
-    permutations
-        Label sets to draw.
-    seed
-        Seed of the shuffles.
-
-    Returns
-    -------
-    numpy.ndarray of int, shape (permutation, feature)
-    """
-    rng = np.random.default_rng(seed)
-    _, ex = np.unique(groups, return_inverse=True)
-    first = np.unique(ex, return_index=True)[1]
-    ex_codes, ex_fold = codes[first], fold[first]
-    members = [np.flatnonzero(ex_fold == f) for f in np.unique(ex_fold)]
-    out = np.empty((permutations, len(codes)), dtype=np.asarray(codes).dtype)
-    for i in range(permutations):
-        shuffled = ex_codes.copy()
-        for m in members:
-            shuffled[m] = ex_codes[rng.permutation(m)]
-        out[i] = shuffled[ex]
-    return out
-
-
-def permutation_p_values(observed: np.ndarray, permuted: np.ndarray, *, null: str = "pooled") -> np.ndarray:
-    """One-sided permutation p-values of each head's score.
-
-    Parameters
-    ----------
-    observed : numpy.ndarray, shape (head,)
-        Each head's score on the true labels.
-    permuted : numpy.ndarray, shape (head, permutation)
-        Its scores on permuted labels.
-    null
-        ``per_head``: ``(1 + #{own permuted >= observed}) / (1 + permutations)``; ``pooled``: the same count over
-        every head's permuted scores, ``/ (1 + heads x permutations)``.
-
-    Returns
-    -------
-    numpy.ndarray, shape (head,)
-    """
-    if null == "per_head":
-        return (1 + (permuted >= observed[:, None]).sum(axis=1)) / (1 + permuted.shape[1])
-    if null != "pooled":
-        raise ValueError(f"null={null!r}: expected 'pooled' or 'per_head'")
-    pool = np.sort(permuted.ravel())
-    return (1 + pool.size - np.searchsorted(pool, observed, side="left")) / (1 + pool.size)
-
 
 def probe_heads(heads: np.ndarray, codes: np.ndarray, groups: np.ndarray, *, permutations: int, top_k: int,
                 last: np.ndarray | None = None, seed: int = 0, null: str = "pooled",

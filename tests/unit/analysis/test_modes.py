@@ -20,7 +20,7 @@ from attnclust.analysis.modes import (
     modes_skip_reason,
     question_vectors,
 )
-from attnclust.analysis.probes import permuted_labels, probe_fold_ids
+from attnclust.analysis.probe_fits import permuted_labels, probe_fold_ids
 from attnclust.layout import RunLayout
 
 

@@ -4,10 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnclust.analysis.probe_fits import fit_logistic, permuted_labels, probe_fold_ids
 from attnclust.analysis.probes import (
-    fit_logistic,
-    permuted_labels,
-    probe_fold_ids,
     probe_heads,
     probe_labels,
     probe_table,
