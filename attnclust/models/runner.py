@@ -210,8 +210,9 @@ def describe_model(cfg: ModelConfig) -> dict:
     dict
         ``source`` (what ``from_pretrained`` loads), ``identity`` (:func:`model_identity`), ``num_layers``,
         ``num_heads``, ``head_trained`` (:attr:`LoadedModel.head_trained`), ``kind`` (``encoder`` or ``causal``) and
-        ``value_norms`` (whether its value vectors' norms are measured: :func:`attnclust.models.value_norms.
-        measures_moved_norm`); for a model with grouped key/value heads (Llama, Qwen: fewer than its query heads) also ``kv_heads``.
+        ``value_norms`` (whether its value vectors' norms are measured:
+        :func:`attnclust.models.value_norms.measures_moved_norm`); for a model with grouped key/value heads (Llama,
+        Qwen: fewer than its query heads) also ``kv_heads``.
 
     Raises
     ------

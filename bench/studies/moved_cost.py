@@ -55,7 +55,8 @@ def bench_moved(questions: int = 40, reps: int = 3, store: str = "full") -> dict
     sizes: dict[bool, int] = {}
     base = Path(tempfile.mkdtemp(prefix="moved-cost-"))
     try:
-        _extract(base / "warm", questions, moved=True, store=store)  # model load and first-call costs out of the timed arms
+        # model load and first-call costs out of the timed arms
+        _extract(base / "warm", questions, moved=True, store=store)
         for rep in range(reps):
             for moved in (True, False):
                 out = base / f"{rep}-{moved}"

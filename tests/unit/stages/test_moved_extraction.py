@@ -42,9 +42,9 @@ def expected(loaded, rows: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndar
 @pytest.mark.parametrize("arch", ["bert", "roberta", "gpt2", "llama"])
 def test_stored_moved_statistics_and_norms_are_a_plain_forwards(tmp_path, tiny_bert_dir, family_model, small_squad,
                                                                  arch):
-    from helpers import save_tiny_causal
-
     from attnclust.store import open_attention_store
+
+    from helpers import save_tiny_causal
 
     model = {"bert": lambda: tiny_bert_dir, "roberta": lambda: family_model("roberta"),
              "gpt2": lambda: save_tiny_causal(tmp_path / "gpt2", arch="gpt2"),
