@@ -391,7 +391,7 @@ def _head_map_keys(cfg) -> tuple[str, ...]:
 
 
 @register_analysis("head_distances", settings=HeadMapConfig, keys=_head_map_keys, outputs=lambda layout:
-                   (layout.head_layout,), version=None, identity=lambda cfg: {"head_layout": VERSION},
+                   (layout.head_layout,), version=1, identity=lambda cfg: {"head_layout": VERSION},
                    validate=_check_layout, section="head_map")
 def run_head_distances(ctx: AnalysisContext) -> pd.DataFrame:
     """``head_layout.parquet`` (:func:`compute_head_layout` seeded with ``cluster.random_state``, which the report

@@ -289,7 +289,7 @@ def _check_tables(tables: dict) -> None:
                         f"required: {', '.join(required)}")
 
 
-@register_analysis("importance", settings=ImportanceConfig, keys=lambda cfg: (), version=None,
+@register_analysis("importance", settings=ImportanceConfig, keys=lambda cfg: (), version=1,
                    heads=lambda tables: tables["importance"], validate=_check_tables, section="importance")
 def importance_tables(ctx: AnalysisContext) -> dict | None:
     """``{"importance": importance.parquet, "pruning": pruning.parquet, "groups": importance_groups.parquet}``

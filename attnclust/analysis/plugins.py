@@ -123,10 +123,10 @@ class AnalysisPlugin:
     identity : callable or None
         ``identity(cfg) -> dict``: what else its outputs depend on (the gold parses' hash), merged into the
         report stage's fingerprint.
-    version : int or None
-        Bumped when what it computes changes: recorded in the report stage's fingerprint under
-        ``analyses``. ``None``: not recorded (the built-ins record what they depend on in ``identity``, which keeps
-        the fingerprints of finished runs).
+    version : int
+        Bumped when what it computes changes: recorded in the report stage's fingerprint under ``analyses``
+        (every analysis declares one, a positive integer; the conformance suite, ``tests/conformance``, checks that
+        changing it changes the fingerprint).
     heads : callable or None
         ``heads(result) -> DataFrame or None`` with ``layer``, ``head`` and columns joined to ``heads.parquet``.
     record : callable or None
@@ -150,7 +150,7 @@ class AnalysisPlugin:
     enabled: Callable[[Any], bool] | None = None
     keys: Callable[[Any], tuple[str, ...]] | None = None
     identity: Callable[[Any], dict] | None = None
-    version: int | None = 1
+    version: int = 1
     heads: Callable[[Any], pd.DataFrame | None] | None = None
     record: Callable[[Any], dict] | None = None
     section: str | None = None
@@ -195,6 +195,10 @@ def register_analysis(name: str, **declared: Any) -> Callable:
 
     if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"analysis name {name!r}: allowed: a lower-case name (letters, digits, '_')")
+    version = declared.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"register_analysis({name!r}): version={version!r}; declare a positive integer, bumped "
+                         f"when what it computes changes (part of the report stage's fingerprint)")
     unknown = set(declared) - set(AnalysisPlugin.__dataclass_fields__) - {"name", "run"}
     if unknown:
         raise TypeError(f"register_analysis({name!r}): unknown declaration(s) {', '.join(sorted(unknown))}; allowed: "
@@ -240,7 +244,7 @@ def report_identity(cfg) -> dict:
     for plugin in ANALYSES.values():
         if plugin.identity is not None:
             out.update(plugin.identity(cfg))
-    versions = {p.name: p.version for p in ANALYSES.values() if p.version is not None}
+    versions = {p.name: p.version for p in ANALYSES.values()}
     if versions:
         out["analyses"] = versions
     return out

@@ -387,7 +387,7 @@ def _probe_record(table: pd.DataFrame) -> dict:
             for task, info in table.attrs["summary"]["tasks"].items()}
 
 
-@register_analysis("probe", settings=ProbeConfig, version=None, section="probes", record=_probe_record,
+@register_analysis("probe", settings=ProbeConfig, version=1, section="probes", record=_probe_record,
                    outputs=lambda layout: (layout.probes, layout.probes_summary))
 def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     """The ``probe`` analysis (``probes.parquet``, ``probes_summary.json``), or ``None`` with one line saying why.

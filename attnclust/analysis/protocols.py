@@ -443,7 +443,7 @@ def _check_summary(result: Any) -> None:
                         "with sink and detectors")
 
 
-@register_analysis("decoder_protocols", section="decoder_protocols", validate=_check_summary, version=None)
+@register_analysis("decoder_protocols", section="decoder_protocols", validate=_check_summary, version=1)
 def protocol_summary(ctx: AnalysisContext) -> dict | None:
     """``decoder_protocols.json`` of a causal run, with its table under ``table`` (None for an encoder or a run
     without it): read by the report's "Decoder protocols" section. Its files are the extract stage's outputs (their

@@ -377,7 +377,7 @@ def _check_table(table: pd.DataFrame) -> None:
 
 
 @register_analysis(
-    "syntax", settings=SyntaxConfig, enabled=_syntax_on, identity=_parses_identity, version=None,
+    "syntax", settings=SyntaxConfig, enabled=_syntax_on, identity=_parses_identity, version=1,
     outputs=lambda layout: (layout.table("syntax"), layout.parses), check=_check_parses, validate=_check_table,
     heads=syntax_head_columns, section="syntax",
     record=lambda table: {key: table.attrs[key] for key in ("sentences", "unmatched", "features", "arcs")})

@@ -110,7 +110,7 @@ def test_it_reaches_the_outputs_the_fingerprint_and_the_report(toy, planted, cap
     assert heads.loc[(1, 0), "toy_score"] == 3.0  # its per-head column joined to heads.parquet
     record = json.loads(layout.stage_record("report").read_text())
     assert record["toy"] == {"heads": 4} and "toy.parquet" in record["outputs"]
-    assert record["parts"]["keys"]["toy.factor"] == 3 and record["parts"]["identity"]["analyses"] == {"toy": 1}
+    assert record["parts"]["keys"]["toy.factor"] == 3 and record["parts"]["identity"]["analyses"]["toy"] == 1
     html = layout.report.read_text()
     assert '<section id="toy">' in html and "4 heads scored, the best L1H1 4" in html
     assert "toy: 4 heads -> toy.parquet" in capsys.readouterr().out

@@ -1,0 +1,219 @@
+"""The conformance suite: every registered extension meets its protocol, checked over each registry as
+scikit-learn's common checks run over every estimator. A new analysis, featurizer, statistic or report section is
+checked here without a line of its own:
+
+- analyses (:data:`attnclust.analysis.plugins.ANALYSES`, run at report time): a positive version that is part of the
+  report stage's fingerprint, settings that round-trip as a job section, outputs inside the run that no other
+  analysis declares, written when it ran and absent when it did not, a registered report section;
+- featurizers (:data:`attnclust.featurize.FEATURIZERS`): a version in the featurize stage's fingerprint, settings
+  keys of the job, vectors of the width it declares at any map length, the same vectors for the same maps;
+- per-map statistics (:data:`attnclust.analysis.stats.STATISTICS`, computed at extraction): a version in the
+  extraction's fingerprint, one finite value per (layer, head) on planted maps, shares within 0..1;
+- head analyses (:data:`attnclust.analysis.heads.HEAD_ANALYSES`, per head): a version in the report stage's
+  fingerprint, columns no other head analysis declares;
+- report sections (:data:`attnclust.report.registry.REPORT_SECTIONS`): a template that loads and a section that
+  renders (or is left out) on planted report inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import attnclust  # noqa: F401 -- registers the built-ins
+from attnclust.analysis.heads import HEAD_ANALYSES
+from attnclust.analysis.plugins import ANALYSES, AnalysisContext
+from attnclust.analysis.stats import STATISTICS, map_statistics, statistics_versions, token_masks
+from attnclust.config import JobConfig, load_job
+from attnclust.featurize import FEATURIZERS, TokenContext, embed_with_context
+from attnclust.layout import RunLayout
+from attnclust.report.registry import REPORT_SECTIONS
+from attnclust.report.render import render_sections
+from attnclust.stages.featurize import FeaturizeStage
+from attnclust.stages.report import ReportStage
+from attnclust.store import read_features
+
+WITH_SETTINGS = [name for name, plugin in ANALYSES.items() if plugin.settings is not None]
+
+
+def report_identity(cfg) -> dict:
+    return ReportStage().identity(SimpleNamespace(cfg=cfg))
+
+
+# -- analyses ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+def test_analysis_version_is_part_of_the_report_fingerprint(name, monkeypatch):
+    plugin = ANALYSES[name]
+    assert isinstance(plugin.version, int) and not isinstance(plugin.version, bool) and plugin.version >= 1
+    cfg = load_job(None)
+    before = report_identity(cfg)
+    assert before["analyses"][name] == plugin.version
+    monkeypatch.setitem(ANALYSES, name, dataclasses.replace(plugin, version=plugin.version + 1))
+    assert report_identity(cfg) != before
+
+
+@pytest.mark.parametrize("name", WITH_SETTINGS)
+def test_analysis_settings_round_trip_as_a_job_section(name):
+    settings = ANALYSES[name].settings
+    section = settings.SECTION
+    default = settings()
+    dumped = default.model_dump(mode="json")  # as job.json holds it
+    assert settings.from_dict(dumped) == default
+    assert getattr(JobConfig.from_dict(None), section) == default
+    again = JobConfig.from_dict({section: dumped})
+    assert getattr(again, section) == default
+    assert {f"{section}.{key}" for key in settings.model_fields} <= set(JobConfig.keys())
+
+
+@pytest.mark.parametrize("name", [n for n, p in ANALYSES.items() if p.section is not None])
+def test_analysis_section_is_registered(name):
+    assert ANALYSES[name].section in REPORT_SECTIONS
+
+
+def test_analysis_outputs_lie_in_the_run_and_belong_to_one_analysis(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    owner: dict[Path, str] = {}
+    for name, plugin in ANALYSES.items():
+        for path in plugin.outputs(layout):
+            assert Path(path).resolve().is_relative_to(layout.root.resolve()), (name, path)
+            assert path not in owner, f"{path} is declared by {owner.get(path)} and {name}"
+            owner[path] = name
+
+
+def test_analyses_write_their_declared_outputs_when_they_run_and_none_when_they_do_not(small_planted_run):
+    """Each analysis run as the report stage runs it, on a planted run: one that returns a result has written
+    every file it declares; one that returns nothing has left none of them (at least one of each here)."""
+    root = small_planted_run("conformance")
+    layout = RunLayout(root)
+    cfg = load_job(None, ["cluster.umap=false", "cluster.k=2", "cluster.stability_resamples=2"])
+    ctx = AnalysisContext(layout=layout, cfg=cfg, features=read_features(root), note=lambda line: None)
+    ran = set()
+    for name, plugin in ANALYSES.items():
+        outputs = plugin.outputs(layout)
+        result = plugin.run(ctx) if plugin.is_on(cfg) else None
+        if result is not None:
+            ran.add(name)
+            assert all(Path(p).exists() for p in outputs), (name, [p for p in outputs if not Path(p).exists()])
+            if plugin.validate is not None:
+                plugin.validate(result)
+        else:
+            assert not any(Path(p).exists() for p in outputs), (name, [p for p in outputs if Path(p).exists()])
+    assert ran and ran != set(ANALYSES)
+
+
+# -- featurizers -------------------------------------------------------------------------------------------------
+
+def planted_maps(n: int, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    maps = rng.random((count, n, n)).astype(np.float32) ** 4
+    return maps / maps.sum(-1, keepdims=True)
+
+
+def featurizer_job(name: str):
+    more = ["featurize.weights=none", "featurize.image_size=32"] if name == "resnet" else []  # no download here
+    return load_job(None, [f"featurize.method={name}", *more])
+
+
+@pytest.mark.parametrize("name", list(FEATURIZERS))
+def test_featurizer_vectors_have_its_declared_width_at_any_length_and_repeat(name):
+    featurizer, cfg = FEATURIZERS[name], featurizer_job(name)
+    section = cfg.featurize
+    featurizer.check(section)
+    for n in (9, 33):
+        maps = planted_maps(n, 4, seed=n)
+        tokens = [["[CLS]", *[f"w{i}" for i in range(n - 3)], ".", "[SEP]"]] * 4
+        context = TokenContext.from_tokens(tokens, [[0] * n] * 4) if getattr(featurizer, "uses_context", False) \
+            else None
+        first = embed_with_context(featurizer, maps, section, context=context)
+        assert first.shape == (4, featurizer.dim(section)) and np.isfinite(first).all()
+        np.testing.assert_array_equal(embed_with_context(featurizer, maps.copy(), section, context=context), first)
+
+
+@pytest.mark.parametrize("name", list(FEATURIZERS))
+def test_featurizer_version_and_settings_are_in_the_featurize_fingerprint(name, monkeypatch, small_planted_run):
+    featurizer, cfg = FEATURIZERS[name], featurizer_job(name)
+    assert isinstance(featurizer.version, int) and featurizer.version >= 1
+    keys = FeaturizeStage().keys(cfg)
+    assert set(featurizer.keys) <= set(keys) <= set(JobConfig.keys())
+    ctx = SimpleNamespace(cfg=cfg, backend="cpu", fingerprints={"extract": "planted"}, inputs={},
+                          layout=RunLayout(small_planted_run("conformance")))
+    before = FeaturizeStage().identity(ctx)
+    assert before["featurizer"] == featurizer.version
+    monkeypatch.setattr(type(featurizer), "version", featurizer.version + 1, raising=False)
+    assert FeaturizeStage().identity(ctx) != before
+
+
+# -- per-map statistics ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_statistic_is_one_finite_value_per_head_on_planted_maps(causal):
+    import torch
+
+    n = 24
+    words = [f"w{i}" for i in range(10)]
+    tokens = ["[CLS]", *words, *words, ",", ".", "[SEP]"]  # a repeated run: the induction statistics are defined
+    sep, punct, segments = token_masks(tokens, [0] * n)
+    maps = planted_maps(n, 2 * 3, seed=1).reshape(2, 3, n, n)
+    if causal:
+        maps = np.tril(maps)
+        maps /= maps.sum(-1, keepdims=True)
+    stats = map_statistics(torch.from_numpy(maps), sep=sep, punct=punct, segment_ids=segments, causal=causal,
+                           tokens=tokens)
+    expected = [s.name for s in STATISTICS.values() if causal or s.causal != "only"]
+    assert set(expected) <= set(stats)
+    for name in expected:
+        value = np.asarray(stats[name])
+        assert value.shape == (2, 3) and np.isfinite(value).all(), name
+        if STATISTICS[name].unit == "share":
+            assert ((value >= -1e-6) & (value <= 1 + 1e-6)).all(), name
+
+
+@pytest.mark.parametrize("name", list(STATISTICS))
+def test_statistic_version_is_part_of_the_extraction_fingerprint(name, monkeypatch):
+    statistic = STATISTICS[name]
+    assert isinstance(statistic.version, int) and statistic.version >= 1 and statistic.description
+    causal = statistic.causal == "only"
+    before = statistics_versions(causal)
+    assert before[name] == statistic.version
+    monkeypatch.setitem(STATISTICS, name, dataclasses.replace(statistic, version=statistic.version + 1))
+    assert statistics_versions(causal) != before
+
+
+# -- head analyses -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(HEAD_ANALYSES))
+def test_head_analysis_version_is_part_of_the_report_fingerprint(name, monkeypatch):
+    analysis = HEAD_ANALYSES[name]
+    assert isinstance(analysis.version, int) and analysis.version >= 1 and analysis.columns
+    cfg = load_job(None)
+    before = report_identity(cfg)
+    assert before["head_analyses"][name] == analysis.version
+    monkeypatch.setitem(HEAD_ANALYSES, name, dataclasses.replace(analysis, version=analysis.version + 1))
+    assert report_identity(cfg) != before
+
+
+def test_no_two_head_analyses_declare_one_column():
+    owner: dict[str, str] = {}
+    for name, analysis in HEAD_ANALYSES.items():
+        for column in analysis.columns:
+            assert column not in owner, f"{column} is declared by {owner.get(column)} and {name}"
+            owner[column] = name
+
+
+# -- report sections ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(REPORT_SECTIONS))
+def test_report_section_loads_its_template_and_renders_or_steps_aside_on_planted_inputs(name):
+    from helpers import synthetic_report_inputs
+
+    section = REPORT_SECTIONS[name]
+    section.load_template()
+    rendered = render_sections(synthetic_report_inputs(), [section])
+    assert len(rendered) <= 1
+    if rendered:
+        assert rendered[0].name == name and rendered[0].html.strip()
