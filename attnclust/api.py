@@ -10,7 +10,7 @@ import pandas as pd
 from .config import JobConfig, load_job
 from .errors import StoreError
 from .layout import RunLayout
-from .store.contract import DIMS, decode_compact, open_attention_store, read_features, read_table
+from .store.contract import DIMS, open_attention_store, read_features, read_table
 
 __all__ = ["Output", "open_output", "run"]
 
@@ -89,11 +89,11 @@ class Output:
 
         arr = da.from_zarr(self._store.attention)
         if self._store.mode == "compact":  # square-root codes, whole rows in every chunk
-            spread, seq_len = self._store.spread, self._store.seq_len
+            code, seq_len = self._store.compact_code, self._store.seq_len
 
             def decode(block, block_info=None):  # each chunk: whole rows of some features
                 first = block_info[0]["array-location"][0][0] if block_info else 0
-                return decode_compact(block, spread=spread, lengths=seq_len[first:first + block.shape[0]])
+                return code.decode(block, lengths=seq_len[first:first + block.shape[0]])
 
             arr = arr.map_blocks(decode, dtype="float32")
         elif self._store.scale != 1.0:  # a uint8 store: weights = stored * scale

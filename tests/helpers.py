@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnclust.analysis.stats import stat_columns
 from attnclust.config import load_job
-from attnclust.featurize.profile import FAR_FRACTIONS, OFFSETS
+from attnclust.maps.profile import FAR_FRACTIONS, OFFSETS
+from attnclust.maps.stats import stat_columns
 from attnclust.pipeline import run_job
 from attnclust.report import ReportInputs
 from attnclust.stages import SerialExecutor

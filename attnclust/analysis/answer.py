@@ -27,10 +27,10 @@ import logging
 import numpy as np
 import pandas as pd
 
+from ..maps.tokens import token_masks
 from ..qa.evaluate import RIGHT_MIN_F1  # right/wrong: official F1 at least this
 from ..store.contract import open_attention_store
 from .heads import HeadContext, head_analysis
-from .stats import token_masks
 
 __all__ = ["ANSWER_COLUMNS", "MAX_FEATURES", "RIGHT_MIN_F1", "answer_attention", "answer_features",
            "answer_table", "feature_answer_attention", "question_stop"]

@@ -21,6 +21,8 @@ import pandas as pd
 
 from ..errors import DataError
 from ..layout import RunLayout
+from ..maps.stats import causal_uniform_scores, local_keys, map_statistics, stat_columns
+from ..maps.tokens import token_masks
 from ..store.contract import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
 from .moved import MOVED_COLUMNS
@@ -43,7 +45,6 @@ from .naming import (  # re-exported: the cluster table's names are part of the 
     segment_lift,
 )
 from .plugins import join_heads
-from .stats import causal_uniform_scores, local_keys, map_statistics, stat_columns, token_masks
 from .thumbnails import cluster_mean_maps, medoid_maps  # re-exported with the atlas' public names
 
 __all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN_LIFT",
@@ -216,7 +217,7 @@ def _statistics(maps: pd.DataFrame) -> list[str]:
 
 def causal_chances(features: pd.DataFrame) -> pd.DataFrame:
     """Per feature, what the causal uniform map scores on each share statistic
-    (:func:`attnclust.analysis.stats.causal_uniform_scores`): the baselines of a causal model's cluster names.
+    (:func:`attnclust.maps.stats.causal_uniform_scores`): the baselines of a causal model's cluster names.
 
     Parameters
     ----------

@@ -43,7 +43,7 @@ def moved_statistics(weights, norms, *, sep: np.ndarray, punct: np.ndarray) -> d
     norms : torch.Tensor, shape (head, key)
         ``||f_h(x_j)||`` of each key for each query head.
     sep, punct : numpy.ndarray of bool, shape (key,)
-        Separator and punctuation tokens (:func:`attnclust.analysis.stats.token_masks`).
+        Separator and punctuation tokens (:func:`attnclust.maps.tokens.token_masks`).
 
     Returns
     -------

@@ -11,7 +11,7 @@ A causal (decoder) model's clusters (``causal=True``) are named in its own words
 first-token sink, the previous token, the token itself, induction-like (the token after an earlier occurrence of
 the query token), a duplicate token, punctuation, local (the tokens just before), broad; never the next token or
 [SEP]. Where the cluster's means carry the baseline of a statistic (``<statistic>_chance``: what the causal uniform
-map scores on it over the cluster's maps, :func:`attnclust.analysis.stats.causal_uniform_scores`), the thresholds
+map scores on it over the cluster's maps, :func:`attnclust.maps.stats.causal_uniform_scores`), the thresholds
 read the lift over it, ``(x - chance) / (1 - chance)``, instead of the share itself (a causal uniform row puts
 ``H_n / n`` on the first token, 21% at 16 tokens); the descriptions still print the share of the mass.
 """

@@ -38,7 +38,7 @@ together with Benjamini-Hochberg (:func:`bh_qvalues`); a head gets a role when i
 
 **Causal maps** (a decoder's features: :func:`attnclust.models.kinds.kind_of` reads them as such): row ``i``
 can only attend to keys ``0..i``, so the null is the *causal* uniform row, ``1 / (i + 1)`` on each of those keys,
-averaged over the rows as the statistic is (:func:`attnclust.analysis.stats.causal_uniform_scores`: self and first
+averaged over the rows as the statistic is (:func:`attnclust.maps.stats.causal_uniform_scores`: self and first
 token ``H_n / n``; previous ``(H_n - 1) / (n - 1)``; a target set ``S``: the mean of ``|S ∩ [0, i]| / (i + 1)``),
 and ``broad`` divides ``exp(entropy)`` by ``exp(mean log(i + 1))``, the causal uniform map's, instead of ``n``. A
 decoder's roles are named in its own words (:data:`CAUSAL_ROLES`): ``sink`` (the first token, ``to_cls``),
@@ -59,8 +59,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..maps.stats import local_keys
+from ..maps.tokens import token_masks
 from .heads import HeadContext, head_analysis
-from .stats import local_keys, token_masks
 
 __all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "CAUSAL_ROLES", "CAUSAL_ROLE_SCORES", "FDR_LEVEL", "ROLES",
            "ROLE_MARGIN", "bh_qvalues", "causal_role_nulls", "example_means", "head_roles", "role_differences",
@@ -156,13 +157,13 @@ def causal_role_nulls(features: pd.DataFrame) -> pd.DataFrame:
     """:func:`role_nulls` for causal maps: row ``i`` uniform over keys ``0..i`` (weight ``1 / (i + 1)`` each).
 
     One column per role of :data:`CAUSAL_ROLE_SCORES`, each what the causal uniform map scores on its statistic
-    (:func:`attnclust.analysis.stats.causal_uniform_scores`: averaged over the rows the statistic averages over;
+    (:func:`attnclust.maps.stats.causal_uniform_scores`: averaged over the rows the statistic averages over;
     ``induction`` and ``duplicate`` NaN for a feature without repeated tokens, ``punct`` without ``tokens``, ``block``
     without ``segment_ids``); ``segment_log_size`` is the mean over rows of the log count of keys ``0..i`` in row
     ``i``'s segment; ``broad_scale`` is ``exp(mean_i log(i + 1))``, the effective number of keys of the causal
     uniform map.
     """
-    from .stats import causal_uniform_scores
+    from ..maps.stats import causal_uniform_scores
 
     rows = []
     tokens = features["tokens"] if "tokens" in features.columns else [None] * len(features)

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
+from ..maps.tokens import CLS_TOKENS, SEP_TOKENS
 from .json_layouts import _show
 from .squad import Example
 
@@ -126,12 +127,10 @@ def check_pair_layout(tokenizer: Any) -> None:
 
     The first position counts as [CLS] and the special tokens after it as separators by their text (the encoder
     kind's, :attr:`attnclust.models.kinds.ENCODER.cls_tokens <attnclust.models.kinds.ModelKind.cls_tokens>`:
-    :data:`attnclust.analysis.stats.CLS_TOKENS`, :data:`~attnclust.analysis.stats.SEP_TOKENS`): BERT, DistilBERT,
+    :data:`attnclust.maps.tokens.CLS_TOKENS`, :data:`~attnclust.maps.tokens.SEP_TOKENS`): BERT, DistilBERT,
     ELECTRA, ALBERT and DeBERTa (``[CLS]``, ``[SEP]``) and RoBERTa (``<s>``, ``</s></s>``) pass; a template with its
     [CLS] last (XLNet) or special tokens of other names would give wrong ``to_cls``/``to_sep`` and is refused.
     """
-    from ..analysis.stats import CLS_TOKENS, SEP_TOKENS
-
     enc = tokenizer("a", "b")
     tokens, seq = tokenizer.convert_ids_to_tokens(enc["input_ids"]), enc.sequence_ids()
     special = [(i, t) for i, (t, s) in enumerate(zip(tokens, seq)) if s is None]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from .base import (
                    CAUSAL_CONTEXT_VERSION,
+                   CLS_TOKENS,  # noqa: F401 -- importable here as before (its home: attnclust.maps.tokens)
                    FEATURIZERS,
                    Featurizer,
                    TokenContext,
@@ -43,13 +44,3 @@ __all__ = ["CAUSAL_CONTEXT_VERSION", "FEATURIZERS", "Featurizer", "TokenContext"
 # "pooled | resnet | ..." in the job reference and in the errors
 from . import pooled, resnet  # noqa: F401, I001 -- registration order
 from . import profile  # noqa: F401
-
-
-def __getattr__(name: str):
-    """``CLS_TOKENS``, importable here too, read when asked from where it is defined with the other special
-    tokens (:data:`attnclust.analysis.stats.CLS_TOKENS`)."""
-    if name == "CLS_TOKENS":
-        from .base import CLS_TOKENS
-
-        return CLS_TOKENS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

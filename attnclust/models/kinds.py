@@ -35,6 +35,7 @@ import numpy as np
 
 from ..config import JobConfig, ModelConfig
 from ..errors import ModelError
+from ..maps.tokens import CLS_TOKENS, SEP_TOKENS
 from .sources import ForwardOutput, LoadedModel
 
 if TYPE_CHECKING:
@@ -45,19 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DECODER", "ENCODER", "KINDS", "DecoderKind", "EncoderKind", "HeadLayout", "ModelKind",
            "SpecialPositions", "kind_of"]
-
-
-class _SpecialTokens:
-    """A kind's special tokens by their text, read from :mod:`attnclust.analysis.stats` (their one home, below the
-    kinds, where the token masks read them) when first asked, so that importing the kinds imports no analysis."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __get__(self, obj: Any, owner: Any = None) -> frozenset[str]:
-        from ..analysis import stats
-
-        return getattr(stats, self.name)
 
 
 @dataclass(frozen=True)
@@ -126,7 +114,7 @@ class ModelKind:
         (the causal uniform row, no next-token target), and it answers by generating.
     cls_tokens, sep_tokens : frozenset of str
         Tokens counted as [CLS] (besides the first position) and as separators, by their text
-        (:data:`attnclust.analysis.stats.CLS_TOKENS`, :data:`~attnclust.analysis.stats.SEP_TOKENS`).
+        (:data:`attnclust.maps.tokens.CLS_TOKENS`, :data:`~attnclust.maps.tokens.SEP_TOKENS`).
     first_name : str
         What the first position is called (:class:`SpecialPositions`).
     outputs : tuple of str
@@ -144,8 +132,8 @@ class ModelKind:
 
     name: ClassVar[str]
     is_decoder: ClassVar[bool]
-    cls_tokens = _SpecialTokens("CLS_TOKENS")
-    sep_tokens = _SpecialTokens("SEP_TOKENS")
+    cls_tokens: ClassVar[frozenset[str]] = CLS_TOKENS
+    sep_tokens: ClassVar[frozenset[str]] = SEP_TOKENS
     first_name: ClassVar[str]
     outputs: ClassVar[tuple[str, ...]]
     stores_head_outputs: ClassVar[bool]
@@ -231,7 +219,7 @@ class ModelKind:
 
     def special_positions(self, tokens: Sequence[str]) -> SpecialPositions:
         """The special positions of a feature's tokens, as the token masks read them
-        (:class:`attnclust.featurize.TokenContext`, :func:`attnclust.analysis.stats.token_masks`)."""
+        (:class:`attnclust.maps.tokens.TokenContext`, :func:`attnclust.maps.tokens.token_masks`)."""
         toks = [str(t) for t in tokens]
         cls = tuple(i for i, t in enumerate(toks) if i == 0 or t in self.cls_tokens)
         sep = tuple(i for i, t in enumerate(toks) if t in self.sep_tokens)

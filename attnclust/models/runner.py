@@ -29,6 +29,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelError
+from ..maps.tokens import token_masks
 from .sources.gguf import source_kwargs
 from .sources.hub import _cache_only_reason, _from_hub, _load_failure, quiet_transformers
 from .sources.identity import model_identity
@@ -297,8 +298,6 @@ def context_mask(rows: pd.DataFrame) -> np.ndarray:
     ModelError
         ``rows`` lacks ``tokens`` or ``segment_ids``.
     """
-    from ..analysis.stats import token_masks
-
     missing = [c for c in ("tokens", "segment_ids") if c not in rows.columns]
     if missing:
         raise ModelError(f"run_forward(head_outputs=True): the features lack column(s) {', '.join(missing)}; pass "

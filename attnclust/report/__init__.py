@@ -13,7 +13,7 @@ scatter, the per-question view, the per-cluster statistics table, the head analy
 plugins (head map, importance, syntax, probes: :mod:`attnclust.analysis.plugins`), what predicts a right answer,
 the score that chose k, the model's question answering (official SQuAD 2.0 scores, null odds by kind of question,
 example answers), the settings and the methods. The statistics shown are every registered statistic
-(:data:`attnclust.analysis.stats.STATISTICS`) present in the clusters table; each registered head analysis
+(:data:`attnclust.maps.stats.STATISTICS`) present in the clusters table; each registered head analysis
 (:data:`attnclust.analysis.heads.HEAD_ANALYSES`) with a column in the heads table gets a layer x head heatmap per
 column.
 """

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..analysis.heads import HEAD_ANALYSES
-from ..analysis.stats import STATISTICS
+from ..maps.stats import STATISTICS
 
 __all__ = ["BASE_UNITS", "BIDI_CONTROLS", "PERCENT_UNIT", "column_units", "fmt", "fmt_id", "hex_color", "plain_text",
            "short", "unit_label"]

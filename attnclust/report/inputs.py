@@ -34,7 +34,7 @@ class ReportInputs:
     maps : pandas.DataFrame
         One row per (feature, layer, head): ``feature_id``, ``example_id``, ``layer``, ``head``, ``cluster``,
         ``umap_x``, ``umap_y`` (all NaN when UMAP was off) and usually a column per registered statistic
-        (:func:`attnclust.analysis.stats.stat_columns`).
+        (:func:`attnclust.maps.stats.stat_columns`).
     heads : pandas.DataFrame
         One row per (layer, head): ``layer``, ``head``, ``dominant_cluster``, ``purity`` (0..1), the statistics'
         means and the columns of the registered head analyses (:data:`attnclust.analysis.heads.HEAD_ANALYSES`).
@@ -80,7 +80,7 @@ class ReportInputs:
         the heads table only and the question view is left out.
     causal : bool, optional
         The run is a causal (decoder) model's: the statistics it cannot show as behaviour (the next token, [SEP]:
-        :func:`attnclust.analysis.stats.shown_statistics`) are left out of the cluster cards and tables.
+        :func:`attnclust.maps.stats.shown_statistics`) are left out of the cluster cards and tables.
     kv_heads : int, optional
         Key/value heads per layer of a model with grouped key/value heads (fewer than its query heads, a divisor
         of them): the grid can also be drawn by key/value group. ``None``: one per query head.

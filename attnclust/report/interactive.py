@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..store.contract import quantize_uint8
+from ..maps.compact_code import quantize_uint8
 from .formatting import plain_text
 
 __all__ = ["HEAD_EXAMPLES", "MAX_MAP_BYTES", "QUESTIONS_EMBEDDED", "THUMB_GRID", "UMAP_POINTS", "build_explorer",

@@ -35,7 +35,8 @@ from matplotlib.patches import Patch
 
 from ..errors import AttnclustError
 from ..maps import WEIGHTINGS
-from ..store.contract import quantize_uint8, read_table
+from ..maps.compact_code import quantize_uint8
+from ..store.contract import read_table
 from .figures import cluster_palette, draw_token_map, head_grid
 from .formatting import plain_text, short
 from .inputs import MAP_COLUMNS, ReportInputs

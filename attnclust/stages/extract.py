@@ -34,19 +34,20 @@ from ..analysis.induction import INDUCTION_VERSION, write_induction
 from ..analysis.moved import MOVED_COLUMNS, MOVED_VERSION, moved_statistics
 from ..analysis.probes import consolidate_head_outputs, save_head_output_part
 from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
-from ..analysis.stats import stat_columns, statistics_versions, token_masks
 from ..config import JobConfig
 from ..data.features import FEATURE_LAYOUT_VERSION
 from ..data.hf import data_fingerprint
 from ..data.text import TEXT_WINDOWS_VERSION
 from ..errors import DataError
-from ..featurize.profile import PROFILE_COMPONENTS
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
+from ..maps import CompactCode
+from ..maps.profile import PROFILE_COMPONENTS
+from ..maps.stats import stat_columns, statistics_versions
+from ..maps.tokens import token_masks
 from ..models.kinds import kind_of
 from ..models.value_norms import capture_value_norms, measures_moved_norm
 from ..store.contract import (
-    COMPACT_ENCODING,
     atomic_write_parquet,
     create_attention_store,
     mark_store_complete,
@@ -68,8 +69,8 @@ from .base import RunContext, Stage
 
 COMPACT_SPREAD_VERSION = 1
 """Version of how a compact store gives a read row its dropped mass back (``attrs["compact"]["spread"]`` and the
-``map_error`` array, :func:`attnclust.store.spread_dropped`): in a compact run's fingerprint, so a compact store
-written without them is extracted again."""
+``map_error`` array, :func:`attnclust.maps.compact_code.spread_dropped`): in a compact run's fingerprint, so a
+compact store written without them is extracted again."""
 PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
@@ -487,11 +488,11 @@ class ExtractStage(Stage):
         ``extract.exact_sample`` too (the features it keeps when the budget cut it), and
         ``extract.compact_max_keys`` as fitted to the budget when it was ``null`` and a cap was needed
         (:func:`~attnclust.store.plan.fit_max_keys`), and the compact rows' encoding
-        (:data:`~attnclust.store.COMPACT_ENCODING`: a store in another is extracted again)."""
+        (:attr:`attnclust.maps.CompactCode.name`: a store in another is extracted again)."""
         plan = self._store_plan(ctx)
         return {"extract.store": plan.mode,
                 **({"extract.exact_sample": len(plan.sample) if plan.sample_cut else ctx.cfg.extract.exact_sample,
-                    "compact_encoding": COMPACT_ENCODING, "compact_spread": COMPACT_SPREAD_VERSION}
+                    "compact_encoding": CompactCode.name, "compact_spread": COMPACT_SPREAD_VERSION}
                    if plan.mode == "compact" else {}),
                 **({"extract.compact_max_keys": plan.max_keys} if plan.fitted else {})}
 

@@ -1,13 +1,20 @@
 """The stores of a run: the attention store's contract, reading and writing it (:mod:`.contract`), chunk checksums
 and link-safe writes (:mod:`.integrity`), the storage plan (:mod:`.plan`: full or compact, the key cap, the
 exact sample, the store's size and the room for it) and the extract task's writers (:mod:`.writers`: a shard, the
-exact sample)."""
+exact sample). A compact store's code of its maps is a map's (:mod:`attnclust.maps.compact_code`); its names are
+importable here as before."""
 
 from __future__ import annotations
 
-from .contract import (
+from ..maps.compact_code import (
     COMPACT_ENCODING,
     COMPACT_SPREADS,
+    compact_maps,
+    decode_compact,
+    quantize_uint8,
+    spread_dropped,
+)
+from .contract import (
     DIMS,
     EMBED_SCHEMA,
     MAP_SOURCES,
@@ -17,19 +24,15 @@ from .contract import (
     atomic_write_json,
     atomic_write_parquet,
     check_store_tables,
-    compact_maps,
     create_attention_store,
-    decode_compact,
     exact_sample_ids,
     kept_mass_summary,
     map_error_summary,
     mark_store_complete,
     open_attention_store,
     open_embedding,
-    quantize_uint8,
     read_features,
     read_table,
-    spread_dropped,
 )
 
 __all__ = ["AttentionStore", "COMPACT_ENCODING", "COMPACT_SPREADS", "DIMS", "EMBED_SCHEMA", "MAP_SOURCES",

@@ -56,12 +56,11 @@ import pandas as pd
 
 from ..errors import StoreError
 from ..layout import RunLayout
-from ..maps import NORM_CODE, NormCode, reweigh
+from ..maps import NORM_CODE, CompactCode, NormCode, reweigh
 from ..safeio import atomic_write as _atomic_write
 from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported with attnclust.store's names
 
 __all__ = [
-    "COMPACT_ENCODING",
     "DIMS",
     "EMBED_SCHEMA",
     "MAP_SOURCES",
@@ -71,10 +70,6 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_parquet",
     "check_store_tables",
-    "compact_maps",
-    "decode_compact",
-    "spread_dropped",
-    "quantize_uint8",
     "read_table",
     "create_attention_store",
     "exact_sample_ids",
@@ -94,17 +89,6 @@ MAP_SOURCES = ("full", "compact", "exact sample")
 """What an analysis read its maps from: every exact map of a ``full`` store, the approximate maps of a ``compact``
 store, or the ``exact sample`` of a compact store (:meth:`AttentionStore.exact_source`)."""
 DAMAGE_FIX = "re-run 'attnclust extract --force' for this output dir to rewrite it"
-COMPACT_ENCODING = "sqrt-uint8"
-"""``attrs["compact"]["encoding"]`` of the compact stores this attnclust writes and reads: each kept weight ``w``
-as ``round(255 * sqrt(w))`` (:func:`compact_maps`), read back as ``(value / 255) ** 2`` (:func:`decode_compact`),
-within ``sqrt(w) / 255 + 4e-6`` of ``w``: 0.00013 at 0.001, 0.0037 at 0.9. The square root spends the byte's levels
-where a diffuse row's many small weights lie; a linear byte holds nothing finer than 1/255 = 0.0039, four times
-the ~0.001 of most keys of a diffuse 384-token row."""
-COMPACT_SPREADS = ("keys", "prefix")
-"""``attrs["compact"]["spread"]``: the keys a row's dropped mass is spread over, every key of the row (``keys``, an
-encoder's) or the keys up to its query (``prefix``, a decoder's); absent in compact stores written before it, which
-are read without the spread."""
-_SQUARES = (np.arange(256, dtype=np.float32) / np.float32(255)) ** 2  # compact code -> weight
 EMBED_SCHEMA = "attnclust.embedding"
 """``schema`` attribute of a run's ``embedding.zarr`` (written by :mod:`attnclust.stages.featurize`)."""
 EMBED_FIX = "re-run 'attnclust featurize --force' for this output dir to rewrite it"
@@ -200,6 +184,12 @@ class AttentionStore:
             return reweigh(weights, norms, weighting)
         except ValueError as exc:
             raise StoreError(f"store {self.path}: {exc}") from None
+
+    @property
+    def compact_code(self) -> CompactCode | None:
+        """How a compact store codes its maps (``attrs["compact"]``: :class:`attnclust.maps.CompactCode`), ``None``
+        for a full store."""
+        return CompactCode.from_dict(self.attrs["compact"]) if self.mode == "compact" else None
 
     @property
     def mode(self) -> str:
@@ -408,7 +398,7 @@ class AttentionStore:
         import torch  # torch's float16 -> float32 conversion is ~3x faster than NumPy's
 
         if scale is None and self.mode == "compact":
-            return decode_compact(values, spread=self.spread, lengths=lengths)
+            return self.compact_code.decode(values, lengths=lengths)
         scale = self.scale if scale is None else scale
         out = torch.from_numpy(np.ascontiguousarray(values)).float().numpy()
         return out * np.float32(scale) if scale != 1.0 else out
@@ -451,294 +441,6 @@ def exact_sample_ids(n_features: int, size: int) -> np.ndarray:
     if size == 1:
         return np.array([(n_features - 1) // 2], np.int64)
     return np.rint(np.linspace(0, n_features - 1, size)).astype(np.int64)  # steps >= 1: distinct
-
-
-def quantize_uint8(weights: np.ndarray) -> np.ndarray:
-    """Attention weights in [0, 1] to uint8 ``round(255 * w)`` (a uint8 store's encoding; NaN -> 0).
-
-    Parameters
-    ----------
-    weights : numpy.ndarray, shape (..., query, key)
-
-    Returns
-    -------
-    numpy.ndarray of uint8, same shape
-    """
-    return np.rint(np.clip(np.nan_to_num(np.asarray(weights, dtype=np.float64)), 0.0, 1.0) * 255).astype(np.uint8)
-
-
-def decode_compact(values, *, spread: str | None = None, lengths: np.ndarray | None = None) -> np.ndarray:
-    """A compact store's codes as weights: ``(value / 255) ** 2``, each row divided by its sum where that exceeds 1
-    (the codes round each weight to the nearest level, so a row that kept all its mass can read a little over 1);
-    with ``spread``, each row's dropped mass spread over the keys it did not keep (:func:`spread_dropped`).
-
-    Parameters
-    ----------
-    values : numpy.ndarray of uint8, shape (..., query, key)
-        Codes of :func:`compact_maps` (0: a key the row does not keep).
-    spread
-        ``None``: the keys not kept read 0; ``keys`` or ``prefix`` (:data:`COMPACT_SPREADS`): as
-        :func:`spread_dropped`.
-    lengths
-        With ``spread``: the true length of each item of the first axis (a block of features padded to its
-        longest); ``None``: the last two axes are one true length.
-
-    Returns
-    -------
-    numpy.ndarray of float32, same shape
-        Rows that sum to at most 1: the kept weights, each within ``sqrt(w) / 255 + 4e-6`` of the exact ``w``
-        before a row over 1 is scaled down, and 0 elsewhere.
-    """
-    values = np.asarray(values)
-    if values.dtype != np.uint8:
-        raise ValueError(f"compact codes of dtype {values.dtype}: expected uint8 (a compact store's attention)")
-    out = _SQUARES[values]
-    sums = out.sum(-1, keepdims=True)
-    over = sums > 1
-    if over.any():
-        np.divide(out, sums, out=out, where=over)
-    if spread is not None:
-        spread_dropped(out, values, causal=spread == "prefix", lengths=lengths)
-    return out
-
-
-def spread_dropped(weights: np.ndarray, codes: np.ndarray, *, causal: bool = False,
-                   lengths: np.ndarray | None = None) -> np.ndarray:
-    """Give each compact row its dropped mass back, spread evenly: ``1 - sum(row)`` (the mass the row did not keep;
-    attention rows sum to 1) added in equal shares to the keys the row can see and did not keep, in place.
-
-    A row keeps its largest weights, so the keys it dropped hold at most its smallest kept weight each; spread
-    evenly, every row sums to 1 and its L1 distance from the exact row falls (it is at most twice the dropped
-    mass, against exactly the dropped mass when those keys read 0). A row that keeps every key it sees is divided
-    by its sum (only the codes' rounding kept it from 1); a row that keeps no key (padding, or an empty row) is
-    left as it is.
-
-    Parameters
-    ----------
-    weights : numpy.ndarray of float32, shape (..., query, key)
-        Decoded rows (:func:`decode_compact` without ``spread``), changed in place.
-    codes : numpy.ndarray of uint8, same shape
-        Their codes (0: a key the row did not keep).
-    causal
-        Row ``i`` sees keys ``0..i`` only (a decoder's maps); otherwise every key.
-    lengths : numpy.ndarray of int, optional
-        The true length of each item of the first axis (a block of features padded to its longest): keys at or
-        beyond it are padding and get nothing; ``None``: every key is real.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``weights``.
-    """
-    n_query, n = weights.shape[-2:]
-    free = codes == 0  # (..., query, key): not kept
-    if causal:
-        free &= np.tri(n_query, n, dtype=bool)
-    if lengths is not None:
-        real = np.arange(n)[None, :] < np.asarray(lengths).reshape(-1, 1)  # (item, key)
-        free &= real.reshape(real.shape[0], *([1] * (weights.ndim - 2)), n)
-    count = free.sum(-1, dtype=np.int32)  # (..., query)
-    dropped = np.maximum(1.0 - weights.sum(-1, dtype=np.float64), 0)  # float64: the same wherever the row is padded
-    some = ~np.all(codes == 0, axis=-1)  # rows that keep some key
-    share = np.divide(dropped, count, out=np.zeros_like(dropped), where=(count > 0) & some).astype(weights.dtype)
-    weights += free * share[..., None]
-    whole = (count == 0) & some  # kept every key it sees: only the codes' rounding keeps it from 1
-    if whole.any():
-        sums = weights.sum(-1, keepdims=True, dtype=np.float64).astype(weights.dtype)
-        np.divide(weights, sums, out=weights, where=whole[..., None] & (sums > 0))
-    return weights
-
-
-def compact_maps(maps, *, mass: float, max_keys: int | None = None, with_kept: bool = False,
-                 error_spread: str | None = None):
-    """Each query row's largest weights holding at least ``mass`` of the row, encoded, the rest zero.
-
-    Parameters
-    ----------
-    maps : torch.Tensor
-        (..., query, key) float attention of one true length (exact, before any quantisation); a strided view
-        (one feature's maps cropped out of a padded batch) is read as it is.
-    mass
-        Share of each row's sum to keep (0 < mass <= 1): the fewest largest weights whose sum reaches it.
-    max_keys
-        Most weights kept per row (``None``: no cap); a row that needs more keeps only this many.
-    with_kept
-        Also return the share of each row's sum that its kept keys hold.
-    error_spread
-        Also return each row's L1 distance between the row as a reader decodes it with this spread
-        (:data:`COMPACT_SPREADS`, :func:`decode_compact`) and the exact row (:func:`_row_errors`); ``None``: not.
-
-    Returns
-    -------
-    codes : torch.Tensor
-        (..., query, key) uint8: ``round(255 * sqrt(weight))`` on the kept keys (:data:`COMPACT_ENCODING`; a kept
-        weight under ``1 / 510 ** 2``, whose code is 0, is dropped), 0 elsewhere. Among equal weights at the cut,
-        the lowest keys are kept.
-    kept : torch.Tensor
-        Only with ``with_kept``: (..., query) float32, the exact mass of each row's kept keys over the row's sum
-        (1 for a row that sums to 0).
-    error : torch.Tensor
-        Only with ``error_spread``: (..., query) float64, ``sum over keys |read - exact|`` of each row.
-
-    Notes
-    -----
-    Only each row's sorted *values* are needed (their running sum gives the number of keys to keep, the value at
-    that rank the cut), not where each one was: so no index sort and no scatter. On a CPU (:func:`_compact_cpu`)
-    the values are sorted by NumPy (its AVX-512 sort: ~10x faster than ``torch.sort`` on rows of 150 keys) and
-    the count and the cut are found by binary search in the sorted rows; on a GPU everything is torch on the device.
-    """
-    import torch
-
-    if error_spread is not None and error_spread not in COMPACT_SPREADS:
-        raise ValueError(f"compact error spread {error_spread!r}: allowed {' | '.join(COMPACT_SPREADS)} or None")
-    a = maps.float()
-    n = a.shape[-1]
-    if a.device.type == "cpu":
-        flat = a.reshape(-1, n) if a.numel() else a.new_zeros((0, n))
-        codes, kept, largest, count = _compact_cpu(flat, mass, max_keys)
-        out = [torch.from_numpy(codes.reshape(a.shape))]
-        if with_kept:
-            out.append(torch.from_numpy(kept.reshape(a.shape[:-1])))
-        if error_spread is not None:
-            error = _row_errors(torch.from_numpy(largest), flat, torch.from_numpy(count),
-                                _visible(a.shape, error_spread, a.device))
-            out.append(error.reshape(a.shape[:-1]))
-        return tuple(out) if len(out) > 1 else out[0]
-    values = torch.sort(a, dim=-1, descending=True).values
-    sums, running = a.sum(-1, keepdim=True), values.cumsum(-1)
-    count = (running < mass * sums).sum(-1, keepdim=True) + 1
-    count.clamp_(max=n if max_keys is None else min(n, max_keys))
-    cut = values.gather(-1, count - 1)  # the smallest kept weight
-    keep = a >= cut
-    extra = keep.sum(-1, keepdim=True) > count  # rows with more weights equal to the cut than places left
-    if bool(extra.any()):
-        rows = extra[..., 0]
-        ties = a[rows] == cut[rows]
-        left = count[rows] - (a[rows] > cut[rows]).sum(-1, keepdim=True)
-        keep[rows] = (a[rows] > cut[rows]) | (ties & (ties.cumsum(-1) <= left))
-    codes = a.clamp(0, 1).sqrt_().mul_(255).round_().mul_(keep).to(torch.uint8)
-    out = [codes]
-    if with_kept:
-        held = running.gather(-1, count - 1)  # the kept keys' sum: ties at the cut are equal weights
-        out.append(torch.where(sums > 0, held / sums.clamp(min=torch.finfo(a.dtype).tiny), 1.0)[..., 0])
-    if error_spread is not None:
-        error = _row_errors(values.reshape(-1, n), a.reshape(-1, n), count.reshape(-1),
-                            _visible(a.shape, error_spread, a.device))
-        out.append(error.reshape(a.shape[:-1]))
-    return tuple(out) if len(out) > 1 else out[0]
-
-
-def _visible(shape, spread: str, device):
-    """(row,) int64: the keys each flattened row of maps of ``shape`` (..., query, key) sees: every key
-    (``keys``), or its query's position + 1 (``prefix``: a decoder's causal rows)."""
-    import torch
-
-    n_query, n = shape[-2], shape[-1]
-    rows = int(np.prod(shape[:-1]))
-    if spread == "keys":
-        return torch.full((rows,), n, dtype=torch.int64, device=device)
-    return (torch.arange(rows, device=device) % n_query + 1).clamp_(max=n)
-
-
-def _row_errors(largest, rows, count, visible):
-    """Each compact row's L1 distance from its exact row once read back with its dropped mass spread
-    (:func:`decode_compact` with a spread), without decoding it: from the row's kept weights and one pass over
-    the exact row.
-
-    A row keeps its ``count`` largest weights; of those, the ones whose code is not 0 are read back, ``d = (code /
-    255) ** 2`` (divided by their sum when it exceeds 1). The reader gives each of the ``f`` other keys the row
-    sees the share ``s = max(1 - sum(d), 0) / f``, so the distance is ``sum |d - w|`` over the keys read back plus
-    ``sum |s - w|`` over the others: ``sum |s - w|`` over the whole row less the keys read back, less ``s`` for
-    each key the row does not see (a causal row's future: exact zeros, read as 0). A row that keeps every key it
-    sees is divided by its sum (its ``s`` is 0); one that keeps none reads 0, so its distance is its sum. Checked
-    against decoding the codes and measuring the distance directly (tests/unit/store/test_compact_mass.py).
-
-    Parameters
-    ----------
-    largest : torch.Tensor
-        (row, keys) float32, each row's largest weights, largest first (at least its ``count``).
-    rows : torch.Tensor
-        (row, key) float32, the exact rows.
-    count : torch.Tensor
-        (row,) int, the keys each row keeps (:func:`compact_maps`: ties at the cut are equal weights).
-    visible : torch.Tensor
-        (row,) int64, the keys each row sees (:func:`_visible`).
-
-    Returns
-    -------
-    torch.Tensor
-        (row,) float64.
-    """
-    import torch
-
-    n, device = rows.shape[-1], rows.device
-    count = count.to(device=device, dtype=torch.int64).reshape(-1, 1)
-    top = largest[:, :int(count.max()) if len(count) else 0]
-    coded = top.clamp(0, 1).sqrt().mul_(255).round_()  # the codes of the kept weights, as compact_maps makes them
-    read = (torch.arange(top.shape[-1], device=device) < count) & (coded > 0)
-    d = torch.from_numpy(_SQUARES).to(device)[coded.to(torch.int64)] * read
-    total = d.sum(-1, keepdim=True)
-    d = torch.where(total > 1, d / total, d)  # a row over 1 is scaled down as the reader does
-    kept = read.sum(-1)  # keys read back
-    free = visible - kept
-    mass = d.sum(-1, dtype=torch.float64)
-    share = torch.where((free > 0) & (kept > 0), (1 - mass).clamp(min=0) / free.clamp(min=1), 0.0)
-    whole = (free <= 0) & (kept > 0)  # every key it sees kept: divided by its sum
-    d = torch.where(whole[:, None], d / d.sum(-1, keepdim=True, dtype=torch.float64).to(d.dtype).clamp(
-        min=torch.finfo(d.dtype).tiny), d)
-    s = share.to(rows.dtype)[:, None]
-    on_kept = ((d - top).abs() * read).sum(-1, dtype=torch.float64)
-    on_all = (rows - s).abs_().sum(-1, dtype=torch.float64)  # the one pass over the exact rows
-    on_rest = on_all - ((top - s).abs() * read).sum(-1, dtype=torch.float64) - share * (n - visible)
-    return on_kept + on_rest
-
-
-def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, ...]:
-    """:func:`compact_maps` of (row, key) float32 CPU rows: its codes and the kept share of each row, the same
-    numbers as its torch path, twice as fast; and for :func:`_row_errors` each row's largest weights (largest
-    first) and the number of keys it keeps.
-
-    The running sum is torch's (it accumulates in double, as the GPU path's), over the values sorted largest
-    first; it never decreases, so the keys to keep are one binary search per row, and whether a row has more
-    weights equal to its cut than places left is another, in the ascending sort. Measured on one feature of the
-    packaged MiniLM at 384 tokens (72 maps, one thread): 119 ms against 237 ms for the torch path on the CPU
-    (whose elementwise passes over the whole maps, comparisons, boolean sums and the masked quantisation, cost
-    more than the sort). With ``max_keys`` below the row's length the running sum covers only the ``max_keys``
-    largest values (the same sums, in the same order: a row never keeps more): over 32 generated SQuAD-v2
-    features of 70-299 tokens, one thread, 8.8 against 13.7 ms a feature at ``max_keys`` 17.
-    """
-    import torch
-
-    arr = flat.numpy()
-    n = arr.shape[-1]
-    keys = n if max_keys is None else min(n, max_keys)
-    # A full sort even under a cap of max_keys: only the max_keys largest values are needed, but NumPy's sort is the
-    # fastest way to them here. One thread, one layer's rows of MiniLM (12 heads x n rows of n keys), ms: n = 140:
-    # np.sort 0.46, torch.topk 2.4 (k = 8) to 5.3 (k = 64), np.partition + a sort of the k largest 0.63-0.74;
-    # n = 384: 2.9, 15.6-24.9, 4.0-4.9 (and topk would still need a pass counting the weights at the cut).
-    ascending = np.sort(arr, axis=-1)
-    largest = ascending[:, ::-1][:, :keys].copy()  # the keys largest values, largest first (positive strides)
-    running = torch.from_numpy(largest).cumsum(-1)  # never decreasing
-    sums = flat.sum(-1, keepdim=True)
-    count = torch.searchsorted(running, sums * mass).numpy()[:, 0] + 1  # sums below + 1
-    np.minimum(count, keys, out=count)
-    index = np.arange(len(arr))
-    held, sums = running.numpy()[index, count - 1], sums.numpy()[:, 0]  # the kept keys' sum (ties: equal weights)
-    kept = np.divide(held, sums, out=np.ones_like(sums), where=sums > 0)
-    cut = ascending[index, n - count]  # the smallest kept weight
-    at_least = n - torch.searchsorted(torch.from_numpy(ascending), torch.from_numpy(cut[:, None])).numpy()[:, 0]
-    q = np.clip(arr, 0, 1)
-    np.sqrt(q, out=q)
-    q *= np.float32(255)
-    q = np.rint(q, out=q).astype(np.uint8)
-    q *= arr >= cut[:, None]
-    extra = np.flatnonzero(at_least > count)  # rows with more weights equal to the cut than places left
-    if len(extra):
-        rows, cuts = arr[extra], cut[extra][:, None]
-        ties = rows == cuts
-        left = count[extra][:, None] - (rows > cuts).sum(-1, keepdims=True)
-        q[extra] *= (rows > cuts) | (ties & (np.cumsum(ties, axis=-1) <= left))
-    return q, kept, largest, count
 
 
 def _zarr():
@@ -787,8 +489,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
     (feature, layer, head) float32 arrays for each key's value-vector norm (:class:`attnclust.maps.NormCode`, named
     in ``attrs["value_norms"]``), chunked like the shards.
     """
-    if compact_spread is not None and compact_spread not in COMPACT_SPREADS:
-        raise ValueError(f"compact spread {compact_spread!r}: allowed {' | '.join(COMPACT_SPREADS)} or None")
+    code = CompactCode(mass=compact_mass, max_keys=compact_max_keys, spread=compact_spread)  # checks the spread
     if dtype not in ("float16", "uint8"):
         raise ValueError(f"store dtype {dtype!r}: allowed float16 | uint8")
     if mode not in STORE_MODES:
@@ -798,9 +499,7 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         raise ValueError("an exact sample is kept by a compact store only (a full store is exact throughout)")
     if mode == "compact":  # uint8, each row's largest weights only
         dtype = "uint8"
-        attrs = {**attrs, "compact": {"mass": compact_mass, "max_keys": compact_max_keys,
-                                      "encoding": COMPACT_ENCODING,
-                                      **({"spread": compact_spread} if compact_spread is not None else {})}}
+        attrs = {**attrs, "compact": code.to_dict()}
         if len(sample):
             attrs["exact_sample"] = {"features": len(sample)}
     elif dtype == "uint8":  # linear: a compact store's codes are not (COMPACT_ENCODING)
@@ -903,11 +602,13 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
     if store_mode not in STORE_MODES:
         raise StoreError(f"store {path}: attribute store = {store_mode!r} is not one of "
                          f"{' | '.join(STORE_MODES)}; {fix}")
-    encoding = (attrs.get("compact") or {}).get("encoding", "linear-uint8")
-    if store_mode == "compact" and encoding != COMPACT_ENCODING:
-        raise StoreError(f"store {path}: compact maps in encoding {encoding!r}, not {COMPACT_ENCODING!r} (this "
-                         f"attnclust's; a linear byte read a diffuse row's small weights too large); re-run "
-                         f"'attnclust extract --force' for this output dir to rewrite them")
+    code = None
+    if store_mode == "compact":
+        try:
+            code = CompactCode.from_dict(attrs.get("compact") or {})
+        except ValueError as exc:
+            raise StoreError(f"store {path}: {exc}; re-run 'attnclust extract --force' for this output dir to "
+                             f"rewrite them") from None
     names = ("attention", "profile", "kept_mass") if store_mode == "compact" else ("attention",)
     if store_mode == "compact" and attrs.get("exact_sample"):
         names = (*names, "exact", "exact_feature")
@@ -915,7 +616,7 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
         arrays = {name: group[name] for name in names}
         if store_mode == "full" and "profile" in group:  # attnclust writes it in every store
             arrays["profile"] = group["profile"]
-        if store_mode == "compact" and (attrs.get("compact") or {}).get("spread"):  # written beside the spread
+        if code is not None and code.spread:  # written beside the spread
             arrays["map_error"] = group["map_error"]
         if attrs.get("value_norms") is not None:  # written beside the maps of a model whose values were measured
             arrays["value_norm"], arrays["value_norm_max"] = group["value_norm"], group["value_norm_max"]
@@ -950,10 +651,6 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
             raise StoreError(f"store {path}: value_norm has shape {tuple(value_norm.shape)} and value_norm_max "
                              f"{tuple(value_norm_max.shape)}, attention {tuple(attention.shape)}; expected "
                              f"(feature, layer, head, key) and (feature, layer, head) matching; {fix}")
-    spread = (attrs.get("compact") or {}).get("spread")
-    if store_mode == "compact" and spread is not None and spread not in COMPACT_SPREADS:
-        raise StoreError(f"store {path}: attribute compact.spread = {spread!r} is not one of "
-                         f"{' | '.join(COMPACT_SPREADS)}; {fix}")
     shape = attention.shape
     if len(shape) != 5 or shape[3] != shape[4] or shape[0] != len(seq_len):
         raise StoreError(f"store {path}: attention has shape {shape} with {len(seq_len)} seq_len values; "

@@ -33,6 +33,7 @@ import numpy as np
 from ..config import JobConfig
 from ..errors import ConfigError, StoreError
 from ..layout import RunLayout
+from ..maps.profile import PROFILE_COMPONENTS
 from .contract import exact_sample_ids, open_attention_store
 
 __all__ = ["COMPACT_EXPECTED_RATIO", "ROW_BYTES_ONE_KEY", "ROW_KEYS_EXPONENT", "SAMPLE_SHARE", "StorePlan",
@@ -313,8 +314,6 @@ def compact_store_bytes(seq_len: np.ndarray, *, num_layers: int, num_heads: int)
 def map_bytes() -> int:
     """Bytes a compact store holds for each map beside its rows, before compression: its ``profile`` vector, its
     ``kept_mass`` and its ``map_error`` (float32 each)."""
-    from ..featurize.profile import PROFILE_COMPONENTS
-
     return (len(PROFILE_COMPONENTS) + 2) * 4
 
 

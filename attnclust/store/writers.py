@@ -9,7 +9,7 @@ makes them (:func:`attnclust.models.hooks.stream_attention`), and they put each 
 place. :func:`profile_and_statistics` computes the ``profile`` vectors and per-map statistics of maps of one feature
 (all its layers or some) from one pass over them. Every number is per map, so a layer at a time gives the numbers
 of all layers at once up to float32 rounding: the row sums are batched matrix products, whose rounding can change
-with the number of maps in a batch (:func:`~attnclust.featurize.profile.profile_tensor` takes one product per map
+with the number of maps in a batch (:func:`~attnclust.maps.profile.profile_tensor` takes one product per map
 below 8 maps on one thread, one per query above, and the BLAS kernel may depend on the batch's size).
 """
 
@@ -19,15 +19,17 @@ import time
 
 import numpy as np
 
-from ..analysis.stats import map_statistics, token_masks
-from .contract import compact_maps
+from ..maps import CompactCode
+from ..maps.profile import ProfilePlan, profile_tensor
+from ..maps.stats import map_statistics
+from ..maps.tokens import TokenContext, token_masks
 
 __all__ = ["ExactSampleWriter", "FeatureTokens", "ShardFiller", "profile_and_statistics"]
 
 
 class FeatureTokens:
     """What the row sums and statistics of one feature's maps need from its tokens, made once for all its layers:
-    the token context and its :class:`~attnclust.featurize.profile.ProfilePlan` (key masks, the length's far
+    the token context and its :class:`~attnclust.maps.profile.ProfilePlan` (key masks, the length's far
     indicators, batches, scratch), and the [SEP], punctuation and segment masks of the statistics.
 
     Parameters
@@ -43,9 +45,6 @@ class FeatureTokens:
     """
 
     def __init__(self, tokens, segment_ids, layers: int, heads: int, device, *, causal: bool = False):
-        from ..featurize import TokenContext
-        from ..featurize.profile import ProfilePlan
-
         self.tokens, self.segment_ids, self.causal = list(tokens), list(segment_ids), causal
         self.layers, self.heads, n = layers, heads, len(self.tokens)
         context = TokenContext.from_tokens([self.tokens], [self.segment_ids], maps_per_row=layers * heads,
@@ -67,9 +66,9 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
     tokens, segment_ids
         The feature's ``n`` tokens and segment ids (not read when ``feature`` is given).
     causal
-        The maps are a causal model's (:attr:`TokenContext.causal <attnclust.featurize.TokenContext>`): the
+        The maps are a causal model's (:attr:`TokenContext.causal <attnclust.maps.tokens.TokenContext>`): the
         profile uses the causal uniform null and its induction and duplicate-token components, the statistics
-        read the maps as causal (:func:`~attnclust.analysis.stats.map_statistics`).
+        read the maps as causal (:func:`~attnclust.maps.stats.map_statistics`).
     feature
         The feature's :class:`FeatureTokens` for maps of this many layers, made once for several calls (the
         extract stage: one per feature, for each of its layers); ``None``: made for this call. The numbers are
@@ -78,14 +77,12 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
     Returns
     -------
     vectors : numpy.ndarray
-        (layer, head, component) float32: :func:`~attnclust.featurize.profile.profile_tensor` of the maps.
+        (layer, head, component) float32: :func:`~attnclust.maps.profile.profile_tensor` of the maps.
     statistics : dict
-        :func:`~attnclust.analysis.stats.map_statistics` of the maps, the row sums they share with the profile
+        :func:`~attnclust.maps.stats.map_statistics` of the maps, the row sums they share with the profile
         (masses, entropy, largest weight, distance) taken from the profile's pass.
     """
     import math
-
-    from ..featurize.profile import profile_tensor
 
     layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
     if feature is None:
@@ -105,13 +102,13 @@ class ShardFiller:
 
     For each feature's maps, in torch on the task's device (views of the layer's weights in the forward's batch,
     never copied on the device they were made on; maps on another device are moved there): one pass of
-    row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.featurize.profile.profile_tensor`,
-    stored in every store mode) and the per-map statistics (:func:`~attnclust.analysis.stats.map_statistics`);
+    row sums gives both the ``profile`` featurizer's vectors (:func:`~attnclust.maps.profile.profile_tensor`,
+    stored in every store mode) and the per-map statistics (:func:`~attnclust.maps.stats.map_statistics`);
     then the maps are cast straight into their place in the shard: float16, uint8 ``round(255 w)``, or in a
-    compact store each row's largest weights (:func:`~attnclust.store.compact_maps`), with the share of each map's
+    compact store each row's largest weights (:meth:`attnclust.maps.CompactCode.encode`), with the share of each map's
     row mass they hold (the store's ``kept_mass``) and, in a store that spreads the dropped mass, each map's mean
     row L1 distance between the map as read back and the exact map (``map_error``:
-    :func:`~attnclust.store.compact_maps` with ``error_spread``).
+    :meth:`~attnclust.maps.CompactCode.encode` with ``with_error``).
 
     Parameters
     ----------
@@ -147,7 +144,7 @@ class ShardFiller:
         dtype = torch.uint8 if store.attention.dtype == np.uint8 else torch.float16
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
         self.quantise = dtype == torch.uint8
-        self.compact = store.attrs.get("compact") if store.mode == "compact" else None
+        self.compact: CompactCode | None = store.compact_code
         self.causal = causal
         # a store without a profile array (the contract makes it optional outside a compact store) keeps no vectors
         self.profile = None if store.profile is None else \
@@ -189,9 +186,7 @@ class ShardFiller:
         if self.profile is not None:
             self.profile[j, layers] = vectors
         if self.compact is not None:
-            spread = self.store.spread if self.error is not None else None
-            codes, kept, *error = compact_maps(maps, mass=float(self.compact["mass"]),
-                                               max_keys=self.compact["max_keys"], with_kept=True, error_spread=spread)
+            codes, kept, *error = self.compact.encode(maps, with_kept=True, with_error=self.error is not None)
             self.shard[j, layers, :, :m, :m] = codes.cpu()
             self.kept[j, layers] = kept.mean(-1).cpu().numpy()  # (layer, head): the mean over the query rows
             if error:  # (layer, head): the mean row L1 distance of the map as read back

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.stats import token_patterns
+from ..maps.tokens import token_patterns
 from ..models.kinds import DECODER
 from .maps import PlantedTokens, _punctuated
 from .stores import PlantedStore, _planted_plan, _write_planted

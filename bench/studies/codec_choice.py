@@ -59,7 +59,7 @@ def store_parts(n_features: int) -> tuple[dict[str, list[np.ndarray]], dict[str,
     for the compact rows capped at each of :data:`ROW_KEYS` keys (parts ``rows@K``) the number of true-length rows
     they hold (their bytes a row are what :data:`attnclust.store.plan.ROW_BYTES_ONE_KEY` estimates)."""
     from attnclust.featurize import TokenContext
-    from attnclust.featurize.profile import profile_tensor
+    from attnclust.maps.profile import profile_tensor
     from attnclust.store import compact_maps
 
     from ..common.squadgen import generated_feature_maps

@@ -82,7 +82,7 @@ def batching_ratio(n: int, heads: int, copies: int, reps: int) -> float:
     import torch
 
     from attnclust.featurize import TokenContext
-    from attnclust.featurize.profile import ProfilePlan, profile_tensor
+    from attnclust.maps.profile import ProfilePlan, profile_tensor
     from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_tokens
 
     rng = np.random.default_rng(0)

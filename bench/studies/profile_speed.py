@@ -12,7 +12,7 @@ interleaved (reference, profile, pooled, reference, ...); each figure is the med
     a float32 copy of each batch, renormalised in place, a product for the key masks, one for the far masses,
     ``amax`` and four passes for the entropy, in batches of 2**24 weights.
 ``profile``
-    :func:`attnclust.featurize.profile.profile_maps` as it is now.
+    :func:`attnclust.maps.profile.profile_maps` as it is now.
 ``pooled``
     :func:`attnclust.featurize.pooled.pool_maps` at ``grid`` 32 (the default).
 
@@ -40,13 +40,7 @@ import time
 import numpy as np
 
 from attnclust.featurize import TokenContext
-from attnclust.featurize.profile import (
-    FAR_FRACTIONS,
-    OFFSETS,
-    PROFILE_COMPONENTS,
-    component_weights,
-    profile_maps,
-)
+from attnclust.maps.profile import FAR_FRACTIONS, OFFSETS, PROFILE_COMPONENTS, component_weights, profile_maps
 
 from ..common.timing import interleave, median
 
@@ -179,7 +173,7 @@ def _profile_reference(maps: np.ndarray, context: TokenContext | None = None, *,
     context
         Token masks of the maps; ``None``: positional.
     offsets, far, weighted, device
-        As for :func:`attnclust.featurize.profile.profile_maps`.
+        As for :func:`attnclust.maps.profile.profile_maps`.
 
     Returns
     -------

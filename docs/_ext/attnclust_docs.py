@@ -251,9 +251,9 @@ def _pattern(name: str) -> re.Pattern:
 
 
 def statistics() -> list[tuple[str, str, str]]:
-    """``(name, unit, description)`` of every registered per-map statistic (:mod:`attnclust.analysis.stats`)."""
+    """``(name, unit, description)`` of every registered per-map statistic (:mod:`attnclust.maps.stats`)."""
     import attnclust.analysis  # noqa: F401 -- registers the built-in statistics and head analyses
-    from attnclust.analysis.stats import STATISTICS
+    from attnclust.maps.stats import STATISTICS
 
     return [(s.name, s.unit, s.description) for s in STATISTICS.values()]
 

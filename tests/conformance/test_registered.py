@@ -7,7 +7,7 @@ checked here without a line of its own:
   analysis declares, written when it ran and absent when it did not, a registered report section;
 - featurizers (:data:`attnclust.featurize.FEATURIZERS`): a version in the featurize stage's fingerprint, settings
   keys of the job, vectors of the width it declares at any map length, the same vectors for the same maps;
-- per-map statistics (:data:`attnclust.analysis.stats.STATISTICS`, computed at extraction): a version in the
+- per-map statistics (:data:`attnclust.maps.stats.STATISTICS`, computed at extraction): a version in the
   extraction's fingerprint, one finite value per (layer, head) on planted maps, shares within 0..1;
 - head analyses (:data:`attnclust.analysis.heads.HEAD_ANALYSES`, per head): a version in the report stage's
   fingerprint, columns no other head analysis declares;
@@ -27,10 +27,11 @@ import pytest
 import attnclust  # noqa: F401 -- registers the built-ins
 from attnclust.analysis.heads import HEAD_ANALYSES
 from attnclust.analysis.plugins import ANALYSES, AnalysisContext
-from attnclust.analysis.stats import STATISTICS, map_statistics, statistics_versions, token_masks
 from attnclust.config import JobConfig, load_job
 from attnclust.featurize import FEATURIZERS, TokenContext, embed_with_context
 from attnclust.layout import RunLayout
+from attnclust.maps.stats import STATISTICS, map_statistics, statistics_versions
+from attnclust.maps.tokens import token_masks
 from attnclust.report.registry import REPORT_SECTIONS
 from attnclust.report.render import render_sections
 from attnclust.stages.featurize import FeaturizeStage

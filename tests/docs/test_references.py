@@ -107,7 +107,7 @@ def test_column_checker_finds_undocumented_columns_and_files(tmp_path):
 
 def test_a_statistic_or_head_analysis_without_description_is_undocumented(monkeypatch):
     from attnclust.analysis.heads import HEAD_ANALYSES, HeadAnalysis
-    from attnclust.analysis.stats import STATISTICS, Statistic
+    from attnclust.maps.stats import STATISTICS, Statistic
 
     monkeypatch.setitem(STATISTICS, "toy", Statistic("toy", "share", " ", 1, compute=None))
     monkeypatch.setitem(HEAD_ANALYSES, "toy", HeadAnalysis("toy", ("toy_a", "toy_b"), "share", "", 1, compute=None))

@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from attnclust.analysis.heads import HEAD_ANALYSES, head_analysis
-from attnclust.analysis.stats import STATISTICS, statistic
 from attnclust.config import JobConfig
 from attnclust.featurize import FEATURIZERS, register_featurizer
 from attnclust.layout import RunLayout
+from attnclust.maps.stats import STATISTICS, statistic
 from attnclust.pipeline import run_job
 from attnclust.report import REPORT_SECTIONS, report_section
 from attnclust.stages import SerialExecutor

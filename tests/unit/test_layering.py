@@ -42,11 +42,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundations", ("attnclust.plugins", "attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes",
                      "attnclust.models.hooks", "attnclust.cluster.kmeans", "attnclust.cluster.placement",
                      "attnclust._settings")),
-    # what a map is: the encodings a store keeps beside its maps (attnclust.maps), no files, no models
+    # what a map is, no files, no models: its tokens and token masks, its per-map statistics, its profile, and the
+    # encodings a store keeps it in (the compact code, the value norms' code)
     ("maps", ("attnclust.maps",)),
-    # array maths on attention maps that the model runner and the job's validation need, no files: per-map
-    # statistics and token masks, the featurizers and their registry (the other analyses sit in "methods")
-    ("kernels", ("attnclust.analysis.stats", "attnclust.featurize")),
+    # the featurizers and their registry, which the job's validation needs (their array maths is a map's)
+    ("kernels", ("attnclust.featurize",)),
     # reading the user's data: SQuAD files and the Hugging Face forms (data.hf), tokenisation into features
     ("data", ("attnclust.data", "attnclust.data.hf")),
     # the job: its sections, validated (against the featurizer registry, whose featurizers declare their own

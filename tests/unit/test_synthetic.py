@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnclust.analysis.stats import map_statistics, token_masks
+from attnclust.maps.stats import map_statistics
+from attnclust.maps.tokens import token_masks
 from attnclust.synthetic import (
     HEAD_TYPES,
     PATTERNS,
@@ -42,7 +43,7 @@ def test_planted_tokens_refuse_too_short_sequences():
 
 @pytest.mark.parametrize("n", [16, 384])
 def test_each_head_type_is_row_stochastic_and_scores_highest_on_its_own_statistic(n):
-    """The per-map statistics (attnclust.analysis.stats, written independently) name each planted type."""
+    """The per-map statistics (attnclust.maps.stats, written independently) name each planted type."""
     rng = np.random.default_rng(0)
     seq = planted_tokens(n, rng=rng)
     maps = np.stack([planted_head_map(kind, seq, rng=rng, noise=0.2) for kind in HEAD_TYPES])

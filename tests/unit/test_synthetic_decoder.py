@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnclust.analysis.stats import map_statistics, token_masks
+from attnclust.maps.stats import map_statistics
+from attnclust.maps.tokens import token_masks
 from attnclust.synthetic import (
     DECODER_FIRST,
     DECODER_HEAD_TYPES,
@@ -33,7 +34,7 @@ def test_planted_decoder_prompts_repeat_their_passage(n):
 
 @pytest.mark.parametrize("n", [24, 200])
 def test_each_decoder_type_is_causal_and_holds_most_of_its_own_statistic(n):
-    """The per-map statistics (attnclust.analysis.stats, written independently) find each planted type."""
+    """The per-map statistics (attnclust.maps.stats, written independently) find each planted type."""
     rng = np.random.default_rng(1)
     seq = planted_decoder_tokens(n, rng=rng)
     maps = np.stack([planted_decoder_map(kind, seq, rng=rng) for kind in DECODER_HEAD_TYPES])

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.atlas import DEFAULT_MIN_STABILITY, LENGTH_BUCKETS
-from ...analysis.stats import STATISTICS, shown_statistics
+from ...maps.stats import STATISTICS, shown_statistics
 from ..formatting import PERCENT_UNIT, fmt, hex_color, unit_label
 from ..inputs import ReportInputs
 
@@ -47,7 +47,7 @@ def cluster_stats(clusters: pd.DataFrame, causal: bool = False) -> list[dict[str
     ----------
     clusters : pandas.DataFrame
     causal : bool, optional
-        A causal model's run: only the statistics shown for it (:func:`attnclust.analysis.stats.shown_statistics`,
+        A causal model's run: only the statistics shown for it (:func:`attnclust.maps.stats.shown_statistics`,
         no next token or [SEP]).
 
     Returns

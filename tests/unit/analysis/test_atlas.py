@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 
 from attnclust.analysis.atlas import build_atlas, describe_cluster, head_table
-from attnclust.analysis.stats import stat_columns
 from attnclust.layout import RunLayout
+from attnclust.maps.stats import stat_columns
 
 
 def frames(rng, n_features=5, L=2, H=3):

@@ -12,7 +12,8 @@ import pytest
 
 from attnclust.analysis.atlas import causal_chances, cluster_table, head_table, segment_chance
 from attnclust.analysis.naming import describe_cluster, name_clusters, over_chance, pattern_type
-from attnclust.analysis.stats import map_statistics, stat_columns, token_masks
+from attnclust.maps.stats import map_statistics, stat_columns
+from attnclust.maps.tokens import token_masks
 from attnclust.synthetic import DECODER_HEAD_TYPES, planted_decoder_map, planted_decoder_tokens
 
 from helpers import causal_uniform

@@ -8,7 +8,8 @@ import pytest
 
 from attnclust.analysis.roles import ROLE_MARGIN, causal_role_nulls, head_roles, role_differences, role_nulls
 from attnclust.analysis.sink import SINK_THRESHOLD, sink_table
-from attnclust.analysis.stats import map_statistics, token_masks
+from attnclust.maps.stats import map_statistics
+from attnclust.maps.tokens import token_masks
 
 from helpers import causal_uniform
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnclust.analysis.stats import (
+from attnclust.maps.stats import (
     causal_uniform_scores,
     map_statistics,
     shown_statistics,
     stat_columns,
     statistics_versions,
-    token_masks,
 )
+from attnclust.maps.tokens import token_masks
 
 from helpers import causal_uniform
 

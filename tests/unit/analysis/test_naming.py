@@ -24,9 +24,10 @@ from attnclust.analysis.atlas import (
     read_stability,
     segment_chance,
 )
-from attnclust.analysis.stats import map_statistics, stat_columns, token_masks
 from attnclust.errors import DataError
 from attnclust.layout import RunLayout
+from attnclust.maps.stats import map_statistics, stat_columns
+from attnclust.maps.tokens import token_masks
 from attnclust.report import ReportInputs, render_report
 from attnclust.synthetic import planted_head_map, planted_tokens
 

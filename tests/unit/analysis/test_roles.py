@@ -19,8 +19,9 @@ from attnclust.analysis.roles import (
     role_differences,
     role_tests,
 )
-from attnclust.analysis.stats import map_statistics, token_masks
 from attnclust.errors import DataError
+from attnclust.maps.stats import map_statistics
+from attnclust.maps.tokens import token_masks
 from attnclust.synthetic import planted_tokens, write_planted_qa_store
 
 KINDS = ("previous", "next", "self", "cls", "sep", "punct", "block", "broad", "noise", "noise", "answer", "uniform",

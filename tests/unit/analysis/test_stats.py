@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from attnclust.analysis.stats import map_statistics, stat_columns, token_masks
+from attnclust.maps.stats import map_statistics, stat_columns
+from attnclust.maps.tokens import token_masks
 
 
 def test_statistics_match_hand_computed_values():

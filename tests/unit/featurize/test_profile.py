@@ -14,7 +14,7 @@ from attnclust.featurize import (
     get_featurizer,
 )
 from attnclust.featurize.pooled import pool_maps
-from attnclust.featurize.profile import (
+from attnclust.maps.profile import (
     PROFILE_COMPONENTS,
     SPREAD_WEIGHT,
     ProfilePlan,
@@ -71,7 +71,7 @@ def test_kmeans_on_profiles_recovers_the_eight_planted_types():
 
 @pytest.mark.parametrize("n", [2, 5, 23])
 def test_vectorised_profile_equals_loops_over_rows(n, monkeypatch):
-    from attnclust.featurize import profile
+    from attnclust.maps import profile
 
     rng = np.random.default_rng(n)
     n_feat, per_feature = 3, 2
@@ -97,7 +97,7 @@ def test_vectorised_profile_equals_loops_over_rows(n, monkeypatch):
 def test_batches_of_shared_and_mixed_mask_rows_equal_loops_over_rows(n, threads, monkeypatch):
     import torch
 
-    from attnclust.featurize import profile
+    from attnclust.maps import profile
 
     rng = np.random.default_rng(n)
     runs = [9, 3, 12, 1, 8, 2]  # maps per feature: runs of >= _MIN_RUN share one product per query (one thread)

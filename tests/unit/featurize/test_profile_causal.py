@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from attnclust.featurize import TokenContext
-from attnclust.featurize.profile import CAUSAL_PROFILE_COMPONENTS, OFFSETS, PROFILE_COMPONENTS, profile_maps
+from attnclust.maps.profile import CAUSAL_PROFILE_COMPONENTS, OFFSETS, PROFILE_COMPONENTS, profile_maps
 
 from helpers import causal_uniform as _causal_uniform
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from attnclust.analysis.heads import HEAD_ANALYSES, head_analysis
-from attnclust.analysis.stats import STATISTICS, stat_columns, statistic
+from attnclust.maps.stats import STATISTICS, stat_columns, statistic
 from attnclust.report import REPORT_SECTIONS, ReportInputs, column_units, render_report, report_section
 
 N_LAYERS, N_HEADS, N_CLUSTERS, N_FEATURES, G = 2, 3, 2, 4, 8

@@ -2,9 +2,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnclust.analysis.stats import stat_columns
 from attnclust.config import JobConfig
 from attnclust.layout import RunLayout
+from attnclust.maps.stats import stat_columns
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 from attnclust.stages.extract import plan_features, prepare_inputs

@@ -9,9 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from attnclust.analysis.stats import map_statistics, token_masks
 from attnclust.featurize import TokenContext
-from attnclust.featurize.profile import profile_maps, profile_tensor
+from attnclust.maps.profile import profile_maps, profile_tensor
+from attnclust.maps.stats import map_statistics
+from attnclust.maps.tokens import token_masks
 from attnclust.stages.extract import profile_and_statistics
 from attnclust.store import compact_maps
 from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_tokens

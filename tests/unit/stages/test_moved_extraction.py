@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from attnclust.analysis.moved import MOVED_COLUMNS, moved_statistics
-from attnclust.analysis.stats import token_masks
 from attnclust.config import ModelConfig
 from attnclust.layout import RunLayout
+from attnclust.maps.tokens import token_masks
 from attnclust.models import get_model
 from attnclust.models.value_norms import capture_value_norms
 

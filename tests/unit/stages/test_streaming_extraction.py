@@ -173,7 +173,7 @@ def _plain_reference(root, cfg: JobConfig, causal: bool) -> dict:
                                                 ("compact", True)])
 def test_the_streamed_store_equals_a_plain_forward_through_the_per_map_functions(tmp_path, tiny_bert_dir, small_squad,
                                                                                 tiny_causal, arch, store, overlap):
-    from attnclust.analysis.stats import stat_columns
+    from attnclust.maps.stats import stat_columns
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
 

@@ -8,8 +8,8 @@ import pytest
 from attnclust.config import JobConfig
 from attnclust.errors import StoreError
 from attnclust.featurize import TokenContext
-from attnclust.featurize.profile import profile_maps
 from attnclust.layout import RunLayout
+from attnclust.maps.profile import profile_maps
 from attnclust.pipeline import run_job
 from attnclust.stages import SerialExecutor
 from attnclust.stages.extract import ExtractStage, prepare_inputs

@@ -116,7 +116,7 @@ def test_fit_max_keys_is_the_largest_cap_whose_rows_fit(seed):
 def test_a_compact_store_is_fitted_to_its_budget(small_squad, tiny_bert_dir, tmp_path, capsys):
     """``compact_max_keys: null``: the cap is the most keys a row that the budget holds beside the exact sample
     and the profile vectors; the store keeps at most that many, says so, records it, and stays in the budget."""
-    from attnclust.featurize.profile import PROFILE_COMPONENTS
+    from attnclust.maps.profile import PROFILE_COMPONENTS
 
     first = tmp_path / "first"
     _extract(_cfg(small_squad, tiny_bert_dir, store="compact", exact_sample=0), first)
