@@ -1,111 +1,28 @@
-"""``attnclust export DIR --figure NAME --format png|svg|pdf``: the report's figures as files for papers.
-
-Headless: every figure is a ``matplotlib.figure.Figure`` drawn with Agg (no pyplot, no browser). The figures are
-registered by name in :data:`EXPORT_FIGURES` (``attnclust export DIR --figure list`` prints them); each one is a
-function of the run directory that reads the run's tables and returns a figure. A new figure is one decorated
-function here (:func:`export_figure`).
-
-Where files go, and what is never overwritten:
-
-- by default ``DIR/exports/<name>.<format>`` (:meth:`attnclust.layout.RunLayout.export`). ``exports/`` belongs to
-  attnclust: each file is recorded in the run's ownership marker before it is written, so a later export
-  replaces a file attnclust wrote there, and refuses one the user put there;
-- ``--out FILE`` inside the run directory must name a file in ``exports/`` and follows the same rule;
-- ``--out FILE`` anywhere else is created only when nothing is there yet (exclusive create): an existing file is
-  refused, whoever wrote it. Delete it or choose another name.
+"""The figures ``attnclust export`` writes, one registered function each (:func:`~attnclust.export.base.export_figure`):
+each reads a finished run's tables and returns a ``matplotlib.figure.Figure`` drawn as the report draws it.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .errors import ConfigError, DataError, StoreError
-from .layout import RunLayout
+from ..errors import DataError
+from ..layout import RunLayout
+from .base import export_figure
 
-__all__ = ["EXPORT_FIGURES", "FORMATS", "ExportFigure", "answers_generated", "build_figure", "export_figure",
-           "figure_names", "render_figure", "write_figure"]
-
-FORMATS = ("png", "svg", "pdf")
-"""The file formats ``attnclust export`` writes."""
-EXPORT_DPI = 300
-"""Resolution of PNG exports (print quality); SVG and PDF are vector files."""
-_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
-
-
-@dataclass(frozen=True)
-class ExportFigure:
-    """One exportable figure.
-
-    Attributes
-    ----------
-    name : str
-        Its name on the command line (``--figure NAME``) and in the default file name.
-    description : str
-        One line, printed by ``--figure list``.
-    draw : callable
-        ``draw(layout: RunLayout) -> matplotlib.figure.Figure``; raises :class:`attnclust.errors.DataError`
-        when the run lacks what the figure shows.
-    """
-
-    name: str
-    description: str
-    draw: Callable[[RunLayout], Figure]
-
-
-EXPORT_FIGURES: dict[str, ExportFigure] = {}
-"""Name -> :class:`ExportFigure`, in registration order."""
-
-
-def export_figure(name: str, description: str) -> Callable:
-    """Register ``fn(layout) -> Figure`` as the exportable figure ``name``.
-
-    Parameters
-    ----------
-    name : str
-        Letters, digits and ``_`` (it becomes a file name).
-    description : str
-        One line for ``--figure list``.
-
-    Returns
-    -------
-    callable
-        The decorator (it returns the function unchanged).
-    """
-    if not name.replace("_", "").isalnum() or name == "list":
-        raise ValueError(f"export figure name {name!r}: use letters, digits and '_' (and not 'list')")
-
-    def register(fn: Callable[[RunLayout], Figure]) -> Callable[[RunLayout], Figure]:
-        EXPORT_FIGURES[name] = ExportFigure(name, description, fn)
-        return fn
-
-    return register
-
-
-def figure_names() -> list[str]:
-    """The registered figure names, in registration order.
-
-    Returns
-    -------
-    list of str
-    """
-    return list(EXPORT_FIGURES)
+__all__ = ["answers_generated"]
 
 
 # -- reading the run ---------------------------------------------------------------------------------
 def _table(layout: RunLayout, path: Path, figure: str, fix: str) -> pd.DataFrame:
     if not path.exists():
         raise DataError(f"figure {figure}: {path.name} not found in {layout.root}; {fix}")
-    from .store.contract import read_table
+    from ..store.contract import read_table
 
     return read_table(path, fix=fix)
 
@@ -130,8 +47,8 @@ def _job(layout: RunLayout) -> dict:
 
 
 def _heatmap(layout: RunLayout, figure: str, column: str, unit: str, fix: str) -> Figure:
-    from .report.figures import head_heatmap_figure, head_matrix
-    from .report.sections import GRID_TEXT_MAX
+    from ..report.figures import head_heatmap_figure, head_matrix
+    from ..report.sections import GRID_TEXT_MAX
 
     heads = _heads(layout, figure)
     if column not in heads.columns:
@@ -159,8 +76,8 @@ def grid_figure(layout: RunLayout) -> Figure:
     """
     from matplotlib.lines import Line2D
 
-    from .report.figures import cluster_palette, head_grid
-    from .report.sections import GRID_TEXT_MAX
+    from ..report.figures import cluster_palette, head_grid
+    from ..report.sections import GRID_TEXT_MAX
 
     heads = _heads(layout, "grid")
     g = head_grid(heads)
@@ -211,7 +128,7 @@ def umap_export(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .report.figures import cluster_palette, umap_figure, umap_points
+    from ..report.figures import cluster_palette, umap_figure, umap_points
 
     maps = _table(layout, layout.table("maps"), "umap", "run 'attnclust report' for this run first")
     idx = umap_points(maps)
@@ -234,8 +151,8 @@ def cluster_maps_figure(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .analysis.thumbnails import cluster_mean_maps, medoid_maps
-    from .store.contract import open_attention_store, read_features
+    from ..analysis.thumbnails import cluster_mean_maps, medoid_maps
+    from ..store.contract import open_attention_store, read_features
 
     fix = "run 'attnclust report' for this run first"
     maps = _table(layout, layout.table("maps"), "cluster_maps", fix)
@@ -285,8 +202,8 @@ def head_layout_export(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .report.figures import head_layout_figure
-    from .report.sections import role_categories
+    from ..report.figures import head_layout_figure
+    from ..report.sections import role_categories
 
     positions = _table(layout, layout.head_layout, "head_layout", "re-run 'attnclust report' for this run")
     heads = _heads(layout, "head_layout")
@@ -329,7 +246,7 @@ def confidence_figure(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .report.formatting import PERCENT_UNIT
+    from ..report.formatting import PERCENT_UNIT
 
     return _heatmap(layout, "confidence", "confidence", PERCENT_UNIT, "re-run 'attnclust report' for this run")
 
@@ -348,11 +265,11 @@ def moved_export(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .analysis.moved import MOVED_COLUMNS
-    from .models.kinds import kind_of
-    from .report.figures import moved_norm_figure
-    from .report.sections.moved import moved_targets
-    from .store.contract import read_features
+    from ..analysis.moved import MOVED_COLUMNS
+    from ..models.kinds import kind_of
+    from ..report.figures import moved_norm_figure
+    from ..report.sections.moved import moved_targets
+    from ..store.contract import read_features
 
     heads = _heads(layout, "moved")
     if not set(MOVED_COLUMNS) <= set(heads.columns):
@@ -389,7 +306,7 @@ def pruning_export(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .report.figures import pruning_figure
+    from ..report.figures import pruning_figure
 
     return pruning_figure(_table(layout, layout.pruning, "pruning",
                                  "the importance stage did not run for this run (it needs a QA model)"))
@@ -407,7 +324,7 @@ def k_choice_figure(layout: RunLayout) -> Figure:
     -------
     matplotlib.figure.Figure
     """
-    from .report.figures import k_score_figure
+    from ..report.figures import k_score_figure
 
     try:
         record = json.loads(layout.stage_record("cluster").read_text())
@@ -440,7 +357,7 @@ def null_odds_export(layout: RunLayout) -> Figure:
         The run has no QA predictions, or its answers were generated by a decoder (:func:`answers_generated`):
         they have no null score, and their ``null_odds`` are placeholders.
     """
-    from .report.figures import null_odds_figure
+    from ..report.figures import null_odds_figure
 
     fix = "the QA stage did not run for this run"
     predictions = _table(layout, layout.predictions, "null_odds", fix)
@@ -453,152 +370,3 @@ def null_odds_export(layout: RunLayout) -> Figure:
     except (OSError, ValueError):
         raise DataError(f"figure null_odds: {layout.qa_scores.name} unreadable in {layout.root}; {fix}") from None
     return null_odds_figure(predictions, float((qa.get("settings") or {}).get("null_threshold", 0.0)))
-
-
-# -- building and writing ----------------------------------------------------------------------------
-def build_figure(run_dir: str | os.PathLike[str], name: str) -> Figure:
-    """The registered figure ``name`` of a finished run.
-
-    Parameters
-    ----------
-    run_dir
-        A finished run directory.
-    name : str
-        One of :func:`figure_names`.
-
-    Returns
-    -------
-    matplotlib.figure.Figure
-
-    Raises
-    ------
-    attnclust.errors.ConfigError
-        Unknown name (the message lists the known ones).
-    attnclust.errors.StoreError
-        ``run_dir`` is not a finished run.
-    attnclust.errors.DataError
-        The run lacks what the figure shows.
-    """
-    from .explore import finished_run
-
-    if name not in EXPORT_FIGURES:
-        raise ConfigError(f"--figure {name!r}: unknown figure; choose one of {', '.join(figure_names())}")
-    return EXPORT_FIGURES[name].draw(finished_run(run_dir))
-
-
-def render_figure(fig: Figure, fmt: str) -> bytes:
-    """Draw ``fig`` headless (Agg) as ``png``, ``svg`` or ``pdf`` bytes, without dates, so exports are
-    reproducible.
-
-    Parameters
-    ----------
-    fig : matplotlib.figure.Figure
-    fmt : str
-        One of :data:`FORMATS`.
-
-    Returns
-    -------
-    bytes
-    """
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=EXPORT_DPI, bbox_inches="tight", metadata=_METADATA[fmt])
-    fig.clear()
-    return buf.getvalue()
-
-
-def _format(fmt: str | None, out: Path | None) -> str:
-    suffix = out.suffix.lower().lstrip(".") if out is not None else ""
-    if fmt is None:
-        fmt = suffix if suffix in FORMATS else "png"
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
-    if suffix and suffix != fmt:
-        raise ConfigError(f"--out {out}: its suffix .{suffix} disagrees with --format {fmt}; name the file "
-                          f"*.{fmt} or change --format")
-    return fmt
-
-
-def write_figure(run_dir: str | os.PathLike[str], name: str, fmt: str | None = None,
-                 out: str | os.PathLike[str] | None = None) -> Path:
-    """Export the figure ``name`` of a run as a file, never overwriting a file attnclust did not write.
-
-    Parameters
-    ----------
-    run_dir
-        A finished run directory.
-    name : str
-        One of :func:`figure_names`.
-    fmt : str, optional
-        ``png``, ``svg`` or ``pdf``; default: the suffix of ``out``, else ``png``.
-    out : path, optional
-        The file; default ``run_dir/exports/<name>.<fmt>``. Inside the run directory, a file attnclust wrote is
-        replaced and any other is refused; outside it, any existing file is refused.
-
-    Returns
-    -------
-    pathlib.Path
-        The file written.
-
-    Raises
-    ------
-    attnclust.errors.ConfigError
-        Unknown figure or format, or ``out``'s suffix disagrees with ``fmt``.
-    attnclust.errors.StoreError
-        ``run_dir`` is not a finished run, or ``out`` exists and may not be replaced, or its folder is missing.
-    attnclust.errors.DataError
-        The run lacks what the figure shows.
-    """
-    from .explore import finished_run
-    from .store.contract import atomic_write_bytes
-
-    out_path = None if out is None else Path(out)
-    fmt = _format(fmt, out_path)
-    if name not in EXPORT_FIGURES:  # before reading anything
-        raise ConfigError(f"--figure {name!r}: unknown figure; choose one of {', '.join(figure_names())}")
-    layout = finished_run(run_dir)
-    target = layout.export(name, fmt) if out_path is None else out_path.absolute()
-    if layout.exports.is_symlink() and (out_path is None or target.parent.resolve() == layout.exports.resolve()):
-        raise StoreError(f"run dir {layout.root}: {layout.exports.name} is a symbolic link; attnclust does not "
-                         f"write through links inside a run directory: remove it")
-    inside = target.parent.resolve().is_relative_to(layout.root)
-    if inside:
-        target = target.parent.resolve() / target.name
-        if target.parent != layout.exports:
-            raise StoreError(f"--out {out_path}: inside the run directory attnclust writes figures only into its "
-                             f"{layout.exports.name}/ folder; use --out {layout.exports / target.name} or a path "
-                             f"outside the run")
-        if layout.exports.is_symlink():
-            raise StoreError(f"run dir {layout.root}: {layout.exports.name} is a symbolic link; attnclust does not "
-                             f"follow links inside a run directory: remove it")
-        _refuse_foreign(layout, target)
-    elif os.path.lexists(target):
-        raise StoreError(f"--out {out_path}: exists; attnclust never overwrites a file outside its run "
-                         f"directories: delete it or choose another --out")
-    elif not target.parent.is_dir():
-        raise StoreError(f"--out {out_path}: folder {target.parent} does not exist; create it first")
-    data = render_figure(EXPORT_FIGURES[name].draw(layout), fmt)
-    if inside:
-        with layout.locked():
-            layout.record(target)
-            atomic_write_bytes(target, data)
-        return target
-    try:
-        with open(target, "xb") as fh:  # exclusive create: never replaces a file that appeared meanwhile
-            try:
-                fh.write(data)
-            except BaseException:
-                target.unlink(missing_ok=True)
-                raise
-    except FileExistsError:
-        raise StoreError(f"--out {out_path}: exists; attnclust never overwrites a file outside its run "
-                         f"directories: delete it or choose another --out") from None
-    return target
-
-
-def _refuse_foreign(layout: RunLayout, target: Path) -> None:
-    """Refuse, before drawing, a path inside the run directory that exists and is not attnclust's."""
-    rel = layout.relative(target)
-    if (target.exists() or target.is_symlink()) and rel not in layout.written():
-        raise StoreError(f"--out {target}: exists but attnclust did not write it; attnclust never overwrites "
-                         f"a user's file: move it away or choose another --out")
