@@ -132,7 +132,7 @@ class ExtractConfig(_Model):
         question's answer is chosen across its windows (:func:`attnclust.qa.prompting.predict_generated`).
     batch_size
         Features per forward pass; batches are grouped by length. On a CPU a batch of long features holds fewer:
-        at most ``batch_size x 96^2`` query-key pairs a head (:data:`attnclust.stages.extract.CPU_BATCH_SIDE`),
+        at most ``batch_size x 96^2`` query-key pairs a head (:data:`attnclust.stages.extract_task.CPU_BATCH_SIDE`),
         e.g. 2 of 192 tokens, one above 192, which is faster there and holds fewer maps at once.
     features_per_task
         Features each Dask task owns (one zarr shard); ``None`` sizes it to about ``target_task_mb`` of

@@ -15,14 +15,14 @@ old extraction.
 
 The store's size and the room for it are :mod:`attnclust.store.plan`'s (:func:`store_bytes`,
 :func:`check_store_room`), the shard and the exact sample are written by :mod:`attnclust.store.writers`
-(:func:`profile_and_statistics`, :class:`~attnclust.store.writers.ShardFiller`, a layer at a time); this stage
-orders the work.
+(:func:`profile_and_statistics`, :class:`~attnclust.store.writers.ShardFiller`, a layer at a time), each block's
+task is :mod:`attnclust.stages.extract_task`'s (:func:`extract_block`, its batches :func:`batch_ranges`); this
+stage reads the inputs, plans the store and orders the work.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import shutil
 import time
 from pathlib import Path
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.induction import INDUCTION_VERSION, write_induction
-from ..analysis.moved import MOVED_COLUMNS, MOVED_VERSION, moved_statistics
-from ..analysis.probes import consolidate_head_outputs, save_head_output_part
+from ..analysis.moved import MOVED_VERSION
+from ..analysis.probes import consolidate_head_outputs
 from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
 from ..config import JobConfig
 from ..data.features import FEATURE_LAYOUT_VERSION
@@ -43,10 +43,8 @@ from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
 from ..maps import CompactCode
 from ..maps.profile import PROFILE_COMPONENTS
-from ..maps.stats import stat_columns, statistics_versions
-from ..maps.tokens import token_masks
+from ..maps.stats import statistics_versions
 from ..models.kinds import kind_of
-from ..models.value_norms import capture_value_norms, measures_moved_norm
 from ..store.contract import (
     atomic_write_parquet,
     create_attention_store,
@@ -60,12 +58,9 @@ from ..store.plan import (  # re-exported: the extract stage's pre-flight names
     plan_store,
     store_bytes,
 )
-from ..store.writers import (  # profile_and_statistics re-exported: what every extract task computes
-    ExactSampleWriter,
-    ShardFiller,
-    profile_and_statistics,
-)
+from ..store.writers import profile_and_statistics  # re-exported: what every extract task computes
 from .base import RunContext, Stage
+from .extract_task import CPU_BATCH_SIDE, _stores_head_outputs, batch_ranges, extract_block
 
 COMPACT_SPREAD_VERSION = 1
 """Version of how a compact store gives a read row its dropped mass back (``attrs["compact"]["spread"]`` and the
@@ -74,8 +69,8 @@ compact store written without them is extracted again."""
 PROFILE_VERSION = _Profile.version
 """Version of the ``profile`` vectors a store holds (its ``profile`` attribute; checked by the featurize stage)."""
 
-__all__ = ["ExtractStage", "batch_ranges", "check_store_room", "compact_store_bytes", "extract_block", "plan_features",
-           "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes", "store_plan"]
+__all__ = ["CPU_BATCH_SIDE", "ExtractStage", "batch_ranges", "check_store_room", "compact_store_bytes", "extract_block",
+           "plan_features", "prepare_inputs", "profile_and_statistics", "shard_features", "store_bytes", "store_plan"]
 
 
 def prepare_inputs(cfg: JobConfig) -> dict:
@@ -148,41 +143,6 @@ def plan_features(features: pd.DataFrame) -> pd.DataFrame:
 FEATURE_ROW_GROUP = 64
 
 
-# A CPU forward batch holds at most batch_size x CPU_BATCH_SIDE^2 query-key pairs a head (padded to its longest
-# feature): batch_size features up to 96 tokens, 4 of 128, 2 of 192, one above 192. On a CPU a long feature's
-# forward is faster alone than in a batch. Measured with the packaged MiniLM, one thread, ms a feature by batch
-# size: 70-90 tokens 14.8 (16), 12.8 (8), 13.1 (4), 19.2 (1); 140-160 tokens 30.4 (8), 28.1 (4), 28.5 (2); 240-270
-# tokens 70.2 (8), 59.7 (2), 57.5 (1); 384 tokens 151.7 (8), 123.9 (4), 114.1 (2). A GPU batches as configured (its
-# throughput grows with the batch).
-CPU_BATCH_SIDE = 96
-
-
-def batch_ranges(seq_len: np.ndarray, batch_size: int, *, pairs: int | None = None) -> list[tuple[int, int]]:
-    """Consecutive batches ``[(start, stop)]`` of features in store order (shortest first within a task).
-
-    Parameters
-    ----------
-    seq_len
-        True lengths of the task's features, in order.
-    batch_size
-        Most features in a batch (``extract.batch_size``).
-    pairs
-        Most query-key pairs a head in a batch padded to its longest feature (``count x longest^2``); ``None``:
-        no such limit. A feature longer than the limit allows still gets a batch of its own.
-    """
-    out, start = [], 0
-    while start < len(seq_len):
-        stop, longest = start + 1, int(seq_len[start])
-        while stop < len(seq_len) and stop - start < batch_size:
-            longest = max(longest, int(seq_len[stop]))
-            if pairs is not None and (stop - start + 1) * longest * longest > pairs:
-                break
-            stop += 1
-        out.append((start, stop))
-        start = stop
-    return out
-
-
 def shard_features(cfg: JobConfig, *, num_layers: int, num_heads: int, width: int, mode: str = "full") -> int:
     """Features per task/shard: the configured number, or about ``target_task_mb`` of maps as the shard holds them
     in memory (``mode``: a full store's ``extract.store_dtype``; a compact store's uint8)."""
@@ -217,162 +177,6 @@ def _capped_note(dropped: dict[str, int], cap: int | None) -> str:
     return (f"note: {n:,} example{'s' if n != 1 else ''} had more than {cap} features: kept {kept}, dropped "
             f"{total:,} feature{'s' if total != 1 else ''}; raise data.max_features_per_example (null keeps all) "
             f"to keep them")
-
-
-def _stores_head_outputs(cfg: JobConfig, kind) -> bool:
-    """``extract.head_outputs`` for a kind that captures them, over questions: natural text has no labels for the
-    probes that read them."""
-    return cfg.extract.head_outputs and kind.stores_head_outputs and cfg.data.format != "text"
-
-
-def _worker_threads() -> int | None:
-    try:
-        from distributed import get_worker
-
-        return get_worker().state.nthreads
-    except (ImportError, ValueError):
-        return None
-
-
-def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu") -> dict:
-    """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
-
-    Each layer's maps are converted where the forward makes them: the forward hands each layer's attention weights
-    of the batch over inside the pass (``layer_maps`` of :meth:`~attnclust.models.kinds.ModelKind.forward`), and
-    they are converted feature by feature on views of them (:class:`~attnclust.store.writers.ShardFiller`, one
-    layer at a time): one pass of row sums gives the ``profile`` vectors and the statistics, then the maps are cast
-    straight into their place in the shard (float16/uint8, or the compact rows of ``extract.store: compact``) and
-    the layer's weights are dropped, so a batch holds one layer's maps, never all of them. With ``extract.overlap``
-    (by default only when ``device`` is a GPU) one worker thread converts layer ``l`` while the forward computes
-    layer ``l + 1`` (two layers' maps at most), and a writer thread compresses and writes the maps of each batch
-    whose layers are all converted while the next batches' forwards run (:meth:`ShardFiller.flush
-    <attnclust.store.writers.ShardFiller.flush>`); without it the shard is written once, at the end.
-
-    Returns
-    -------
-    dict
-        ``block``, ``features``, ``tokens`` processed, ``forward_seconds`` spent in forward passes (less the
-        conversion inside them) and ``convert_seconds`` spent on profile vectors, statistics, conversion and the
-        shard write (overlapped with the forwards when ``extract.overlap`` is on).
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-
-    from ..models.runner import get_model
-    from ..runtime import fix_malloc_thresholds
-
-    fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
-    layout = RunLayout(root)
-    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
-    kind = kind_of(loaded)  # its forward, and what the forward gives (start/end logits or token log-probabilities)
-    feats = pd.read_parquet(layout.features, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
-    feats = feats.sort_values("feature_id").reset_index(drop=True)
-    if len(feats) != stop - start:
-        raise RuntimeError(f"extract block {block}: features.parquet holds {len(feats)} of features "
-                           f"{start}..{stop - 1}; the output dir changed under the run")
-    store = open_attention_store(layout.attention, mode="r+", require_complete=False)
-    n_layers, n_heads = loaded.num_layers, loaded.num_heads
-    causal = kind_of(store).is_decoder  # the profile's causal uniform null, the causal statistics
-    # (feature, layer, head) per statistic, filled layer by layer; what the heads move where the family allows
-    moves = measures_moved_norm(loaded.model)
-    names = (*stat_columns(causal), *(MOVED_COLUMNS if moves else ()))
-    columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in names}
-    masks: dict[int, tuple] = {}  # each feature's [SEP] and punctuation keys, for the moved-norm statistics
-    # each key's norm, coded for the store's value_norm arrays (attnclust.maps.NormCode), written with the block
-    keep_norms = moves and store.value_norm is not None
-    norm_codes = np.zeros((len(feats), n_layers, n_heads, store.width), np.uint8) if keep_norms else None
-    norm_max = np.zeros((len(feats), n_layers, n_heads), np.float32) if keep_norms else None
-    norm_code = store.norm_code
-    qa_rows = []
-    pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
-    forward_s = in_hook_s = 0.0
-    bs = cfg.extract.batch_size
-
-    def convert(rows: list, layer: int, weights, norms=None) -> None:
-        """One layer of a batch, (feature, head, query, key) padded: each feature's maps into its places (``rows``
-        the batch's rows of features.parquet as named tuples); with ``norms`` (feature, head, key), each key's
-        ``||f_h(x_j)||``, also the moved-norm statistics (:mod:`attnclust.analysis.moved`)."""
-        with torch.inference_mode():  # as in the forward (the weights are its inference tensors)
-            weights = weights.float()  # float16 under CUDA autocast: the float32 the statistics read
-            for i, row in enumerate(rows):
-                m, j = int(row.seq_len), int(row.feature_id) - start
-                maps = weights[i, None, :, :m, :m]  # (1 layer, head, query, key): a view
-                stats = fill(row, maps, layer=layer)
-                if norms is not None:
-                    if j not in masks:
-                        masks[j] = token_masks(list(row.tokens), list(row.segment_ids))[:2]
-                    stats.update({name: value[None] for name, value in moved_statistics(
-                        maps[0], norms[i, :, :m], sep=masks[j][0], punct=masks[j][1]).items()})
-                    if keep_norms:
-                        norm_codes[j, layer, :, :m], norm_max[j, layer] = norm_code.encode(
-                            norms[i, :, :m].float().cpu().numpy())
-                for name, values in columns.items():
-                    values[j, layer] = stats[name][0]
-                exact(row, maps, layer=layer)
-
-    overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
-    pending = None
-    moved_norms: dict = {}  # the batch's value norms per layer (capture_value_norms), filled inside its forward
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{block}") as writer:
-        # with overlap, the finished features' maps are compressed and written beside the next batches' forwards
-        fill = ShardFiller(store, start, stop, n_layers, n_heads, device, causal=causal,
-                           writer=writer if overlap else None)
-        exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
-
-        def layer_maps(rows: list, layer: int, weights) -> None:
-            """Inside the forward: convert the layer now, or hand it to the worker thread once the layer before it
-            is done (at most one layer waits: two layers' maps in memory at most)."""
-            nonlocal pending, in_hook_s
-            t0 = time.perf_counter()
-            norms = moved_norms.get(layer)  # this batch's, set by the layer's value projection before its weights
-            if overlap:
-                if pending is not None:
-                    pending.result()
-                pending = pool.submit(convert, rows, layer, weights, norms)
-            else:
-                convert(rows, layer, weights, norms)
-            in_hook_s += time.perf_counter() - t0
-
-        pairs = None if device.startswith("cuda") else bs * CPU_BATCH_SIDE ** 2
-        finished = 0  # features 0:finished of the block have all their layers converted
-        for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
-            rows = feats.iloc[b0:b1]
-            t0 = time.perf_counter()
-            capture = capture_value_norms(loaded.model, n_layers, n_heads) if moves else contextlib.nullcontext({})
-            with capture as moved_norms:
-                result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
-                                      layer_maps=functools.partial(layer_maps, list(rows.itertuples(index=False))))
-            forward_s += time.perf_counter() - t0
-            # the batch before this one is converted (its last layer was waited for at this one's first)
-            fill.flush(start + finished)
-            finished = b1
-            if pooled is not None:
-                pooled.append(result.head_outputs)
-            for i, row in enumerate(rows.itertuples(index=False)):
-                # start/end logits, or a decoder's token log-probabilities (qa/prompting.py scores the generated text)
-                qa_rows.append({"feature_id": row.feature_id, **kind.token_outputs(result, i, int(row.seq_len))})
-        if pending is not None:
-            pending.result()
-        exact.close()
-        fill.write()
-    if keep_norms:  # the block's own chunk of each array (chunked like the shards)
-        store.value_norm[start:stop] = norm_codes
-        store.value_norm_max[start:stop] = norm_max
-    fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
-    stats = pd.DataFrame({
-        "feature_id": fid.astype(np.int64),
-        "layer": np.tile(np.repeat(np.arange(n_layers, dtype=np.int16), n_heads), len(feats)),
-        "head": np.tile(np.arange(n_heads, dtype=np.int16), n_layers * len(feats)),
-        **{name: values.ravel() for name, values in columns.items()},
-    })
-    atomic_write_parquet(stats, layout.part("stats", block))
-    atomic_write_parquet(pd.DataFrame(qa_rows), layout.part("qa", block))
-    if pooled is not None:
-        save_head_output_part(layout.head_output_part(block), feats["feature_id"].to_numpy(), pooled)
-    return {"block": block, "features": len(feats), "tokens": int(feats["seq_len"].sum()),
-            "forward_seconds": forward_s - in_hook_s, "convert_seconds": fill.seconds}
 
 
 def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, model_info: dict,
