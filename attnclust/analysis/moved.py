@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MOVED_COLUMNS", "MOVED_OF", "MOVED_VERSION", "moved_statistics"]
+from ..maps.tokens import token_masks
+from ..models.value_norms import capture_value_norms, measures_moved_norm
+from .extraction import extraction_analysis
+
+__all__ = ["MOVED_COLUMNS", "MOVED_OF", "MOVED_VERSION", "MovedNormWork", "moved_statistics"]
 
 MOVED_OF = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev")
 """The weight statistics read again on the moved-norm shares."""
@@ -74,3 +78,44 @@ def moved_statistics(weights, norms, *, sep: np.ndarray, punct: np.ndarray) -> d
                           else torch.zeros(h, device=a.device)),
     }
     return {name: value.cpu().numpy().astype(np.float32) for name, value in out.items()}
+
+
+class MovedNormWork:
+    """What heads move, on one extract task (the extraction phase's :class:`~.extraction.BlockWork`): each key's
+    ``||f_h(x_j)||`` captured by the forward (:func:`attnclust.models.value_norms.capture_value_norms`), the
+    moved-norm statistics of every map, and, where the store keeps them (``value_norm``), each key's norm coded by the
+    store's :class:`attnclust.maps.NormCode`, written with the task's own chunk."""
+
+    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int):
+        self.store, self.start, self.stop = store, start, stop
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.masks: dict[int, tuple] = {}  # each feature's [SEP] and punctuation keys
+        self.keep = store.value_norm is not None
+        self.code = store.norm_code
+        shape = (stop - start, n_layers, n_heads)
+        self.codes = np.zeros((*shape, store.width), np.uint8) if self.keep else None
+        self.largest = np.zeros(shape, np.float32) if self.keep else None
+
+    def capture(self, loaded):
+        return capture_value_norms(loaded.model, self.n_layers, self.n_heads)
+
+    def map(self, j: int, row, layer: int, maps, captured) -> dict[str, np.ndarray]:
+        m = int(maps.shape[-1])
+        if j not in self.masks:
+            self.masks[j] = token_masks(list(row.tokens), list(row.segment_ids))[:2]
+        norms = captured[:, :m]
+        if self.keep:
+            self.codes[j, layer, :, :m], self.largest[j, layer] = self.code.encode(norms.float().cpu().numpy())
+        return moved_statistics(maps, norms, sep=self.masks[j][0], punct=self.masks[j][1])
+
+    def finish(self) -> None:
+        if self.keep:  # the task's own chunk of each array (chunked like the shards)
+            self.store.value_norm[self.start:self.stop] = self.codes
+            self.store.value_norm_max[self.start:self.stop] = self.largest
+
+
+extraction_analysis(
+    "moved_norm", version=MOVED_VERSION, columns=MOVED_COLUMNS, applies=measures_moved_norm,
+    description="what each head moves from [CLS] / the first token, [SEP], punctuation, itself and the token before: "
+                "the weights' statistics read again on each row's shares of the moved norm (Kobayashi et al. 2020)",
+)(MovedNormWork)

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..analysis.extraction import applicable, extraction_versions
 from ..analysis.induction import INDUCTION_VERSION, write_induction
-from ..analysis.moved import MOVED_VERSION
 from ..analysis.probes import consolidate_head_outputs
 from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
 from ..config import JobConfig
@@ -92,7 +92,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
     from ..data.limits import InputBound
     from ..data.squad import check_label_fields, extra_columns, read_squad, sample_path
     from ..data.text import read_texts
-    from ..models.runner import describe_model, get_tokenizer
+    from ..models.runner import describe_model, get_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
     text = cfg.data.format == "text"
@@ -120,7 +120,9 @@ def prepare_inputs(cfg: JobConfig) -> dict:
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
             "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info,
             "normalised": list(features.attrs.get("normalised", ())),
-            "control_strings": examples_with_control_strings(examples, tokenizer)}
+            "control_strings": examples_with_control_strings(examples, tokenizer),
+            # the registered extraction analyses this model allows (the workers run the same ones)
+            "extraction_analyses": [a.name for a in applicable(get_model(cfg.model).model)]}
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -307,7 +309,8 @@ class ExtractStage(Stage):
     def identity(self, ctx: RunContext) -> dict:
         """The data's content identity (:func:`~attnclust.data.hf.data_fingerprint`), the model's identity
         (weights, tokenizer, chat template, generation config: :func:`~attnclust.models.model_identity`), the
-        backend, the statistics' versions (the moved-norm ones', :mod:`attnclust.analysis.moved`, included),
+        backend, the statistics' versions and those of the extraction analyses that measure this model
+        (:mod:`attnclust.analysis.extraction`: what heads move ...),
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
         features, so the fingerprint, as they were); for a causal model also the settings of its prompts and
         answers (``extract.prompt``, ``extract.max_new_tokens``, ``model.gguf_file``), which an encoder's
@@ -331,7 +334,7 @@ class ExtractStage(Stage):
                 capped["extract.needle_lengths"] = needles
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": statistics_versions(kind.is_decoder),
-                "moved_norm": MOVED_VERSION, **capped}
+                "extraction_analyses": extraction_versions(inputs["extraction_analyses"]), **capped}
 
     def check(self, ctx: RunContext) -> None:
         """Before anything is written: note the features the cap dropped, print the store's projected size (with

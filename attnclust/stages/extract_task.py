@@ -13,14 +13,12 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..analysis.moved import MOVED_COLUMNS, moved_statistics
+from ..analysis.extraction import applicable
 from ..analysis.probes import save_head_output_part
 from ..config import JobConfig
 from ..layout import RunLayout
 from ..maps.stats import stat_columns
-from ..maps.tokens import token_masks
 from ..models.kinds import kind_of
-from ..models.value_norms import capture_value_norms, measures_moved_norm
 from ..store.contract import atomic_write_parquet, open_attention_store
 from ..store.writers import ExactSampleWriter, ShardFiller
 
@@ -117,46 +115,37 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
     n_layers, n_heads = loaded.num_layers, loaded.num_heads
     causal = kind_of(store).is_decoder  # the profile's causal uniform null, the causal statistics
-    # (feature, layer, head) per statistic, filled layer by layer; what the heads move where the family allows
-    moves = measures_moved_norm(loaded.model)
-    names = (*stat_columns(causal), *(MOVED_COLUMNS if moves else ()))
+    # the registered extraction analyses that can measure this model (analysis/extraction.py: what heads move ...),
+    # each with its work on this task's features
+    works = {a.name: a.block(store, start, stop, n_layers, n_heads) for a in applicable(loaded.model)}
+    # (feature, layer, head) per statistic, filled layer by layer
+    names = (*stat_columns(causal), *(c for a in applicable(loaded.model) for c in a.columns))
     columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in names}
-    masks: dict[int, tuple] = {}  # each feature's [SEP] and punctuation keys, for the moved-norm statistics
-    # each key's norm, coded for the store's value_norm arrays (attnclust.maps.NormCode), written with the block
-    keep_norms = moves and store.value_norm is not None
-    norm_codes = np.zeros((len(feats), n_layers, n_heads, store.width), np.uint8) if keep_norms else None
-    norm_max = np.zeros((len(feats), n_layers, n_heads), np.float32) if keep_norms else None
-    norm_code = store.norm_code
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
     forward_s = in_hook_s = 0.0
     bs = cfg.extract.batch_size
 
-    def convert(rows: list, layer: int, weights, norms=None) -> None:
+    def convert(rows: list, layer: int, weights, captured: dict) -> None:
         """One layer of a batch, (feature, head, query, key) padded: each feature's maps into its places (``rows``
-        the batch's rows of features.parquet as named tuples); with ``norms`` (feature, head, key), each key's
-        ``||f_h(x_j)||``, also the moved-norm statistics (:mod:`attnclust.analysis.moved`)."""
+        the batch's rows of features.parquet as named tuples), and each extraction analysis' columns from what
+        its capture left for this layer (``captured``: name -> (feature, head, key))."""
         with torch.inference_mode():  # as in the forward (the weights are its inference tensors)
             weights = weights.float()  # float16 under CUDA autocast: the float32 the statistics read
             for i, row in enumerate(rows):
                 m, j = int(row.seq_len), int(row.feature_id) - start
                 maps = weights[i, None, :, :m, :m]  # (1 layer, head, query, key): a view
                 stats = fill(row, maps, layer=layer)
-                if norms is not None:
-                    if j not in masks:
-                        masks[j] = token_masks(list(row.tokens), list(row.segment_ids))[:2]
-                    stats.update({name: value[None] for name, value in moved_statistics(
-                        maps[0], norms[i, :, :m], sep=masks[j][0], punct=masks[j][1]).items()})
-                    if keep_norms:
-                        norm_codes[j, layer, :, :m], norm_max[j, layer] = norm_code.encode(
-                            norms[i, :, :m].float().cpu().numpy())
+                for name, work in works.items():
+                    stats.update({c: value[None] for c, value in work.map(j, row, layer, maps[0],
+                                                                          captured[name][i]).items()})
                 for name, values in columns.items():
                     values[j, layer] = stats[name][0]
                 exact(row, maps, layer=layer)
 
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
-    moved_norms: dict = {}  # the batch's value norms per layer (capture_value_norms), filled inside its forward
+    captures: dict = {}  # name -> the batch's captured tensors per layer, filled inside its forward
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{block}") as writer:
         # with overlap, the finished features' maps are compressed and written beside the next batches' forwards
@@ -169,13 +158,14 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             is done (at most one layer waits: two layers' maps in memory at most)."""
             nonlocal pending, in_hook_s
             t0 = time.perf_counter()
-            norms = moved_norms.get(layer)  # this batch's, set by the layer's value projection before its weights
+            # this batch's, set by the layer's modules (its value projection ...) before its weights
+            captured = {name: layers.get(layer) for name, layers in captures.items()}
             if overlap:
                 if pending is not None:
                     pending.result()
-                pending = pool.submit(convert, rows, layer, weights, norms)
+                pending = pool.submit(convert, rows, layer, weights, captured)
             else:
-                convert(rows, layer, weights, norms)
+                convert(rows, layer, weights, captured)
             in_hook_s += time.perf_counter() - t0
 
         pairs = None if device.startswith("cuda") else bs * CPU_BATCH_SIDE ** 2
@@ -183,8 +173,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         for b0, b1 in batch_ranges(feats["seq_len"].to_numpy(), bs, pairs=pairs):
             rows = feats.iloc[b0:b1]
             t0 = time.perf_counter()
-            capture = capture_value_norms(loaded.model, n_layers, n_heads) if moves else contextlib.nullcontext({})
-            with capture as moved_norms:
+            with contextlib.ExitStack() as stack:
+                captures = {name: stack.enter_context(work.capture(loaded)) for name, work in works.items()}
                 result = kind.forward(loaded, rows, device=device, head_outputs=pooled is not None,
                                       layer_maps=functools.partial(layer_maps, list(rows.itertuples(index=False))))
             forward_s += time.perf_counter() - t0
@@ -200,9 +190,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             pending.result()
         exact.close()
         fill.write()
-    if keep_norms:  # the block's own chunk of each array (chunked like the shards)
-        store.value_norm[start:stop] = norm_codes
-        store.value_norm_max[start:stop] = norm_max
+    for work in works.values():  # their own store arrays, the task's chunk
+        work.finish()
     fid = np.repeat(feats["feature_id"].to_numpy(), n_layers * n_heads)
     stats = pd.DataFrame({
         "feature_id": fid.astype(np.int64),

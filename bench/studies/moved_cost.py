@@ -3,7 +3,7 @@
 Extraction measures each key's value norm through the head's output slice (:mod:`attnclust.models.value_norms`) and
 the moved-norm statistics of every map (:mod:`attnclust.analysis.moved`), and stores each key's norm beside the maps
 (``value_norm``: :class:`attnclust.maps.NormCode`). This extracts the same questions with the packaged MiniLM with
-and without them (the arm without patches the family check of the extract stage and of the model's description to
+and without them (the arm without makes the registered analysis apply to no model and the model's description
 say no), the arms interleaved (A, B, A, B, ...) in one run, and prints the median extraction time with / without and
 the size of the run's extraction outputs (``attention.zarr`` and ``map_stats.parquet``) with / without, for a full
 store and for a compact one (``--store``; the dev-sized arm's). The goal (issue 52): at most 1.10 for both.
@@ -28,23 +28,26 @@ def _size(path: Path) -> int:
 
 
 def _extract(out: Path, questions: int, *, moved: bool, store: str) -> tuple[float, int]:
+    import dataclasses
+
     import attnclust.models.runner as runner
-    import attnclust.stages.extract as extract
+    from attnclust.analysis.extraction import EXTRACTION_ANALYSES
     from attnclust.config import load_job
     from attnclust.layout import RunLayout
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
 
-    originals = extract.measures_moved_norm, runner.measures_moved_norm
-    if not moved:  # no statistics (the worker's check) and no value_norm arrays (the model's description)
-        extract.measures_moved_norm = runner.measures_moved_norm = lambda model: False
+    originals = EXTRACTION_ANALYSES["moved_norm"], runner.measures_moved_norm
+    if not moved:  # no statistics (the registered analysis applies to nothing) and no value_norm arrays
+        EXTRACTION_ANALYSES["moved_norm"] = dataclasses.replace(originals[0], applies=lambda model: False)
+        runner.measures_moved_norm = lambda model: False
     try:
         cfg = load_job(None, [f"data.max_examples={questions}", f"extract.store={store}"])
         t0 = time.perf_counter()
         run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False)
         seconds = time.perf_counter() - t0
     finally:
-        extract.measures_moved_norm, runner.measures_moved_norm = originals
+        EXTRACTION_ANALYSES["moved_norm"], runner.measures_moved_norm = originals
     layout = RunLayout(out)
     return seconds, _size(layout.attention) + _size(layout.map_stats)
 

@@ -9,6 +9,9 @@ checked here without a line of its own:
   keys of the job, vectors of the width it declares at any map length, the same vectors for the same maps;
 - per-map statistics (:data:`attnclust.maps.stats.STATISTICS`, computed at extraction): a version in the
   extraction's fingerprint, one finite value per (layer, head) on planted maps, shares within 0..1;
+- extraction analyses (:data:`attnclust.analysis.extraction.EXTRACTION_ANALYSES`, with the model at extraction): a
+  version in the extraction's fingerprint, columns no per-map statistic has (their values are checked end to end
+  against plain forwards in ``tests/unit/stages/test_moved_extraction.py``);
 - head analyses (:data:`attnclust.analysis.heads.HEAD_ANALYSES`, per head): a version in the report stage's
   fingerprint, columns no other head analysis declares;
 - report sections (:data:`attnclust.report.registry.REPORT_SECTIONS`): a template that loads and a section that
@@ -25,6 +28,7 @@ import numpy as np
 import pytest
 
 import attnclust  # noqa: F401 -- registers the built-ins
+from attnclust.analysis.extraction import EXTRACTION_ANALYSES
 from attnclust.analysis.heads import HEAD_ANALYSES
 from attnclust.analysis.plugins import ANALYSES, AnalysisContext
 from attnclust.config import JobConfig, load_job
@@ -218,3 +222,26 @@ def test_report_section_loads_its_template_and_renders_or_steps_aside_on_planted
     assert len(rendered) <= 1
     if rendered:
         assert rendered[0].name == name and rendered[0].html.strip()
+
+
+# -- extraction analyses -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(EXTRACTION_ANALYSES))
+def test_extraction_analysis_version_is_part_of_the_extraction_fingerprint(name, monkeypatch, tiny_bert_dir):
+    """Declared once (a positive version, columns no statistic has), measured where it applies: the extract stage's
+    fingerprint holds its version for a run it measured and changes with it."""
+    from attnclust.models import get_model
+    from attnclust.models.runner import describe_model
+    from attnclust.stages.extract import ExtractStage
+
+    analysis = EXTRACTION_ANALYSES[name]
+    assert isinstance(analysis.version, int) and analysis.version >= 1 and analysis.description
+    assert analysis.columns and not set(analysis.columns) & set(STATISTICS)
+    cfg = load_job(None, [f"model.name={tiny_bert_dir}"])
+    assert isinstance(analysis.applies(get_model(cfg.model).model), bool)
+    inputs = {"data_sha256": "planted", "model_info": describe_model(cfg.model), "extraction_analyses": [name]}
+    ctx = SimpleNamespace(cfg=cfg, inputs=inputs, backend="cpu")
+    before = ExtractStage().identity(ctx)
+    assert before["extraction_analyses"] == {name: analysis.version}
+    monkeypatch.setitem(EXTRACTION_ANALYSES, name, dataclasses.replace(analysis, version=analysis.version + 1))
+    assert ExtractStage().identity(ctx) != before
