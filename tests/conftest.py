@@ -1,9 +1,13 @@
-"""Shared fixtures: the packaged MiniLM tokenizer, a tiny random BERT QA model directory, small datasets."""
+"""Shared fixtures: the packaged MiniLM tokenizer, a tiny random BERT QA model directory, small datasets, and what
+several test folders read, made once per session: the demo run (tests/integration, tests/browser) and the executed
+tutorial notebook (tests/docs, tests/browser)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,6 +68,53 @@ def small_planted_run(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def demo_small_run(tmp_path_factory) -> tuple[Path, str]:
+    """One undisturbed ``attnclust run`` of :data:`runs.DEMO_SMALL` (the demo job, packaged MiniLM, 24 questions) per
+    session, ``(run_dir, stdout)``: the run test_demo checks, the reference test_soak compares its killed run with,
+    and the report the browser tests open."""
+    from runs import demo_small
+
+    out = tmp_path_factory.mktemp("demo_small") / "run"
+    proc = demo_small(out)
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
+    return out, stdout
+
+
+TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial" / "atlas.ipynb"
+
+_EXECUTE = """
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=900, kernel_name="python3", record_timing=False,
+               resources={"metadata": {"path": sys.argv[2]}}).execute()
+nbformat.write(nb, sys.argv[3])
+"""
+
+
+@pytest.fixture(scope="session")
+def executed_tutorial(tmp_path_factory) -> tuple[Path, Path]:
+    """The tutorial notebook executed once per session by nbclient (as myst-nb executes it), in a fresh folder where
+    its runs land, in a subprocess; a failing cell fails it: ``(executed notebook, folder)``. The browser tests read
+    its outputs and runs; the Sphinx build of tests/docs renders its outputs from a jupyter-cache instead of
+    executing it a second time (no timing in the cells' metadata: jupyter-cache matches a notebook by its code cells
+    with their metadata)."""
+    pytest.importorskip("nbclient", reason="nbclient is not installed (the docs extra: pip install -e '.[docs]')")
+    work = tmp_path_factory.mktemp("tutorial")
+    executed = work / "executed.ipynb"
+    r = subprocess.run([sys.executable, "-c", _EXECUTE, str(TUTORIAL), str(work), str(executed)],
+                       capture_output=True, text=True, cwd=work, timeout=1200, check=False)
+    assert r.returncode == 0, f"the tutorial notebook failed:\n{r.stderr[-6000:]}"
+    return executed, work
+
+
 @pytest.fixture
 def small_squad(tmp_path) -> Path:
     """A small valid SQuAD v2 file (nested format): 3 paragraphs, 8 questions, some unanswerable."""
@@ -94,8 +145,9 @@ def small_squad(tmp_path) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Everything under tests/integration is marked ``slow``; GPU tests run only where a CUDA device with
-    cupy/cuml is usable."""
+    """Everything under tests/integration is marked ``slow`` (elsewhere a test that takes seconds is marked by
+    hand: ``-m "not slow and not docs"`` is the fast tier the README names); GPU tests run only where a CUDA device
+    with cupy/cuml is usable."""
     from attnclust.backend import gpu_status
 
     for item in items:

@@ -1,10 +1,10 @@
 """Browser tests in a real Chromium (Debian's ``/usr/bin/chromium``, installed by ``.ci/setup``) through Playwright.
 
-One run of the demo job as users run it (packaged MiniLM, all 171 questions of the bundled sample) per session,
-and one browser per test module. Every test here is marked ``browser``, and ``slow`` when it needs the demo run
-(the packaged MiniLM end to end). They are skipped, with the reason, only
-when Playwright cannot be imported or Chromium is not installed; a Chromium that is installed but does not start is
-an error.
+The demo job's run of the session (``demo_small_run``: ``attnclust run`` of the packaged MiniLM on 24 questions of
+the bundled sample, shared with tests/integration), and one browser per test module. Every test here is marked
+``browser``, and ``slow`` when it needs the demo run (the packaged MiniLM end to end). They are skipped, with the
+reason, only when Playwright cannot be imported or Chromium is not installed; a Chromium that is installed but does
+not start is an error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 
 
@@ -48,21 +47,16 @@ def browser():
 
 
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory) -> Path:
-    """A finished run of ``jobs/demo.yaml``, the whole demo (its report is the one under test), built once per
-    session in-process on the embedded Dask cluster, as users run it (its worker processes are spawned: pytest's
-    entry point is guarded by ``if __name__ == "__main__"``, so they do not re-run the session; the serial
-    executor is 3-5x slower here).
+def demo_run(demo_small_run) -> Path:
+    """A finished run of the demo job, its report the one under test: the session's ``demo_small_run``
+    (tests/conftest.py: ``attnclust run`` of ``jobs/demo.yaml`` on 24 questions of the bundled sample, on the
+    embedded Dask cluster of 2 workers), the run tests/integration checks too.
 
-    ``ATTNCLUST_BROWSER_RUN=DIR`` reuses a run built that way (read by these tests only, to iterate on them).
+    ``ATTNCLUST_BROWSER_RUN=DIR`` reuses a finished run instead (read by these tests only, to iterate on them).
     """
-    import attnclust
-
     if os.environ.get("ATTNCLUST_BROWSER_RUN"):
         return Path(os.environ["ATTNCLUST_BROWSER_RUN"])
-    out = tmp_path_factory.mktemp("browser_demo") / "run"
-    attnclust.run(ROOT / "jobs" / "demo.yaml", out=out, progress=False)
-    return out
+    return demo_small_run[0]
 
 
 class Watch:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +21,6 @@ from browsing import LOCAL_SCHEMES
 pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the test extra)")
 from playwright.sync_api import expect
 
-ROOT = Path(__file__).resolve().parents[2]
-TUTORIAL = ROOT / "docs" / "tutorial" / "atlas.ipynb"
 READOUT = re.compile(r"^query (\d+) “(.*)” → key (\d+) “(.*)”: (\d\.\d{3})$")
 
 
@@ -180,15 +176,6 @@ def rgb(hex_colour: str) -> str:
 
 # -- the tutorial notebook, executed --------------------------------------------------------------------------
 
-_EXECUTE = """
-import sys, nbformat
-from nbclient import NotebookClient
-nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}}).execute()
-nbformat.write(nb, sys.argv[3])
-"""
-
-
 def outputs_html(nb: dict) -> list[str]:
     """Each output of an executed notebook as a notebook front end shows it: HTML as it is, images inline, text
     escaped (what nbconvert's HTML export does, without its page template and its CDN scripts)."""
@@ -206,15 +193,10 @@ def outputs_html(nb: dict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tutorial(tmp_path_factory):
-    """The tutorial notebook executed in a fresh folder (its runs land there), in a subprocess: (the notebook page
-    of its outputs, the folder)."""
-    pytest.importorskip("nbclient", reason="nbclient is not installed (the docs extra: pip install -e '.[docs]')")
-    work = tmp_path_factory.mktemp("tutorial")
-    executed = work / "executed.ipynb"
-    r = subprocess.run([sys.executable, "-c", _EXECUTE, str(TUTORIAL), str(work), str(executed)],
-                       capture_output=True, text=True, cwd=work, timeout=1200, check=False)
-    assert r.returncode == 0, f"the tutorial notebook failed:\n{r.stderr[-6000:]}"
+def tutorial(executed_tutorial):
+    """The tutorial notebook as executed once per session (``executed_tutorial``, tests/conftest.py): (the
+    notebook page of its outputs, the folder its runs landed in)."""
+    executed, work = executed_tutorial
     return notebook_page(work / "atlas.html", outputs_html(json.loads(executed.read_text()))), work
 
 

@@ -1,6 +1,6 @@
-"""The documentation site builds with warnings as errors, executing the tutorial notebook, and its generated
-references hold every job key and every registered statistic (marker ``docs``: one Sphinx build, about a minute
-and a half on 2 cores, most of it the notebook's two small runs)."""
+"""The documentation site builds with warnings as errors, with the executed tutorial notebook, and its generated
+references hold every job key and every registered statistic (marker ``docs``: one Sphinx build, plus the
+notebook's execution, which is the session's ``executed_tutorial`` shared with the browser tests)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,24 @@ def _text(page: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """``sphinx-build -W --keep-going -b html docs OUT`` (the tutorial executed by myst-nb); the HTML folder."""
+def site(tmp_path_factory, executed_tutorial) -> Path:
+    """``sphinx-build -W --keep-going -b html docs OUT``; the HTML folder. The tutorial's outputs are the session's
+    execution of it (``executed_tutorial``, shared with the browser tests), handed to myst-nb through a jupyter-cache
+    that the build reads (``nb_execution_mode=cache``) instead of executing the notebook a second time."""
     pytest.importorskip("sphinx", reason="the docs extra is not installed: pip install -e '.[docs]'")
-    out = tmp_path_factory.mktemp("site") / "html"
-    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q", str(ROOT / "docs"),
-                        str(out)], capture_output=True, text=True, cwd=ROOT, timeout=900)
+    from jupyter_cache import get_cache
+
+    executed, _ = executed_tutorial
+    base = tmp_path_factory.mktemp("site")
+    cache = get_cache(str(base / "jupyter_cache"))
+    cache.cache_notebook_file(str(executed), uri=str(ROOT / "docs" / "tutorial" / "atlas.ipynb"))
+    out = base / "html"
+    r = subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html", "-q",
+                        "-D", "nb_execution_mode=cache", "-D", f"nb_execution_cache_path={base / 'jupyter_cache'}",
+                        str(ROOT / "docs"), str(out)], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert r.returncode == 0, f"sphinx-build failed:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
+    # the build took the shared execution's outputs: myst-nb adds a notebook to the cache's project only to execute it
+    assert cache.list_project_records() == [] and len(cache.list_cache_records()) == 1
     return out
 
 

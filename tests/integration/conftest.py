@@ -177,24 +177,6 @@ def set_task_delay(client, seconds: float | None) -> None:
     client.register_plugin(SlowExtract(), name=name)
 
 
-@pytest.fixture(scope="session")
-def demo_small_run(tmp_path_factory) -> tuple[Path, str]:
-    """One undisturbed ``runs.demo_small`` run of the packaged MiniLM per session, ``(run_dir, stdout)``: the run that
-    test_demo checks and the reference test_soak compares its killed run with (one MiniLM run instead of two)."""
-    from runs import demo_small
-
-    out = tmp_path_factory.mktemp("demo_small") / "run"
-    proc = demo_small(out)
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, stderr[-3000:]
-    return out, stdout
-
-
 @pytest.fixture
 def task_delay():
     """:func:`set_task_delay`, for tests that slow a real cluster's extract blocks."""

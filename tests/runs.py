@@ -1,4 +1,5 @@
-"""Helpers shared by the end-to-end tests: the CLI in a subprocess, the tiny-model job, output comparison."""
+"""Helpers shared by the end-to-end tests (tests/integration, tests/browser): the CLI in a subprocess, the demo and
+tiny-model jobs, output comparison."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args, env=None, **kwargs) -> subprocess.CompletedProcess:
