@@ -216,7 +216,7 @@ def test_the_stage_writes_query_head_and_group_importance_ablations_and_the_curv
     cfg = JobConfig.from_dict({"name": "imp", "backend": "cpu", "data": {"path": str(small_squad)},
                                "model": {"name": str(dirs["llama"])},
                                "extract": {"max_seq_len": 256, "doc_stride": 32, "max_new_tokens": 4,
-                                           "decoding": "context", "head_outputs": False},
+                                           "decoding": "context", "head_outputs": False, "needle_lengths": 0},
                                "importance": {"enabled": True, "max_features": None, "pruning_steps": 2,
                                               "pruning_random_seeds": 1, "ablation_heads": 3}})
     out = tmp_path / "run"
@@ -274,7 +274,7 @@ def test_a_gpt2_run_has_no_group_table_and_the_report_says_query_heads(tmp_path,
     cfg = JobConfig.from_dict({"name": "imp", "backend": "cpu", "data": {"path": str(small_squad), "max_examples": 3},
                                "model": {"name": str(dirs["gpt2"])},
                                "extract": {"max_seq_len": 256, "doc_stride": 32, "max_new_tokens": 3,
-                                           "head_outputs": False},
+                                           "head_outputs": False, "needle_lengths": 0},
                                "importance": {"enabled": True, "pruning_steps": 2, "pruning_random_seeds": 1,
                                               "ablation_heads": 1}})
     out = tmp_path / "run"

@@ -28,7 +28,8 @@ def llama_run(tmp_path_factory) -> tuple[Path, JobConfig]:
     cfg = JobConfig.from_dict({"name": "p", "backend": "cpu", "data": {"max_examples": 12},
                                "model": {"name": str(model)},
                                "extract": {"max_seq_len": 512, "doc_stride": 64, "max_new_tokens": 3,
-                                           "decoding": "context", "batch_size": 3}})
+                                           "decoding": "context", "batch_size": 3,
+                                           "needle_lengths": 0}})  # the needle test: test_needle_retrieval's
     out = tmp_path_factory.mktemp("probe_run") / "run"
     run_job(cfg, out, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
     return out, cfg

@@ -173,7 +173,7 @@ def llama_run(tiny_llama, tmp_path_factory):
                                                                          "max_features_per_example": 2},
                                "model": {"name": str(tiny_llama)},
                                "extract": {"max_seq_len": 320, "max_new_tokens": 5, "batch_size": 3, "prompt": "short",
-                                           "features_per_task": 2},
+                                           "features_per_task": 2, "needle_lengths": 0},
                                "probe": {"enabled": False}})
     run_job(cfg, out, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)
     return out, cfg

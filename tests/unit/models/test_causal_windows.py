@@ -131,7 +131,8 @@ def test_a_windowed_run_scores_each_question_once(tiny_llama, tmp_path):
     cfg = JobConfig.from_dict({"name": "llm", "backend": "cpu", "data": {"path": str(data)},
                                "model": {"name": str(tiny_llama)},
                                "extract": {"max_seq_len": 320, "doc_stride": 32, "max_new_tokens": 3,
-                                           "batch_size": 4, "max_query_len": 32, "decoding": "context"},
+                                           "batch_size": 4, "max_query_len": 32, "decoding": "context",
+                                           "needle_lengths": 0},  # the needle test: test_needle_retrieval's
                                "probe": {"enabled": False}})
     out = tmp_path / "run"
     run_job(cfg, out, stages=("extract", "qa"), executor=SerialExecutor(), progress=False)

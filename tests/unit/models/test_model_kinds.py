@@ -36,7 +36,8 @@ def model_dirs(tiny_bert_dir, tmp_path_factory) -> dict[str, Path]:
 def _job(path: Path, **extract) -> JobConfig:
     return JobConfig.from_dict({"name": "kinds", "backend": "cpu", "model": {"name": str(path)},
                                 "data": {"max_examples": 2, "max_features_per_example": 1},
-                                "extract": {"max_seq_len": 320, "max_new_tokens": 3, "batch_size": 2, **extract},
+                                "extract": {"max_seq_len": 320, "max_new_tokens": 3, "batch_size": 2,
+                                            "needle_lengths": 0, **extract},  # the needle test: test_needle_retrieval's
                                 "probe": {"enabled": False}})
 
 

@@ -39,6 +39,7 @@ def expected(loaded, rows: pd.DataFrame) -> tuple[dict[str, np.ndarray], np.ndar
     return {c: np.stack([p[c] for p in per_layer]) for c in MOVED_COLUMNS}, stacked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["bert", "roberta", "gpt2", "llama"])
 def test_stored_moved_statistics_and_norms_are_a_plain_forwards(tmp_path, tiny_bert_dir, family_model, small_squad,
                                                                  arch):
@@ -50,7 +51,8 @@ def test_stored_moved_statistics_and_norms_are_a_plain_forwards(tmp_path, tiny_b
              "gpt2": lambda: save_tiny_causal(tmp_path / "gpt2", arch="gpt2"),
              "llama": lambda: save_tiny_causal(tmp_path / "llama")}[arch]()
     out = tmp_path / "run"
-    more = ["--set", "extract.max_new_tokens=3"] if arch in ("gpt2", "llama") else []
+    more = ["--set", "extract.max_new_tokens=3", "--set", "extract.needle_lengths=0"] if arch in ("gpt2", "llama") \
+        else []  # the needle test: test_needle_retrieval's
     extract(small_squad, out, model, *more)
     layout = RunLayout(out)
     stats = pd.read_parquet(layout.map_stats)
@@ -77,6 +79,7 @@ def test_stored_moved_statistics_and_norms_are_a_plain_forwards(tmp_path, tiny_b
                 np.testing.assert_allclose(stored, norms[layer, head], rtol=tolerance * 1.01 + 1e-3)
 
 
+@pytest.mark.slow
 def test_a_family_without_a_known_value_projection_is_extracted_without_them(tmp_path, family_model, small_squad):
     out = tmp_path / "run"
     extract(small_squad, out, family_model("deberta-v2"))

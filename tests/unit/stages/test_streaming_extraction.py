@@ -111,7 +111,7 @@ def _job(model_dir, data, store: str, overlap: bool, causal: bool) -> JobConfig:
                else store, **({"store_dtype": "uint8"} if store == "uint8" else {}),
                **({"exact_sample": 2, "compact_mass": 0.9, "compact_max_keys": 6} if store == "compact" else {})}
     if causal:
-        extract.update(max_seq_len=320, max_new_tokens=3)
+        extract.update(max_seq_len=320, max_new_tokens=3, needle_lengths=0)  # the needle test: test_needle_retrieval's
     return JobConfig.from_dict({"name": "s", "data": {"path": str(data), "max_examples": 5},
                                 "model": {"name": str(model_dir)}, "extract": extract, "probe": {"enabled": False}})
 
