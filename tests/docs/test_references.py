@@ -142,6 +142,7 @@ def full_run(tmp_path_factory, tiny_bert_dir, tiny_model):
     return runs[0], base / "ab"
 
 
+@pytest.mark.slow
 def test_every_column_and_file_of_a_run_is_documented(full_run):
     run, _ = full_run
     markdown = OUTPUTS.read_text()
@@ -152,10 +153,12 @@ def test_every_column_and_file_of_a_run_is_documented(full_run):
         assert (run / optional).exists(), optional  # the run above exercised every optional output
 
 
+@pytest.mark.slow
 def test_every_documented_column_is_written(full_run):
     assert ad.documented_but_missing(full_run, OUTPUTS.read_text()) == []
 
 
+@pytest.mark.slow
 def test_every_column_and_file_of_a_comparison_is_documented(full_run):
     _, compare = full_run
     markdown = OUTPUTS.read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from attnclust.data import read_squad
 from attnclust.layout import RunLayout
@@ -52,6 +53,7 @@ def test_one_hot_codes_has_a_column_per_head_and_code_that_occurs():
     np.testing.assert_array_equal(x, np.array(expected).T)
 
 
+@pytest.mark.slow
 def test_the_joint_classifier_finds_a_planted_head_and_not_noise():
     rng = np.random.default_rng(1)
     codes = rng.integers(0, 4, size=(200, 3, 4))
@@ -121,6 +123,7 @@ def test_the_balance_line_says_whether_the_share_right_lies_in_the_band():
         "majority baseline accuracy 0.500; a guess among the 2 lines: 0.500)")
 
 
+@pytest.mark.slow
 def test_a_model_that_copies_the_last_line_makes_right_the_answer_s_line_and_the_verdict_says_so():
     """SmolLM2 asked "Which key has the value v115?" of two-line lists answered the last line 400 times of 400:
     right was exactly "the answer is on the last line"."""

@@ -145,6 +145,7 @@ def test_bertbase_store_projection_is_the_mode_auto_chose_at_dev_size(monkeypatc
         seen[-1][1:]
 
 
+@pytest.mark.slow
 def test_bare_forward_covers_the_runs_features_on_one_process_per_worker(tmp_path, tiny_bert_dir, small_squad):
     """The physical-limit arm: every feature of the run's features.parquet goes through a forward once, the
     extract stage's batches dealt over the processes; the wall is the slowest process."""

@@ -279,6 +279,7 @@ def _outside(store) -> list[int]:
     return [f for f in range(store.n_features) if f not in set(store.exact_features.tolist())]
 
 
+@pytest.mark.slow
 def test_the_norm_weighted_map_is_each_rows_share_of_the_norm_it_moves(compact_run):
     """``weighting=norm``: each weight times its key's stored value norm, over the row's sum (a loop over the cells,
     Kobayashi et al.'s ``||alpha_ij f(x_j)||`` as a share); the stored norms are the extraction's (within the norm
@@ -315,6 +316,7 @@ def test_the_norm_weighted_map_is_each_rows_share_of_the_norm_it_moves(compact_r
         srv.server_close()
 
 
+@pytest.mark.slow
 def test_a_compact_run_serves_exact_maps_recomputed_by_one_forward_of_its_model(compact_run, monkeypatch):
     """Outside the exact sample every map of a feature is exact (as the full store of the same data and model holds
     it, within float16's rounding, where the compact map is not), from one forward of that feature; the model loads
@@ -356,6 +358,7 @@ def test_a_compact_run_serves_exact_maps_recomputed_by_one_forward_of_its_model(
     assert lines[1:] == []  # nothing else to say
 
 
+@pytest.mark.slow
 def test_a_recomputed_feature_is_kept_and_not_computed_again(compact_run, monkeypatch):
     """A second map of the same feature (another head) is read from the cache, no forward; past the cache's size the
     least recently read feature is dropped and computed again when asked."""
@@ -438,6 +441,7 @@ def test_a_store_without_an_extract_record_says_its_model_is_not_known(small_pla
     assert "no readable record of its extract stage" in got["exact_on_demand_reason"] and len(lines) == 1
 
 
+@pytest.mark.slow
 def test_weights_swapped_after_the_explorer_started_are_not_used(tmp_path, tiny_model, monkeypatch):
     """Issue 51, finding 2: the identity is asked again when the model is loaded for the first recomputed map, so
     weights of the same size with a kept modification time, put in place after start-up, serve the compact map with

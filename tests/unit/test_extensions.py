@@ -60,6 +60,7 @@ def toys():
     REPORT_SECTIONS.pop("toy_section")
 
 
+@pytest.mark.slow
 def test_toy_extensions_reach_the_outputs_and_the_report(toys, tmp_path, tiny_bert_dir, small_squad):
     import zarr
 

@@ -100,6 +100,7 @@ def test_its_settings_are_a_job_section(toy, tmp_path):
     assert ad.undocumented_keys() == [] and "_job-toy:" in ad.job_reference_rst()
 
 
+@pytest.mark.slow
 def test_it_reaches_the_outputs_the_fingerprint_and_the_report(toy, planted, capsys):
     layout = RunLayout(planted.root)
     _run(planted.root, "toy.factor=3", progress=True)

@@ -128,6 +128,7 @@ def test_question_rows_end_at_the_first_separator():
     assert question_stop(["a", "b"]) == 0
 
 
+@pytest.mark.slow
 def test_report_stage_end_to_end_on_a_planted_store(tmp_path):
     from attnclust.config import load_job
     from attnclust.pipeline import run_job

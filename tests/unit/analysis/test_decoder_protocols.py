@@ -297,6 +297,7 @@ def llama_report(tiny_llama, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_tiny_llama_run_writes_the_protocols_and_its_report_prints_them(llama_report, tiny_llama,
                                                                           llama_tokenizer):
     import html as html_lib

@@ -160,6 +160,7 @@ def test_sample_sizes_are_checked(planted, bad):
         head_distances(store, n_features=bad)
 
 
+@pytest.mark.slow
 def test_report_stage_writes_head_layout_and_renders_the_head_map(tmp_path):
     from attnclust.config import load_job
     from attnclust.layout import RunLayout

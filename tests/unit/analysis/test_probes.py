@@ -201,6 +201,7 @@ def test_probes_section_shows_the_planted_head_against_the_baseline():
     assert probes_section(SimpleNamespace(analyses={})) is None
 
 
+@pytest.mark.slow
 def test_report_says_in_one_line_why_probes_are_skipped(tmp_path, capsys):
     from attnclust.analysis.probes import PROBE_SKIPPED
     from attnclust.config import load_job

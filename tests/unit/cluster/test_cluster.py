@@ -26,6 +26,7 @@ def test_kmeans_recovers_planted_patterns(planted):
     assert adjusted_rand_score(labels, pred) > 0.9
 
 
+@pytest.mark.slow
 def test_auto_k_refines_the_planted_patterns(planted):
     x, labels = planted
     cfg = ClusterConfig(k="auto", k_min=2, k_max=10, umap=False, pca_components=20)
@@ -38,6 +39,7 @@ def test_auto_k_refines_the_planted_patterns(planted):
     assert homogeneity_score(labels, fitted.kmeans_.predict(fitted.reduce(x))) > 0.95
 
 
+@pytest.mark.slow
 def test_same_seed_same_labels_and_umap(planted):
     x, _ = planted
     cfg = ClusterConfig(k=6, umap=True, umap_sample=120, umap_neighbors=10, pca_components=10)

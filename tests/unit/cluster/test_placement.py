@@ -113,6 +113,7 @@ def test_assign_block_places_every_map_and_keeps_the_sample_positions(tiny_store
     assert ((xy >= lo - 1e-5) & (xy <= hi + 1e-5)).all()   # a weighted mean stays in the sample's hull
 
 
+@pytest.mark.slow
 def test_umap_placement_keeps_the_transform(tiny_store):
     _, x, _ = tiny_store
     fitted = fit_clusters(x, ClusterConfig(k=6, umap_sample=150, umap_neighbors=10, pca_components=None),

@@ -56,6 +56,7 @@ def auto_fits():
     return x, blob, {seed: fit_clusters(x, AUTO.replace(random_state=seed), groups=examples) for seed in (0, 1, 2)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_auto_k_finds_the_six_planted_blobs_for_every_seed(auto_fits, seed):
     x, blob, fits = auto_fits
@@ -64,6 +65,7 @@ def test_auto_k_finds_the_six_planted_blobs_for_every_seed(auto_fits, seed):
     assert adjusted_rand_score(blob, fitted.kmeans_.predict(fitted.reduce(x))) > 0.99
 
 
+@pytest.mark.slow
 def test_stability_is_recorded_for_every_candidate(auto_fits):
     _, _, fits = auto_fits
     fitted = fits[0]
@@ -83,6 +85,7 @@ def test_stability_is_recorded_for_every_candidate(auto_fits):
     assert set(record["k_scores"]) == set(record["k_stability"])  # the silhouette, kept for reference
 
 
+@pytest.mark.slow
 def test_labels_of_seeds_0_1_2_agree(auto_fits):
     x, _, fits = auto_fits
     labels = [f.kmeans_.predict(f.reduce(x)) for f in fits.values()]
@@ -163,6 +166,7 @@ def test_the_splits_are_drawn_from_stability_seed_not_random_state(monkeypatch):
     assert first == other_fits and first != other_splits
 
 
+@pytest.mark.slow
 def test_another_split_design_finds_the_same_blobs():
     x, _, examples = planted_blobs()
     assert fit_clusters(x, AUTO.replace(stability_seed=7), groups=examples).k_ == len(SIZES)
@@ -353,6 +357,7 @@ def test_tied_candidates_are_those_within_the_tolerance():
     assert tied_candidates({}, 0.005) == []
 
 
+@pytest.mark.slow
 def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_workers(tmp_path):
     """``fit_from_store`` as a task on a two-worker cluster: each candidate's split-half fits are a task of their
     own (:func:`attnclust.executors.worker_executor`), they run on both workers, and the stability of every

@@ -79,6 +79,7 @@ def test_split_half_stability_never_fits_a_buffer_and_finds_the_planted_k():
     assert max(medians, key=medians.get) == 3 and medians[3] > 0.95
 
 
+@pytest.mark.slow
 def test_a_long_single_document_runs_with_k_auto(tmp_path, tiny_bert_dir):
     """Issue 50's command on a tiny model: one text file, ``text_unit: file``, ``k: auto``: it finishes, the record
     and the report say the stability was resampled over blocks of windows."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from attnclust.config import load_job
 from attnclust.explore import ExploreApp
@@ -23,6 +24,7 @@ def test_plain_text_drops_every_bidi_control_and_nothing_else():
     assert short(f"{RLO}abcdef", 4) == "abc…"
 
 
+@pytest.mark.slow
 def test_the_report_and_the_explorer_show_questions_without_them(small_planted_run):
     run = small_planted_run("bidi")
     layout = RunLayout(run)

@@ -351,6 +351,7 @@ def test_the_fingerprint_covers_each_form(examples, small_squad, tmp_path):
     assert data_fingerprint(folder, "train") != before["train"]
 
 
+@pytest.mark.slow
 def test_extract_on_a_parquet_file_and_a_changed_file_is_not_served(examples, small_squad, tiny_bert_dir, tmp_path,
                                                                     capsys):
     """``attnclust extract --data x.parquet`` runs; after the file changes, a later ``report`` refuses as with JSON,

@@ -150,6 +150,7 @@ def text_runs(tmp_path_factory, tiny_bert_dir):
     return runs, path, paragraphs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_each_text_is_cut_into_the_brute_force_windows(text_runs, name):
     from transformers import AutoTokenizer
@@ -184,6 +185,7 @@ def test_each_text_is_cut_into_the_brute_force_windows(text_runs, name):
     assert len(features) == total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_control_token_strings_in_the_text_stay_text(text_runs, name):
     from transformers import AutoTokenizer
@@ -202,6 +204,7 @@ def test_control_token_strings_in_the_text_stay_text(text_runs, name):
     assert expected in record["control_strings"]["strings"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_a_text_run_goes_through_every_stage_without_qa(text_runs, name):
     from attnclust.stages.report import TEXT_NOTE
@@ -230,6 +233,7 @@ def test_a_text_run_goes_through_every_stage_without_qa(text_runs, name):
     assert (run / "induction.parquet").exists() == decoder and (run / "decoder_protocols.json").exists() == decoder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_the_stored_maps_are_the_models_own_over_each_window(text_runs, name):
     import torch
@@ -250,6 +254,7 @@ def test_the_stored_maps_are_the_models_own_over_each_window(text_runs, name):
     np.testing.assert_allclose(stored, expected, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_a_changed_text_file_or_text_unit_is_another_extraction(text_runs, tmp_path):
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
@@ -273,6 +278,7 @@ def test_a_changed_text_file_or_text_unit_is_another_extraction(text_runs, tmp_p
         extract(cfg)
 
 
+@pytest.mark.slow
 def test_a_text_run_of_a_decoder_writes_window_loss_and_the_report_section(text_runs):
     """The tiny Llama's text run: ``window_loss.parquet`` holds each window's loss as a plain forward of the
     model gives it (a loop over the tokens), ``heads.parquet`` the loss columns, the report its section; the BERT

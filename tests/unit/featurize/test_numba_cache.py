@@ -49,6 +49,7 @@ def _child(tmp_path: Path, cache: Path, script: str = CHILD) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_compiled_function_from_the_cache_dir(tmp_path):
     (tmp_path / "mod").mkdir()
     (tmp_path / "mod" / "tinyjit.py").write_text(TINY)
@@ -96,6 +97,7 @@ def test_cache_dir_default_and_overrides(tmp_path, monkeypatch):
     assert bk.numba_cache_dir() == tmp_path / "mine"
 
 
+@pytest.mark.slow
 def test_make_umap_turns_the_cache_on_for_umap(tmp_path):
     script = textwrap.dedent('''
         import json, os, sys

@@ -179,6 +179,7 @@ def llama_run(tiny_llama, tmp_path_factory):
     return out, cfg
 
 
+@pytest.mark.slow
 def test_causal_extraction_stores_teacher_forced_maps_of_prompt_and_answer(llama_run, tiny_llama):
     import torch
     from transformers import AutoModelForCausalLM
@@ -212,6 +213,7 @@ def test_causal_extraction_stores_teacher_forced_maps_of_prompt_and_answer(llama
         assert again[0, prompt.shape[1]:].tolist() == list(row.input_ids)[n - len(answer):]
 
 
+@pytest.mark.slow
 def test_causal_answers_are_scored_per_question(llama_run):
     out, _ = llama_run
     scores = json.loads((out / "qa_scores.json").read_text())
@@ -234,6 +236,7 @@ def test_causal_answers_are_scored_per_question(llama_run):
     assert json.loads((out / "job.json").read_text())["stages"]["extract"]["head_trained"] is True
 
 
+@pytest.mark.slow
 def test_another_prompt_is_another_extraction(llama_run):
     from attnclust.errors import StoreError
     from attnclust.pipeline import run_job
@@ -247,6 +250,7 @@ def test_another_prompt_is_another_extraction(llama_run):
     assert again.stages["extract"].get("skipped")  # the same prompt: served from the run
 
 
+@pytest.mark.slow
 def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
     import torch
 
@@ -290,6 +294,7 @@ def test_context_decoding_continues_runs_of_the_given_spans():
     assert allowed(0, torch.tensor(prompt + [10])) == [0]  # 10 is no start of [9, 10]: nothing follows it
 
 
+@pytest.mark.slow
 def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
     from attnclust.data import read_squad, sample_path
     from attnclust.models import get_model, get_tokenizer
@@ -343,6 +348,7 @@ def test_finetune_refuses_a_causal_model_before_writing(tiny_gpt2, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_causal_extraction_writes_the_induction_diagnostic(llama_run):
     out, _ = llama_run
     table = pd.read_parquet(out / "induction.parquet")

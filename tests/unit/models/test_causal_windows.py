@@ -116,6 +116,7 @@ def test_predictions_choose_one_answer_per_question_from_its_windows():
     assert table.loc["b", "prediction"] == "" and table.loc["b", "null_odds"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_windowed_run_scores_each_question_once(tiny_llama, tmp_path):
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor

@@ -96,6 +96,7 @@ def test_an_unwritable_digest_cache_is_skipped(tmp_path, monkeypatch):
     assert len(file_digest(file)) == 64
 
 
+@pytest.mark.slow
 def test_a_run_with_replaced_same_size_weights_is_not_served_from_the_old_one(tmp_path, tiny_bert_dir, small_squad,
                                                                               cache, capsys):
     model = tmp_path / "m"

@@ -26,6 +26,7 @@ def first_tokens(out) -> list[str]:
     return list(pd.read_parquet(RunLayout(out).features, columns=["tokens"])["tokens"].iloc[0])
 
 
+@pytest.mark.slow
 def test_an_edited_tokenizer_is_a_new_model_and_is_extracted_again(tmp_path, tiny_bert_dir, small_squad, capsys):
     model = tmp_path / "model"
     shutil.copytree(tiny_bert_dir, model)
@@ -71,6 +72,7 @@ def squad_file(path, context: str, question: str):
     return path
 
 
+@pytest.mark.slow
 def test_a_literal_separator_in_encoder_data_stays_text(tmp_path, tiny_bert_dir, capsys):
     data = squad_file(tmp_path / "d.json", "The bell [SEP] rang [CLS] twice.", "What [SEP] rang?")
     out = tmp_path / "out"

@@ -263,6 +263,7 @@ def test_a_gate_acts_on_its_own_layer_and_head_only(family_model, family):
     torch.testing.assert_close(after.start_logits, plain.start_logits, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @families
 def test_importance_equals_finite_differences_of_the_loss(family_model, family):
     import torch

@@ -54,6 +54,7 @@ def runs(model_dirs, tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_kind_is_resolved_the_same_from_everything_that_records_it(arch, model_dirs, runs):
     from attnclust.models import describe_model, get_model
@@ -103,6 +104,7 @@ def test_special_positions_of_a_known_feature_are_those_the_token_masks_read(kin
     assert tuple(np.flatnonzero(context.cls[0])) == got.cls and tuple(np.flatnonzero(context.sep[0])) == got.sep
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHES)
 def test_special_positions_of_a_stored_feature(arch, runs):
     from attnclust.store import read_features
@@ -119,6 +121,7 @@ def test_special_positions_of_a_stored_feature(arch, runs):
         assert positions.first_name == "first-token sink" and positions.sep == ()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHES)
 def test_the_forward_gives_the_kinds_outputs(arch, model_dirs, runs):
     from attnclust.models import get_model
@@ -170,6 +173,7 @@ def test_heads_are_gated_per_query_head(arch, layout, model_dirs):
     assert [int(layout.kv_head(h)) for h in range(4)] == ([0, 0, 1, 1] if layout.kv_heads == 2 else [0, 1, 2, 3])
 
 
+@pytest.mark.slow
 def test_a_run_records_the_kind_as_before(runs):
     """The store's attributes and the extract stage's fingerprint hold what they held before the kinds were
     objects (else every earlier run would be extracted again)."""

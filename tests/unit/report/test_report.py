@@ -211,6 +211,7 @@ def _qa_inputs(inputs: ReportInputs, trained: bool) -> ReportInputs:
     return dataclasses.replace(inputs, qa=qa, predictions=preds)
 
 
+@pytest.mark.slow
 def test_qa_section_shows_official_scores_a_picture_and_example_answers(inputs):
     report = render_report(_qa_inputs(inputs, trained=True))
     section = report[report.index('id="qa"'):report.index('id="settings"')]

@@ -32,6 +32,7 @@ def blobs(n_per: int = 40, dim: int = 12) -> tuple[np.ndarray, np.ndarray]:
     return (centres[labels] + rng.normal(size=(len(labels), dim))).astype(np.float32), labels
 
 
+@pytest.mark.slow
 def test_k_search_bar_is_labelled_and_counts_every_candidate(capsys):
     x, _ = blobs()
     with StepBars("cluster") as bars:
@@ -54,6 +55,7 @@ def test_umap_step_is_shown(capsys):
     assert "choosing k" not in err  # k was given
 
 
+@pytest.mark.slow
 def test_progress_off_prints_nothing_and_changes_nothing(capfd):
     x, _ = blobs()
     quiet = fit_clusters(x, AUTO, on_step=StepBars("cluster", progress=False))
@@ -86,6 +88,7 @@ def dask_client():
         yield client
 
 
+@pytest.mark.slow
 def test_steps_of_a_fit_on_a_dask_worker_reach_the_driver(tmp_path, capsys, dask_client):
     x, _ = blobs()
     write_embedding(tmp_path, x)

@@ -168,6 +168,7 @@ def _plain_reference(root, cfg: JobConfig, causal: bool) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["bert", "llama"])
 @pytest.mark.parametrize(("store", "overlap"), [("full", False), ("uint8", True), ("compact", False),
                                                 ("compact", True)])

@@ -57,6 +57,7 @@ def test_a_restart_follows_extraction_only_when_a_later_stage_runs(small_squad, 
     assert len(executor.restarts) == expected
 
 
+@pytest.mark.slow
 def test_no_restart_after_a_stage_whose_tasks_did_not_run(small_squad, tiny_bert_dir, tmp_path):
     """A finished extraction resumed (no block left) and importance switched off load no model."""
     cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)}, "model": {"name": str(tiny_bert_dir)},

@@ -254,6 +254,7 @@ def _fresh_maps(cfg, model_dir) -> dict[int, np.ndarray]:
     return out
 
 
+@pytest.mark.slow
 def test_every_reader_of_a_compact_run_gets_rows_near_a_fresh_forward(tmp_path, tiny_bert_dir, prose_squad):
     """A random BERT's 384-token maps are diffuse: outside the exact sample, ``read_map``, ``open_output(...)
     .attention`` and the explorer's ``/api/map`` serve the same rows, each summing to 1 (the dropped mass spread
@@ -292,6 +293,7 @@ def test_every_reader_of_a_compact_run_gets_rows_near_a_fresh_forward(tmp_path, 
     assert record["parts"]["keys"]["compact_encoding"] == store.attrs["compact"]["encoding"]
 
 
+@pytest.mark.slow
 def test_notes_state_the_measured_kept_mass_not_the_setting(tmp_path, tiny_bert_dir, prose_squad, capsys):
     """Two keys a row of diffuse 384-key rows keep a few percent of each row, not extract.compact_mass's 0.95:
     the featurize note and the report's note give the share measured against a fresh forward, and the mean row

@@ -136,6 +136,7 @@ class StopAfterBlock(SerialExecutor):
         return out
 
 
+@pytest.mark.slow
 def test_a_link_planted_inside_a_store_of_an_interrupted_run_is_refused(tmp_path, tiny_bert_dir, small_squad,
                                                                         capsys):
     from attnclust.cli import main
