@@ -141,6 +141,7 @@ def test_answer_logprob_equals_a_full_forward_term_by_term(arch, models):
     np.testing.assert_allclose(got, [brute_logprob(model, s.ids, s.start) for s in seqs], rtol=1e-8, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_gradients_equal_central_finite_differences_of_the_projection_weights(arch, models):
     from attnclust.analysis.decoder_importance import answer_gradients, answer_sequences
@@ -163,6 +164,7 @@ def test_gradients_equal_central_finite_differences_of_the_projection_weights(ar
     np.testing.assert_allclose(answer_gradients(model, seqs, batch_size=1), signed, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_key_value_groups_gradient_is_that_of_one_gate_on_its_query_heads(models):
     from attnclust.analysis.decoder_importance import answer_gradients, answer_sequences, group_gradients
 
@@ -181,6 +183,7 @@ def test_a_key_value_groups_gradient_is_that_of_one_gate_on_its_query_heads(mode
             np.testing.assert_allclose(groups[:, layer, kv], (plus - minus) / (2 * eps), rtol=1e-3, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_ablation_equals_zeroing_the_heads_weights_by_hand(arch, models):
     from attnclust.analysis.decoder_importance import answer_sequences, mask_logprobs
@@ -204,6 +207,7 @@ def test_ablation_equals_zeroing_the_heads_weights_by_hand(arch, models):
     assert matched.dtype == bool and matched.shape == got.shape
 
 
+@pytest.mark.slow
 def test_the_stage_writes_query_head_and_group_importance_ablations_and_the_curve(tmp_path, dirs, small_squad,
                                                                                     capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -260,6 +264,7 @@ def test_the_stage_writes_query_head_and_group_importance_ablations_and_the_curv
     np.testing.assert_allclose(top.iloc[0]["ablation_gold"], ablated - unpruned, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_gpt2_run_has_no_group_table_and_the_report_says_query_heads(tmp_path, dirs, small_squad):
     from types import SimpleNamespace
 

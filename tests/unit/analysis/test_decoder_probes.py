@@ -54,6 +54,7 @@ def manual_head_outputs(model, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return torch.stack(per_layer, dim=1).numpy(), out.hidden_states[-1][0].numpy()
 
 
+@pytest.mark.slow
 def test_head_outputs_at_the_last_prompt_token_equal_a_manual_recomputation(llama_run):
     from transformers import AutoModelForCausalLM
 
@@ -84,6 +85,7 @@ def test_head_outputs_at_the_last_prompt_token_equal_a_manual_recomputation(llam
         np.testing.assert_allclose(prompt_only[last], context[last], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_probes_read_a_decoders_last_prompt_token(llama_run):
     from attnclust.analysis.plugins import AnalysisContext
     from attnclust.analysis.probes import probe_labels, run_probes

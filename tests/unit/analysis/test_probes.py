@@ -91,6 +91,7 @@ def test_permuted_labels_move_whole_examples_within_their_fold():
                                   np.bincount(codes[first][fold[first] == f], minlength=2))
 
 
+@pytest.mark.slow
 def test_permutation_p_values_match_a_brute_force_loop():
     """Refit with scikit-learn on the same folds and the same permuted labels, count, and compare: per head (its
     own permutations) and pooled (every head's permutations)."""

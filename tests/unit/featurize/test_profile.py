@@ -54,6 +54,7 @@ def test_the_same_type_at_16_and_384_tokens_maps_close_and_previous_is_far_from_
         assert np.linalg.norm(vec["previous", n] - vec["self", n]) > 1.0
 
 
+@pytest.mark.slow
 def test_kmeans_on_profiles_recovers_the_eight_planted_types():
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score
