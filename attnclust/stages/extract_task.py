@@ -117,9 +117,10 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     causal = kind_of(store).is_decoder  # the profile's causal uniform null, the causal statistics
     # the registered extraction analyses that can measure this model (analysis/extraction.py: what heads move ...),
     # each with its work on this task's features
-    works = {a.name: a.block(store, start, stop, n_layers, n_heads) for a in applicable(loaded.model)}
+    analyses = applicable(loaded.model)
+    works = {a.name: a.block(store, start, stop, n_layers, n_heads) for a in analyses}
     # (feature, layer, head) per statistic, filled layer by layer
-    names = (*stat_columns(causal), *(c for a in applicable(loaded.model) for c in a.columns))
+    names = (*stat_columns(causal), *(c for a in analyses for c in a.columns))
     columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in names}
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
