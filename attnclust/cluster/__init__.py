@@ -1,6 +1,6 @@
 """Clustering the maps' vectors: fitting and labelling (:mod:`.fit`), k by split-half stability and each cluster's
-stability (:mod:`.stability`; its pieces of work run on :mod:`attnclust.executors`), the KMeans used inside workers
-(:mod:`.kmeans`) and the placement of maps outside the UMAP sample (:mod:`.placement`)."""
+stability (:mod:`.stability`; its pieces of work run on :mod:`attnclust.executors`; the KMeans is the backend's,
+:func:`attnclust.backend.make_kmeans`) and the placement of maps outside the UMAP sample (:mod:`.placement`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """scikit-learn's KMeans with its OpenMP kernels on one thread (:func:`attnclust.backend.make_kmeans` on CPU).
 
-Kept apart from :mod:`attnclust.backend` so that importing the backend does not import scikit-learn, while the
+Kept apart from the backend's ``__init__`` so that importing the backend does not import scikit-learn, while the
 class stays importable by name (fitted models are pickled to Dask workers).
 """
 

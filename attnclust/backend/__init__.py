@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .errors import BackendUnavailable, ConfigError
+from ..errors import BackendUnavailable, ConfigError
 
 __all__ = ["GPU_INSTALL_HINT", "enable_numba_cache", "fit_kmeans_distributed", "gpu_status", "make_kmeans",
            "make_local_cuda_cluster", "make_pca", "make_umap", "numba_cache_dir", "resolve_backend",
@@ -114,14 +114,14 @@ def _require_gpu():
 
 def make_kmeans(backend: Resolved, *, n_clusters: int, random_state: int, n_init: int = 4, max_iter: int = 300):
     """A KMeans estimator with the scikit-learn interface (``fit``, ``predict``, ``cluster_centers_``); on CPU
-    scikit-learn's, with OpenMP on one thread (:class:`attnclust.cluster.kmeans.OneThreadKMeans` says why)."""
+    scikit-learn's, with OpenMP on one thread (:class:`attnclust.backend.kmeans.OneThreadKMeans` says why)."""
     if backend == "gpu":
         _require_gpu()
         from cuml.cluster import KMeans
 
         return KMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter,
                       init="scalable-k-means++", output_type="numpy")
-    from .cluster.kmeans import OneThreadKMeans
+    from .kmeans import OneThreadKMeans  # lazy: pulls scikit-learn, which the GPU backend and the CLI do not need
 
     return OneThreadKMeans(n_clusters=n_clusters, random_state=random_state, n_init=n_init, max_iter=max_iter)
 
