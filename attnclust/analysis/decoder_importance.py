@@ -5,9 +5,9 @@ teacher-forced: ``L_x = -sum_t log p(a_t | prompt, a_<t)`` over the answer's tok
 included). Two answers are scored for each feature (:data:`TARGETS`):
 
 - ``gold``: the context's own tokens that cover the gold answer (those a decoding constrained to context spans
-  would emit; :func:`attnclust.qa.prompting.context_spans`), or, for an unanswerable question and for a window of a
+  would emit; :func:`attnclust.models.prompting.context_spans`), or, for an unanswerable question and for a window of a
   long context without the answer (as an encoder's training labels put them at [CLS]), the no-answer word
-  (:data:`attnclust.qa.prompting.NO_ANSWER`) as the model would write it after its prompt (with a leading space
+  (:data:`attnclust.models.prompting.NO_ANSWER`) as the model would write it after its prompt (with a leading space
   unless the prompt ends in whitespace: :func:`null_answer_ids`);
 - ``own``: the model's own answer, the tokens it generated (a feature with an empty answer has none and is left
   out of this target).
@@ -76,7 +76,7 @@ class AnswerSequence:
 def null_answer_ids(tokenizer: Any, prompt_end: str) -> list[int]:
     """The no-answer word's tokens as the model would write it after a prompt that ends in ``prompt_end``: without
     a leading space after whitespace (a chat template's ``assistant\\n``), with one otherwise (``Answer:``)."""
-    from ..qa.templates import NO_ANSWER
+    from ..models.templates import NO_ANSWER
 
     word = NO_ANSWER if not prompt_end or prompt_end[-1].isspace() else f" {NO_ANSWER}"
     return list(tokenizer(word, add_special_tokens=False)["input_ids"])

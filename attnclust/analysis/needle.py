@@ -175,7 +175,7 @@ def needle_prompt(tokenizer: Any, turn: tuple[str, str], haystack: str, question
     Parameters
     ----------
     turn
-        The chat template's text before and after a user message (:func:`attnclust.qa.templates.user_turn`),
+        The chat template's text before and after a user message (:func:`attnclust.models.templates.user_turn`),
         ``("", "")`` without a template.
     """
     head, tail = turn
@@ -353,7 +353,7 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
         ``depths``, ``positions`` (the model's, or None), ``max_seq_len``.
     """
     from ..models.decoder import stop_token_ids
-    from ..qa.templates import user_turn
+    from ..models.templates import user_turn
 
     contexts = list(dict.fromkeys(t for t in contexts if isinstance(t, str) and t.strip()))
     config = getattr(loaded.model, "config", None)

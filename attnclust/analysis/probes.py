@@ -408,7 +408,7 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     if reads_text(ctx.records):  # windows of natural text: no questions to label
         ctx.note("probe: skipped (natural text, data.format: text: no questions, so no labels to probe)")
         return None
-    kind = kind_of(features)  # a causal model's prompts (attnclust.qa.prompting): its last prompt token
+    kind = kind_of(features)  # a causal model's prompts (attnclust.models.prompting): its last prompt token
     pooling = pooled_array(cfg.probe.pooling, kind.is_decoder)
     if pooling is None:
         ctx.note(PROBE_ENCODER_LAST_PROMPT)

@@ -110,12 +110,12 @@ def template_first_token(tokenizer: Any, style: str = "short") -> int | None:
     """The first token of the model's chat prompts: the first id of its chat template's rendering (SmolLM2's
     ``<|im_start|>``), None without a chat template.
 
-    The template renders once, bounded in time and memory (:func:`attnclust.qa.templates.checked_template`), with
+    The template renders once, bounded in time and memory (:func:`attnclust.models.templates.checked_template`), with
     the run's prompt style.
     """
     if not getattr(tokenizer, "chat_template", None):
         return None
-    from ..qa.templates import checked_template
+    from ..models.templates import checked_template
 
     ids = tokenizer(checked_template(tokenizer, style), add_special_tokens=False)["input_ids"]
     return int(ids[0]) if len(ids) else None

@@ -218,7 +218,7 @@ def mark_word_pieces(labels: Sequence[str], offsets) -> list[str]:
 
 def readable_tokens(features):
     """``features`` with its ``tokens`` as :func:`display_tokens` labels when they are a causal model's (the table
-    has a ``part`` column, :mod:`attnclust.qa.prompting`), each piece that continues a word of the context marked
+    has a ``part`` column, :mod:`attnclust.models.prompting`), each piece that continues a word of the context marked
     ``##`` where the table has ``offsets`` (:func:`mark_word_pieces`); an encoder's features are returned as they
     are.
 

@@ -129,7 +129,7 @@ class ExtractConfig(_Model):
         QA feature construction as in the SQuAD reference scripts (tokens). For a causal model ``max_seq_len``
         holds the prompt and the answer, and a context too long for one prompt is windowed: one prompt per
         window of the context, consecutive windows overlapping by ``doc_stride`` context tokens; each
-        question's answer is chosen across its windows (:func:`attnclust.qa.prompting.predict_generated`).
+        question's answer is chosen across its windows (:func:`attnclust.qa.generated.predict_generated`).
     batch_size
         Features per forward pass; batches are grouped by length. On a CPU a batch of long features holds fewer:
         at most ``batch_size x 96^2`` query-key pairs a head (:data:`attnclust.stages.extract_task.CPU_BATCH_SIDE`),
@@ -191,7 +191,7 @@ class ExtractConfig(_Model):
         instead of [CLS], with the last hidden state there (70.3 kB a feature for SmolLM2-135M). Not for natural text
         (``data.format: text``).
     prompt
-        Causal models only (:mod:`attnclust.qa.prompting`): how a question is asked. ``plain``: one instruction
+        Causal models only (:mod:`attnclust.models.prompting`): how a question is asked. ``plain``: one instruction
         line; ``short`` (default: the best of the three measured with SmolLM2 on the bundled sample,
         bench/README.md): a system line asking for the shortest phrase copied from the text; ``example``: that line
         and one worked example.

@@ -3,7 +3,7 @@
 Where a model's files come from (GGUF files and the packaged ``smollm2`` included) and the hub's rules are in
 :mod:`attnclust.models.sources`, shared with :mod:`attnclust.models`, which dispatches a causal model's loading here.
 
-A decoder is studied while it answers: :mod:`attnclust.qa.prompting` turns each question into a prompt, the model
+A decoder is studied while it answers: :mod:`attnclust.models.prompting` turns each question into a prompt, the model
 answers by greedy decoding, and extraction runs one teacher-forced forward pass over prompt + answer whose
 attention maps go into the same store as an encoder's, ``(feature, layer, head, query, key)``. With grouped
 key/value heads (Llama, Qwen) the maps are per *query* head: eager attention repeats the key/value heads before
@@ -319,7 +319,7 @@ def last_prompt_positions(rows: pd.DataFrame) -> np.ndarray:
     Parameters
     ----------
     rows : pandas.DataFrame
-        ``part`` of each feature (:data:`attnclust.qa.prompting.PARTS`).
+        ``part`` of each feature (:data:`attnclust.models.prompting.PARTS`).
 
     Returns
     -------

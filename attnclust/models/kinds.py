@@ -7,7 +7,7 @@ the kind then
 
 - builds the features from the examples (:meth:`ModelKind.build_features`: an encoder's question/context windows,
   :func:`attnclust.data.tokenize_examples`; a decoder's prompts with its greedy answers,
-  :func:`attnclust.qa.prompting.prompt_features`; for natural text, ``data.format: text``, either kind's windows of
+  :func:`attnclust.models.prompting.prompt_features`; for natural text, ``data.format: text``, either kind's windows of
   the texts, :meth:`ModelKind.text_features`);
 - names the special positions (:meth:`ModelKind.special_positions`: an encoder's [CLS] or ``<s>`` first and its
   separators; a decoder's first token, its attention sink);
@@ -309,12 +309,12 @@ class DecoderKind(ModelKind):
     def identity(self, cfg: JobConfig) -> dict:
         """The prompts and answers are the features: the settings that make them (``extract.prompt``,
         ``extract.max_new_tokens``, ``extract.decoding`` when not greedy, ``model.gguf_file``), the windowing's
-        version (:data:`~attnclust.qa.prompting.PROMPT_WINDOWS_VERSION`) and ``model_kind``; of natural text
+        version (:data:`~attnclust.models.prompting.PROMPT_WINDOWS_VERSION`) and ``model_kind``; of natural text
         (``data.format: text``, no prompts) only ``model_kind`` and ``model.gguf_file``. Both also hold how the
         ``profile`` vectors stored at extraction read causal maps (``causal_context``:
         :data:`~attnclust.featurize.CAUSAL_CONTEXT_VERSION`)."""
         from ..featurize.base import CAUSAL_CONTEXT_VERSION
-        from ..qa.prompting import PROMPT_WINDOWS_VERSION
+        from .prompting import PROMPT_WINDOWS_VERSION
 
         if cfg.data.format == "text":
             return {"model_kind": self.name, "model.gguf_file": cfg.model.gguf_file,
@@ -326,14 +326,14 @@ class DecoderKind(ModelKind):
                 "prompt_windows": PROMPT_WINDOWS_VERSION, "causal_context": CAUSAL_CONTEXT_VERSION}
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
-        """Each question's prompts and the model's answer to each (:func:`attnclust.qa.prompting.prompt_features`),
+        """Each question's prompts and the model's answer to each (:func:`attnclust.models.prompting.prompt_features`),
         the model run here, on this process's device (the GPU when the backend may use one); the windows of natural
         text with ``data.format: text`` (:meth:`text_features`)."""
         if cfg.data.format == "text":
             return self.text_features(examples, tokenizer, cfg)
         import torch
 
-        from ..qa.prompting import prompt_features
+        from .prompting import prompt_features
         from .runner import get_model
 
         device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
@@ -345,7 +345,7 @@ class DecoderKind(ModelKind):
 
     def text_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
         """The windows of :meth:`ModelKind.text_features` with each token's ``part``
-        (:data:`~attnclust.qa.prompting.PARTS`): ``context`` for the text, ``instruction`` for a special token the
+        (:data:`~attnclust.models.prompting.PARTS`): ``context`` for the text, ``instruction`` for a special token the
         tokenizer adds (Llama's ``<s>``)."""
         frame = super().text_features(examples, tokenizer, cfg)
         frame["part"] = [["context" if cs <= i <= ce else "instruction" for i in range(n)]
@@ -385,7 +385,7 @@ def kind_of(source: Any) -> ModelKind:
         :class:`~attnclust.config.JobConfig` (``model.kind``, ``auto`` resolved:
         :func:`attnclust.models.model_kind`); an opened attention store or its attributes (``model_kind``);
         ``model_info`` (:func:`attnclust.models.describe_model`: ``kind``); a features table (a decoder's have a
-        ``part`` column, :data:`attnclust.qa.prompting.PROMPT_COLUMNS`).
+        ``part`` column, :data:`attnclust.models.prompting.PROMPT_COLUMNS`).
 
     Returns
     -------

@@ -320,9 +320,9 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     layout = RunLayout(out)
     examples = pd.read_parquet(layout.examples)
     logits = pd.read_parquet(layout.qa_logits)
-    generated = "generated" in features.columns  # a causal model's own answers (attnclust.qa.prompting)
+    generated = "generated" in features.columns  # a causal model's own answers (attnclust.models.prompting)
     if generated:
-        from .prompting import predict_generated
+        from .generated import predict_generated
 
         predicted = predict_generated(features, logits, dict(zip(examples["id"], examples["context"])))
     elif not {"start_logits", "end_logits"} <= set(logits.columns):

@@ -3,7 +3,7 @@ questions right (``attnclust generate kv --calibrate``).
 
 A right/wrong analysis needs both classes: a task the model always fails (or always passes) has nothing to predict.
 The model answers small probe batches (``probe_questions`` each, default 40) by its own prompting path
-(:func:`attnclust.qa.prompting.prompt_features` and :func:`~attnclust.qa.prompting.predict_generated`, under the
+(:func:`attnclust.models.prompting.prompt_features` and :func:`~attnclust.qa.generated.predict_generated`, under the
 job's ``extract`` settings), each answer scored right when its official SQuAD F1 is at least
 :data:`RIGHT_MIN_F1`, as the atlas's right/wrong analyses score it. Accuracy falls as the list grows, so
 :func:`calibrate` bisects ``pairs`` between the shortest list and the longest one that fits the prompt
@@ -30,8 +30,9 @@ from ..data.kvgen import KVSettings, check_out, check_questions, kv_questions, w
 from ..errors import ConfigError
 from ..models import get_model, get_tokenizer
 from ..models.kinds import kind_of
+from ..models.prompting import encode_prompt, prompt_features
 from .evaluate import RIGHT_MIN_F1, f1_score
-from .prompting import encode_prompt, predict_generated, prompt_features
+from .generated import predict_generated
 
 __all__ = ["BAND", "RIGHT_MIN_F1", "Calibration", "ModelAnswerer", "Probe", "answer_examples", "calibrate",
            "check_target", "kv_examples", "longest_fitting", "write_calibrated"]

@@ -42,7 +42,7 @@ __all__ = [
 PREDICTION_COLUMNS = ("example_id", "prediction", "best_span", "span_score", "null_score", "null_odds",
                       "span_probability", "n_best")
 """Columns of a predictions table, which :func:`attnclust.qa.score_answers` scores: written by
-:func:`attnclust.qa.predict_answers` and by :func:`~attnclust.qa.prompting.predict_generated` (here, below both)."""
+:func:`attnclust.qa.predict_answers` and by :func:`~attnclust.qa.generated.predict_generated` (here, below both)."""
 
 RIGHT_MIN_F1 = 0.5
 """A prediction counts as right when its official SQuAD F1 against the gold answers is at least this (the atlas's

@@ -7,7 +7,7 @@
     .venv/bin/python -m bench.studies.prompts --decoding context        # answers restricted to context spans
 
 The model is loaded once (``model.name``, default the packaged ``smollm2``); for each style every question's prompt
-is answered by greedy decoding (:func:`attnclust.qa.prompting.prompt_features`, ``max_new_tokens`` 16, prompts cut
+is answered by greedy decoding (:func:`attnclust.models.prompting.prompt_features`, ``max_new_tokens`` 16, prompts cut
 to 384 tokens as the extract defaults do) and scored with the official SQuAD 2.0 metric (:func:`attnclust.qa.
 score_answers`). Printed per style: EM, F1, HasAns/NoAns F1, questions right (F1 >= 0.5) and seconds per question
 (generation only, on whatever else shares the machine); ``--out`` gets the same as JSON. Not a timed test.
@@ -32,8 +32,9 @@ def measure_prompts(name: str, n: int, styles: list[str], *, max_new_tokens: int
     from attnclust.config import ModelConfig
     from attnclust.data import read_squad, sample_path
     from attnclust.models import get_model, get_tokenizer
+    from attnclust.models.prompting import prompt_features
     from attnclust.qa import score_answers
-    from attnclust.qa.prompting import predict_generated, prompt_features
+    from attnclust.qa.generated import predict_generated
 
     cfg = ModelConfig(name=name)
     examples = read_squad(sample_path(), max_examples=n)

@@ -83,7 +83,7 @@ def test_smollm2_answers_bundled_questions(smollm2_run):
     # needle_lengths 0 (no needle test, retrieval None) is tests/unit/analysis/test_decoder_protocols.py's
     assert protocols["retrieval"] is not None and protocols["sink"]["heads"] == 270
     assert np.isfinite(np.asarray(outputs["last_prompt"][:], dtype=np.float32)).all()
-    from attnclust.qa.prompting import parse_answer
+    from attnclust.qa.generated import parse_answer
 
     examples = pd.read_parquet(run / "examples.parquet").set_index("id")
     predicted = pd.read_parquet(run / "predictions.parquet").set_index("example_id")["prediction"]

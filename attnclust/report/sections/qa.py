@@ -37,7 +37,7 @@ def qa(inputs: ReportInputs) -> dict[str, Any] | None:
     scores = [{"label": label, "exact": f"{sc[p + 'exact']:.2f}", "f1": f"{sc[p + 'f1']:.2f}",
                "total": f"{int(sc[p + 'total']):,}"} for label, p in _QA_FIELDS if f"{p}total" in sc]
     predictions, odds_src, examples = inputs.predictions, None, []
-    # a decoder's answers are generated (attnclust.qa.prompting): no null score, so no threshold to tune
+    # a decoder's answers are generated (attnclust.models.prompting): no null score, so no threshold to tune
     generated = predictions is not None and len(predictions) > 0 and "null_score" in predictions.columns \
         and bool(predictions["null_score"].isna().all())
     found = inputs.qa.get("threshold_search") or {k: v for k, v in sc.items() if k.startswith("best_")}

@@ -214,7 +214,7 @@ def contexts() -> list[str]:
 
 
 def test_haystack_and_prompt(tokenizer, contexts):
-    from attnclust.qa.templates import user_turn
+    from attnclust.models.templates import user_turn
 
     texts = list(dict.fromkeys(contexts))
     whole = tokenizer("\n".join(texts[2:] + texts[:2]) + "\n", add_special_tokens=False)["input_ids"]
@@ -238,7 +238,7 @@ def test_decoding_matches_transformers_generate(tiny_llama, tokenizer, contexts)
 
     from attnclust.config import ModelConfig
     from attnclust.models import get_model
-    from attnclust.qa.templates import user_turn
+    from attnclust.models.templates import user_turn
 
     loaded = get_model(ModelConfig(name=str(tiny_llama)))
     hay = tokenizer.decode(haystack_tokens(tokenizer, contexts, start=0, n_tokens=120))

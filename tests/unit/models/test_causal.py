@@ -124,7 +124,7 @@ def test_prompt_tokens_are_labelled_by_part_with_context_offsets(tiny_llama, tin
     from transformers import AutoTokenizer
 
     from attnclust.analysis.words import word_ids_from_offsets
-    from attnclust.qa.prompting import encode_prompt
+    from attnclust.models.prompting import encode_prompt
 
     context = "The river town of Elsby grew around a stone bridge built in 1412."
     question = "When was the bridge built?"
@@ -148,7 +148,7 @@ def test_prompt_tokens_are_labelled_by_part_with_context_offsets(tiny_llama, tin
 
 
 def test_parse_answer_keeps_the_first_line_in_the_contexts_spelling():
-    from attnclust.qa.prompting import parse_answer
+    from attnclust.qa.generated import parse_answer
 
     context = "Wool and Cheese were the main goods of Elsby."
     assert parse_answer(" wool and cheese.\nMore text", context) == "Wool and Cheese"
@@ -224,7 +224,7 @@ def test_causal_answers_are_scored_per_question(llama_run):
     assert list(table["example_id"]) == list(examples["id"])
     assert table["exact"].isin([0, 1]).all() and table["f1"].between(0, 1).all()
     feats = pd.read_parquet(out / "features.parquet")
-    from attnclust.qa.prompting import parse_answer
+    from attnclust.qa.generated import parse_answer
 
     said: dict[str, set] = {}  # each window's answer; the question's is one of them
     for e, g, c in zip(feats["example_id"], feats["generated"],
@@ -257,7 +257,7 @@ def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
     from attnclust.data import read_squad, sample_path
     from attnclust.models import get_model, get_tokenizer
     from attnclust.models.decoder import causal_forward
-    from attnclust.qa.prompting import prompt_features
+    from attnclust.models.prompting import prompt_features
 
     cfg = ModelConfig(name=str(tiny_gpt2))
     loaded = get_model(cfg)
@@ -281,7 +281,7 @@ def test_gpt2_plain_prompt_forward_matches_the_model(tiny_gpt2):
 def test_context_decoding_continues_runs_of_the_given_spans():
     import torch
 
-    from attnclust.qa.prompting import _span_continuations
+    from attnclust.models.prompting import _span_continuations
 
     allowed = _span_continuations([([5, 6, 7, 6, 8], [0, 1, 2, 3, 4]), ([9, 10], [0]), ([11, 12], [1])], [0],
                                   prompt_len=2)
@@ -298,8 +298,8 @@ def test_context_decoding_continues_runs_of_the_given_spans():
 def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
     from attnclust.data import read_squad, sample_path
     from attnclust.models import get_model, get_tokenizer
-    from attnclust.qa.prompting import prompt_features
-    from attnclust.qa.templates import NO_ANSWER
+    from attnclust.models.prompting import prompt_features
+    from attnclust.models.templates import NO_ANSWER
 
     cfg = ModelConfig(name=str(tiny_llama))
     tok = get_tokenizer(cfg)
@@ -329,7 +329,7 @@ def test_a_question_too_long_for_the_prompt_is_one_line(tiny_gpt2):
     from attnclust.data import read_squad, sample_path
     from attnclust.errors import DataError
     from attnclust.models import get_model, get_tokenizer
-    from attnclust.qa.prompting import prompt_features
+    from attnclust.models.prompting import prompt_features
 
     cfg = ModelConfig(name=str(tiny_gpt2))
     with pytest.raises(DataError, match=r"example 0 \(.*\): the prompt without its context takes \d+ tokens, more "

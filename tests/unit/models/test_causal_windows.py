@@ -36,7 +36,7 @@ def long_example() -> Example:
 
 def test_a_long_context_becomes_overlapping_windows_with_offsets_into_it(tiny_llama):
     from attnclust.models import get_model, get_tokenizer
-    from attnclust.qa.prompting import encode_prompt, prompt_features
+    from attnclust.models.prompting import encode_prompt, prompt_features
 
     cfg = ModelConfig(name=str(tiny_llama))
     tok = get_tokenizer(cfg)
@@ -79,7 +79,7 @@ def test_a_long_context_becomes_overlapping_windows_with_offsets_into_it(tiny_ll
 def test_a_stride_as_long_as_a_window_is_one_line(tiny_llama):
     from attnclust.errors import DataError
     from attnclust.models import get_model, get_tokenizer
-    from attnclust.qa.prompting import prompt_features
+    from attnclust.models.prompting import prompt_features
 
     cfg = ModelConfig(name=str(tiny_llama))
     with pytest.raises(DataError, match=r"example 0 \('long'\): extract\.doc_stride 400 is not less than the \d+ "
@@ -89,7 +89,7 @@ def test_a_stride_as_long_as_a_window_is_one_line(tiny_llama):
 
 
 def test_the_answer_is_the_most_confident_non_null_one_across_windows():
-    from attnclust.qa.prompting import choose_answer
+    from attnclust.qa.generated import choose_answer
 
     assert choose_answer([(0, "", -0.1), (1, "foo", -2.0), (2, "bar", -1.0)]) == ("bar", -1.0)
     assert choose_answer([(2, "", -0.5), (0, "", -0.1)]) == ("", -0.1)  # all null: null, the first window's score
@@ -100,7 +100,7 @@ def test_the_answer_is_the_most_confident_non_null_one_across_windows():
 
 
 def test_predictions_choose_one_answer_per_question_from_its_windows():
-    from attnclust.qa.prompting import predict_generated
+    from attnclust.qa.generated import predict_generated
 
     context = "red fox and blue whale and green frog"
     parts = ["context"] * 3 + ["answer"] * 2
@@ -143,7 +143,7 @@ def test_a_windowed_run_scores_each_question_once(tiny_llama, tmp_path):
     assert sorted(table["example_id"]) == sorted(["long", short.id])
     assert json.loads((out / "qa_scores.json").read_text())["scores"]["total"] == 2
     windows = feats[feats["example_id"] == "long"]
-    from attnclust.qa.prompting import parse_answer
+    from attnclust.qa.generated import parse_answer
 
     said = {parse_answer(g, ex.context) for g in windows["generated"]}
     assert table.set_index("example_id").loc["long", "prediction"] in said

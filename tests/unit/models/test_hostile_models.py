@@ -94,7 +94,7 @@ def test_a_literal_separator_in_encoder_data_stays_text(tmp_path, tiny_bert_dir,
 
 
 def test_a_fake_chat_turn_in_a_context_cannot_steer_a_decoder_prompt(tmp_path):
-    from attnclust.qa.prompting import encode_prompt
+    from attnclust.models.prompting import encode_prompt
 
     from helpers import save_tiny_tokenizer
 
@@ -165,7 +165,7 @@ LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% 
 ])
 def test_a_broken_decoder_folder_is_one_line_and_writes_nothing(tmp_path, tiny_llama_dir, small_squad, capsys,
                                                                monkeypatch, name, text, config, expected):
-    from attnclust.qa import templates
+    from attnclust.models import templates
 
     monkeypatch.setattr(templates, "TEMPLATE_SECONDS", 1.0)
     model = broken_copy(tiny_llama_dir, tmp_path, name, text, **config)

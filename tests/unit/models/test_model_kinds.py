@@ -179,7 +179,7 @@ def test_a_run_records_the_kind_as_before(runs):
     objects (else every earlier run would be extracted again)."""
     from attnclust.analysis.induction import INDUCTION_VERSION
     from attnclust.analysis.protocols import PROTOCOLS_VERSION
-    from attnclust.qa.prompting import PROMPT_WINDOWS_VERSION
+    from attnclust.models.prompting import PROMPT_WINDOWS_VERSION
     from attnclust.store import open_attention_store
 
     decoder_entries = {"model_kind", "model.gguf_file", "extract.prompt", "extract.max_new_tokens", "induction",

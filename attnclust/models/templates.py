@@ -3,7 +3,7 @@ model's chat template when it has one (else as plain text), rendered once per to
 bounded in time and memory (:func:`checked_template`): a chat template is code from the model folder.
 
 The data never passes through the template: the text and the question are placed between the rendered pieces
-(:func:`attnclust.qa.prompting.encode_prompt`).
+(:func:`attnclust.models.prompting.encode_prompt`).
 """
 
 from __future__ import annotations
