@@ -30,6 +30,7 @@ import pandas as pd
 from ..errors import DataError
 from .decoder import induction_scores, induction_sequence
 from .heads import HeadContext, head_analysis
+from .protocol_reuse import ProtocolReuse
 
 __all__ = ["INDUCTION_FDR", "INDUCTION_LENGTH", "INDUCTION_PERMUTATIONS", "INDUCTION_SEQUENCES", "INDUCTION_VERSION",
            "induction_inputs", "induction_pvalues", "measure_induction", "ordinary_tokens", "read_induction",
@@ -186,10 +187,13 @@ def induction_pvalues(maps, length: int, *, start: int = 0, permutations: int = 
     return pair_pvalues(np.moveaxis(a, -3, 0), seq, rows, rows - length + 1, permutations=permutations, seed=seed)
 
 
-def write_induction(layout: Any, cfg: Any, *, device: str = "cpu") -> float:
+def write_induction(layout: Any, cfg: Any, *, device: str = "cpu", reuse: ProtocolReuse | None = None) -> dict:
     """Measure the run's causal model (:func:`measure_induction`) and write ``induction.parquet`` atomically.
 
-    Returns the seconds it took.
+    ``reuse``: where it is kept between runs of the same model (it reads no question of the run:
+    :mod:`.protocol_reuse`); None: measured.
+
+    Returns ``seconds`` (what it took) and ``reused`` (whether it was read from an earlier run's entry).
     """
     import time
 
@@ -197,9 +201,13 @@ def write_induction(layout: Any, cfg: Any, *, device: str = "cpu") -> float:
     from ..store.contract import atomic_write_parquet
 
     t0 = time.perf_counter()
-    table = measure_induction(get_model(cfg.model, device=device), get_tokenizer(cfg.model), device=device)
+    settings = {"version": INDUCTION_VERSION, "n": INDUCTION_SEQUENCES, "length": INDUCTION_LENGTH,
+                "seed": INDUCTION_SEED, "permutations": INDUCTION_PERMUTATIONS}
+    (table, _), reused = (reuse or ProtocolReuse(None)).fetch(
+        "induction", settings,
+        lambda: (measure_induction(get_model(cfg.model, device=device), get_tokenizer(cfg.model), device=device), {}))
     atomic_write_parquet(table, layout.induction)
-    return time.perf_counter() - t0
+    return {"seconds": time.perf_counter() - t0, "reused": reused}
 
 
 def read_induction(layout: Any) -> pd.DataFrame | None:

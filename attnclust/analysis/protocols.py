@@ -51,6 +51,7 @@ from .head_detectors import (
 from .heads import HeadContext, head_analysis
 from .needle import NEEDLE_COLUMNS, NEEDLE_DEPTHS, NEEDLE_FRACTIONS, NEEDLES, measure_retrieval, needle_fractions
 from .plugins import AnalysisContext, register_analysis
+from .protocol_reuse import ProtocolReuse, contexts_digest
 from .sink_rate import (
     GU_TABLE1,
     SINK_EPSILON,
@@ -203,7 +204,8 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
                       n_sink: int = SINK_SEQUENCES, n_detector: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,
                       permutations: int = PROTOCOL_PERMUTATIONS, seed: int = PROTOCOL_SEED,
                       batch: int = 10, max_len: int | None = None,
-                      needle_lengths: int = len(NEEDLE_FRACTIONS)) -> tuple[pd.DataFrame, dict]:
+                      needle_lengths: int = len(NEEDLE_FRACTIONS), reuse: ProtocolReuse | None = None) \
+        -> tuple[pd.DataFrame, dict]:
     """Run the protocols on a causal model.
 
     Parameters
@@ -228,6 +230,10 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
     needle_lengths
         Context lengths of the needle test, evenly spaced from half of the longest to the longest
         (:func:`~.needle.needle_fractions`; the job's ``extract.needle_lengths``); 0: no needle test, as None above.
+    reuse
+        Where the parts that do not read the run's questions are kept between runs (:mod:`.protocol_reuse`: the
+        sink rate on random and repeated tokens, the detectors, and the needle test for the same contexts); None:
+        everything is measured.
 
     Returns
     -------
@@ -239,9 +245,12 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
         sequence's rate (``sequence_rates``),
         ``gu_table1``) and ``detectors`` (``sequences``, ``length``, ``bos`` and ``bos_text``, ``permutations``,
         ``fdr``, and per detector ``threshold``, ``ceiling``, ``above``, ``heads``, ``max``, ``best``) and
-        ``retrieval`` (:func:`~.needle.measure_retrieval`'s summary, or None).
+        ``retrieval`` (:func:`~.needle.measure_retrieval`'s summary, or None) and ``reused`` (per part,
+        ``sink_<kind>``, ``detectors``, ``retrieval``: whether it was read from an earlier run's entry; with
+        ``why_not`` when nothing could be).
     """
     t0 = time.perf_counter()
+    reuse = reuse or ProtocolReuse(None)
     vocab_size = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
     inputs = protocol_inputs(tokenizer, contexts, vocab_size=vocab_size, template=template, n_sink=n_sink,
                              n_detector=n_detector, length=length, seed=seed)
@@ -251,50 +260,76 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
     rates: dict[str, dict] = {}
     counts: dict[str, dict] = {}
     spread: dict[str, dict] = {}
-    for kind in SINK_KINDS:
-        rates[kind], counts[kind], spread[kind] = {}, {}, {}
+    reused: dict[str, bool] = {}
+
+    def sink_part(kind: str) -> tuple[pd.DataFrame, dict]:  # both variants of one kind of sequence
+        part, info = {}, {"rates": {}, "counts": {}, "spread": {}}
         for variant in _VARIANTS:
-            key = kind if variant == "raw" else f"{kind}_template"
-            suffix = "" if variant == "raw" else "_template"
+            key, suffix = (kind, "") if variant == "raw" else (f"{kind}_template", "_template")
             ids = inputs.get(key)
             n = 0 if ids is None else len(ids)
-            counts[kind][variant] = n
+            info["counts"][variant] = n
             if not n:
-                rates[kind][variant] = spread[kind][variant] = None
-                columns[f"sink_alpha_{kind}{suffix}"] = np.full(len(li), np.nan)
-                columns[f"sink_share_{kind}{suffix}"] = np.full(len(li), np.nan)
+                info["rates"][variant] = info["spread"][variant] = None
+                part[f"sink_alpha_{kind}{suffix}"] = part[f"sink_share_{kind}{suffix}"] = np.full(len(li), np.nan)
                 continue
             alpha = first_token_alpha(_maps(loaded, ids, device, batch))  # (sequence, layer, head)
             per_sequence = sink_rates(alpha)
-            rates[kind][variant] = float(per_sequence.mean())
-            spread[kind][variant] = [round(float(r), 6) for r in per_sequence]
-            columns[f"sink_alpha_{kind}{suffix}"] = alpha.mean(0).ravel()
-            columns[f"sink_share_{kind}{suffix}"] = (alpha > SINK_EPSILON).mean(0).ravel()
+            info["rates"][variant] = float(per_sequence.mean())
+            info["spread"][variant] = [round(float(r), 6) for r in per_sequence]
+            part[f"sink_alpha_{kind}{suffix}"] = alpha.mean(0).ravel()
+            part[f"sink_share_{kind}{suffix}"] = (alpha > SINK_EPSILON).mean(0).ravel()
+        return pd.DataFrame(part), info
+
+    sink_settings = {"version": PROTOCOLS_VERSION, "template": template, "n": n_sink, "seed": seed, "batch": batch}
+    for kind in SINK_KINDS:  # the natural windows read the run's contexts: measured every time
+        if kind == "natural":
+            (part, info), reused[f"sink_{kind}"] = sink_part(kind), False
+        else:
+            (part, info), reused[f"sink_{kind}"] = reuse.fetch(f"sink_{kind}", sink_settings,
+                                                               lambda kind=kind: sink_part(kind))
+        columns.update({c: part[c].to_numpy() for c in part.columns})
+        rates[kind], counts[kind], spread[kind] = info["rates"], info["counts"], info["spread"]
+
+    def detector_part() -> tuple[pd.DataFrame, dict]:
+        ids = inputs["detectors"]
+        maps = _maps(loaded, ids, device, batch)  # (sequence, layer, head, n, n)
+        null_seed = _streams(seed)["null"]
+        rows, keys = arena_induction_pairs(maps.shape[-1], length)
+        part = {"induction_arena": arena_induction_scores(maps, length).ravel(),
+                "induction_arena_p": pair_pvalues(maps, np.repeat(np.arange(len(ids)), len(rows)),
+                                                  np.tile(rows, len(ids)), np.tile(keys, len(ids)),
+                                                  permutations=permutations, seed=null_seed).ravel()}
+        scores = tl_scores(maps, ids)
+        patterns = [tl_patterns(t) for t in ids]
+        for name, pattern in _TL.items():
+            part[name] = scores[pattern].ravel()
+            part[f"{name}_p"] = pair_pvalues(maps, *pattern_pairs([p[pattern] for p in patterns]),
+                                             permutations=permutations, seed=null_seed).ravel()
+        return pd.DataFrame(part), {"ceiling": {k: float(v) for k, v in tl_ceiling(ids).items()}}
+
+    (part, info), reused["detectors"] = reuse.fetch(
+        "detectors", {"version": PROTOCOLS_VERSION, "n": n_detector, "length": length, "permutations": permutations,
+                      "seed": seed, "batch": batch}, detector_part)
+    columns.update({c: part[c].to_numpy() for c in part.columns})
+    ceiling = info["ceiling"]
     ids = inputs["detectors"]
-    maps = _maps(loaded, ids, device, batch)  # (sequence, layer, head, n, n)
-    null_seed = _streams(seed)["null"]
-    rows, keys = arena_induction_pairs(maps.shape[-1], length)
-    columns["induction_arena"] = arena_induction_scores(maps, length).ravel()
-    columns["induction_arena_p"] = pair_pvalues(maps, np.repeat(np.arange(len(ids)), len(rows)),
-                                                np.tile(rows, len(ids)), np.tile(keys, len(ids)),
-                                                permutations=permutations, seed=null_seed).ravel()
-    scores = tl_scores(maps, ids)
-    patterns = [tl_patterns(t) for t in ids]
-    for name, pattern in _TL.items():
-        columns[name] = scores[pattern].ravel()
-        columns[f"{name}_p"] = pair_pvalues(maps, *pattern_pairs([p[pattern] for p in patterns]),
-                                            permutations=permutations, seed=null_seed).ravel()
-    del maps
     retrieval = None
     if max_len is None or needle_lengths <= 0:
         columns["needle_retrieval"], columns["needle_retrieval_head"] = np.full(len(li), np.nan), np.zeros(len(li),
                                                                                                             bool)
+        reused["retrieval"] = False
     else:
-        found, retrieval = measure_retrieval(loaded, tokenizer, contexts, max_len=max_len, device=device,
-                                             fractions=needle_fractions(needle_lengths))
+        def needle_part() -> tuple[pd.DataFrame, dict]:
+            found, summary = measure_retrieval(loaded, tokenizer, contexts, max_len=max_len, device=device,
+                                               fractions=needle_fractions(needle_lengths))
+            return found[list(NEEDLE_COLUMNS)].reset_index(drop=True), summary
+
+        (found, retrieval), reused["retrieval"] = reuse.fetch(
+            "needle", {"version": PROTOCOLS_VERSION, "contexts": contexts_digest(contexts), "max_len": int(max_len),
+                       "fractions": list(needle_fractions(needle_lengths))}, needle_part)
         columns.update({c: found[c].to_numpy() for c in NEEDLE_COLUMNS})  # the same (layer, head) order
     table = pd.DataFrame({c: columns[c] for c in PROTOCOL_COLUMNS})
-    ceiling = tl_ceiling(ids)
     thresholds = detector_thresholds(ceiling)
     flags = detector_flags(table, thresholds)
     detectors = {}
@@ -319,16 +354,19 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
                       "bos_text": None if bos is None else tokenizer.decode([int(bos)]),
                       "permutations": int(permutations), "fdr": PROTOCOL_FDR, **detectors},
         "retrieval": retrieval,
+        "reused": {**reused, "why_not": reuse.why_not} if reuse.model is None else reused,
         "seconds": round(time.perf_counter() - t0, 3)}
     return table, summary
 
 
-def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", note=None) -> float:
+def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", note=None,
+                    reuse: ProtocolReuse | None = None) -> dict:
     """Measure the run's causal model (:func:`measure_protocols`) and write ``decoder_protocols.parquet`` and
     ``decoder_protocols.json`` atomically; ``note`` (a callable taking one line) is told why the needle test ran
-    no test, when it ran none.
+    no test, when it ran none. ``reuse``: where the parts that do not read the run's questions are kept between
+    runs (:func:`~.protocol_reuse.protocol_reuse`; None: everything is measured).
 
-    Returns the seconds it took.
+    Returns ``seconds`` (what it took) and ``reused`` (the parts read from an earlier run's entry).
     """
     from ..models.runner import get_model, get_tokenizer
     from ..safeio import atomic_write_json
@@ -336,15 +374,17 @@ def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", not
 
     t0 = time.perf_counter()
     tokenizer = get_tokenizer(cfg.model)
-    table, summary = measure_protocols(get_model(cfg.model, device=device), tokenizer, list(contexts),
-                                       device=device, template=template_first_token(tokenizer, cfg.extract.prompt),
-                                       max_len=cfg.extract.max_seq_len, needle_lengths=cfg.extract.needle_lengths)
+    table, summary = measure_protocols(get_model(cfg.model, device=device), tokenizer, list(contexts), device=device,
+                                       template=template_first_token(tokenizer, cfg.extract.prompt),
+                                       max_len=cfg.extract.max_seq_len, needle_lengths=cfg.extract.needle_lengths,
+                                       reuse=reuse)
     atomic_write_parquet(table, layout.decoder_protocols)
     atomic_write_json(layout.decoder_protocols_summary, summary)
     why = (summary.get("retrieval") or {}).get("none_reason")
     if why and note is not None:
         note(f"needle test: no test ran: {why}")
-    return time.perf_counter() - t0
+    return {"seconds": time.perf_counter() - t0,
+            "reused": [part for part, was in summary["reused"].items() if was is True]}
 
 
 def read_protocols(layout: Any) -> tuple[pd.DataFrame, dict] | None:

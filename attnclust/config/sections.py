@@ -202,6 +202,12 @@ class ExtractConfig(_Model):
         spaced from half of ``max_seq_len`` (or of the model's positions) to all of it (3: 0.5, 0.75 and 1 of it);
         each length runs 3 needles x 3 depths, and each test decodes up to 50 tokens (about 3 s a test for
         SmolLM2-135M on 2 CPU cores); ``1``: the longest only, ``0``: no needle test (the report says so).
+    reuse_protocols
+        Causal models only: read the decoder protocols' parts that do not depend on the run's questions (the sink
+        rate on random and repeated tokens, the head detectors, the induction diagnostic, and the needle test on
+        the same contexts) from an earlier run of the same model when one kept them
+        (:mod:`attnclust.analysis.protocol_reuse`; the run's records say which were reused); ``false``: measure
+        everything again.
     decoding
         Causal models only: ``greedy`` (the model's own choice at each step) or ``context`` (the greedy choice
         among the tokens that keep the answer a run of the context's tokens, or the word ``unanswerable``).
@@ -228,6 +234,7 @@ class ExtractConfig(_Model):
     max_new_tokens: int = _int(16, 1, 256)
     decoding: Decoding = _choice("greedy", Decoding)
     needle_lengths: int = _int(3, 0, 20)
+    reuse_protocols: bool = _setting(True, "true | false")
 
     @model_validator(mode="after")
     def _lengths_fit(self) -> ExtractConfig:

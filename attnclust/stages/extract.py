@@ -33,6 +33,7 @@ import pandas as pd
 from ..analysis.extraction import applicable, extraction_versions
 from ..analysis.induction import INDUCTION_VERSION, write_induction
 from ..analysis.probes import consolidate_head_outputs
+from ..analysis.protocol_reuse import protocol_reuse
 from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
 from ..config import JobConfig
 from ..data.features import FEATURE_LAYOUT_VERSION
@@ -413,12 +414,21 @@ class ExtractStage(Stage):
         induction = {}
         if kind.is_decoder:  # the induction diagnostic (analysis/induction.py) and the papers' protocols
             from .. import backend as bk
+            from ..models.runner import get_model
 
             device = bk.torch_device(ctx.backend)
-            induction = {"induction_seconds": round(write_induction(ctx.layout, ctx.cfg, device=device), 3),
-                         # the papers' protocols (analysis/protocols.py), the run's contexts as natural text
-                         "protocols_seconds": round(write_protocols(ctx.layout, ctx.cfg, inputs["examples"]["context"],
-                                                                    device=device, note=ctx.note), 3)}
+            reuse = protocol_reuse(ctx.cfg.model, inputs["model_info"]["identity"],  # kept between runs
+                                   get_model(ctx.cfg.model, device=device), device=device,
+                                   enabled=ctx.cfg.extract.reuse_protocols)
+            diagnostic = write_induction(ctx.layout, ctx.cfg, device=device, reuse=reuse)
+            # the papers' protocols (analysis/protocols.py), the run's contexts as natural text
+            protocols = write_protocols(ctx.layout, ctx.cfg, inputs["examples"]["context"], device=device,
+                                        note=ctx.note, reuse=reuse)
+            induction = {"induction_seconds": round(diagnostic["seconds"], 3),
+                         "protocols_seconds": round(protocols["seconds"], 3),
+                         "protocols_reused": (["induction"] if diagnostic["reused"] else []) + protocols["reused"]}
+            if reuse.why_not:
+                induction["protocols_not_reused"] = reuse.why_not
         else:
             ctx.layout.remove(ctx.layout.induction, ctx.layout.decoder_protocols, ctx.layout.decoder_protocols_summary)
         seconds = time.perf_counter() - self.t0_

@@ -39,8 +39,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # no knowledge of jobs or runs: bounded reads and atomic writes, chunk checksums, argparse types, the parts of
     # a transformers model that are hooked, the clustering algorithms' small pieces; how a setting is declared and
     # its errors told (_settings: the featurizers declare their settings with it)
-    ("foundations", ("attnclust.plugins", "attnclust.safeio", "attnclust.store.integrity", "attnclust.argtypes",
-                     "attnclust.models.hooks", "attnclust.cluster.placement",
+    ("foundations", ("attnclust.plugins", "attnclust.safeio", "attnclust.cachedir", "attnclust.store.integrity",
+                     "attnclust.argtypes", "attnclust.models.hooks", "attnclust.cluster.placement",
                      "attnclust._settings")),
     # what a map is, no files, no models: its tokens and token masks, its per-map statistics, its profile, and the
     # encodings a store keeps it in (the compact code, the value norms' code)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from importlib import metadata
 from pathlib import Path
 
+from ...cachedir import cache_home
 from ...config import ModelConfig
 from ...layout import ModelDirLayout
 from ...safeio import atomic_write_json
@@ -20,15 +20,6 @@ __all__ = ["DIGEST_CACHE_VERSION", "cache_home", "file_digest", "file_version", 
 _FILE_DIGESTS: dict[tuple, str] = {}  # file_version(path) -> content hash, once per process and version
 DIGEST_CACHE_VERSION = 1
 """Bumped when the on-disk digest cache's entries change form."""
-
-
-def cache_home() -> Path:
-    """attnclust's cache folder: ``$ATTNCLUST_CACHE``, by default ``$XDG_CACHE_HOME/attnclust`` or
-    ``~/.cache/attnclust`` (the GGUF cache and the files' digests live below it)."""
-    base = os.environ.get("ATTNCLUST_CACHE")
-    if not base:
-        base = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnclust")
-    return Path(base).expanduser()
 
 
 def file_version(path: Path) -> tuple:

@@ -128,8 +128,9 @@ def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``template_sd`` over the sequences, ``gu``), ``lines`` (the
         rates in one sentence each), ``detectors`` (``sequences``, ``length``, ``bos``, ``permutations``, ``fdr``,
         ``rows`` of ``name``, ``scale``, ``threshold``, ``above``, ``heads``, ``best``), ``retrieval``
-        (:func:`retrieval_summary`, None without the needle test) and ``seconds``; ``None`` when the run has no
-        protocols (an encoder).
+        (:func:`retrieval_summary`, None without the needle test), ``seconds`` and ``reused`` (the parts read from
+        an earlier run of the same model, in words; None when none was: :mod:`attnclust.analysis.protocol_reuse`);
+        ``None`` when the run has no protocols (an encoder).
     """
     summary = inputs.analyses.get("decoder_protocols")
     if summary is None:
@@ -176,4 +177,15 @@ def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
                           "permutations": fmt(int(det["permutations"])), "fdr": f"{det['fdr']:g}",
                           "rows": detectors},
             "retrieval": retrieval,
-            "seconds": fmt(summary.get("seconds"))}
+            "seconds": fmt(summary.get("seconds")),
+            "reused": _reused(summary.get("reused") or {})}
+
+
+REUSED_LABELS = {"sink_random": "the sink rate on random tokens", "sink_repeated": "the sink rate on a repeated token",
+                 "detectors": "the head detectors", "retrieval": "the needle test (on these same contexts)"}
+"""What each part that :mod:`attnclust.analysis.protocol_reuse` can read from an earlier run measured."""
+
+
+def _reused(reused: dict) -> str | None:
+    parts = [label for part, label in REUSED_LABELS.items() if reused.get(part) is True]
+    return None if not parts else ", ".join(parts)

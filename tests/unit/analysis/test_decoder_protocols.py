@@ -298,6 +298,27 @@ def llama_report(tiny_llama, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_a_second_run_of_the_same_model_reads_the_protocols_that_do_not_read_its_questions(llama_report, tmp_path):
+    """A new run of the same job: every part that reads only the model (and the needle test, on the same contexts)
+    comes from the first run's entries, with the same numbers; the record and the report say so."""
+    from attnclust.config import JobConfig
+    from attnclust.layout import RunLayout
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    first = RunLayout(llama_report)
+    cfg = JobConfig.from_dict(json.loads((llama_report / "job.json").read_text())["config"])
+    run_job(cfg, tmp_path / "again", executor=SerialExecutor(), progress=False)
+    again = RunLayout(tmp_path / "again")
+    record = json.loads(again.stage_record("extract").read_text())
+    assert record["protocols_reused"] == ["induction", "sink_random", "sink_repeated", "detectors", "retrieval"]
+    for name in ("decoder_protocols", "induction"):
+        pd.testing.assert_frame_equal(pd.read_parquet(getattr(again, name)), pd.read_parquet(getattr(first, name)),
+                                      check_exact=True)
+    assert "read from an earlier run of the same model" in (tmp_path / "again" / "report.html").read_text()
+
+
+@pytest.mark.slow
 def test_a_tiny_llama_run_writes_the_protocols_and_its_report_prints_them(llama_report, tiny_llama,
                                                                           llama_tokenizer):
     import html as html_lib

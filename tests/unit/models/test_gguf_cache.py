@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+from attnclust import cachedir
 from attnclust.config import ModelConfig
 from attnclust.models import gguf_cache
 
@@ -84,7 +85,7 @@ def test_an_untouched_entry_is_used_and_hashed_once_per_process(cache, monkeypat
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _load(cfg, calls) == entry and hashed == []  # the hashes written with it are remembered
-        gguf_cache._DIGESTS.clear()  # a fresh process: every file is hashed again, once
+        cachedir._DIGESTS.clear()  # a fresh process: every file is hashed again, once
         assert _load(cfg, calls) == entry and len(hashed) == 3
         assert _load(cfg, calls) == entry and len(hashed) == 3
     assert len(calls) == 1 and gguf_cache.verify_entry(entry, cfg, "model") is None
