@@ -23,7 +23,8 @@ from .common import RESULTS, ROOT
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe")
+FIGURES = ("extract", "store", "featurize", "compile", "e2e", "quality", "scale", "cluster", "estimates", "probe",
+           "small")
 ON_REQUEST = ("squad_dev", "llm_correctness")  # run only when --only names them (~15 and ~30+ minutes)
 # what each group of the --gpu arm would measure (printed as skipped where no GPU is usable); ``None``: not a
 # GPU figure, with the reason
@@ -38,6 +39,7 @@ GPU_FIGURES = {
     "cluster": ["cluster_100k_gpu (quick) / cluster_1m_gpu", "placement_speedup_gpu"],
     "estimates": (None, "estimates are not measurements"),
     "probe": (None, "the syntax and probe analyses run on the CPU driver"),
+    "small": ["small_demo_wall_s_gpu", "small_llm_wall_s_gpu", "small_text_extract_vs_forward_gpu"],
     "llm_correctness": (None, "SmolLM2 runs on the CPU here; its figures are about attention, not speed"),
     "squad_dev": [f"squad_dev_{name}_gpu" for name in (
         "e2e_min", "disk_gb", "peak_rss_gb", "report_mb", "report_interactive_s", "explore_map_p95_ms",
@@ -52,14 +54,15 @@ MODES = {
               "featurize_reps": 3, "seed_features": 3, "seed_maps_timed": 12, "default_examples": 400,
               "default_reps": 1, "quality_per_type": 6, "scale_n": 12, "scale_reps": 1, "cluster_rows": 100_000,
               "cluster_name": "cluster_100k", "squad_dev_small": 150, "squad_dev_mid": 400,
-              "squad_dev_questions": 1200, "squad_dev_bert_features": 50, "llm_questions": 400},
+              "squad_dev_questions": 1200, "squad_dev_bert_features": 50, "llm_questions": 400,
+              "small_text_windows": 20},
     "full": {"dataset_examples": 2000, "extract_examples": 96, "extract_reps": 5, "featurize_features": 4,
              "featurize_reps": 5, "seed_features": 3, "seed_maps_timed": None, "default_examples": 400,
              "default_reps": 2, "quality_per_type": 30, "scale_n": 25, "scale_reps": 2, "cluster_rows": 1_000_000,
              "cluster_name": "cluster_1m",
              # the dev rehearsal's arms in questions: ~1k and ~4k features (1.03 features per question), then dev
              "squad_dev_small": 970, "squad_dev_mid": 3875, "squad_dev_questions": 11_873,
-             "squad_dev_bert_features": 200, "llm_questions": 400},
+             "squad_dev_bert_features": 200, "llm_questions": 400, "small_text_windows": 60},
 }
 
 
@@ -261,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             from .figures.probe_cost import bench_probe_cost
 
             bench_probe_cost(ctx)
+        if "small" in groups:  # the demo, jobs/llm.yaml and a decoder over text through the CLI (figures/small.py)
+            from .figures.small import bench_small
+
+            bench_small(ctx, s["small_text_windows"])
         if "llm_correctness" in groups:  # right / wrong from SmolLM2's heads (bench/figures/llm_correctness.py)
             from .figures.llm_correctness import bench_llm_correctness
 
