@@ -36,6 +36,7 @@ import pandas as pd
 from .._settings import _int, _Model
 from ..errors import DataError
 from .plugins import AnalysisContext, register_analysis
+from .threads import map_threads
 
 __all__ = ["DEFAULT_FEATURES", "DEFAULT_ROWS", "HEAD_LAYOUT_COLUMNS", "HEAD_LAYOUT_REQUIRED", "SMOOTHING", "VERSION",
            "HeadDistances", "HeadMapConfig", "compute_head_layout", "embed_heads", "head_distances",
@@ -255,11 +256,16 @@ def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows
     step = "head distances"
     if on_step is not None:
         on_step(step, 0, len(pick), "features")
-    for done, f in enumerate(pick, 1):
-        n = int(store.seq_len[f])
-        maps = store.read_exact(int(f)).reshape(n_layers * n_heads, n, n)
-        rows = None if max_rows is None or n <= max_rows else np.sort(rng.choice(n, int(max_rows), replace=False))
-        acc += js_between_heads(maps, rows=rows)
+    lengths = [int(store.seq_len[f]) for f in pick]
+    sampled = [None if max_rows is None or n <= max_rows else np.sort(rng.choice(n, int(max_rows), replace=False))
+               for n in lengths]  # drawn in the features' order, as one feature at a time draws them
+
+    def one(i: int) -> np.ndarray:
+        n = lengths[i]
+        return js_between_heads(store.read_exact(int(pick[i])).reshape(n_layers * n_heads, n, n), rows=sampled[i])
+
+    for done, distances in enumerate(map_threads(one, range(len(pick))), 1):  # summed in the features' order
+        acc += distances
         if on_step is not None:
             on_step(step, done, len(pick), "features")
     return HeadDistances(distances=acc / max(len(pick), 1), n_layers=n_layers, n_heads=n_heads,

@@ -48,6 +48,7 @@ from ..errors import DataError
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
 from .plugins import AnalysisContext, register_analysis
 from .probe_fits import MAX_FOLDS, _fit_predict, permutation_p_values, permuted_labels, probe_fold_ids
+from .threads import map_threads
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "PROBE_ENCODER_LAST_PROMPT", "PROBE_SKIPPED",
            "QWORDS", "ProbeConfig", "consolidate_head_outputs", "pooled_array", "probe_heads", "probe_labels",
@@ -208,11 +209,17 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null,
     for tr, te in splits:
         majority = np.bincount(codes[tr], minlength=n_classes).argmax()
         base_correct += int((codes[te] == majority).sum())
-    for h in range(n_layers * n_heads):
+
+    def one(h: int) -> tuple[np.ndarray, np.ndarray]:  # a head's held-out hits per label set, training accuracy
+        hits, accuracy = np.zeros(permutations + 1), np.zeros(n_folds)
         for f, (tr, te) in enumerate(splits):
             pred_tr, pred_te = _fit_predict(x_all[tr, h], label_sets_t[:, tr], x_all[te, h], n_classes)
-            correct[h] += (pred_te == label_sets_t[:, te]).sum(dim=1).numpy()
-            train_acc[f, h] = float((pred_tr[0] == label_sets_t[0, tr]).double().mean())
+            hits += (pred_te == label_sets_t[:, te]).sum(dim=1).numpy()
+            accuracy[f] = float((pred_tr[0] == label_sets_t[0, tr]).double().mean())
+        return hits, accuracy
+
+    for h, (hits, accuracy) in enumerate(map_threads(one, range(n_layers * n_heads))):
+        correct[h], train_acc[:, h] = hits, accuracy
         if on_head is not None:
             on_head(h + 1, n_layers * n_heads)
     accuracy = correct[:, 0] / n

@@ -155,7 +155,10 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
             if len(fp.dependent):
                 aligned[f] = fp
         if aligned:
-            maps = store.read_block(start, stop) if store.exact is None else None  # the sample: feature by feature
+            # the whole block when most of its features hold parsed sentences; otherwise those features alone (the
+            # exact sample is read feature by feature in any case): the same maps, fewer chunks decoded
+            maps = store.read_block(start, stop) if store.exact is None and 2 * len(aligned) > stop - start \
+                else None
             for f, fp in aligned.items():
                 n = int(store.seq_len[f])
                 wm = word_level_map(store.read_exact(f) if maps is None else maps[f - start, :, :, :n, :n],
