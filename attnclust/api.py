@@ -42,7 +42,7 @@ def run(job: str | Path | JobConfig | None = None, *, out: str | Path, overrides
     --------
     >>> result = attnclust.run("jobs/demo.yaml", out="runs/demo", overrides=["data.max_examples=20"])  # doctest: +SKIP
     """
-    from .pipeline import run_job
+    from .pipeline import run_job  # lazy: the stages load when a job runs, not with import attnclust
 
     cfg = job if isinstance(job, JobConfig) else load_job(job, overrides)
     return run_job(cfg, Path(out), **kwargs)
@@ -176,7 +176,7 @@ class Output:
         attnclust.report.views.GridView
             ``_repr_html_()`` (self-contained HTML), ``figure()`` (matplotlib).
         """
-        from .report.views import grid_view
+        from .report.views import grid_view  # lazy: pulls matplotlib and jinja2, which import attnclust does not need
 
         return grid_view(self, examples=examples)
 
@@ -200,7 +200,7 @@ class Output:
         attnclust.AttnclustError
             ``layer`` or ``head`` is out of the run's range (the message gives it).
         """
-        from .report.views import head_view
+        from .report.views import head_view  # lazy: pulls matplotlib and jinja2 (as grid_view)
 
         return head_view(self, layer, head, examples=examples)
 
@@ -228,7 +228,7 @@ class Output:
         attnclust.AttnclustError
             ``feature_id``, ``layer`` or ``head`` is out of the run's range (the message gives it).
         """
-        from .report.views import map_view
+        from .report.views import map_view  # lazy: pulls matplotlib and jinja2 (as grid_view)
 
         return map_view(self, feature_id, layer, head, weighting=weighting)
 

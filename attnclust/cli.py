@@ -13,7 +13,12 @@ import sys
 from pathlib import Path
 
 from .argtypes import integer, number, port  # integer, number: re-exported
-from .errors import AttnclustError
+from .config import load_job
+from .data.kvgen import write_kv
+from .errors import AttnclustError, ConfigError, os_error_line
+from .qa import evaluate_files, finetune_model
+from .qa.calibrate import write_calibrated
+from .service.security import write_certificates
 
 __all__ = ["main"]
 
@@ -119,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     out = getattr(args, "out", None)
     try:
         if args.command == "certs":
-            from .service.security import write_certificates
-
             paths = write_certificates(Path(args.dir))
             print(f"certificates written to {args.dir}: {', '.join(sorted(p.name for p in paths))}")
             return 0
@@ -136,9 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             return _finetune(args)
         if args.command == "generate":
             return _generate(args)
-        from .config import load_job
-        from .pipeline import result_summary, run_job
-        from .stages import COMMANDS
+        from .pipeline import result_summary, run_job  # lazy: the stages load when a job runs; --help starts fast
+        from .stages import COMMANDS  # lazy: as the pipeline
 
         overrides = list(args.overrides)
         if getattr(args, "data", None):
@@ -152,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnclust: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # disk full, read-only, permissions: the storage, not attnclust
-        from .errors import os_error_line
-
         print(f"attnclust: error: {os_error_line(exc, where=str(out) if out else None)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -175,8 +175,6 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate(args) -> int:
     import json
 
-    from .qa import evaluate_files
-
     scores = evaluate_files(args.data, args.predictions, args.null_odds, null_odds_threshold=args.null_odds_threshold,
                             allow_missing=args.allow_missing)
     print(json.dumps(scores, indent=2))
@@ -184,7 +182,7 @@ def _evaluate(args) -> int:
 
 
 def _compare(args) -> int:
-    from .compare import run_compare
+    from .compare import run_compare  # lazy: pulls matplotlib and jinja2 (the report's), which --help does not need
 
     result = run_compare(args.a, args.b, args.out, max_features=args.max_features, progress=not args.quiet)
     top = result.heads.sort_values("rank").head(3)
@@ -197,15 +195,13 @@ def _compare(args) -> int:
 
 
 def _explore(args) -> int:
-    from .explore import DEFAULT_HOST, is_loopback, make_server
+    from .explore import DEFAULT_HOST, is_loopback, make_server  # lazy: pulls matplotlib and jinja2 (the report's)
 
     host = args.host or DEFAULT_HOST
     try:
         server = make_server(args.dir, host=host, port=args.port, note=lambda line: print(line, flush=True))
     except OSError as exc:
         import errno
-
-        from .errors import ConfigError, os_error_line
 
         if exc.filename is not None:  # reading the run, not binding the address
             raise
@@ -229,7 +225,7 @@ def _explore(args) -> int:
 
 
 def _export(args) -> int:
-    from .export import EXPORT_FIGURES, write_figure
+    from .export import EXPORT_FIGURES, write_figure  # lazy: pulls matplotlib and jinja2, which --help does not need
 
     if args.figure == "list":
         width = max(len(n) for n in EXPORT_FIGURES)
@@ -242,11 +238,7 @@ def _export(args) -> int:
 
 
 def _generate(args) -> int:
-    from .errors import ConfigError
-
     if not args.calibrate:
-        from .data.kvgen import write_kv
-
         stray = [flag for flag, given in (("--job", args.job), ("--set", args.overrides),
                                           ("--target", args.target is not None),
                                           ("--probe-questions", args.probe_questions is not None)) if given]
@@ -261,8 +253,6 @@ def _generate(args) -> int:
     if args.pairs is not None:
         raise ConfigError(f"--pairs {args.pairs} with --calibrate: calibration chooses the list length; drop --pairs "
                           f"or --calibrate")
-    from .config import load_job
-    from .qa.calibrate import write_calibrated
 
     cfg = load_job(args.job, list(args.overrides))
     path, result = write_calibrated(cfg, args.out, args.questions, seed=args.seed, similarity=args.similarity,
@@ -280,9 +270,6 @@ def _generate(args) -> int:
 
 
 def _finetune(args) -> int:
-    from .config import load_job
-    from .qa import finetune_model
-
     overrides = list(args.overrides)
     if args.data:
         overrides.append(f"data.path={args.data}")

@@ -33,8 +33,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .analysis.distances import js_between_maps
 from .errors import DataError
+from .executors import StepBars
 from .layout import CompareLayout, RunLayout
+from .report.figures import head_heatmap_figure, head_matrix, layer_bars_figure, png_data_uri
+from .report.registry import environment
+from .store.contract import (
+    atomic_write_bytes,
+    atomic_write_parquet,
+    check_store_tables,
+    open_attention_store,
+    read_features,
+)
 
 __all__ = ["HEAD_COLUMNS", "LAYER_COLUMNS", "Comparison", "check_same_features", "compare_maps", "compare_runs",
            "render_comparison", "role_changes", "run_compare", "write_comparison"]
@@ -105,7 +116,6 @@ def check_same_features(a: Path, b: Path):
     attnclust.errors.StoreError
         A run's store or features table is missing or damaged.
     """
-    from .store.contract import check_store_tables, open_attention_store, read_features
 
     a, b = Path(a), Path(b)
     for root in (a, b):
@@ -151,8 +161,6 @@ def compare_maps(store_a, store_b, *, features: np.ndarray | None = None,
         Cosine similarity of the flattened maps (1 = the same map up to scale).
     """
     import torch
-
-    from .analysis.distances import js_between_maps
 
     ids = np.arange(store_a.n_features) if features is None else np.sort(np.asarray(features, np.int64))
     change = np.zeros((len(ids), store_a.n_layers, store_a.n_heads))
@@ -253,7 +261,6 @@ def compare_runs(a: str | Path, b: str | Path, *, max_features: int | None = Non
     attnclust.errors.StoreError
         A run's store is missing or damaged.
     """
-    from .executors import StepBars
 
     a, b = Path(a), Path(b)
     if max_features is not None and (isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer))
@@ -319,9 +326,6 @@ def render_comparison(comparison: Comparison) -> str:
     """
     import warnings
 
-    from .report.figures import head_heatmap_figure, head_matrix, layer_bars_figure, png_data_uri
-    from .report.registry import environment
-
     heads, layers = comparison.heads, comparison.layers
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Glyph .* missing", category=UserWarning)
@@ -377,7 +381,6 @@ def write_comparison(comparison: Comparison, out: str | Path) -> dict[str, Path]
     attnclust.errors.StoreError
         ``out`` may not be written (foreign files, a user's file at one of the names, read-only, in use).
     """
-    from .store.contract import atomic_write_bytes, atomic_write_parquet
 
     layout = CompareLayout(out)
     layout.check_writable()

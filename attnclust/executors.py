@@ -22,6 +22,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from .runtime import driver_environ_kept, spawn_environ, workers_ignore_sigint
+
 __all__ = ["DaskExecutor", "Executor", "OnStep", "SerialExecutor", "StepBars", "in_dask_worker", "step",
            "step_key", "worker_executor"]
 
@@ -134,7 +136,6 @@ class DaskExecutor:
         """
         if not self.owns_workers:
             return False
-        from .runtime import driver_environ_kept, spawn_environ, workers_ignore_sigint
 
         with workers_ignore_sigint(), driver_environ_kept(spawn_environ()):
             self.client.restart(wait_for_workers=True)

@@ -20,11 +20,15 @@ from importlib import metadata
 from pathlib import Path
 
 from . import backend as bk
-from .config import JobConfig
-from .errors import AttnclustError
+from .config import JobConfig, ModelConfig
+from .data.hf import data_fingerprint
+from .data.squad import sample_path
+from .errors import AttnclustError, StoreError
 from .layout import RunLayout
+from .models.sources import model_identity
 from .runtime import dask_client
 from .stages import COMMANDS, DaskExecutor, RunContext, check_stages, make_stages, run_stages, stage_names
+from .stages.extract import prepare_inputs
 from .store.contract import atomic_write_json, open_attention_store
 
 __all__ = ["JobResult", "check_extract_inputs", "make_job_id", "result_summary", "run_job"]
@@ -113,8 +117,6 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
     ctx = RunContext(layout=layout, cfg=cfg, job_id=job_id, backend="cpu", executor=executor, progress=progress,
                      should_stop=should_stop, on_event=on_event)
     if "extract" in stages:
-        from .stages.extract import prepare_inputs
-
         ctx.inputs = inputs if inputs is not None else prepare_inputs(cfg)
         if progress and not ctx.inputs["model_info"]["head_trained"] and cfg.data.format != "text":
             print(f"note: model {cfg.model.name!r} has no trained question-answering head; it gets a seeded random "
@@ -164,8 +166,6 @@ def check_extract_inputs(layout: RunLayout) -> None:
     """
     import json
 
-    from .errors import StoreError
-
     try:
         record = json.loads(layout.stage_record("extract").read_text())
         parts = record["parts"]
@@ -188,8 +188,6 @@ def _data_changed(keys: dict, identity: dict) -> Path | None:
     """The recorded data file or ``save_to_disk`` folder, when its content no longer has the recorded identity
     (:func:`attnclust.data.hf.data_fingerprint`). A hub dataset id is no local path: it is not downloaded again
     here (``attnclust run`` and ``extract`` compare it when they load it)."""
-    from .data.hf import data_fingerprint
-    from .data.squad import sample_path
 
     recorded = identity.get("data_file_content")
     path = Path(keys["data.path"]).expanduser() if keys.get("data.path") else sample_path()
@@ -203,8 +201,6 @@ def _data_changed(keys: dict, identity: dict) -> Path | None:
 
 def _model_changed(keys: dict, identity: dict) -> str | None:
     """The recorded model's name, when its weights identity is no longer the recorded one."""
-    from .config import ModelConfig
-    from .models.sources import model_identity
 
     recorded = identity.get("model_weights")
     if not isinstance(recorded, str) or not isinstance(keys.get("model.name"), str):

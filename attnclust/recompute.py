@@ -26,8 +26,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .config import ModelConfig
 from .errors import StoreError
 from .layout import RunLayout
+from .models import runner
+from .models.kinds import kind_of
+from .models.sources import model_identity
 
 __all__ = ["CACHED_BYTES", "CACHED_FEATURES", "ExactOnDemand"]
 
@@ -95,9 +99,6 @@ class ExactOnDemand:
     def _run_model(self):
         """``(model config, None)`` when the run's recorded model is here with its recorded identity, else
         ``(None, reason)``."""
-        from .config import ModelConfig
-        from .models.kinds import kind_of
-        from .models.sources import model_identity
 
         path = self.layout.stage_record("extract")
         try:
@@ -132,13 +133,11 @@ class ExactOnDemand:
         Its identity is asked again right before and right after the load (the files may have changed since the
         explorer started, or while they were read), so the weights loaded are the run's.
         """
-        from .models.runner import get_model
-        from .models.sources import model_identity
 
         try:
             if model_identity(self._cfg) != self._recorded:
                 return self._changed()
-            loaded = get_model(self._cfg, device="cpu")
+            loaded = runner.get_model(self._cfg, device="cpu")
             if model_identity(self._cfg) != self._recorded:
                 return self._changed()
         except (ValueError, OSError) as exc:  # ModelError (a ValueError) or a file that went away
@@ -207,8 +206,6 @@ class ExactOnDemand:
         head, float16 (layer, head, query, key) at its true length (no cache; :meth:`maps` caches)."""
         import pandas as pd
         import torch
-
-        from .models.kinds import kind_of
 
         loaded, store = self._loaded, self.store
         rows = pd.read_parquet(self.layout.features, filters=[("feature_id", "==", int(feature))])

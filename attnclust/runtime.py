@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Iterator
 
+from .backend import make_local_cuda_cluster
 from .errors import AttnclustError, ClusterError
 
 __all__ = ["MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT", "dask_client", "driver_environ_kept",
@@ -56,8 +57,6 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
                 driver_environ_kept(environ):
             try:
                 if runtime == "local-cuda":
-                    from .backend import make_local_cuda_cluster
-
                     cluster = make_local_cuda_cluster(n_workers=n_workers)
                 else:
                     workers = n_workers or max(1, len(os.sched_getaffinity(0)))

@@ -23,6 +23,7 @@ from ..errors import DataError
 from ..layout import RunLayout
 from ..maps.stats import causal_uniform_scores, local_keys, map_statistics, stat_columns
 from ..maps.tokens import token_masks
+from ..models.kinds import kind_of
 from ..store.contract import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
 from .moved import MOVED_COLUMNS
@@ -65,7 +66,6 @@ def stats_block(root: str, block: int, start: int, stop: int) -> pd.DataFrame:
                             filters=[("feature_id", ">=", start), ("feature_id", "<", stop)]).set_index("feature_id")
     maps = store.read_block(start, stop)
     L, H = store.n_layers, store.n_heads
-    from ..models.kinds import kind_of
 
     causal = kind_of(store).is_decoder  # a decoder's maps: read as causal, with their token-chosen targets
     frames = []
@@ -382,7 +382,6 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
                            f"mixes runs, re-run with --force")
     maps = maps.merge(features[["feature_id", "example_id", "span", "seq_len"]], on="feature_id", how="left",
                       validate="many_to_one")
-    from ..models.kinds import kind_of
 
     causal = kind_of(features).is_decoder  # a decoder's maps: its own statistics, names and baselines
     moved = [c for c in MOVED_COLUMNS if c in maps.columns]  # what the heads move (analysis/moved.py), if measured

@@ -35,7 +35,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ModelError
+from ..models.decoder import last_prompt_positions
 from ..models.hooks import attention_outputs, gated
+from ..models.templates import NO_ANSWER
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +78,6 @@ class AnswerSequence:
 def null_answer_ids(tokenizer: Any, prompt_end: str) -> list[int]:
     """The no-answer word's tokens as the model would write it after a prompt that ends in ``prompt_end``: without
     a leading space after whitespace (a chat template's ``assistant\\n``), with one otherwise (``Answer:``)."""
-    from ..models.templates import NO_ANSWER
 
     word = NO_ANSWER if not prompt_end or prompt_end[-1].isspace() else f" {NO_ANSWER}"
     return list(tokenizer(word, add_special_tokens=False)["input_ids"])
@@ -98,7 +99,6 @@ def answer_sequences(rows: pd.DataFrame, tokenizer: Any) -> list[AnswerSequence]
     list of AnswerSequence
         Per feature in order, its ``gold`` then its ``own`` sequence (none when it generated nothing).
     """
-    from ..models.decoder import last_prompt_positions
 
     out = []
     for row, last in zip(rows.itertuples(index=False), last_prompt_positions(rows)):

@@ -35,6 +35,7 @@ import pandas as pd
 
 from .._settings import _int, _Model
 from ..errors import DataError
+from ..store.contract import atomic_write_parquet, open_attention_store
 from .plugins import AnalysisContext, register_analysis
 from .threads import map_threads
 
@@ -402,7 +403,6 @@ def _head_map_keys(cfg) -> tuple[str, ...]:
 def run_head_distances(ctx: AnalysisContext) -> pd.DataFrame:
     """``head_layout.parquet`` (:func:`compute_head_layout` seeded with ``cluster.random_state``, which the report
     stage's fingerprint holds already)."""
-    from ..store.contract import atomic_write_parquet, open_attention_store
 
     table = compute_head_layout(open_attention_store(ctx.layout.attention), n_features=ctx.cfg.head_map.features,
                                 max_rows=ctx.cfg.head_map.rows, random_state=ctx.cfg.cluster.random_state,

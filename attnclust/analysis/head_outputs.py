@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DataError
-from ..store.integrity import open_writable_group
+from ..errors import DataError, StoreError
+from ..safeio import atomic_write
+from ..store.integrity import COMPLETE, open_checked_group, open_writable_group, reading, with_checksum
 
 __all__ = ["DECODER_HEAD_OUTPUT_ARRAYS", "HEAD_OUTPUT_ARRAYS", "LAST_STATES", "consolidate_head_outputs",
            "read_head_outputs", "save_head_output_part"]
@@ -49,7 +50,6 @@ def save_head_output_part(path: Path, feature_ids: np.ndarray, outputs: Sequence
     rows = len(next(iter(arrays.values())))
     if rows != len(feature_ids):
         raise RuntimeError(f"head outputs of {rows} features for {len(feature_ids)} feature ids")
-    from ..safeio import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:  # a file object: np.savez would add ".npz" to the temporary name
@@ -75,8 +75,6 @@ def consolidate_head_outputs(root: Path, parts: Sequence[Path], n_features: int,
     import shutil
 
     from zarr.codecs import ZstdCodec
-
-    from ..store.integrity import COMPLETE, with_checksum
 
     shutil.rmtree(root, ignore_errors=True)
     group = open_writable_group(root, mode="w")
@@ -118,8 +116,6 @@ def read_head_outputs(root: Path, pooling: str, feature_ids: np.ndarray) -> tupl
     last : numpy.ndarray, shape (feature, hidden)
         float32: ``last_cls`` or ``last_prompt_hidden`` (:data:`LAST_STATES`).
     """
-    from ..errors import StoreError
-    from ..store.integrity import open_checked_group, reading
 
     fix = "re-run 'attnclust extract --force' for this output dir to rewrite it"
     try:  # a missing chunk raises (integrity.py), never reads as NaN or zeros

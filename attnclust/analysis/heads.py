@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import DataError
+from ..store.contract import open_attention_store
 
 __all__ = ["HEAD_ANALYSES", "MAP_READS", "HeadAnalysis", "HeadContext", "analysis_versions", "head_analysis",
            "map_source", "run_head_analyses"]
@@ -176,6 +177,5 @@ def _open_store(layout):
     path = getattr(layout, "attention", None)
     if path is None or not path.exists():
         return None
-    from ..store.contract import open_attention_store
 
     return open_attention_store(path)

@@ -38,6 +38,9 @@ import pandas as pd
 from .._settings import _int, _Model, _setting
 from ..errors import DataError, ModelError
 from ..models.hooks import attention_outputs, gated  # re-exported: their former home
+from ..models.runner import batch_inputs
+from ..qa.finetune import training_labels
+from .decoder_importance import DECODER_PRUNING_COLUMNS
 from .plugins import AnalysisContext, register_analysis
 
 if TYPE_CHECKING:
@@ -101,9 +104,6 @@ def head_gradients(model: Any, rows: pd.DataFrame, *, batch_size: int, device: s
         ``|dL_x / dxi_h|`` for each feature ``x`` of ``rows``, in order.
     """
     import torch
-
-    from ..models.runner import batch_inputs
-    from ..qa.finetune import training_labels
 
     if model.training:
         raise ModelError("importance: the model is in training mode (dropout on); call model.eval() first")
@@ -278,8 +278,6 @@ REPORT_PRUNING_COLUMNS = PRUNING_COLUMNS[:6]
 
 
 def _check_tables(tables: dict) -> None:
-    from .decoder_importance import DECODER_PRUNING_COLUMNS
-
     curve = tables.get("pruning")
     columns = getattr(curve, "columns", REPORT_PRUNING_COLUMNS)
     required = DECODER_PRUNING_COLUMNS if "gold_logprob" in columns else REPORT_PRUNING_COLUMNS

@@ -28,9 +28,14 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..models.decoder import causal_forward
+from ..models.runner import get_model, get_tokenizer
+from ..store.contract import atomic_write_parquet
 from .decoder import induction_scores, induction_sequence
+from .head_detectors import pair_pvalues
 from .heads import HeadContext, head_analysis
 from .protocol_reuse import ProtocolReuse
+from .roles import bh_qvalues
 
 __all__ = ["INDUCTION_FDR", "INDUCTION_LENGTH", "INDUCTION_PERMUTATIONS", "INDUCTION_SEQUENCES", "INDUCTION_VERSION",
            "induction_inputs", "induction_pvalues", "measure_induction", "ordinary_tokens", "read_induction",
@@ -134,7 +139,6 @@ def measure_induction(loaded: Any, tokenizer: Any, *, device: str = "cpu", n_seq
         One row per (``layer``, ``head``): ``induction_score`` float64 in [0, 1] and ``induction_p`` (the
         permutation p-value of :func:`induction_pvalues`).
     """
-    from ..models.decoder import causal_forward
 
     vocab_size = getattr(getattr(loaded.model, "config", None), "vocab_size", None)
     ids, start = induction_inputs(tokenizer, vocab_size=vocab_size, n_sequences=n_sequences, length=length,
@@ -174,7 +178,6 @@ def induction_pvalues(maps, length: int, *, start: int = 0, permutations: int = 
         their induction target (``row - length + 1``) and each *null* the mean weight on a key drawn uniformly
         from ``0..row`` per row (the module docstring).
     """
-    from .head_detectors import pair_pvalues
 
     a = np.asarray(maps, dtype=np.float32)
     n = a.shape[-1]
@@ -196,9 +199,6 @@ def write_induction(layout: Any, cfg: Any, *, device: str = "cpu", reuse: Protoc
     Returns ``seconds`` (what it took) and ``reused`` (whether it was read from an earlier run's entry).
     """
     import time
-
-    from ..models.runner import get_model, get_tokenizer
-    from ..store.contract import atomic_write_parquet
 
     t0 = time.perf_counter()
     settings = {"version": INDUCTION_VERSION, "n": INDUCTION_SEQUENCES, "length": INDUCTION_LENGTH,
@@ -234,8 +234,6 @@ def read_induction(layout: Any) -> pd.DataFrame | None:
                            f"first occurrence (Olsson et al. 2022; causal models only); induction_q: BH q-value "
                            f"against random visible keys, induction_head: q <= {INDUCTION_FDR}", version=2)
 def _induction(ctx: HeadContext) -> pd.DataFrame:
-    from .roles import bh_qvalues
-
     heads = ctx.maps[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
     table = read_induction(ctx.layout)
     if table is None:

@@ -31,8 +31,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..data.text import reads_text
+from ..models.kinds import kind_of
+from ..store import atomic_write_parquet
+from ..store.contract import open_attention_store
 from .heads import HeadContext, head_analysis
 from .modes import feature_vectors, fit_modes
+from .roles import bh_qvalues
 
 __all__ = ["LOSS_COLUMNS", "LOSS_PERMUTATIONS", "MIN_LOSS_WINDOWS", "loss_association", "loss_skip_reason",
            "loss_table", "window_losses"]
@@ -127,8 +132,6 @@ def loss_table(vectors: np.ndarray, loss: np.ndarray, *, permutations: int = LOS
     """
     from scipy.stats import rankdata
 
-    from .roles import bh_qvalues
-
     loss = np.asarray(loss, np.float64)
     n, n_layers, n_heads, _ = vectors.shape
     ranks = rankdata(loss)
@@ -159,7 +162,6 @@ def loss_skip_reason(records, kind, n_windows: int) -> str | None:
 
     ``kind`` is the run's :class:`attnclust.models.kinds.ModelKind` (``None``: unknown); a kind whose forward gives
     no ``token_logprobs`` (an encoder's) has no next-token loss."""
-    from ..data.text import reads_text
 
     if not reads_text(records):
         return "loss: skipped (a run over questions: what predicts a right answer is the modes analysis)"
@@ -175,9 +177,6 @@ def _run_records(layout) -> tuple[dict, Any]:
     """``{"extract": the extract stage's record}`` and the store's model kind
     (:class:`attnclust.models.kinds.ModelKind`), as far as the run has them."""
     import json
-
-    from ..models.kinds import kind_of
-    from ..store.contract import open_attention_store
 
     records, kind = {}, None
     try:
@@ -206,7 +205,6 @@ def _loss_modes(ctx: HeadContext, *, permutations: int = LOSS_PERMUTATIONS) -> p
     if reason is not None:
         log.info(reason)
         return heads
-    from ..store import atomic_write_parquet
 
     layout.record(layout.window_loss)
     atomic_write_parquet(windows, layout.window_loss)

@@ -40,8 +40,11 @@ import logging
 import numpy as np
 import pandas as pd
 
+from ..store.contract import open_embedding
 from .answer import RIGHT_MIN_F1
 from .heads import HeadContext, head_analysis
+from .probe_fits import permuted_labels, probe_fold_ids
+from .roles import bh_qvalues
 
 __all__ = ["MAX_QUESTIONS", "MIN_CLASS_QUESTIONS", "MIN_MODE_QUESTIONS", "MODE_COLUMNS", "MODE_K_MAX",
            "MODE_PERMUTATIONS", "feature_vectors", "first_features", "fit_modes", "mode_balanced", "mode_table",
@@ -153,7 +156,6 @@ def feature_vectors(layout, feature_ids) -> np.ndarray:
     numpy.ndarray of float64, shape (feature, layer, head, dim)
         NaN where a map has no vector.
     """
-    from ..store.contract import open_embedding
 
     feature_ids = np.asarray(feature_ids, np.int64)
     group = open_embedding(layout.root)
@@ -321,8 +323,6 @@ def mode_table(vectors: np.ndarray, right: np.ndarray, *, permutations: int = MO
     ValueError
         A class has fewer than two questions (no folds).
     """
-    from .probe_fits import permuted_labels, probe_fold_ids
-    from .roles import bh_qvalues
 
     codes = np.asarray(right, bool).astype(np.int64)
     n, n_layers, n_heads, _ = vectors.shape

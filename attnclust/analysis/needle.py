@@ -31,6 +31,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import ModelError
+from ..models.decoder import stop_token_ids
+from ..models.templates import user_turn
 from .decoder import RETRIEVAL_MIN
 
 __all__ = ["NEEDLES", "NEEDLE_COLUMNS", "NEEDLE_DEPTHS", "NEEDLE_FRACTIONS", "NEEDLE_OVERLAP", "NEEDLE_ROUGE_MIN",
@@ -302,8 +305,6 @@ def decode_tops(loaded: Any, prompt_ids: list[int], *, steps: int, stops: set[in
             out = loaded.model(input_ids=token, use_cache=True, output_attentions=True, **{name: past})
             past = getattr(out, name)
             if not out.attentions or out.attentions[0] is None:
-                from ..errors import ModelError
-
                 raise ModelError("needle test: the model returned no attention weights; load it with get_model(), "
                                  "which uses eager attention")
             rows = torch.stack([a[0, :, -1, :] for a in out.attentions])  # (layer, head, key)
@@ -352,8 +353,6 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
         of them when the run has no context text),
         ``depths``, ``positions`` (the model's, or None), ``max_seq_len``.
     """
-    from ..models.decoder import stop_token_ids
-    from ..models.templates import user_turn
 
     contexts = list(dict.fromkeys(t for t in contexts if isinstance(t, str) and t.strip()))
     config = getattr(loaded.model, "config", None)

@@ -32,6 +32,8 @@ import pandas as pd
 
 from ..errors import BackendUnavailable, DataError
 from ..layout import RunLayout
+from ..safeio import read_user_bytes
+from ..store.contract import atomic_write_parquet
 
 __all__ = ["PARSE_COLUMNS", "POSSESSIVE_RELATIONS", "FeatureParse", "Sentence", "align_feature", "context_key",
            "load_parses", "match_conllu", "match_sentences", "read_conllu", "spacy_parses"]
@@ -88,7 +90,6 @@ def read_conllu(path: str | os.PathLike[str]) -> list[Sentence]:
         1, 2, 3 ..., a HEAD that is not a word id of the sentence, an empty DEPREL), when a sentence is not a tree
         (not exactly one root, a word that is its own head, a cycle of heads), or when it holds no sentence.
     """
-    from ..safeio import read_user_bytes
 
     path = Path(path)
     raw = read_user_bytes(path, f"conllu file {path}", missing="not found; give the path of a CoNLL-U file of "
@@ -370,7 +371,6 @@ def load_parses(layout: RunLayout, *, conllu: str | os.PathLike[str] | None = No
     else:
         parses = spacy_parses(contexts, model=spacy_model)
     parses["source"] = source  # what the cache was made from (checked on the next call)
-    from ..store.contract import atomic_write_parquet
 
     layout.record(layout.parses)
     atomic_write_parquet(parses, layout.parses)

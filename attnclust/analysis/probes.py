@@ -44,10 +44,14 @@ import pandas as pd
 from pydantic import field_validator
 
 from .._settings import _choice, _cross, _int, _Model, _setting
+from ..data.text import reads_text
 from ..errors import DataError
+from ..models.kinds import kind_of
+from ..store.contract import atomic_write_json, atomic_write_parquet
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
 from .plugins import AnalysisContext, register_analysis
 from .probe_fits import MAX_FOLDS, _fit_predict, permutation_p_values, permuted_labels, probe_fold_ids
+from .roles import bh_qvalues
 from .threads import map_threads
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "PROBE_ENCODER_LAST_PROMPT", "PROBE_SKIPPED",
@@ -184,8 +188,6 @@ def probe_heads(heads: np.ndarray, codes: np.ndarray, groups: np.ndarray, *, per
 
 def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null, on_head) -> tuple[pd.DataFrame, dict]:
     import torch
-
-    from .roles import bh_qvalues
 
     codes = np.asarray(codes, np.int64)
     groups = np.asarray(groups, np.int64)
@@ -403,9 +405,6 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
     with the run's ``examples``, ``qa`` (``qa_scores.json``) and ``predictions`` (``None`` when absent); the
     table's ``attrs["summary"]`` holds ``probes_summary.json``.
     """
-    from ..data.text import reads_text
-    from ..models.kinds import kind_of
-    from ..store.contract import atomic_write_json, atomic_write_parquet
 
     layout, cfg, features, examples = ctx.layout, ctx.cfg, ctx.features, ctx.examples
     layout.remove(layout.probes, layout.probes_summary)  # never the tables of an earlier configuration

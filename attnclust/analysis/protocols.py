@@ -35,6 +35,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..models.decoder import causal_forward
+from ..models.runner import get_model, get_tokenizer
+from ..models.templates import checked_template
+from ..safeio import atomic_write_json
+from ..store import atomic_write_parquet
 from .head_detectors import (
     ARENA_LENGTH,
     ARENA_SEQUENCES,
@@ -52,6 +57,7 @@ from .heads import HeadContext, head_analysis
 from .needle import NEEDLE_COLUMNS, NEEDLE_DEPTHS, NEEDLE_FRACTIONS, NEEDLES, measure_retrieval, needle_fractions
 from .plugins import AnalysisContext, register_analysis
 from .protocol_reuse import ProtocolReuse, contexts_digest
+from .roles import bh_qvalues
 from .sink_rate import (
     GU_TABLE1,
     SINK_EPSILON,
@@ -116,7 +122,6 @@ def template_first_token(tokenizer: Any, style: str = "short") -> int | None:
     """
     if not getattr(tokenizer, "chat_template", None):
         return None
-    from ..models.templates import checked_template
 
     ids = tokenizer(checked_template(tokenizer, style), add_special_tokens=False)["input_ids"]
     return int(ids[0]) if len(ids) else None
@@ -163,7 +168,6 @@ def protocol_inputs(tokenizer: Any, contexts, *, vocab_size: int | None = None, 
 
 def _maps(loaded: Any, ids: np.ndarray, device: str, batch: int) -> np.ndarray:
     """(sequence, layer, head, query, key) float32 maps of equally long sequences, ``batch`` at a time."""
-    from ..models.decoder import causal_forward
 
     parts = []
     for s in range(0, len(ids), batch):
@@ -189,7 +193,6 @@ def detector_flags(table: pd.DataFrame, thresholds: dict[str, float]) -> dict[st
     dict of str to (numpy.ndarray, numpy.ndarray)
         name -> (q float64, flag bool), both in the table's row order.
     """
-    from .roles import bh_qvalues
 
     out = {}
     for name in DETECTORS:
@@ -368,9 +371,6 @@ def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", not
 
     Returns ``seconds`` (what it took) and ``reused`` (the parts read from an earlier run's entry).
     """
-    from ..models.runner import get_model, get_tokenizer
-    from ..safeio import atomic_write_json
-    from ..store import atomic_write_parquet
 
     t0 = time.perf_counter()
     tokenizer = get_tokenizer(cfg.model)

@@ -25,6 +25,7 @@ import logging
 import numpy as np
 import pandas as pd
 
+from ..models.kinds import kind_of
 from ..store.contract import open_attention_store
 from .answer import MAX_FEATURES, RIGHT_MIN_F1
 from .decoder import RETRIEVAL_MIN, copy_steps, retrieval_scores
@@ -108,7 +109,6 @@ def decoder_features(features: pd.DataFrame, *, predictions: pd.DataFrame | None
     pandas.DataFrame or None
         Rows of ``features`` plus ``right`` (1.0 / 0.0 / NaN); None for an encoder run (no ``part`` column).
     """
-    from ..models.kinds import kind_of
 
     if not kind_of(features).is_decoder:
         return None

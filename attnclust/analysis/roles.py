@@ -59,8 +59,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..maps.stats import local_keys
+from ..maps.stats import causal_uniform_scores, local_keys
 from ..maps.tokens import token_masks
+from ..models.kinds import kind_of
 from .heads import HeadContext, head_analysis
 
 __all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "CAUSAL_ROLES", "CAUSAL_ROLE_SCORES", "FDR_LEVEL", "ROLES",
@@ -94,7 +95,6 @@ def _is_causal(features: pd.DataFrame, causal: bool | None) -> bool:
     """``causal``, or when ``None`` whether ``features`` are a decoder's (:func:`attnclust.models.kinds.kind_of`)."""
     if causal is not None:
         return bool(causal)
-    from ..models.kinds import kind_of
 
     return kind_of(features).is_decoder
 ROLE_MARGIN = 0.1
@@ -163,7 +163,6 @@ def causal_role_nulls(features: pd.DataFrame) -> pd.DataFrame:
     ``i``'s segment; ``broad_scale`` is ``exp(mean_i log(i + 1))``, the effective number of keys of the causal
     uniform map.
     """
-    from ..maps.stats import causal_uniform_scores
 
     rows = []
     tokens = features["tokens"] if "tokens" in features.columns else [None] * len(features)

@@ -50,9 +50,11 @@ import numpy as np
 import pandas as pd
 
 from .._settings import _int, _Model, _setting
+from ..data.squad import sample_path
 from ..errors import DataError
 from ..layout import RunLayout
-from .parses import align_feature, context_key
+from ..store.contract import atomic_write_parquet, open_attention_store
+from .parses import align_feature, context_key, load_parses, match_conllu, read_conllu, spacy_parses
 from .plugins import AnalysisContext, register_analysis
 from .words import word_level_map
 
@@ -114,7 +116,6 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
     DataError
         ``features`` has no ``offsets``, a direction is unknown, or no arc of a whole sentence lies in any feature.
     """
-    from ..store.contract import atomic_write_parquet, open_attention_store
 
     bad = [d for d in directions if d not in DIRECTIONS]
     if bad or not directions:
@@ -325,8 +326,6 @@ class SyntaxConfig(_Model):
         if self.conllu is None:
             return None
         if self.conllu == BUNDLED_CONLLU:
-            from ..data.squad import sample_path
-
             return sample_path().with_name("sample_syntax.conllu")
         return Path(self.conllu).expanduser()
 
@@ -353,8 +352,6 @@ def _check_parses(ctx) -> None:
     install step)."""
     syntax = ctx.cfg.syntax
     if syntax.conllu is not None:
-        from .parses import match_conllu, read_conllu
-
         sentences = read_conllu(syntax.conllu_path())
         if syntax.conllu == BUNDLED_CONLLU:  # fits the bundled sample only; otherwise skipped with one line
             return
@@ -367,8 +364,6 @@ def _check_parses(ctx) -> None:
                 return
         match_conllu(syntax.conllu_path(), sentences, {context_key(t): t for t in dict.fromkeys(texts)})
     elif syntax.spacy_model is not None:
-        from .parses import spacy_parses
-
         spacy_parses({}, model=syntax.spacy_model)
 
 
@@ -390,8 +385,6 @@ def run_syntax(ctx: AnalysisContext) -> pd.DataFrame | None:
     The table's ``attrs`` say where the parses came from (``source``), how many sentences were found in the
     contexts (``sentences``; ``unmatched`` of a CoNLL-U file were not), and how many features and arcs were read.
     """
-    from ..store.contract import open_attention_store
-    from .parses import load_parses
 
     layout, cfg, features = ctx.layout, ctx.cfg, ctx.features
     if not _syntax_on(cfg):
@@ -424,8 +417,6 @@ def run_syntax(ctx: AnalysisContext) -> pd.DataFrame | None:
     table = syntax_table(layout, parses, features, progress=lambda done, total: ctx.progress("syntax heads", done,
                                                                                              total, "blocks"))
     if conllu is not None:  # sentences of the file found in a context (the cache keeps each one's index)
-        from .parses import read_conllu
-
         found = int(parses["sentence"].nunique())
         unmatched = len(read_conllu(cfg.syntax.conllu_path())) - found
     else:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..models.kinds import kind_of
+
 __all__ = ["display_tokens", "mark_word_pieces", "readable_tokens", "word_ids_from_offsets", "word_ids_from_pieces",
            "word_level_map", "word_starts"]
 
@@ -232,7 +234,6 @@ def readable_tokens(features):
     pandas.DataFrame
         A copy with new labels, or ``features`` itself.
     """
-    from ..models.kinds import kind_of
 
     if not kind_of(features).is_decoder:
         return features

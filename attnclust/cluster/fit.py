@@ -40,6 +40,8 @@ from .. import backend as bk
 from ..config import ClusterConfig
 from ..errors import ConfigError, StoreError
 from ..executors import Executor, OnStep, step, worker_executor
+from ..layout import RunLayout
+from ..store.contract import open_embedding
 from . import stability
 from .placement import KnnPlacer
 from .stability import (
@@ -309,7 +311,6 @@ def _example_ids(out: Path, feature_id: np.ndarray) -> tuple[np.ndarray, str]:
     """(map,) resampling unit of each map (its example, or its block of windows:
     :func:`attnclust.cluster.units.resampling_units`) from ``features.parquet``, and the unit's description; the
     feature id itself when the run has none (a bare embedding store, as in tests)."""
-    from ..layout import RunLayout
 
     path = RunLayout(out).features
     if not path.exists():
@@ -350,7 +351,6 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
         runs each candidate's split-half fits as a task of its own across the cluster's workers
         (:func:`attnclust.executors.worker_executor`); elsewhere one after the other.
     """
-    from ..store.contract import open_embedding
 
     group = open_embedding(Path(out))
     emb = group["embedding"]
@@ -413,7 +413,6 @@ def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters)
         One row per map: ``feature_id``, ``layer``, ``head``, ``cluster``, ``centroid_dist``, ``umap_x``,
         ``umap_y``.
     """
-    from ..store.contract import open_embedding
 
     group = open_embedding(Path(out))
     z = fitted.reduce(group["embedding"][r0:r1])

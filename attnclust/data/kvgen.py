@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..safeio import atomic_write_bytes
 
 __all__ = ["ASK", "GENERATOR", "KEY_DIGITS", "KVSettings", "STREAMS", "check_out", "check_questions", "generate_kv",
            "is_kv_file", "kv_questions", "near_keys", "write_kv"]
@@ -259,7 +260,6 @@ def write_kv(path: str | Path, n_questions: int, *, pairs: int = 12, similarity:
     ConfigError
         ``path`` exists and is not a file this generator wrote, or a setting is out of range.
     """
-    from ..safeio import atomic_write_bytes
 
     path = Path(path)
     check_out(path)

@@ -14,8 +14,14 @@ from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 
+from ..analysis.words import display_tokens
 from ..errors import StoreError
 from ..layout import RunLayout
+from ..models.kinds import kind_of
+from ..recompute import ExactOnDemand
+from ..report.formatting import plain_text
+from ..store.contract import open_attention_store, read_features, read_table
+from ..store.integrity import output_problem
 
 __all__ = ["FEATURE_SORTS", "MAP_DECIMALS", "SEARCH_LIMIT", "SEARCH_MAX", "ExploreApp", "Refused", "finished_run"]
 
@@ -71,7 +77,6 @@ def finished_run(root: str | os.PathLike[str]) -> RunLayout:
     if missing or not layout.stage_record("report").exists():
         what = ", ".join(missing) if missing else "the report stage's record"
         raise StoreError(f"run dir {given}: not a finished run ({what} missing); {fix}")
-    from ..store.integrity import output_problem
 
     problem = next((p for p in map(output_problem, needed[:3]) if p), None)  # parquet footers, zarr metadata
     if problem:
@@ -180,8 +185,6 @@ class ExploreApp:
         """The attention store (opened once, read map by map)."""
         with self._lock:
             if self._store is None:
-                from ..store.contract import open_attention_store
-
                 self._store = open_attention_store(self.layout.attention)
             return self._store
 
@@ -192,8 +195,6 @@ class ExploreApp:
         store = self.store
         with self._lock:
             if self._exact is None:
-                from ..recompute import ExactOnDemand
-
                 self._exact = ExactOnDemand(self.layout, store, enabled=self._exact_on_demand, note=self._note)
             return self._exact
 
@@ -202,8 +203,6 @@ class ExploreApp:
         """``features.parquet`` indexed by ``feature_id``."""
         with self._lock:
             if self._features is None:
-                from ..store.contract import read_features
-
                 self._features = read_features(self.root).set_index("feature_id", drop=False)
             return self._features
 
@@ -220,7 +219,6 @@ class ExploreApp:
                     ex = pd.read_parquet(path, columns=["id", "question"]).astype(str)
                     table = table.merge(ex.rename(columns={"id": "example_id"}), on="example_id", how="left",
                                         suffixes=("_", ""))[["example_id", "question"]].fillna("")
-                from ..report.formatting import plain_text
 
                 table["question"] = table["question"].map(plain_text)  # shown in the page: no bidi controls
                 table["_text"] = table["question"].str.lower()
@@ -238,8 +236,6 @@ class ExploreApp:
         """
         with self._lock:
             if self._heads is None:
-                from ..store.contract import read_table
-
                 heads = read_table(self.layout.table("heads"), fix="re-run 'attnclust report' for this run")
                 heads = heads.sort_values(["layer", "head"])
                 self._heads = heads.to_json(orient="records").encode() + b"\n"
@@ -361,11 +357,8 @@ class ExploreApp:
         else:
             weights = self.store.read_map(feature, layer, head)
         tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
-        from ..models.kinds import kind_of
 
         if kind_of(self.features).is_decoder:  # a decoder's byte-level tokens: readable labels
-            from ..analysis.words import display_tokens
-
             tokens = display_tokens(tokens)
         return weights, tokens
 

@@ -16,7 +16,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..errors import ConfigError, StoreError
+from ..explore.app import finished_run
 from ..layout import RunLayout
+from ..store.contract import atomic_write_bytes
 
 __all__ = ["EXPORT_DPI", "EXPORT_FIGURES", "FORMATS", "ExportFigure", "build_figure", "export_figure", "figure_names",
            "render_figure", "write_figure"]
@@ -111,7 +113,6 @@ def build_figure(run_dir: str | os.PathLike[str], name: str) -> Figure:
     attnclust.errors.DataError
         The run lacks what the figure shows.
     """
-    from ..explore.app import finished_run
 
     if name not in EXPORT_FIGURES:
         raise ConfigError(f"--figure {name!r}: unknown figure; choose one of {', '.join(figure_names())}")
@@ -181,8 +182,6 @@ def write_figure(run_dir: str | os.PathLike[str], name: str, fmt: str | None = N
     attnclust.errors.DataError
         The run lacks what the figure shows.
     """
-    from ..explore.app import finished_run
-    from ..store.contract import atomic_write_bytes
 
     out_path = None if out is None else Path(out)
     fmt = _format(fmt, out_path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._settings import _int, _Model
-from .base import settings_keys
+from .base import register_featurizer, settings_keys
 
 __all__ = ["PooledFeaturizer", "PooledSettings", "pool_maps"]
 
@@ -79,8 +79,6 @@ class PooledFeaturizer:
 
 
 def _register() -> None:
-    from .base import register_featurizer
-
     register_featurizer(PooledFeaturizer())
 
 

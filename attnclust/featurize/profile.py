@@ -19,7 +19,7 @@ from ..maps.profile import (
     profile_maps,
     profile_tensor,
 )
-from .base import TokenContext
+from .base import TokenContext, register_featurizer
 
 __all__ = ["CAUSAL_PROFILE_COMPONENTS", "FAR_FRACTIONS", "OFFSETS", "PROFILE_COMPONENTS", "SPREAD_WEIGHT",
            "ProfileFeaturizer", "ProfilePlan", "component_weights", "profile_components", "profile_maps",
@@ -48,8 +48,6 @@ class ProfileFeaturizer:
 
 
 def _register() -> None:
-    from .base import register_featurizer
-
     register_featurizer(ProfileFeaturizer())
 
 

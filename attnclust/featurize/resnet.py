@@ -24,7 +24,7 @@ from pydantic import AfterValidator
 
 from .._settings import _auto_or_at_least, _choice, _int, _Model, _setting
 from ..errors import BackendUnavailable, ConfigError
-from .base import settings_keys
+from .base import register_featurizer, settings_keys
 
 __all__ = ["ResnetFeaturizer", "ResnetSettings", "autocast_for", "check_weights", "cpu_has_native_bf16",
            "embed_maps", "load_resnet", "resolve_batch_size", "resolve_precision"]
@@ -288,8 +288,6 @@ class ResnetFeaturizer:
 
 
 def _register() -> None:
-    from .base import register_featurizer
-
     register_featurizer(ResnetFeaturizer())
 
 

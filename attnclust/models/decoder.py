@@ -32,6 +32,9 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import ModelError
+from ..safeio import load_json, read_user_bytes
+from .gguf_cache import cached, discard_entry, store_entry
+from .hooks import capture_head_outputs, layer_attention, stack_layers
 from .sources.gguf import PACKAGED_CAUSAL, gguf_location, gguf_name, source_kwargs
 from .sources.hub import _cache_only_reason, _from_hub, _load_failure, quiet_transformers
 from .sources.identity import gguf_identity, model_identity
@@ -103,8 +106,6 @@ def _read_config(cfg: ModelConfig, source: str) -> Any:
     """The model's configuration as a dict: ``config.json`` of a directory, else transformers' ``AutoConfig``."""
     path = Path(source)
     if path.is_dir():
-        from ..safeio import load_json, read_user_bytes
-
         where = f"model.name {cfg.name!r}: config.json"
         return load_json(read_user_bytes(path / "config.json", where, limit=16 << 20, error=ModelError), where,
                          error=ModelError)
@@ -162,8 +163,6 @@ def load_causal_model(cfg: ModelConfig, *, device: str = "cpu", eager: bool = Tr
     """
     quiet_transformers()
     from transformers import AutoModelForCausalLM
-
-    from .gguf_cache import cached, discard_entry, store_entry
 
     source = resolve_model_path(cfg)
     attention = {"attn_implementation": "eager"} if eager else {}
@@ -268,8 +267,6 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
         ``start_logits`` / ``end_logits`` ``None``; ``head_outputs`` or ``None``.
     """
     import torch
-
-    from .hooks import capture_head_outputs, layer_attention, stack_layers
 
     lens = [len(ids) for ids in rows["input_ids"]]
     n = max(lens)

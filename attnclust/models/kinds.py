@@ -34,8 +34,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..config import JobConfig, ModelConfig
+from ..data.features import tokenize_examples
+from ..data.text import window_texts
 from ..errors import ModelError
+from ..featurize.base import CAUSAL_CONTEXT_VERSION
 from ..maps.tokens import CLS_TOKENS, SEP_TOKENS
+from ..store.contract import AttentionStore
+from .decoder import causal_forward, model_kind
+from .hooks import gated
+from .prompting import PROMPT_WINDOWS_VERSION, prompt_features
+from .runner import get_model, run_forward
 from .sources import ForwardOutput, LoadedModel
 
 if TYPE_CHECKING:
@@ -177,7 +185,6 @@ class ModelKind:
         ``extract.max_seq_len`` tokens each with the tokenizer's special tokens, overlapping by
         ``extract.doc_stride``, at most ``data.max_features_per_example`` a text. No question, no answer, no model
         run: the kinds differ only in the columns they read back (a decoder's ``part``)."""
-        from ..data.text import window_texts
 
         return window_texts(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
                             doc_stride=cfg.extract.doc_stride,
@@ -250,7 +257,6 @@ class ModelKind:
             (the hooks find those of BERT-style encoders, Llama-style decoders and GPT-2:
             :func:`attnclust.models.hooks.attention_outputs`).
         """
-        from .hooks import gated
 
         return gated(model.model if isinstance(model, LoadedModel) else model, gate)
 
@@ -272,7 +278,6 @@ class EncoderKind(ModelKind):
         natural text with ``data.format: text`` (:meth:`text_features`)."""
         if cfg.data.format == "text":
             return self.text_features(examples, tokenizer, cfg)
-        from ..data.features import tokenize_examples
 
         return tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
                                  doc_stride=cfg.extract.doc_stride, max_query_len=cfg.extract.max_query_len,
@@ -282,7 +287,6 @@ class EncoderKind(ModelKind):
                 head_outputs: bool = False, layer_maps: Callable[[int, torch.Tensor], None] | None = None
                 ) -> ForwardOutput:
         """:func:`attnclust.models.run_forward`."""
-        from .runner import run_forward
 
         return run_forward(loaded, rows, device=device, attentions=attentions, head_outputs=head_outputs,
                            layer_maps=layer_maps)
@@ -313,8 +317,6 @@ class DecoderKind(ModelKind):
         (``data.format: text``, no prompts) only ``model_kind`` and ``model.gguf_file``. Both also hold how the
         ``profile`` vectors stored at extraction read causal maps (``causal_context``:
         :data:`~attnclust.featurize.CAUSAL_CONTEXT_VERSION`)."""
-        from ..featurize.base import CAUSAL_CONTEXT_VERSION
-        from .prompting import PROMPT_WINDOWS_VERSION
 
         if cfg.data.format == "text":
             return {"model_kind": self.name, "model.gguf_file": cfg.model.gguf_file,
@@ -332,9 +334,6 @@ class DecoderKind(ModelKind):
         if cfg.data.format == "text":
             return self.text_features(examples, tokenizer, cfg)
         import torch
-
-        from .prompting import prompt_features
-        from .runner import get_model
 
         device = "cuda" if cfg.backend != "cpu" and torch.cuda.is_available() else "cpu"
         return prompt_features(examples, tokenizer, get_model(cfg.model, device=device), style=cfg.extract.prompt,
@@ -356,7 +355,6 @@ class DecoderKind(ModelKind):
                 head_outputs: bool = False, layer_maps: Callable[[int, torch.Tensor], None] | None = None
                 ) -> ForwardOutput:
         """:func:`attnclust.models.causal_forward` (teacher-forced over prompt + answer)."""
-        from .decoder import causal_forward
 
         return causal_forward(loaded, rows, device=device, attentions=attentions, head_outputs=head_outputs,
                               layer_maps=layer_maps)
@@ -401,8 +399,6 @@ def kind_of(source: Any) -> ModelKind:
     """
     import pandas as pd
 
-    from ..store.contract import AttentionStore
-
     if isinstance(source, ModelKind):
         return source
     if isinstance(source, str):
@@ -414,8 +410,6 @@ def kind_of(source: Any) -> ModelKind:
     if isinstance(source, JobConfig):
         source = source.model
     if isinstance(source, ModelConfig):
-        from .decoder import model_kind
-
         return KINDS[model_kind(source)]
     if isinstance(source, pd.DataFrame):
         return DECODER if "part" in source.columns else ENCODER

@@ -30,6 +30,9 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import ModelError
 from ..maps.tokens import token_masks
+from .decoder import load_causal_model, model_kind
+from .gguf_cache import cached, discard_entry, store_entry
+from .hooks import attention_modules, capture_head_outputs, check_supported, layer_attention, stack_layers
 from .sources.gguf import source_kwargs
 from .sources.hub import _cache_only_reason, _from_hub, _load_failure, quiet_transformers
 from .sources.identity import model_identity
@@ -73,8 +76,6 @@ def get_tokenizer(cfg: ModelConfig):
             quiet_transformers()
             from transformers import AutoTokenizer
 
-            from .gguf_cache import cached, store_entry
-
             source = resolve_model_path(cfg)
             gguf = bool(source_kwargs(cfg))
             tok = _cached_tokenizer(cached(cfg, "tokenizer")) if gguf else None  # built from a GGUF file before
@@ -100,8 +101,6 @@ def _cached_tokenizer(entry):
     if entry is None:
         return None
     from transformers import AutoTokenizer
-
-    from .gguf_cache import discard_entry
 
     try:
         return AutoTokenizer.from_pretrained(entry, use_fast=True, trust_remote_code=False, local_files_only=True)
@@ -137,9 +136,6 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
         (:func:`attnclust.models.hooks.check_supported`) (one line, with the fix).
     """
     import torch
-
-    from .decoder import load_causal_model, model_kind
-    from .hooks import check_supported
 
     if model_kind(cfg) == "causal":
         return load_causal_model(cfg, device=device, eager=eager)
@@ -220,7 +216,6 @@ def describe_model(cfg: ModelConfig) -> dict:
     ModelError
         If the model cannot be found or loaded, or is of no registered family of attention modules.
     """
-    from .hooks import attention_modules
 
     loaded = get_model(cfg)
     if loaded.num_layers < 1 or loaded.num_heads < 1:
@@ -349,8 +344,6 @@ def run_forward(loaded: LoadedModel, rows: pd.DataFrame, *, device: str = "cpu",
         attention modules are not found (:func:`attnclust.models.hooks.attention_modules`).
     """
     import torch
-
-    from .hooks import capture_head_outputs, layer_attention, stack_layers
 
     inputs = batch_inputs(loaded.model, rows, device=device)
     capture = contextlib.nullcontext({})

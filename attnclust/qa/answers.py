@@ -22,7 +22,10 @@ import pandas as pd
 from ..config import QAConfig
 from ..errors import DataError, StoreError
 from ..layout import RunLayout
+from ..models.runner import run_forward
+from ..store.contract import atomic_write_bytes, atomic_write_json, atomic_write_parquet, read_features
 from .evaluate import PREDICTION_COLUMNS, evaluate_predictions, raw_scores  # the first re-exported
+from .generated import predict_generated
 
 __all__ = ["NULL_INDEX", "PREDICTION_COLUMNS", "feature_candidates", "gold_answers", "predict_answers",
            "predict_logits", "score_answers", "score_output", "write_predictions"]
@@ -156,8 +159,6 @@ def predict_logits(loaded, features: pd.DataFrame, *, batch_size: int, device: s
     """
     from tqdm.auto import tqdm
 
-    from ..models.runner import run_forward
-
     order = features.sort_values("seq_len", kind="stable")
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     bar = tqdm(total=len(order), desc=desc, unit="feature", disable=not progress)
@@ -275,7 +276,6 @@ def write_predictions(folder: str | Path, table: pd.DataFrame) -> None:
     table : pandas.DataFrame
         The first table :func:`score_answers` returns.
     """
-    from ..store.contract import atomic_write_bytes, atomic_write_parquet
 
     folder = Path(folder)
     layout = RunLayout(folder)
@@ -313,7 +313,6 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     StoreError
         If ``qa.parquet`` holds no logits (written by an older attnclust).
     """
-    from ..store.contract import atomic_write_json, read_features
 
     out = Path(out)
     features = read_features(out)
@@ -322,8 +321,6 @@ def score_output(out: str | Path, cfg: QAConfig, *, head_trained: bool) -> dict:
     logits = pd.read_parquet(layout.qa_logits)
     generated = "generated" in features.columns  # a causal model's own answers (attnclust.models.prompting)
     if generated:
-        from .generated import predict_generated
-
         predicted = predict_generated(features, logits, dict(zip(examples["id"], examples["context"])))
     elif not {"start_logits", "end_logits"} <= set(logits.columns):
         raise StoreError(f"{out / 'qa.parquet'}: holds no start/end logits (written by an older attnclust); re-run "

@@ -26,10 +26,17 @@ import numpy as np
 import pandas as pd
 
 from ..config import JobConfig, ModelConfig
+from ..data.features import tokenize_examples
+from ..data.hf import data_fingerprint
+from ..data.limits import InputBound
+from ..data.squad import read_squad, sample_path
 from ..errors import BackendUnavailable, ConfigError, StoreError
 from ..layout import ModelDirLayout
+from ..models.kinds import kind_of
+from ..models.runner import batch_inputs, get_model, get_tokenizer, load_model
+from ..models.sources import file_digest
 from ..safeio import first_link_in_tree
-from ..store.contract import atomic_write_json
+from ..store.contract import atomic_write_bytes, atomic_write_json
 from .answers import NULL_INDEX, predict_answers, predict_logits, score_answers, write_predictions
 
 __all__ = ["finetune_model", "training_labels"]
@@ -76,8 +83,6 @@ def _collate(model):
     """A training batch: the inputs padded by :func:`attnclust.models.batch_inputs`, and the labels."""
     import torch
 
-    from ..models.runner import batch_inputs
-
     def collate(items: list[dict]) -> dict:
         batch = batch_inputs(model, {"input_ids": [it["input_ids"] for it in items],
                                      "segment_ids": [it["segment_ids"] for it in items]})
@@ -116,10 +121,6 @@ def _precision(cfg: JobConfig, device: str) -> dict:
 
 def _read(cfg: JobConfig, path: str | None, max_examples: int | None, tokenizer,
           split: str | None = None) -> tuple[list, pd.DataFrame]:
-    from ..data.features import tokenize_examples
-    from ..data.limits import InputBound
-    from ..data.squad import read_squad, sample_path
-
     file = Path(path).expanduser() if path else sample_path()
     examples = read_squad(file, max_examples=max_examples, split=split, bound=InputBound.of(cfg))
     features = tokenize_examples(examples, tokenizer, max_seq_len=cfg.extract.max_seq_len,
@@ -153,10 +154,7 @@ def _file_identity(path: Path, split: str | None = None) -> str:
     so a file replaced under a kept size and modification time is another file); a ``save_to_disk`` folder's or a
     hub dataset's content identity (:func:`attnclust.data.hf.data_fingerprint`)."""
     if not path.is_file():
-        from ..data.hf import data_fingerprint
-
         return data_fingerprint(path, split)
-    from ..models.sources import file_digest
 
     return file_digest(path)
 
@@ -217,8 +215,6 @@ def finetune_model(cfg: JobConfig, out: str | Path, *, force: bool = False, prog
         What ``out/finetune.json`` records: settings, steps, seconds, the loss history, ``resumed_from`` and,
         with ``finetune.eval_data``, the official SQuAD 2.0 scores.
     """
-    from ..models.kinds import kind_of
-    from ..models.runner import get_tokenizer, load_model
 
     if kind_of(cfg.model).is_decoder:
         raise ConfigError(f"finetune: model.name {cfg.model.name!r} is a causal language model, and fine-tuning "
@@ -286,7 +282,6 @@ def _begin(layout: ModelDirLayout, fp: str, force: bool) -> bool:
         record = None
     if record is not None and record.get("fingerprint") == fp and layout.record.exists():
         return True
-    from ..store.contract import atomic_write_bytes
 
     atomic_write_bytes(started, fp.encode())
     return False
@@ -338,7 +333,6 @@ def _evaluate(cfg: JobConfig, layout: ModelDirLayout, evaluation: tuple[list, pd
     The model is loaded as extraction loads it (:func:`attnclust.models.get_model`), so that an extraction job
     on the model directory answers these questions as this evaluation did.
     """
-    from ..models.runner import get_model
 
     out = layout.root
     examples, features = evaluation

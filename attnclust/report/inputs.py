@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..analysis.plugins import ANALYSES
 from ..errors import DataError
 
 __all__ = ["CLUSTER_COLUMNS", "HEAD_COLUMNS", "MAP_COLUMNS", "PREDICTION_COLUMNS", "ReportInputs"]
@@ -158,7 +159,6 @@ class ReportInputs:
         if not isinstance(self.analyses, dict):
             raise DataError(f"report input analyses: expected a dict of analysis name -> result, got "
                             f"{type(self.analyses).__name__}")
-        from ..analysis.plugins import ANALYSES
 
         for name, result in self.analyses.items():  # each analysis checks what its section reads
             plugin = ANALYSES.get(name)

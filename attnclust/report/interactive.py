@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..featurize.pooled import pool_maps
 from ..maps.compact_code import quantize_uint8
 from .formatting import plain_text
 
@@ -184,7 +185,6 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
         ``head``, ``question`` (index or -1), ``grid``, ``thumbs``: packed (point, G, G) uint8) or ``None`` when
         UMAP was off.
     """
-    from ..featurize.pooled import pool_maps
 
     rng = np.random.default_rng(random_state)
     features = features.reset_index(drop=True)

@@ -32,6 +32,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from ..analysis.words import readable_tokens
 from ..errors import AttnclustError
 from ..maps import WEIGHTINGS
 from ..maps.compact_code import quantize_uint8
@@ -363,8 +364,6 @@ def _columns(output, path) -> list[str]:
 
 def _map(output, feature_id: int, layer: int, head: int, *, cluster: int | None,
          questions: dict[str, str] | None = None, weighting: str = "weights") -> MapView:
-    from ..analysis.words import readable_tokens
-
     features = readable_tokens(output.features)
     row = features.loc[features["feature_id"] == feature_id].iloc[0]
     store = output._store
@@ -495,7 +494,6 @@ def grid_view(output, *, examples: int = VIEW_EXAMPLES) -> GridView:
     attnclust.StoreError
         A table is missing or unreadable.
     """
-    from ..analysis.words import readable_tokens
 
     examples = _index("examples", examples, 1_000, "sampled questions to embed, 0 for none")
     heads, clusters = output.heads, output.clusters

@@ -33,7 +33,9 @@ from typing import Any
 
 from ..errors import AttnclustError
 from ..layout import RunLayout
+from ..pipeline import run_job
 from ..safeio import append_text
+from ..store.contract import atomic_write_json
 from .record import _CANCEL_TASKS, CANCEL, DRIVER_RETRIES, META, POLL_S, _now, _one_line
 
 __all__ = ["run_driver"]
@@ -102,8 +104,6 @@ class _Driver:
             record = dict(self.record)
             self.client.set_metadata([META, self.job_id], record)  # under the lock: writes stay in order
             if self.layout is not None and self.layout.is_run():
-                from ..store.contract import atomic_write_json
-
                 state = {k: v for k, v in record.items() if k != "log_tail"}
                 atomic_write_json(self.layout.service_state, state)
 
@@ -240,8 +240,6 @@ def run_driver(job_id: str, kind: str, payload: Any, out: str | None) -> dict:
 
 
 def _run_job(driver: _Driver, client, cfg, out: Path) -> dict:
-    from ..pipeline import run_job
-
     driver.log(f"job {driver.job_id}: {cfg.name} -> {out}")
     # driver-side steps (QA scoring, the atlas) have no tasks to cancel: run_job asks should_stop around them
     result = run_job(cfg, out, client=client, progress=False, job_id=driver.job_id,

@@ -23,7 +23,9 @@ import ipaddress
 import os
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreError
+from ..layout import RunLayout
+from ..safeio import atomic_write
 
 __all__ = ["ROLES", "security_from_dir", "write_certificates"]
 
@@ -40,8 +42,6 @@ def _key():
 
 
 def _write(path: Path, data: bytes, mode: int) -> Path:
-    from ..safeio import atomic_write
-
     atomic_write(path, lambda tmp: Path(tmp).write_bytes(data), mode=mode)  # a key is 0600 from its creation
     return path
 
@@ -146,8 +146,6 @@ def _claim(dir: Path, overwrite: bool) -> dict[str, Path]:
     written by attnclust. So a user's own ``worker.pem`` is never replaced, and no file is written through a
     symbolic link (a link among the names, or the directory itself, is refused).
     """
-    from ..errors import StoreError
-    from ..layout import RunLayout
 
     if dir.is_symlink():
         raise ConfigError(f"certs {dir}: is a symbolic link; give the real directory")

@@ -32,8 +32,12 @@ import time
 from pathlib import Path
 
 from ..argtypes import number
+from ..config import DataConfig, FeaturizeConfig, ModelConfig, load_job
 from ..errors import AttnclustError
 from ..layout import RunLayout
+from ..models.runner import PACKAGED
+from ..pipeline import make_job_id
+from ..store.contract import atomic_write_json
 from .driver import run_driver
 from .record import (
     _CANCEL_TASKS,
@@ -48,6 +52,7 @@ from .record import (
     _now,
     _one_line,
 )
+from .security import security_from_dir
 
 __all__ = ["main", "run_driver"]
 
@@ -64,11 +69,6 @@ def _quiet() -> None:
 def _security(tls_dir: str | None):
     if not tls_dir:
         return None
-    try:
-        from .security import security_from_dir
-    except ImportError:
-        raise SubmitError(f"--tls-dir {tls_dir}: attnclust.security is not available in this installation; "
-                          f"reinstall attnclust") from None
     path = Path(tls_dir).expanduser()
     if not path.is_dir():
         raise SubmitError(f"--tls-dir {tls_dir}: no such directory; create certificates with "
@@ -132,8 +132,6 @@ def _dashboard(client) -> str | None:
 
 def _absolute(cfg):
     """The job with local paths made absolute: the driver runs in another process, maybe another cwd."""
-    from ..config import DataConfig, ModelConfig
-    from ..models.runner import PACKAGED
 
     changes = {}
     if cfg.data.path:
@@ -149,8 +147,6 @@ def _absolute(cfg):
     if weights not in ("imagenet", "none"):
         p = Path(weights).expanduser()
         if p.exists() and not p.is_absolute():
-            from ..config import FeaturizeConfig
-
             changes["featurize"] = FeaturizeConfig(**{**cfg.featurize.to_dict(), "weights": str(p.resolve())})
     return cfg.replace(**changes) if changes else cfg
 
@@ -165,8 +161,6 @@ def _script_name(path: Path) -> str:
 def submit(args) -> int:
     """``dask-submit SCHEDULER JOB.yaml|script.py``: validate locally, submit the driver task; exit code."""
     from distributed import fire_and_forget
-
-    from ..pipeline import make_job_id
 
     target = Path(args.job)
     if target.suffix == ".py":
@@ -183,8 +177,6 @@ def submit(args) -> int:
         kind, payload, name = "script", (target.name, source), _script_name(target)
         out = Path(args.out).expanduser().resolve() if args.out else None
     else:
-        from ..config import load_job
-
         overrides = list(args.overrides)
         if args.data:
             overrides.append(f"data.path={args.data}")
@@ -357,8 +349,6 @@ def cancel(client, job_id: str) -> int:
     client.set_metadata([META, job_id], record)
     layout = RunLayout(record["out"]) if record.get("out") else None
     if layout is not None and layout.is_run():  # the driver writes it too once it stops; this covers a queued one
-        from ..store.contract import atomic_write_json
-
         with contextlib.suppress(OSError):
             atomic_write_json(layout.service_state,
                               {k: v for k, v in record.items() if k != "log_tail"})

@@ -26,6 +26,9 @@ from typing import Any, ClassVar
 from ..config import JobConfig
 from ..errors import AttnclustError, JobCancelled, StoreError
 from ..layout import RunLayout
+from ..runtime import trim_heap
+from ..store.contract import atomic_write_json
+from ..store.integrity import error_text, is_checksum_error, output_problem
 
 __all__ = ["PART_COMMANDS", "RunContext", "Stage", "check_stages", "describe_change", "fingerprint_of", "run_block",
            "run_stages"]
@@ -205,8 +208,6 @@ def describe_change(old: dict, new: dict) -> str:
 
 def run_block(task: Callable, root: str, stage: str, fingerprint: str, block: int, args: tuple) -> Any:
     """Run one block of a stage and write its completion marker (only after the block's data is written)."""
-    from ..runtime import trim_heap
-    from ..store.contract import atomic_write_json
 
     try:
         result = task(root, block, *args)
@@ -250,7 +251,6 @@ def _output_problem(layout: RunLayout, stage: Stage, record: dict) -> str | None
 
     A record written before outputs were recorded (no ``outputs`` key) is checked on the outputs that exist.
     """
-    from ..store.integrity import output_problem
 
     recorded = record.get("outputs")
     paths = ([layout.root / rel for rel in recorded] if isinstance(recorded, list)
@@ -356,8 +356,6 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
 
 
 def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
-    from ..store.contract import atomic_write_json
-
     layout = ctx.layout
     layout.record(*stage.outputs(layout))
     atomic_write_json(layout.stage_started(stage.name), {"fingerprint": fp, "parts": parts})
@@ -375,8 +373,6 @@ def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
     except AttnclustError:
         raise
     except (ValueError, RuntimeError) as exc:  # a chunk of an input store failed its checksum
-        from ..store.integrity import error_text, is_checksum_error
-
         if not is_checksum_error(exc) or not stage.inputs:
             raise
         raise StoreError(f"output dir {layout.root}: stage '{stage.name}' read a damaged chunk of the output of "

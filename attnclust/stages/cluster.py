@@ -23,13 +23,13 @@ import numpy as np
 import pandas as pd
 
 from .. import backend as bk
-from ..cluster.fit import FittedClusters, assign_block
+from ..cluster.fit import FittedClusters, assign_block, fit_from_store
 from ..cluster.units import resampling_units
 from ..config import ClusterConfig
 from ..errors import ConfigError
 from ..executors import StepBars
 from ..layout import RunLayout
-from ..store.contract import atomic_write_json, atomic_write_parquet, open_attention_store
+from ..store.contract import atomic_write_json, atomic_write_parquet, open_attention_store, open_embedding
 from .base import RunContext, Stage
 
 __all__ = ["ASSIGN_ROWS", "ClusterStage", "model_record"]
@@ -75,8 +75,6 @@ def _fit_steps(ctx: RunContext, bars: StepBars) -> Iterator:
 def _distributed_kmeans(client, layout: RunLayout, fitted, random_state: int):
     """Refit the final KMeans on every map across all GPU workers (k chosen on the sample stays)."""
     import dask.array as da
-
-    from ..store.contract import open_embedding
 
     emb = da.from_zarr(open_embedding(layout.root)["embedding"])
     dim = fitted.pca_.n_components if fitted.pca_ is not None else emb.shape[1]
@@ -135,8 +133,6 @@ class ClusterStage(Stage):
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Fit on a sample (one task), share the fitted models, plan labelling blocks of whole embedding chunks
         (:data:`ASSIGN_ROWS` maps or more each)."""
-        from ..cluster.fit import fit_from_store
-        from ..store.contract import open_embedding
 
         cfg = ctx.cfg.cluster
         emb = open_embedding(ctx.layout.root)["embedding"]

@@ -30,15 +30,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import backend as bk
 from ..analysis.extraction import applicable, extraction_versions
 from ..analysis.induction import INDUCTION_VERSION, write_induction
 from ..analysis.probes import consolidate_head_outputs
 from ..analysis.protocol_reuse import protocol_reuse
 from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
 from ..config import JobConfig
-from ..data.features import FEATURE_LAYOUT_VERSION
+from ..data.features import FEATURE_LAYOUT_VERSION, examples_with_control_strings
 from ..data.hf import data_fingerprint
-from ..data.text import TEXT_WINDOWS_VERSION
+from ..data.limits import InputBound
+from ..data.squad import check_label_fields, extra_columns, read_squad, sample_path
+from ..data.text import TEXT_WINDOWS_VERSION, read_texts
 from ..errors import DataError
 from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
@@ -46,8 +49,11 @@ from ..maps import CompactCode
 from ..maps.profile import PROFILE_COMPONENTS
 from ..maps.stats import statistics_versions
 from ..models.kinds import kind_of
+from ..models.runner import describe_model, get_model, get_tokenizer
+from ..runtime import trim_heap
 from ..store.contract import (
     atomic_write_parquet,
+    check_store_tables,
     create_attention_store,
     mark_store_complete,
     open_attention_store,
@@ -89,11 +95,6 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         texts (:func:`attnclust.data.text.read_texts`: no question, ``is_impossible`` null) and the features
         their windows.
     """
-    from ..data.features import examples_with_control_strings
-    from ..data.limits import InputBound
-    from ..data.squad import check_label_fields, extra_columns, read_squad, sample_path
-    from ..data.text import read_texts
-    from ..models.runner import describe_model, get_model, get_tokenizer
 
     path = Path(cfg.data.path).expanduser() if cfg.data.path else sample_path()
     text = cfg.data.format == "text"
@@ -262,7 +263,6 @@ def slim_features(inputs: dict) -> None:
     only. The token, id and offset lists are Python objects: at SQuAD2-dev's 12,214 features they hold about
     0.5 GB of the driver's memory, which the rest of the run does not need.
     """
-    from ..runtime import trim_heap
 
     features = inputs["features"]
     inputs["features"] = features[[c for c in ("feature_id", "example_id", "seq_len") if c in features]].copy()
@@ -369,7 +369,6 @@ class ExtractStage(Stage):
 
     def verify(self, ctx: RunContext) -> None:
         """``features.parquet`` still describes the store row for row (before any later stage reads them)."""
-        from ..store.contract import check_store_tables
 
         if ctx.layout.attention.exists() and ctx.layout.features.exists():
             check_store_tables(ctx.layout.root)
@@ -386,7 +385,6 @@ class ExtractStage(Stage):
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Write ``examples.parquet``, create (or keep, when resuming) the store; one block per shard."""
-        from .. import backend as bk
 
         inputs = ctx.inputs
         atomic_write_parquet(inputs["examples"], ctx.layout.examples)
@@ -413,9 +411,6 @@ class ExtractStage(Stage):
         drop_parts(ctx.layout, len(blocks))
         induction = {}
         if kind.is_decoder:  # the induction diagnostic (analysis/induction.py) and the papers' protocols
-            from .. import backend as bk
-            from ..models.runner import get_model
-
             device = bk.torch_device(ctx.backend)
             reuse = protocol_reuse(ctx.cfg.model, inputs["model_info"]["identity"],  # kept between runs
                                    get_model(ctx.cfg.model, device=device), device=device,

@@ -19,6 +19,8 @@ from ..config import JobConfig
 from ..layout import RunLayout
 from ..maps.stats import stat_columns
 from ..models.kinds import kind_of
+from ..models.runner import get_model
+from ..runtime import fix_malloc_thresholds
 from ..store.contract import atomic_write_parquet, open_attention_store
 from ..store.writers import ExactSampleWriter, ShardFiller
 
@@ -99,9 +101,6 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
-
-    from ..models.runner import get_model
-    from ..runtime import fix_malloc_thresholds
 
     fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
     layout = RunLayout(root)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import backend as bk
 from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
 from ..featurize import CAUSAL_CONTEXT_VERSION, TokenContext, embed_with_context, get_featurizer
@@ -30,7 +31,7 @@ from ..store.contract import (  # open_embedding: re-exported
     open_embedding,
     read_features,
 )
-from ..store.integrity import open_writable_group
+from ..store.integrity import COMPLETE, open_writable_group, with_checksum
 from .base import RunContext, Stage
 
 __all__ = ["EMBED_SCHEMA", "FeaturizeStage", "featurize_block", "open_embedding", "prepare_embedding",
@@ -53,8 +54,6 @@ def prepare_embedding(layout: RunLayout, *, n_features: int, n_layers: int, n_he
 
     import zarr
     from zarr.codecs import ZstdCodec
-
-    from ..store.integrity import with_checksum
 
     path = layout.embedding
     if done and path.exists():
@@ -143,8 +142,6 @@ def featurize_block(root: str, block: int, start: int, stop: int, cfg: Featurize
 def _write_rows(layout: RunLayout, start: int, stop: int, L: int, H: int, vectors: np.ndarray) -> None:
     """Write (feature, layer * head, dim) vectors of features ``start:stop`` and their index arrays."""
 
-    from ..store.integrity import COMPLETE
-
     group = open_writable_group(layout.embedding, mode="r+")
     r0, r1 = start * L * H, stop * L * H
     rows = {"embedding": vectors.reshape(-1, vectors.shape[-1]),
@@ -212,7 +209,6 @@ class FeaturizeStage(Stage):
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Create (or keep, when resuming) ``embedding.zarr``; one block per attention-store shard."""
-        from .. import backend as bk
 
         store = open_attention_store(ctx.layout.attention)
         read_features(ctx.layout.root)  # contract check before any work
@@ -242,7 +238,6 @@ class FeaturizeStage(Stage):
 def _resolved(ctx: RunContext) -> dict:
     """What the featurizer resolves on this machine from its settings, by its optional ``identity(cfg, device)``
     (resnet: ``{"precision": "bfloat16"}`` for ``auto`` on a CPU with native bf16); ``{}`` without one."""
-    from .. import backend as bk
 
     hook = getattr(get_featurizer(ctx.cfg.featurize.method), "identity", None)
     return {} if hook is None else dict(hook(ctx.cfg.featurize, bk.torch_device(ctx.backend)))

@@ -29,8 +29,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import backend as bk
+from ..analysis.decoder_importance import (
+    DECODER_PRUNING_COLUMNS,
+    answer_gradients,
+    answer_sequences,
+    group_gradients,
+    mask_logprobs,
+)
+from ..analysis.importance import head_gradients, normalize_per_layer, pruning_plan, pruning_table
 from ..config import JobConfig
+from ..data.text import reads_text
+from ..errors import ModelError
 from ..layout import RunLayout
+from ..models.kinds import kind_of
+from ..models.runner import get_model, get_tokenizer
+from ..qa.answers import predict_answers, predict_logits, score_answers
 from ..store.contract import atomic_write_parquet, read_features
 from .base import RunContext, Stage
 
@@ -97,9 +111,6 @@ def importance_block(root: str, block: int, feature_ids: np.ndarray, cfg: JobCon
     dict
         ``block``, ``features`` and ``seconds``.
     """
-    from ..analysis.importance import head_gradients
-    from ..models.kinds import kind_of
-    from ..models.runner import get_model
 
     t0 = time.perf_counter()
     layout = RunLayout(root)
@@ -121,8 +132,6 @@ def _decoder_gradient_parts(layout: RunLayout, block: int, loaded, seqs: list, c
     """A decoder's block: per query head the sums over the features of ``|dL/dxi_h|`` for the gold and the own
     answer (``importance`` part), and per key/value group those of ``|sum_{h in g} dL/dxi_h|`` (``importance_groups``
     part), with the number of features each target has."""
-    from ..analysis.decoder_importance import answer_gradients, group_gradients
-    from ..models.kinds import kind_of
 
     heads = kind_of(loaded).head_layout(loaded)
     signed = answer_gradients(loaded.model, seqs, batch_size=cfg.extract.batch_size, device=device)
@@ -151,8 +160,6 @@ def answer_block(mask: np.ndarray, seqs: list, cfg: JobConfig, device: str = "cp
     log-probability of each of ``targets``' answers (``gold_logprob``, ``own_logprob``) and the share of features
     whose gold answer is the model's greedy continuation (``gold_match``), teacher-forced
     (:func:`attnclust.analysis.decoder_importance.mask_logprobs`)."""
-    from ..analysis.decoder_importance import mask_logprobs
-    from ..models.runner import get_model
 
     loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
     seqs = [s for s in seqs if s.target in targets]
@@ -175,10 +182,6 @@ def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: Job
         ``f1``, ``exact`` (official SQuAD 2.0 at ``qa.null_threshold``) and ``best_f1`` (at the best threshold).
     """
     import torch
-
-    from ..models.kinds import kind_of
-    from ..models.runner import get_model
-    from ..qa.answers import predict_answers, predict_logits, score_answers
 
     layout = RunLayout(root)
     loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
@@ -207,8 +210,6 @@ class ImportanceStage(Stage):
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
         """:attr:`reads`, and for a decoder ``importance.ablation_heads`` (an encoder's importance does not read
         it: its fingerprint stays as it was)."""
-        from ..errors import ModelError
-        from ..models.kinds import kind_of
 
         decoder = False
         if cfg.importance.enabled:
@@ -222,7 +223,6 @@ class ImportanceStage(Stage):
 
     def skip_reason(self, ctx: RunContext) -> str | None:
         """Why the stage does not run here (one line), or ``None``."""
-        from ..data.text import reads_text
 
         layout = ctx.layout
         if not ctx.cfg.importance.enabled:
@@ -241,13 +241,11 @@ class ImportanceStage(Stage):
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Choose the evaluation features; one block per :data:`BLOCK_FEATURES` of them
         (:data:`DECODER_BLOCK_FEATURES` for a decoder)."""
-        from .. import backend as bk
 
         self.t0_ = time.perf_counter()
         self.skip_ = self.skip_reason(ctx)
         if self.skip_ is not None:
             return [], set()
-        from ..models.kinds import kind_of
 
         features = read_features(ctx.layout.root)
         examples = pd.read_parquet(ctx.layout.examples, columns=["id"])
@@ -258,8 +256,6 @@ class ImportanceStage(Stage):
         chunks = [self.feature_ids_[i:i + self.block_] for i in range(0, len(self.feature_ids_), self.block_)]
         if not self.decoder_:
             return [(ids, ctx.cfg, self.device_) for ids in chunks], done
-        from ..analysis.decoder_importance import answer_sequences
-        from ..models.runner import get_tokenizer
 
         rows = features[features["feature_id"].isin(self.feature_ids_)].sort_values("feature_id")
         self.seqs_ = answer_sequences(rows, get_tokenizer(ctx.cfg.model))  # the tokenizer stays on the driver
@@ -268,7 +264,6 @@ class ImportanceStage(Stage):
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Average the parts into ``importance.parquet``; score the pruning masks; write ``pruning.parquet``."""
-        from ..analysis.importance import normalize_per_layer, pruning_plan, pruning_table
 
         if self.skip_ is not None:
             ctx.note(f"importance: skipped ({self.skip_})")
@@ -313,8 +308,6 @@ class ImportanceStage(Stage):
     def _finalize_decoder(self, ctx: RunContext) -> dict:
         """A decoder's tables: gradient scores per query head and per key/value group, the ablations, the pruning
         curve of the gold answer's log-probability."""
-        from ..analysis.decoder_importance import DECODER_PRUNING_COLUMNS
-        from ..analysis.importance import normalize_per_layer, pruning_plan, pruning_table
 
         layout, cfg = ctx.layout, ctx.cfg
         n_blocks = -(-len(self.feature_ids_) // self.block_)

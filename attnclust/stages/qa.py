@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..data.text import reads_text
 from ..layout import RunLayout
+from ..qa import score_output
 from .base import RunContext, Stage
 
 __all__ = ["QAStage"]
@@ -31,8 +33,6 @@ class QAStage(Stage):
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Score the stored logits (:func:`attnclust.qa.score_output`); record the scores and the note. Natural
         text: nothing to score, the record says why."""
-        from ..data.text import reads_text
-        from ..qa import score_output
 
         if reads_text(ctx.records):
             note = "qa: skipped (natural text, data.format: text: no questions to answer)"

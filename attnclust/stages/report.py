@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..analysis.atlas import stats_block
+from ..analysis.atlas import DEFAULT_MIN_STABILITY, build_atlas, stats_block
 from ..analysis.heads import analysis_versions
 from ..analysis.plugins import (
     AnalysisContext,
@@ -28,6 +28,7 @@ from ..analysis.plugins import (
     report_outputs,
     run_analyses,
 )
+from ..analysis.thumbnails import cluster_mean_maps, medoid_maps
 from ..analysis.words import readable_tokens
 from ..data.text import reads_text
 from ..executors import StepBars
@@ -62,7 +63,7 @@ class ReportStage(Stage):
     def identity(self, ctx: RunContext) -> dict:
         """The registered head analyses' versions, report sections and what the analysis plugins declare (the
         head map's version, the gold parses' hash ...): a new one re-renders the report."""
-        from ..report import REPORT_SECTIONS
+        from ..report import REPORT_SECTIONS  # lazy: pulls matplotlib and jinja2; every worker imports attnclust.stages
 
         return {"head_analyses": analysis_versions(), "report_sections": sorted(REPORT_SECTIONS),
                 **report_identity(ctx.cfg)}
@@ -71,7 +72,7 @@ class ReportStage(Stage):
         """Every analysis plugin's pre-flight check (``syntax.conllu`` is read and matched to the run's contexts,
         ``syntax.spacy_model`` loaded): a setting that cannot work is refused before any stage runs. An analysis
         whose declared report section is not registered (its module not imported) is a ``RuntimeError``."""
-        from ..report import REPORT_SECTIONS
+        from ..report import REPORT_SECTIONS  # lazy: pulls matplotlib and jinja2 (as above)
 
         for plugin in analysis_plugins():
             if plugin.section is not None and plugin.section not in REPORT_SECTIONS:
@@ -98,9 +99,7 @@ class ReportStage(Stage):
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Run the analysis plugins, build the atlas tables, run the head analyses, write ``report.html``."""
-        from ..analysis.atlas import build_atlas
-        from ..analysis.thumbnails import cluster_mean_maps, medoid_maps
-        from ..report import ReportInputs, write_report
+        from ..report import ReportInputs, write_report  # lazy: pulls matplotlib and jinja2 (as above)
 
         layout, cfg = ctx.layout, ctx.cfg
         if results:
@@ -151,7 +150,7 @@ class ReportStage(Stage):
                                                      **map_sources(analyses)},
                                              mean_maps=mean_sources, medoids=medoid_sources))
             with bars.step("interactive sample"):
-                from ..report.interactive import build_explorer
+                from ..report.interactive import build_explorer  # lazy: as above
 
                 explorer = build_explorer(open_attention_store(layout.attention), readable_tokens(features), maps,
                                           predictions=predictions, random_state=cfg.cluster.random_state,
@@ -214,7 +213,6 @@ def map_source_note(store, sources: dict[str, str], *, mean_maps: dict[int, str]
 
 def _min_stability(cfg) -> float:
     """``cluster.min_stability``, or the atlas' default where the configuration does not have that setting."""
-    from ..analysis.atlas import DEFAULT_MIN_STABILITY
 
     return float(getattr(cfg.cluster, "min_stability", DEFAULT_MIN_STABILITY))
 

@@ -56,6 +56,7 @@ from ..errors import StoreError
 from ..layout import RunLayout
 from ..maps import NORM_CODE, CompactCode, NormCode
 from ..safeio import atomic_write_bytes, atomic_write_json  # re-exported with attnclust.store's names
+from .integrity import COMPLETE, CONTRACT_ARRAYS, error_text, open_checked_group, open_writable_group, with_checksum
 from .reader import AttentionStore
 from .schema import (
     DAMAGE_FIX,
@@ -172,14 +173,11 @@ def create_attention_store(path: Path, *, seq_len: np.ndarray, num_layers: int, 
         attrs = {**attrs, "value_norms": NORM_CODE.to_dict()}
     from zarr.codecs import TransposeCodec, ZstdCodec
 
-    from .integrity import COMPLETE, with_checksum
-
     path = Path(path)
     if path.exists():
         raise StoreError(f"store {path}: exists already; remove it first (attnclust removes only stores it wrote)")
     n = len(seq_len)
     width = int(seq_len.max())
-    from .integrity import open_writable_group
 
     group = open_writable_group(path, mode="w", zarr_format=3)
     group.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "dims": list(DIMS),
@@ -245,12 +243,8 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
         raise StoreError(f"store {path}: not found; {fix}")
     try:
         if mode == "r":  # a missing chunk or shard is an error, not zeros (integrity.py)
-            from .integrity import CONTRACT_ARRAYS, open_checked_group
-
             group = open_checked_group(path, fix=DAMAGE_FIX, complete=CONTRACT_ARRAYS)
         else:
-            from .integrity import open_writable_group
-
             group = open_writable_group(path, mode=mode)
     except Exception as exc:  # zarr raises many types for unreadable stores
         raise StoreError(f"store {path}: not a readable zarr group ({type(exc).__name__}: {exc}); {fix}") from None
@@ -290,8 +284,6 @@ def open_attention_store(path: Path, *, mode: str = "r", require_complete: bool 
         raise StoreError(f"store {path}: missing array {exc}; the contract needs {', '.join(map(repr, names))} "
                          f"and 'seq_len' in a {store_mode} store; {fix}") from None
     except (ValueError, RuntimeError) as exc:  # an array's damaged zarr.json or seq_len chunk
-        from .integrity import error_text
-
         raise StoreError(f"store {path}: arrays {', '.join(names)}, seq_len unreadable ({error_text(exc)}); the "
                          f"store is damaged: {DAMAGE_FIX}") from None
     attention, profile, kept_mass = arrays["attention"], arrays.get("profile"), arrays.get("kept_mass")
@@ -350,7 +342,6 @@ def _check_exact(path: Path, exact, sample: np.ndarray, shape: tuple, seq_len: n
 def mark_store_complete(path: Path) -> None:
     """Set the store's ``complete`` attribute (after every shard was written); in a compact store first record
     ``attrs["compact"]["kept"]``, the measured share of the row mass its rows keep (:attr:`AttentionStore.kept`)."""
-    from .integrity import open_writable_group
 
     store = open_attention_store(path, require_complete=False)
     group = open_writable_group(path, mode="r+")

@@ -31,6 +31,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore
 
 from ..errors import StoreError
+from ..safeio import link_between, link_line
 
 __all__ = ["COMPLETE", "CONTRACT_ARRAYS", "CheckedStore", "LinkSafeStore", "damage_line", "error_text",
            "is_checksum_error", "open_checked_group", "open_writable_group", "output_problem", "reading",
@@ -183,8 +184,6 @@ class LinkSafeStore(LocalStore):
     """
 
     def _refuse_links(self, key: str) -> None:
-        from ..safeio import link_between, link_line
-
         link = link_between(self.root, Path(self.root) / key)
         if link is not None:
             raise StoreError(link_line(link, f"store {self.root}"))
@@ -217,8 +216,6 @@ def open_writable_group(path: Path | str, *, mode: str, **options: Any):
         Passed to :func:`zarr.open_group` (e.g. ``zarr_format=3``).
     """
     import zarr
-
-    from ..safeio import link_line
 
     path = Path(path)
     if path.is_symlink():

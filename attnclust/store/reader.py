@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..maps import CompactCode, NormCode, reweigh
+from .integrity import error_text
 from .schema import DAMAGE_FIX
 
 __all__ = ["AttentionStore"]
@@ -306,8 +307,6 @@ class AttentionStore:
         except (StoreError, MemoryError):
             raise
         except Exception as exc:  # zarr and its codecs raise ValueError, RuntimeError, OSError ...
-            from .integrity import error_text
-
             step = self.features_per_task  # a shard is the unit that is damaged and rewritten
             first, last = start // step, (stop - 1) // step
             span = f"features {first * step}..{min((last + 1) * step, self.n_features) - 1} (shard " + (

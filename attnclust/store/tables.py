@@ -12,6 +12,7 @@ import pandas as pd
 from ..errors import StoreError
 from ..layout import RunLayout
 from ..safeio import atomic_write as _atomic_write
+from .integrity import error_text, open_checked_group
 from .schema import EMBED_FIX, EMBED_SCHEMA, FEATURE_COLUMNS
 
 __all__ = ["atomic_write_parquet", "open_embedding", "read_features", "read_table"]
@@ -48,8 +49,6 @@ def read_table(path: Path, *, fix: str, **kwargs) -> pd.DataFrame:
     except FileNotFoundError:
         raise StoreError(f"{path}: not found; {fix}") from None
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError; a cut file an OSError
-        from .integrity import error_text
-
         raise StoreError(f"{path}: does not open as a parquet table ({error_text(exc)}); {fix}") from None
 
 
@@ -72,7 +71,6 @@ def read_features(root: Path) -> pd.DataFrame:
 def open_embedding(root: Path, *, require_complete: bool = True):
     """The run's embedding group; raises ``StoreError`` when missing, foreign or unfinished (and, reading it,
     when a chunk is missing)."""
-    from .integrity import open_checked_group
 
     path = RunLayout(root).embedding
     if not path.exists():

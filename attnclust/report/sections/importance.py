@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..figures import head_heatmap_figure, head_matrix, png_data_uri
+from ..figures import head_heatmap_figure, head_matrix, png_data_uri, pruning_figure
 from ..formatting import PERCENT_UNIT
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -37,7 +37,6 @@ def importance_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``rows`` of the curve; for a decoder ``decoder``, ``grouped``, ``own_features`` and ``ablations``;
         ``None`` when the run has neither importance nor a pruning curve.
     """
-    from ..figures import pruning_figure
 
     tables = inputs.analyses.get("importance") or {}
     heads, curve = inputs.heads, tables.get("pruning")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...models.kinds import kind_of
 from ..figures import head_heatmap_figure, head_matrix, png_data_uri
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
@@ -40,7 +41,6 @@ def probes_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``decoder`` and ``position`` (where the last layer's state is read: [CLS], or a decoder's last prompt
         token); ``None`` when the run has no probe table.
     """
-    from ...models.kinds import kind_of
 
     table = inputs.analyses.get("probe")  # probes.parquet
     if table is None:

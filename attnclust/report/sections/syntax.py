@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...analysis.syntax import HEAD_BEST_MIN_CASES, best_syntax_heads
 from ..figures import head_heatmap_figure, head_matrix, png_data_uri
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
@@ -34,7 +35,6 @@ def syntax_section(inputs: ReportInputs) -> dict[str, Any] | None:
         ``caption``), ``source``, ``sentences`` and ``features`` (from the table's ``attrs``, when there);
         ``None`` when the run has no syntax table.
     """
-    from ...analysis.syntax import HEAD_BEST_MIN_CASES, best_syntax_heads
 
     table = inputs.analyses.get("syntax")
     if table is None or not len(table):

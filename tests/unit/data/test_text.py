@@ -340,12 +340,12 @@ def test_only_the_kept_texts_are_bounded(tmp_path):
 
 def test_the_command_refuses_an_over_long_text_in_one_line_exit_2_before_any_stage(tmp_path, capsys, monkeypatch):
     from attnclust.cli import main
-    from attnclust.models import runner
+    from attnclust.stages import extract
 
     def no_tokenizer(*args, **kwargs):
         raise AssertionError("the tokenizer was loaded")
 
-    monkeypatch.setattr(runner, "get_tokenizer", no_tokenizer)
+    monkeypatch.setattr(extract, "get_tokenizer", no_tokenizer)
     path = tmp_path / "book.txt"
     path.write_text("word " * 2000)
     out = tmp_path / "run"

@@ -112,7 +112,7 @@ def test_every_block_trims_the_heap_after_its_task(tmp_path, monkeypatch):
     from attnclust.stages import base
 
     calls = []
-    monkeypatch.setattr("attnclust.runtime.trim_heap", lambda: calls.append("trim") or True)
+    monkeypatch.setattr(base, "trim_heap", lambda: calls.append("trim") or True)
 
     def task(root, block):
         calls.append("task")
