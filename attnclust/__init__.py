@@ -11,7 +11,7 @@ Notebook use::
 
 from __future__ import annotations
 
-from . import analysis  # noqa: F401 -- registers the analyses: their job sections (syntax, probe ...) are known
+from . import analysis  # noqa: F401 -- registers the analyses, whose sections (syntax, probe ...) join the job
 from .api import Output, open_output, run
 from .config import JobConfig, load_job
 from .errors import AttnclustError, BackendUnavailable, ConfigError, DataError, ModelError, StoreError
@@ -19,7 +19,8 @@ from .plugins import load_plugins
 from .store.contract import DIMS
 
 PLUGINS = load_plugins()
-"""The installed extensions imported with attnclust (:mod:`attnclust.plugins`)."""
+"""The installed extensions imported with attnclust (:mod:`attnclust.plugins`), after which the job's model is
+assembled (:func:`attnclust.plugins.assemble_job_config`)."""
 
 __all__ = ["DIMS", "AttnclustError", "BackendUnavailable", "ConfigError", "DataError", "JobConfig", "ModelError",
            "Output", "PLUGINS", "StoreError", "load_job", "open_output", "run"]

@@ -1,7 +1,8 @@
 """Extensions installed as Python packages: every module named in the ``attnclust.plugins`` entry-point group is
 imported when attnclust is, in every process (the driver and each Dask worker), so what it registers (a statistic,
 a head analysis, an analysis plugin, a featurizer, a report section, a model family's output projections) is
-known wherever a job runs.
+known wherever a job runs. Then the job's model is assembled, once, with the sections and settings registered by
+then (:func:`assemble_job_config`): importing a module never changes it.
 
 A package declares its module in its ``pyproject.toml``::
 
@@ -15,7 +16,10 @@ from __future__ import annotations
 
 from importlib import metadata
 
-__all__ = ["GROUP", "PluginError", "load_plugins"]
+from .analysis.plugins import analysis_sections
+from .config import assemble_job
+
+__all__ = ["GROUP", "PluginError", "assemble_job_config", "load_plugins"]
 
 GROUP = "attnclust.plugins"
 """The entry-point group whose modules are imported with attnclust."""
@@ -26,7 +30,8 @@ class PluginError(ImportError):
 
 
 def load_plugins() -> list[str]:
-    """Import every module of the :data:`GROUP` entry points, in name order.
+    """Import every module of the :data:`GROUP` entry points, in name order, then assemble the job's model
+    (:func:`assemble_job_config`).
 
     Returns
     -------
@@ -48,4 +53,17 @@ def load_plugins() -> list[str]:
                               f"({type(exc).__name__}{': ' + first if first else ''}); fix it or uninstall the "
                               f"package that declares it") from None
         loaded.append(entry.name)
+    assemble_job_config()
     return loaded
+
+
+def assemble_job_config() -> None:
+    """Assemble :class:`attnclust.config.JobConfig` from what is registered now: the analyses' sections
+    (:func:`attnclust.analysis.plugins.analysis_sections`) and the featurizers' settings
+    (:func:`attnclust.config.assemble_job`).
+
+    :func:`load_plugins` calls it once the installed plugins are imported, as ``import attnclust`` does; call it
+    again after registering or removing an analysis or a featurizer by hand (a notebook, a test), so that the job
+    knows its settings.
+    """
+    assemble_job(analysis_sections())

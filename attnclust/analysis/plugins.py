@@ -6,9 +6,9 @@ The report stage runs every registered analysis on the driver, in registration o
 joins their per-head columns to ``heads.parquet`` and the report's sections read them from
 :attr:`attnclust.report.ReportInputs.analyses`. What an analysis declares, and what it reaches:
 
-- ``settings``: a frozen settings model (``SECTION`` its name, e.g. ``syntax``): a section of every job
-  (:func:`attnclust.config.register_section`): job files, ``--set syntax.conllu=...``, ``cfg.syntax``, the job
-  reference generated from the models;
+- ``settings``: a frozen settings model (``SECTION`` its name, e.g. ``syntax``): a section of every job once the
+  job is assembled (:func:`attnclust.config.assemble_job` with :func:`analysis_sections`): job files,
+  ``--set syntax.conllu=...``, ``cfg.syntax``, the job reference generated from the models;
 - ``outputs``: the files it writes, paths of the run's layout (``layout.table("syntax")``): the report stage
   records them as its own and removes them when it is invalidated;
 - its fingerprint: the settings keys it reads (``keys``; by default every key of its section while it is on) and
@@ -37,6 +37,7 @@ Example, a whole analysis (``tests/unit/analysis/test_analysis_plugins.py`` regi
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +45,14 @@ from typing import Any
 
 import pandas as pd
 
-from ..config import register_section, unregister_section
+from .._settings import _name_of
+from ..config import check_section
 from ..errors import DataError
 from ..layout import RunLayout
 
-__all__ = ["ANALYSES", "AnalysisContext", "AnalysisPlugin", "analysis_plugins", "check_analyses", "join_heads",
-           "map_sources", "register_analysis", "report_identity", "report_keys", "report_outputs", "run_analyses",
-           "unregister_analysis"]
+__all__ = ["ANALYSES", "AnalysisContext", "AnalysisPlugin", "analysis_plugins", "analysis_sections", "check_analyses",
+           "join_heads", "map_sources", "register_analysis", "report_identity", "report_keys", "report_outputs",
+           "run_analyses", "unregister_analysis"]
 
 
 @dataclass
@@ -181,18 +183,19 @@ def register_analysis(name: str, **declared: Any) -> Callable:
     """Decorator registering ``run(ctx: AnalysisContext) -> result or None`` as the analysis ``name``, with the
     declarations of :class:`AnalysisPlugin` as keywords (``settings=``, ``outputs=``, ``section=`` ...).
 
-    Its settings model becomes a section of every job (:func:`attnclust.config.register_section`). Registering a
-    name again replaces the earlier analysis (a module reloaded, a test's toy).
+    Its settings model becomes a section of every job when the job is assembled
+    (:func:`attnclust.plugins.assemble_job_config`; ``import attnclust`` assembles it once the installed plugins are
+    loaded): registering changes no job. Registering a name again replaces the earlier analysis (a module reloaded,
+    a test's toy).
 
     Raises
     ------
     ValueError
-        ``name`` is not a lower-case identifier, or its section cannot be added (a name another model declares).
+        ``name`` is not a lower-case identifier, or its section cannot join the job (a stage's section, or one
+        another analysis declares).
     TypeError
         An unknown declaration.
     """
-    import re
-
     if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"analysis name {name!r}: allowed: a lower-case name (letters, digits, '_')")
     version = declared.get("version", 1)
@@ -206,12 +209,15 @@ def register_analysis(name: str, **declared: Any) -> Callable:
 
     def register(fn: Callable[[AnalysisContext], Any]) -> Callable[[AnalysisContext], Any]:
         plugin = AnalysisPlugin(name=name, run=fn, **declared)
-        before = ANALYSES.get(name)
-        if before is not None and before.settings is not None and (
-                plugin.settings is None or before.settings.SECTION != plugin.settings.SECTION):
-            unregister_section(before.settings.SECTION)
         if plugin.settings is not None:
-            register_section(plugin.settings)
+            check_section(plugin.settings)
+            for other in ANALYSES.values():
+                if other.name != name and other.settings is not None and \
+                        other.settings.SECTION == plugin.settings.SECTION and \
+                        _name_of(other.settings) != _name_of(plugin.settings):
+                    raise ValueError(f"section {plugin.settings.SECTION!r} of {plugin.settings.__name__}: already "
+                                     f"declared by {other.settings.__name__} (analysis {other.name!r}); choose "
+                                     f"another name")
         ANALYSES[name] = plugin
         return fn
 
@@ -219,16 +225,20 @@ def register_analysis(name: str, **declared: Any) -> Callable:
 
 
 def unregister_analysis(name: str) -> AnalysisPlugin:
-    """Remove the analysis ``name`` and its job section; returns it (``KeyError`` when none)."""
-    plugin = ANALYSES.pop(name)
-    if plugin.settings is not None:
-        unregister_section(plugin.settings.SECTION)
-    return plugin
+    """Remove the analysis ``name``; returns it (``KeyError`` when none). Its job section goes when the job is
+    assembled again."""
+    return ANALYSES.pop(name)
 
 
 def analysis_plugins() -> tuple[AnalysisPlugin, ...]:
     """The registered analyses in registration order."""
     return tuple(ANALYSES.values())
+
+
+def analysis_sections() -> tuple[type, ...]:
+    """The registered analyses' settings models, in registration order: the sections the job is assembled with
+    (:func:`attnclust.plugins.assemble_job_config`)."""
+    return tuple(plugin.settings for plugin in ANALYSES.values() if plugin.settings is not None)
 
 
 # -- what the report stage asks of them, once for all --------------------------------------------------------------

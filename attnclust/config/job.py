@@ -49,7 +49,7 @@ class JobConfig(_Model):
     data, model, extract, featurize, cluster, report, qa, finetune
         The stages' sections (:data:`CORE_SECTIONS`); each defaults to its model's defaults. ``SECTIONS`` maps
         each name to its model, these and the sections the analyses declare after them (``importance``,
-        ``syntax``, ``probe`` ...: :func:`register_section`), which their own models describe.
+        ``syntax``, ``probe`` ...: :func:`~attnclust.config.assemble_job`), which their own models describe.
     """
 
     name: str = _setting("attnclust", "letters, digits and '_', starting with a letter (max 48)",

@@ -6,8 +6,9 @@ had) and ``embed(maps, cfg, device)`` on maps of one true length, (map, query, k
 settings it declares beside its code, as a frozen settings model (``settings``: ``resnet``'s ``arch``,
 ``weights``, ``image_size`` ..., ``pooled``'s ``grid``), each with its default, what is allowed and its
 description. Registering one (:func:`register_featurizer`) makes it a valid ``featurize.method``, its settings
-keys of the job's ``featurize`` section (``featurize.grid``, in the job reference and for ``--set``) and part of
-the featurize stage's fingerprint; nothing else needs editing.
+keys of the job's ``featurize`` section once the job is assembled (``featurize.grid``, in the job reference and for
+``--set``; :func:`attnclust.config.assemble_job`) and part of the featurize stage's fingerprint; nothing else needs
+editing.
 
 A featurizer that needs to know which keys are [CLS], [SEP] or punctuation, and the segment of each token, sets
 the optional class attribute ``uses_context = True``; it is then called as ``embed(maps, cfg, device,
@@ -33,12 +34,10 @@ from .base import (
                    register_featurizer,
                    settings_keys,
                    unregister_featurizer,
-                   watch_featurizers,
 )
 
 __all__ = ["CAUSAL_CONTEXT_VERSION", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
-           "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer",
-           "watch_featurizers"]
+           "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer"]
 
 # the built-in featurizers register themselves on import, the first two first: the allowed names read
 # "pooled | resnet | ..." in the job reference and in the errors

@@ -7,7 +7,6 @@ registry they register in without importing the package that imports them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -16,8 +15,7 @@ from ..errors import ConfigError
 from ..maps.tokens import CLS_TOKENS, TokenContext  # noqa: F401 -- CLS_TOKENS: importable here as before
 
 __all__ = ["CAUSAL_CONTEXT_VERSION", "FEATURIZERS", "Featurizer", "TokenContext", "embed_with_context",
-           "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer",
-           "watch_featurizers"]
+           "featurizer_names", "get_featurizer", "register_featurizer", "settings_keys", "unregister_featurizer"]
 
 
 CAUSAL_CONTEXT_VERSION = 2
@@ -42,8 +40,9 @@ class Featurizer(Protocol):
     settings
         Optional: a frozen settings model (an :class:`attnclust._settings._Model` with ``SECTION = "featurize"``)
         declaring the settings it owns, each with its default, what is allowed and its description in the model's
-        docstring. They join the ``featurize`` section of the job (``featurize.grid``), where every featurizer's
-        settings are: the job reference lists them, ``--set`` reaches them and ``cfg.featurize.grid`` reads them.
+        docstring. They join the ``featurize`` section of the job (``featurize.grid``) when the job is assembled
+        (:func:`attnclust.config.assemble_job`), where every featurizer's settings are: the job reference lists
+        them, ``--set`` reaches them and ``cfg.featurize.grid`` reads them.
     """
 
     name: str
@@ -67,68 +66,42 @@ class Featurizer(Protocol):
 FEATURIZERS: dict[str, Featurizer] = {}
 """Registered featurizers by name, in registration order."""
 
-_WATCHERS: list[Callable[[], None]] = []
-
 
 def settings_keys(settings: type) -> tuple[str, ...]:
     """The dotted keys of a featurizer's settings model, in its order: ``("featurize.grid",)``."""
     return tuple(f"featurize.{name}" for name in settings.model_fields)
 
 
-def watch_featurizers(hook: Callable[[], None]) -> None:
-    """Call ``hook()`` now and after every change of :data:`FEATURIZERS` made through :func:`register_featurizer`
-    or :func:`unregister_featurizer`: :mod:`attnclust.config`, above this registry, joins the featurizers'
-    settings models (:attr:`Featurizer.settings`) to its ``featurize`` section this way. A hook that raises
-    undoes the change."""
-    _WATCHERS.append(hook)
-    hook()
-
-
-def _changed(undo: Callable[[], None]) -> None:
-    try:
-        for hook in _WATCHERS:
-            hook()
-    except Exception:
-        undo()
-        for hook in _WATCHERS:
-            hook()
-        raise
-
-
 def register_featurizer(featurizer: Featurizer) -> Featurizer:
     """Register ``featurizer`` under its ``name`` (replacing an earlier one of that name); returns it.
 
-    Its settings model, when it has one, joins the job's ``featurize`` section; a setting name that another
-    featurizer's model declares already is refused (``ValueError``: share that model instead).
+    Its settings model, when it has one, joins the job's ``featurize`` section when the job is assembled
+    (:func:`attnclust.plugins.assemble_job_config`; ``import attnclust`` assembles it once the installed plugins
+    are loaded); a setting name that another featurizer's model declares already is refused (``ValueError``: share
+    that model instead).
     """
     if not isinstance(featurizer, Featurizer):
         raise TypeError(f"{featurizer!r} does not implement the Featurizer protocol (name, version, keys, dim, "
                         f"check, embed)")
-    before = FEATURIZERS.get(featurizer.name)
+    model = getattr(featurizer, "settings", None)
+    for other in FEATURIZERS.values():
+        theirs = getattr(other, "settings", None)
+        if model is None or theirs is None or other.name == featurizer.name or \
+                (theirs.__module__, theirs.__qualname__) == (model.__module__, model.__qualname__):
+            continue
+        shared = [name for name in model.model_fields if name in theirs.model_fields]
+        if shared:
+            raise ValueError(f"{model.__name__}: setting {shared[0]!r} is already declared by {theirs.__name__} "
+                             f"(section 'featurize'); choose another name, or use that model")
     FEATURIZERS[featurizer.name] = featurizer
-
-    def undo() -> None:
-        if before is None:
-            FEATURIZERS.pop(featurizer.name)
-        else:
-            FEATURIZERS[featurizer.name] = before
-
-    _changed(undo)
     return featurizer
 
 
 def unregister_featurizer(name: str) -> Featurizer:
-    """Remove the featurizer registered as ``name`` (and the settings only it declared); returns it."""
+    """Remove the featurizer registered as ``name`` (the settings only it declared leave the job when it is
+    assembled again); returns it."""
     featurizer = get_featurizer(name)
-    position = list(FEATURIZERS).index(name)
     FEATURIZERS.pop(name)
-
-    def undo() -> None:
-        items = list(FEATURIZERS.items())
-        FEATURIZERS.clear()
-        FEATURIZERS.update([*items[:position], (name, featurizer), *items[position:]])
-
-    _changed(undo)
     return featurizer
 
 

@@ -19,6 +19,8 @@ CHECK = r'''
 import json, sys
 import numpy as np, pandas as pd, torch
 import last_token_statistic, last_token_head, depth_plugin, corner_featurizer, size_section, opt_family
+from attnclust.plugins import assemble_job_config
+assemble_job_config()  # imported by hand, after attnclust: the job joins their settings now
 from attnclust.config import load_job
 from attnclust.errors import StoreError
 from attnclust.layout import RunLayout

@@ -340,12 +340,15 @@ def test_featurizer_names_come_from_the_registry_at_validation_time():
 
 def test_a_featurizers_settings_join_the_featurize_section_until_it_is_removed():
     from attnclust.featurize import FEATURIZERS, register_featurizer, unregister_featurizer
+    from attnclust.plugins import assemble_job_config
 
     before = JobConfig().to_dict()
     assert list(before["featurize"]) == ["method", "grid", "arch", "weights", "image_size", "batch_size", "precision"]
     assert JobConfig.SECTIONS["featurize"].DECLARED_IN["grid"].__name__ == "PooledSettings"
     register_featurizer(_Fourier())
     try:
+        assert "bands" not in JobConfig().to_dict()["featurize"]  # the job changes when it is assembled
+        assemble_job_config()
         cfg = load_job(None, ["featurize.method=fourier", "featurize.bands=9"])
         assert cfg.featurize.bands == 9 and cfg.to_dict()["featurize"]["bands"] == 9
         assert "featurize.bands" in JobConfig.keys() and JobConfig().featurize.bands == 4
@@ -357,6 +360,7 @@ def test_a_featurizers_settings_join_the_featurize_section_until_it_is_removed()
         assert "clash" not in FEATURIZERS  # refused, and the featurize section is as it was
     finally:
         unregister_featurizer("fourier")
+        assemble_job_config()
     assert JobConfig().to_dict() == before
     with pytest.raises(ConfigError, match=r"featurize\.bands: unknown setting"):
         load_job(None, ["featurize.bands=9"])

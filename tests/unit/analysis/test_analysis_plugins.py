@@ -18,6 +18,7 @@ from attnclust.config import JobConfig, load_job
 from attnclust.errors import ConfigError, StoreError
 from attnclust.layout import RunLayout
 from attnclust.pipeline import run_job
+from attnclust.plugins import assemble_job_config
 from attnclust.report import REPORT_SECTIONS, report_section
 from attnclust.stages import SerialExecutor
 from attnclust.store.contract import atomic_write_parquet, open_attention_store
@@ -53,6 +54,7 @@ def _toy(ctx: AnalysisContext) -> pd.DataFrame:
 def toy():
     register_analysis("toy", settings=ToyConfig, section="toy", outputs=lambda layout: (layout.table("toy"),),
                       heads=lambda table: table, record=lambda table: {"heads": len(table)})(_toy)
+    assemble_job_config()
 
     @report_section("toy", title="Toy analysis", order=685, template="<p>{{ n }} heads scored, the best "
                     "{{ best }}</p>")
@@ -65,6 +67,7 @@ def toy():
 
     yield
     unregister_analysis("toy")
+    assemble_job_config()
     REPORT_SECTIONS.pop("toy")
 
 
@@ -129,6 +132,7 @@ def test_it_reaches_the_outputs_the_fingerprint_and_the_report(toy, planted, cap
 def test_removing_it_removes_its_section_from_every_job(toy):
     assert "toy" in ANALYSES
     unregister_analysis("toy")
+    assemble_job_config()
     try:
         assert "toy" not in JobConfig.SECTIONS and "toy" not in JobConfig().to_dict()
         with pytest.raises(ConfigError, match=r"config toy: unknown section"):
