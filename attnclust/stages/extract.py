@@ -14,9 +14,9 @@ content hash and the model's weights identity, so an edited file or a re-trained
 old extraction.
 
 The store's size and the room for it are :mod:`attnclust.store.plan`'s (:func:`store_bytes`,
-:func:`check_store_room`), the shard and the exact sample are written by :mod:`attnclust.store.writers`
-(:func:`profile_and_statistics`, :class:`~attnclust.store.writers.ShardFiller`, a layer at a time), each block's
-task is :mod:`attnclust.stages.extract_task`'s (:func:`extract_block`, its batches :func:`batch_ranges`); this
+:func:`check_store_room`), the shard and the exact sample are written by :mod:`attnclust.stages.extract_writers`
+(:func:`profile_and_statistics`, :class:`~attnclust.stages.extract_writers.ShardFiller`, a layer at a time), each
+block's task is :mod:`attnclust.stages.extract_task`'s (:func:`extract_block`, its batches :func:`batch_ranges`); this
 stage reads the inputs, plans the store and orders the work.
 """
 
@@ -65,9 +65,9 @@ from ..store.plan import (  # re-exported: the extract stage's pre-flight names
     plan_store,
     store_bytes,
 )
-from ..store.writers import profile_and_statistics  # re-exported: what every extract task computes
 from .base import RunContext, Stage
 from .extract_task import CPU_BATCH_SIDE, _stores_head_outputs, batch_ranges, extract_block
+from .extract_writers import profile_and_statistics  # re-exported: what every extract task computes
 
 COMPACT_SPREAD_VERSION = 1
 """Version of how a compact store gives a read row its dropped mass back (``attrs["compact"]["spread"]`` and the

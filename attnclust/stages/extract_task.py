@@ -22,7 +22,7 @@ from ..models.kinds import kind_of
 from ..models.runner import get_model
 from ..runtime import fix_malloc_thresholds
 from ..store.contract import atomic_write_parquet, open_attention_store
-from ..store.writers import ExactSampleWriter, ShardFiller
+from .extract_writers import ExactSampleWriter, ShardFiller
 
 __all__ = ["CPU_BATCH_SIDE", "batch_ranges", "extract_block"]
 
@@ -82,14 +82,14 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
 
     Each layer's maps are converted where the forward makes them: the forward hands each layer's attention weights
     of the batch over inside the pass (``layer_maps`` of :meth:`~attnclust.models.kinds.ModelKind.forward`), and
-    they are converted feature by feature on views of them (:class:`~attnclust.store.writers.ShardFiller`, one
+    they are converted feature by feature on views of them (:class:`~attnclust.stages.extract_writers.ShardFiller`, one
     layer at a time): one pass of row sums gives the ``profile`` vectors and the statistics, then the maps are cast
     straight into their place in the shard (float16/uint8, or the compact rows of ``extract.store: compact``) and
     the layer's weights are dropped, so a batch holds one layer's maps, never all of them. With ``extract.overlap``
     (by default only when ``device`` is a GPU) one worker thread converts layer ``l`` while the forward computes
     layer ``l + 1`` (two layers' maps at most), and a writer thread compresses and writes the maps of each batch
     whose layers are all converted while the next batches' forwards run (:meth:`ShardFiller.flush
-    <attnclust.store.writers.ShardFiller.flush>`); without it the shard is written once, at the end.
+    <attnclust.stages.extract_writers.ShardFiller.flush>`); without it the shard is written once, at the end.
 
     Returns
     -------
@@ -151,7 +151,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
         # with overlap, the finished features' maps are compressed and written beside the next batches' forwards
         fill = ShardFiller(store, start, stop, n_layers, n_heads, device, causal=causal,
                            writer=writer if overlap else None)
-        exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (store/writers.py)
+        exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (stages/extract_writers.py)
 
         def layer_maps(rows: list, layer: int, weights) -> None:
             """Inside the forward: convert the layer now, or hand it to the worker thread once the layer before it

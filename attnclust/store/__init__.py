@@ -1,8 +1,8 @@
 """The stores of a run: the attention store's contract, reading and writing it (:mod:`.contract`), chunk checksums
 and link-safe writes (:mod:`.integrity`), the storage plan (:mod:`.plan`: full or compact, the key cap, the
-exact sample, the store's size and the room for it) and the extract task's writers (:mod:`.writers`: a shard, the
-exact sample). A compact store's code of its maps is a map's (:mod:`attnclust.maps.compact_code`); its names are
-importable here as before."""
+exact sample, the store's size and the room for it); the extract stage writes it
+(:mod:`attnclust.stages.extract_writers`: a shard, the exact sample). A compact store's code of its maps is a map's
+(:mod:`attnclust.maps.compact_code`); its names are importable here as before."""
 
 from __future__ import annotations
 

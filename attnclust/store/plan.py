@@ -8,7 +8,7 @@ SQuAD-like lengths to about 0.15 of it (``bench/README.md``: ``store_bytes_per_m
 random model's diffuse maps only to about 0.5, and a ratio measured on one model would let another overrun. A
 compact store also keeps the exact (float16) maps of ``extract.exact_sample`` features, evenly spaced along the store's
 order (:func:`attnclust.store.exact_sample_ids`), for the analyses that need exact maps; the extract task writes
-them through :class:`attnclust.store.writers.ExactSampleWriter`, beside the shard.
+them through :class:`attnclust.stages.extract_writers.ExactSampleWriter`, beside the shard.
 
 A compact store fits the budget too: with ``extract.compact_max_keys: null`` (the default) its exact sample takes
 at most :data:`SAMPLE_SHARE` of the budget (fewer features than ``extract.exact_sample`` when theirs would take

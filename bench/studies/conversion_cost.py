@@ -1,13 +1,13 @@
 """Where the extract stage's conversion spends its time beside the forward, per (feature, layer), and whether doing
 one layer of several features in one call would be cheaper (it is not, on a CPU).
 
-The extract stage converts each layer of each feature inside the forward (``attnclust.store.writers.ShardFiller``):
-one pass of row sums gives the ``profile`` vectors and the per-map statistics (``profile_and_statistics``), then
-a compact store encodes each row's largest weights (``compact_maps``) and measures each map's error
-(``error_spread``). Here the packaged MiniLM's exact maps of generated SQuAD-v2 features
-(``bench/common/squadgen.py``) go through those same functions on one thread, as in a Dask worker, and each part
-is timed per (feature, layer) beside the forward that made the maps (one feature a forward: the model's own cost
-per layer, as the stage's one-thread workers pay it, without the batch's padding).
+The extract stage converts each layer of each feature inside the forward
+(``attnclust.stages.extract_writers.ShardFiller``): one pass of row sums gives the ``profile`` vectors and the
+per-map statistics (``profile_and_statistics``), then a compact store encodes each row's largest weights
+(``compact_maps``) and measures each map's error (``error_spread``). Here the packaged MiniLM's exact maps of
+generated SQuAD-v2 features (``bench/common/squadgen.py``) go through those same functions on one thread, as in a
+Dask worker, and each part is timed per (feature, layer) beside the forward that made the maps (one feature a
+forward: the model's own cost per layer, as the stage's one-thread workers pay it, without the batch's padding).
 
 Batching: the issue's suggested next step was one call per layer for all features of a batch. The row sums'
 functions already take the maps of several features of one length (a token context with one row per feature),
@@ -50,8 +50,8 @@ def conversion_parts(examples: int, features: int, keys: int, reps: int) -> dict
 
     from attnclust.config import ModelConfig
     from attnclust.models.runner import get_model, run_forward
+    from attnclust.stages.extract_writers import FeatureTokens, profile_and_statistics
     from attnclust.store import compact_maps
-    from attnclust.store.writers import FeatureTokens, profile_and_statistics
 
     from ..common.squadgen import generated_feature_maps
 

@@ -20,8 +20,8 @@ import pytest
 
 from attnclust.config import JobConfig, ModelConfig
 from attnclust.models.hooks import attention_modules, stream_attention
+from attnclust.stages.extract_writers import profile_and_statistics
 from attnclust.store import compact_maps, open_attention_store
-from attnclust.store.writers import profile_and_statistics
 
 from families import FAMILIES
 from helpers import save_tiny_causal

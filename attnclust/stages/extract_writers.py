@@ -1,5 +1,5 @@
-"""The writers of the extract task: a shard of the attention store filled from exact maps, and a compact store's
-exact sample.
+"""The extract task's writers: a shard of the attention store filled from exact maps, and a compact store's
+exact sample. The stage that writes holds them; the store's contract (:mod:`attnclust.store`) says what they write.
 
 :class:`ShardFiller` holds one task's shard in memory and writes it once (no other task touches it);
 :class:`ExactSampleWriter` writes the sample features' exact maps beside it, each its own shard. Both take exact

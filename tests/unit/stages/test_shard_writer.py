@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from attnclust.stages.extract_writers import ShardFiller
 from attnclust.store import create_attention_store, open_attention_store
-from attnclust.store.writers import ShardFiller
 
 SEQ = np.array([5, 6, 7, 8, 9, 9], np.int64)
 LAYERS, HEADS = 2, 3
