@@ -253,7 +253,8 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
                               f"explicitly or use more data")
         candidates = range(cfg.k_min, cfg.k_max + 1)
         fitted.k_stability_ = split_half_stability(
-            zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.n_init, split_seed=cfg.stability_seed,
+            zs, gs, candidates, n_splits=cfg.stability_splits, n_init=cfg.stability_n_init,
+            split_seed=cfg.stability_seed,
             random_state=stream_seed(cfg.random_state, "k_search"), refine=2 * cfg.stability_tolerance,
             backend=backend,
             on_step=on_step, executor=executor)

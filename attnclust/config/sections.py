@@ -290,6 +290,11 @@ class ClusterConfig(_Model):
         The range of k tried by ``auto``.
     n_init
         KMeans restarts (k-means++) of every fit, the best kept; the same seed then gives the same partition.
+    stability_n_init
+        KMeans restarts of each half's fit when ``auto`` chooses k (the final fit and the per-cluster resamples keep
+        ``n_init``). Each split fits both halves on 3,000 maps, so the search costs (candidates x splits x 2 x
+        restarts) fits: 5 restarts choose the same k as 20 on the demo under every seed tried, in a quarter of the
+        time (bench/HISTORY.md, 2026-12-06).
     stability_splits
         Random splits of the examples into two halves per candidate k; a candidate's stability is the median
         ARI of the two halves' labelings over the splits. Candidates within twice ``stability_tolerance`` of the
@@ -331,6 +336,7 @@ class ClusterConfig(_Model):
     k_min: int = _int(4, 2)
     k_max: int = _int(16, 2)
     n_init: int = _int(20, 1)
+    stability_n_init: int = _int(5, 1)
     stability_splits: int = _int(6, 2)
     stability_sample: int = _int(6000, 20)
     stability_tolerance: float = _num(0.005, 0, hi=1, allowed="a number in [0, 1]")

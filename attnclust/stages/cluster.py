@@ -89,7 +89,8 @@ class ClusterStage(Stage):
     version = 2  # 2: maps outside the UMAP sample placed by kNN (cluster.placement), not umap-learn's transform
     inputs = ("featurize",)
     task = staticmethod(assign_block)
-    reads = ("cluster.k", "cluster.k_min", "cluster.k_max", "cluster.n_init", "cluster.stability_splits",
+    reads = ("cluster.k", "cluster.k_min", "cluster.k_max", "cluster.n_init", "cluster.stability_n_init",
+             "cluster.stability_splits",
              "cluster.stability_sample", "cluster.stability_tolerance", "cluster.stability_resamples",
              "cluster.min_stability", "cluster.stability_seed", "cluster.silhouette_sample",
              "cluster.pca_components", "cluster.fit_sample", "cluster.umap", "cluster.umap_sample",
