@@ -31,6 +31,7 @@ from ..config import ModelConfig
 from ..errors import ModelError
 from ..maps.tokens import token_masks
 from .decoder import load_causal_model, model_kind
+from .described import keep_description, kept_description
 from .gguf_cache import cached, discard_entry, store_entry
 from .hooks import attention_modules, capture_head_outputs, check_supported, layer_attention, stack_layers
 from .sources.gguf import source_kwargs
@@ -192,7 +193,8 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cp
 
 
 def describe_model(cfg: ModelConfig) -> dict:
-    """Pre-flight check of the model: load it (cached, CPU) and describe it.
+    """Pre-flight check of the model: load it (cached, CPU) and describe it; a model of the same identity that an
+    earlier run checked is described from that check (:mod:`.described`), not loaded again.
 
     A checkpoint that does not load, or whose attention modules extraction does not find
     (:func:`attnclust.models.hooks.attention_modules`), fails here, before a run writes anything.
@@ -216,7 +218,10 @@ def describe_model(cfg: ModelConfig) -> dict:
     ModelError
         If the model cannot be found or loaded, or is of no registered family of attention modules.
     """
-
+    identity = model_identity(cfg)
+    kept = kept_description(identity, cfg.kind)  # an earlier run loaded these very files: no second load on the driver
+    if kept is not None:
+        return {"source": resolve_model_path(cfg), **kept}
     loaded = get_model(cfg)
     if loaded.num_layers < 1 or loaded.num_heads < 1:
         raise ModelError(f"model.name {cfg.name!r}: config.json gives {loaded.num_layers} layers x "
@@ -228,9 +233,11 @@ def describe_model(cfg: ModelConfig) -> dict:
         raise ModelError(f"model.name {cfg.name!r}: {exc}") from None
     kv = getattr(getattr(loaded.model, "config", None), "num_key_value_heads", None)
     grouped = {"kv_heads": int(kv)} if isinstance(kv, int) and 0 < kv < loaded.num_heads else {}
-    return {"source": resolve_model_path(cfg), "identity": model_identity(cfg), "num_layers": loaded.num_layers,
-            "num_heads": loaded.num_heads, "head_trained": loaded.head_trained, "kind": loaded.kind,
-            "value_norms": measures_moved_norm(loaded.model), **grouped}
+    info = {"identity": identity, "num_layers": loaded.num_layers, "num_heads": loaded.num_heads,
+            "head_trained": loaded.head_trained, "kind": loaded.kind, "value_norms": measures_moved_norm(loaded.model),
+            **grouped}
+    keep_description(identity, cfg.kind, info)
+    return {"source": resolve_model_path(cfg), **info}
 
 
 def batch_inputs(model, rows: pd.DataFrame | Mapping[str, Sequence[Sequence[int]]], *,

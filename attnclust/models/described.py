@@ -1,0 +1,71 @@
+"""What the pre-flight check found about a model, kept between runs under ``$ATTNCLUST_CACHE/described``.
+
+:func:`attnclust.models.describe_model` loads the model on the driver to check that it loads and that extraction
+finds its attention modules, and to read its layers, heads and QA head. The answer depends only on the model's
+files (its identity: weights, ``config.json``, tokenizer and template files, :func:`~.sources.model_identity`),
+on how the job loads it (``model.kind``) and on the versions of torch, transformers and this check, so it is kept
+per such key and read by later runs instead of loading the model again on the driver (1-3 s for the packaged
+models on 2 cores; the workers load it for the forward in any case). A model whose files change has another
+identity and is checked again; a hub model named without a revision (identity ``<id>@main``, which the hub may
+move) is never kept. A record that does not parse, names another key, or lacks a field is ignored and written
+again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ..cachedir import cache_home
+from ..errors import StoreError
+from ..safeio import atomic_write_json
+
+__all__ = ["DESCRIBE_VERSION", "FIELDS", "keep_description", "kept_description"]
+
+DESCRIBE_VERSION = 1
+"""Bumped when the check or the record's fields change."""
+FIELDS = {"identity": str, "num_layers": int, "num_heads": int, "head_trained": bool, "kind": str,
+          "value_norms": bool}
+"""The record's fields and their types (``kv_heads`` too, an int, for a model with grouped key/value heads)."""
+
+
+def _record(identity: str, kind: str):
+    import torch
+    import transformers
+
+    if "@" in identity:  # a hub id without a pinned revision
+        return None, None
+    key = [DESCRIBE_VERSION, identity, kind, torch.__version__, transformers.__version__]
+    return key, cache_home() / "described" / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.json"
+
+
+def kept_description(identity: str, kind: str) -> dict | None:
+    """The description kept for the model of this identity loaded as ``kind`` (the job's ``model.kind``), or None
+    (none kept, or one that does not check)."""
+    key, path = _record(identity, kind)
+    if path is None or not path.is_file() or path.is_symlink():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    info = record.get("info") if isinstance(record, dict) and record.get("key") == key else None
+    if not isinstance(info, dict) or info.get("identity") != identity:
+        return None
+    typed = all(type(info.get(name)) is kind for name, kind in FIELDS.items())  # bool is not taken for int
+    extra = set(info) - set(FIELDS)
+    if not typed or extra - {"kv_heads"} or ("kv_heads" in info and type(info["kv_heads"]) is not int):
+        return None
+    return info
+
+
+def keep_description(identity: str, kind: str, info: dict) -> None:
+    """Keep ``info`` (the fields of :data:`FIELDS`, ``kv_heads`` when present) of the model of this identity loaded
+    as ``kind`` for later runs; a cache folder that cannot be written is skipped (the next run checks again)."""
+    key, path = _record(identity, kind)
+    if path is None:
+        return
+    try:
+        atomic_write_json(path, {"key": key, "info": {k: info[k] for k in (*FIELDS, "kv_heads") if k in info}})
+    except (OSError, StoreError):  # no room, a read-only folder, a link in the record's place
+        pass
