@@ -36,8 +36,8 @@ import pandas as pd
 from .._settings import _int, _Model
 from ..errors import DataError
 from ..store.contract import atomic_write_parquet, open_attention_store
+from ..threads import map_threads
 from .plugins import AnalysisContext, register_analysis
-from .threads import map_threads
 
 __all__ = ["DEFAULT_FEATURES", "DEFAULT_ROWS", "HEAD_LAYOUT_COLUMNS", "HEAD_LAYOUT_REQUIRED", "SMOOTHING", "VERSION",
            "HeadDistances", "HeadMapConfig", "compute_head_layout", "embed_heads", "head_distances",

@@ -48,11 +48,11 @@ from ..data.text import reads_text
 from ..errors import DataError
 from ..models.kinds import kind_of
 from ..store.contract import atomic_write_json, atomic_write_parquet
+from ..threads import map_threads
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
 from .plugins import AnalysisContext, register_analysis
 from .probe_fits import MAX_FOLDS, _fit_predict, permutation_p_values, permuted_labels, probe_fold_ids
 from .roles import bh_qvalues
-from .threads import map_threads
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "PROBE_ENCODER_LAST_PROMPT", "PROBE_SKIPPED",
            "QWORDS", "ProbeConfig", "consolidate_head_outputs", "pooled_array", "probe_heads", "probe_labels",

@@ -26,6 +26,7 @@ import pandas as pd
 
 from ..data.features import FEATURE_COLUMNS, special_ids
 from ..errors import DataError
+from ..threads import map_threads
 from .decoder import stop_token_ids
 from .templates import _CTX, _QST, NO_ANSWER, checked_template
 
@@ -294,6 +295,7 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
     windowed: dict[str, int] = {}
     dropped: dict[str, int] = {}
     seen: set[str] = set()
+    prompts: list[tuple] = []  # (example, window, encoded prompt), in order
     for k, ex in enumerate(examples):
         label = f"example {k} ({ex.id!r})"
         if ex.id in seen:
@@ -309,10 +311,18 @@ def prompt_features(examples: Sequence[Any], tokenizer: Any, loaded: Any, *, sty
             if "context" not in enc["part"]:
                 raise DataError(f"{label}: context {ex.context[:40]!r} yields no tokens with this tokenizer; fix "
                                 f"the context text or drop the example")
-            answer = generate_answer(
-                loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens, device=device,
-                spans=context_spans(tokenizer, enc, ex.context) if decoding == "context" else None)
-            _add_feature(rows, tokenizer, ex, span, enc, answer)
+            prompts.append((ex, span, enc))
+
+    def answer(prompt: tuple) -> list[int]:  # one prompt's greedy answer: the prompts are independent
+        ex, _, enc = prompt
+        return generate_answer(loaded, enc["input_ids"], stop_ids=stops, max_new_tokens=max_new_tokens,
+                               device=device,
+                               spans=context_spans(tokenizer, enc, ex.context) if decoding == "context" else None)
+
+    # on a CPU in a pool of threads, each on one torch thread (attnclust.threads); one GPU runs them in turn
+    answers = map_threads(answer, prompts, threads=None if str(device) == "cpu" else 1)
+    for (ex, span, enc), tokens in zip(prompts, answers):
+        _add_feature(rows, tokenizer, ex, span, enc, tokens)
     if not rows["example_id"]:
         raise DataError("prompt_features: got no examples; read at least one with read_squad")
     frame = pd.DataFrame(rows, columns=list(PROMPT_COLUMNS))

@@ -1,5 +1,5 @@
 """The report's head distances and probes, one piece at a time on torch's threads (before) against pieces in a
-pool of threads, each on one torch thread (:mod:`attnclust.analysis.threads`), on a finished run::
+pool of threads, each on one torch thread (:mod:`attnclust.threads`), on a finished run::
 
     .venv/bin/attnclust run --out /tmp/rt_demo
     .venv/bin/python -m bench.studies.report_threads --run /tmp/rt_demo [--reps 3]
@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     import torch
 
-    from attnclust.analysis import distances, probes, threads
+    from attnclust import threads
+    from attnclust.analysis import distances, probes
     from attnclust.config import ProbeConfig
     from attnclust.layout import RunLayout
     from attnclust.store import open_attention_store, read_features

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("errors", "AttnclustError and the few subclasses every layer raises"),
     ("safeio", "bounded reads, atomic writes, links refused"),
     ("cachedir", "folders in attnclust's cache, each written whole and checked against its manifest"),
+    ("threads", "independent pieces of torch work in a pool of threads, each on one torch thread"),
     ("argtypes", "the command lines' argument types"),
     ("_settings", "how a setting is declared, and its errors told"),
     ("maps", "what a map is: tokens and token masks, per-map statistics, the profile, the stores' encodings"),

@@ -1,4 +1,4 @@
-"""Report-time torch work in a pool of threads (attnclust/analysis/threads.py): the results, in order, are what one
+"""Report-time torch work in a pool of threads (attnclust/threads.py): the results, in order, are what one
 thread computes, bit for bit, and torch's thread count is set back."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from attnclust.analysis.distances import head_distances
 from attnclust.analysis.probes import probe_table
-from attnclust.analysis.threads import map_threads
+from attnclust.threads import map_threads
 
 
 @pytest.fixture
@@ -75,3 +75,24 @@ def test_the_head_distances_in_threads_equal_one_thread(one_thread, tmp_path):
     alone = one_thread(lambda: head_distances(store, n_features=5, max_rows=8))
     np.testing.assert_array_equal(threaded.distances, alone.distances)
     assert list(threaded.features) == list(alone.features) and threaded.distances.max() > 0.5
+
+
+def test_a_decoders_answers_in_threads_equal_one_thread(one_thread, tmp_path):
+    from transformers import AutoTokenizer
+
+    from attnclust.config import ModelConfig
+    from attnclust.data import read_squad, sample_path
+    from attnclust.models import get_model
+    from attnclust.models.prompting import prompt_features
+
+    from helpers import save_tiny_causal
+
+    path = save_tiny_causal(tmp_path / "llama")
+    loaded, tok = get_model(ModelConfig(name=str(path))), AutoTokenizer.from_pretrained(path)
+    examples = read_squad(sample_path(), max_examples=6)
+    args = dict(style="short", max_new_tokens=5, max_seq_len=320, decoding="context")
+    torch.set_num_threads(2)
+    threaded = prompt_features(examples, tok, loaded, **args)
+    alone = one_thread(lambda: prompt_features(examples, tok, loaded, **args))
+    pd.testing.assert_frame_equal(threaded, alone)
+    assert len(threaded) >= 6 and threaded["generated"].map(len).sum() > 0

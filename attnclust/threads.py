@@ -1,11 +1,12 @@
 """Independent pieces of torch work spread over the cores in threads, each piece on one torch thread.
 
-The report-time analyses run on the driver while the Dask workers wait, and their torch operations are small
-(a feature's head pairs, one head's logistic fits): split across torch's intra-op threads, each operation waits
-for every thread, which on 2 shared cores made the head distances 3-5x slower than one thread (measured beside
-another job: 48-77 s against 12-16 s for the demo's 64 features). Whole pieces in a pool of threads, each on one
-intra-op thread, keep both cores busy (9-10 s there, 5.7 s alone before). torch releases the GIL inside its
-operations; every piece computes exactly what it computes alone.
+The report-time analyses and a decoder's answers run on the driver while the Dask workers wait, and their torch
+operations are small (a feature's head pairs, one head's logistic fits, one decoding step). Split across torch's
+intra-op threads, each operation waits for every thread: on 2 shared cores that made the head distances 3-5x
+slower than one thread (48-77 s against 12-16 s for the demo's 64 features, measured beside another job), and
+SmolLM2's greedy answers to 8 questions 35-77 s against 6-9 s in a pool. Whole pieces in a pool of threads, each
+on one intra-op thread, keep both cores busy. torch releases the GIL inside its operations; every piece computes
+exactly what it computes alone.
 """
 
 from __future__ import annotations
