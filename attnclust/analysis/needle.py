@@ -22,6 +22,7 @@ inputs and a brute-force loop test each piece.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,7 @@ import pandas as pd
 from ..errors import ModelError
 from ..models.decoder import stop_token_ids
 from ..models.templates import user_turn
+from ..threads import map_threads
 from .decoder import RETRIEVAL_MIN
 
 __all__ = ["NEEDLES", "NEEDLE_COLUMNS", "NEEDLE_DEPTHS", "NEEDLE_FRACTIONS", "NEEDLE_OVERLAP", "NEEDLE_ROUGE_MIN",
@@ -360,10 +362,12 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
     turn = user_turn(tokenizer)
     stops = set(stop_token_ids(tokenizer, loaded.model))
     newline_cache: dict[int, bool] = {}
+    decoding = threading.Lock()  # the tests decode in threads; one tokenizer call at a time
 
     def newline(t: int) -> bool:
         if t not in newline_cache:
-            newline_cache[t] = "\n" in tokenizer.decode([t])
+            with decoding:
+                newline_cache[t] = "\n" in tokenizer.decode([t])
         return newline_cache[t]
 
     end_cache: dict[int, bool] = {}
@@ -374,7 +378,7 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
         return [end_cache[t] for t in ids]
 
     lengths = needle_lengths(max_len, positions, fractions)
-    tests: list[dict] = []
+    planned: list[tuple] = []  # (needle, length, depth, prompt, span), in the grid's order
     run_lengths, skipped = [], []
     for length in lengths if contexts else ():  # no text, no haystack: every length skipped
         ran = False
@@ -396,20 +400,25 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
                     if over <= 0 or len(cut) <= over:
                         break
                     cut = cut[:len(cut) - over]
-                span = needle_span(prompt, real_ids)
-                generated, tops = decode_tops(loaded, prompt, steps=steps, stops=stops, newline=newline, device=device)
-                answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
-                recall = rouge1_recall(nd.real_needle, answer)
-                scores = (copy_scores(tops, generated, prompt, span) if span is not None and len(generated) else
-                          np.zeros((int(loaded.num_layers), int(loaded.num_heads))))
-                tests.append({"needle": k, "length": int(length), "depth": float(depth),
-                              "prompt_tokens": len(prompt), "span": None if span is None else [int(span[0]),
-                                                                                                  int(span[1])],
-                              "answer": answer, "rouge1_recall": float(recall),
-                              "accepted": bool(recall > NEEDLE_ROUGE_MIN), "steps": len(generated),
-                              "scores": scores})
+                planned.append((k, length, depth, prompt, needle_span(prompt, real_ids)))
                 ran = True
         (run_lengths if ran else skipped).append(int(length))
+
+    def decode(test: tuple) -> tuple[list[int], Any]:  # one test's answer: the tests are independent
+        return decode_tops(loaded, test[3], steps=steps, stops=stops, newline=newline, device=device)
+
+    # on a CPU in a pool of threads, each on one torch thread (attnclust.threads); one GPU runs them in turn
+    tests: list[dict] = []
+    for (k, length, depth, prompt, span), (generated, tops) in zip(
+            planned, map_threads(decode, planned, threads=None if str(device) == "cpu" else 1)):
+        answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
+        recall = rouge1_recall(needles[k].real_needle, answer)
+        scores = (copy_scores(tops, generated, prompt, span) if span is not None and len(generated) else
+                  np.zeros((int(loaded.num_layers), int(loaded.num_heads))))
+        tests.append({"needle": k, "length": int(length), "depth": float(depth), "prompt_tokens": len(prompt),
+                      "span": None if span is None else [int(span[0]), int(span[1])], "answer": answer,
+                      "rouge1_recall": float(recall), "accepted": bool(recall > NEEDLE_ROUGE_MIN),
+                      "steps": len(generated), "scores": scores})
     if not contexts:
         skipped = [int(length) for length in lengths]
     reason = None

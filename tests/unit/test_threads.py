@@ -96,3 +96,25 @@ def test_a_decoders_answers_in_threads_equal_one_thread(one_thread, tmp_path):
     alone = one_thread(lambda: prompt_features(examples, tok, loaded, **args))
     pd.testing.assert_frame_equal(threaded, alone)
     assert len(threaded) >= 6 and threaded["generated"].map(len).sum() > 0
+
+
+def test_the_needle_tests_in_threads_equal_one_thread(one_thread, tmp_path):
+    from transformers import AutoTokenizer
+
+    from attnclust.analysis.needle import needle_tests
+    from attnclust.config import ModelConfig
+    from attnclust.data import read_squad, sample_path
+    from attnclust.models import get_model
+
+    from helpers import save_tiny_causal
+
+    path = save_tiny_causal(tmp_path / "llama")
+    loaded, tok = get_model(ModelConfig(name=str(path))), AutoTokenizer.from_pretrained(path)
+    contexts = [e.context for e in read_squad(sample_path(), max_examples=12)]
+    torch.set_num_threads(2)
+    threaded, grid = needle_tests(loaded, tok, contexts, max_len=400, steps=20)
+    alone, grid_alone = one_thread(lambda: needle_tests(loaded, tok, contexts, max_len=400, steps=20))
+    assert grid == grid_alone and len(threaded) == len(alone) >= 9
+    for a, b in zip(threaded, alone):
+        np.testing.assert_array_equal(a.pop("scores"), b.pop("scores"))
+        assert a == b

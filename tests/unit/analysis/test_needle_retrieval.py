@@ -6,6 +6,7 @@ test_decoder_protocols.py; the real SmolLM2: tests/integration/test_llm.py."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -274,22 +275,22 @@ class CopyingModel:
         self.config = SimpleNamespace(max_position_embeddings=1024, vocab_size=len(tokenizer))
         self.answers = [tokenizer(n.real_needle, add_special_tokens=False)["input_ids"] for n in NEEDLES]
         self.copies, self.newline, self.vocab = copies, newline, len(tokenizer)
-        self.seen: list[int] = []
+        self.state = threading.local()  # each test's decoding state: the tests decode in threads
 
     def forward(self, input_ids, cache=None, use_cache=True, output_attentions=False):
-        torch = self.torch
+        torch, state = self.torch, self.state
         ids = input_ids[0].tolist()
         if cache is None:  # the prompt but its last token, which comes with the first step
-            self.seen, self.prompt_len = ids, len(ids) + 1
+            state.seen, state.prompt_len = ids, len(ids) + 1
             return SimpleNamespace(cache="cache", attentions=None, logits=None)
-        self.seen = self.seen + ids
-        prompt = self.seen[:self.prompt_len]
+        state.seen = state.seen + ids
+        prompt = state.seen[:state.prompt_len]
         k, span = next((k, needle_span(prompt, a)) for k, a in enumerate(self.answers) if needle_span(prompt, a))
         start, end = span
-        step = len(self.seen) - self.prompt_len
+        step = len(state.seen) - state.prompt_len
         n = end - start if self.copies[k] is None else self.copies[k]
         token = prompt[start + step] if step < n else self.newline
-        keys = len(self.seen)
+        keys = len(state.seen)
         weights = torch.full((1, 3, 1, keys), 0.1 / keys)
         for head, key in enumerate((start + step if step < n else 0, 0, keys - 1)):
             weights[0, head, 0, key] += 0.9
