@@ -61,7 +61,7 @@ import pandas as pd
 from ..errors import DataError
 from ..maps.stats import causal_uniform_scores, local_keys
 from ..maps.tokens import token_masks
-from ..models.kinds import kind_of
+from ..models.kinds import DECODER, ENCODER, ModelKind, kind_of
 from .heads import HeadContext, head_analysis
 
 __all__ = ["BLOCK_MIN_SPREAD", "BROAD_MIN_SHARE", "CAUSAL_ROLES", "CAUSAL_ROLE_SCORES", "FDR_LEVEL", "ROLES",
@@ -79,24 +79,24 @@ CAUSAL_ROLE_SCORES = {"previous": "to_prev", "local": "to_local", "self": "to_se
                       "punct": "to_punct", "induction": "to_induction", "duplicate": "to_duplicate",
                       "block": "own_segment"}
 """A causal model's mass role -> the per-map statistic that scores it."""
+_BY_KIND = {ENCODER.name: (ROLES, ROLE_SCORES), DECODER.name: (CAUSAL_ROLES, CAUSAL_ROLE_SCORES)}
 
 
-def roles_of(causal: bool = False) -> tuple[str, ...]:
-    """:data:`ROLES`, or a causal model's :data:`CAUSAL_ROLES`."""
-    return CAUSAL_ROLES if causal else ROLES
+def roles_of(kind: ModelKind = ENCODER) -> tuple[str, ...]:
+    """The roles tested for a model of ``kind``: :data:`ROLES`, or a decoder's :data:`CAUSAL_ROLES`."""
+    return _BY_KIND[kind.name][0]
 
 
-def role_scores(causal: bool = False) -> dict[str, str]:
-    """:data:`ROLE_SCORES`, or a causal model's :data:`CAUSAL_ROLE_SCORES`."""
-    return CAUSAL_ROLE_SCORES if causal else ROLE_SCORES
+def role_scores(kind: ModelKind = ENCODER) -> dict[str, str]:
+    """Mass role -> its statistic for a model of ``kind``: :data:`ROLE_SCORES`, or a decoder's
+    :data:`CAUSAL_ROLE_SCORES`."""
+    return _BY_KIND[kind.name][1]
 
 
-def _is_causal(features: pd.DataFrame, causal: bool | None) -> bool:
-    """``causal``, or when ``None`` whether ``features`` are a decoder's (:func:`attnclust.models.kinds.kind_of`)."""
-    if causal is not None:
-        return bool(causal)
-
-    return kind_of(features).is_decoder
+def _kind(features: pd.DataFrame, kind: ModelKind | None) -> ModelKind:
+    """``kind``, or when ``None`` the kind of ``features`` (:func:`attnclust.models.kinds.kind_of`: a decoder's have
+    a ``part`` column)."""
+    return kind_of(features) if kind is None else kind
 ROLE_MARGIN = 0.1
 """A mass role needs a lift ``(score - null) / (1 - null)`` above this (10% of the mass a uniform row leaves off
 the target): a head only barely above uniform gets no role."""
@@ -111,7 +111,7 @@ FDR_LEVEL = 0.05
 """A role is given when its Benjamini-Hochberg q-value is below this."""
 
 
-def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.DataFrame:
+def role_nulls(features: pd.DataFrame, *, kind: ModelKind | None = None) -> pd.DataFrame:
     """Per feature, the mass a uniform row puts on each mass role's target (the null of the test).
 
     Parameters
@@ -119,9 +119,10 @@ def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.Data
     features : pandas.DataFrame
         ``feature_id``, ``seq_len`` and, where known, ``tokens`` and ``segment_ids`` (one list per feature, at its
         true length).
-    causal
-        Uniform *causal* rows (row ``i`` uniform over keys ``0..i``: :func:`causal_role_nulls`); ``None``: when
-        ``features`` are a decoder's (:func:`attnclust.models.kinds.kind_of`: they have a ``part`` column).
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind: a decoder's rows are uniform *causal* rows (row ``i`` uniform over keys ``0..i``:
+        :func:`causal_role_nulls`); ``None``: the kind of ``features`` (:func:`attnclust.models.kinds.kind_of`: a
+        decoder's have a ``part`` column).
 
     Returns
     -------
@@ -132,7 +133,7 @@ def role_nulls(features: pd.DataFrame, *, causal: bool | None = None) -> pd.Data
         ``broad_scale`` (what ``exp(entropy)`` is divided by for ``broad``: ``n``); NaN where the features lack
         what the null needs (``tokens`` for sep and punct, ``segment_ids`` for block).
     """
-    if _is_causal(features, causal):
+    if _kind(features, kind).is_decoder:
         return causal_role_nulls(features)
     n = features["seq_len"].to_numpy(np.float64)
     out = pd.DataFrame(index=pd.Index(features["feature_id"].to_numpy(np.int64), name="feature_id"))
@@ -191,7 +192,7 @@ def causal_role_nulls(features: pd.DataFrame) -> pd.DataFrame:
 
 
 def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = ROLE_MARGIN,
-                     broad_min: float = BROAD_MIN_SHARE, causal: bool | None = None) -> pd.DataFrame:
+                     broad_min: float = BROAD_MIN_SHARE, kind: ModelKind | None = None) -> pd.DataFrame:
     """Per map and role, the tested difference: ``lift - margin`` (mass roles; block only on maps spread over
     their own segment, :data:`BLOCK_MIN_SPREAD`) or ``exp(entropy)/n - broad_min``.
 
@@ -204,8 +205,8 @@ def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: floa
         See :func:`role_nulls`.
     margin, broad_min : float
         :data:`ROLE_MARGIN`, :data:`BROAD_MIN_SHARE`.
-    causal : bool, optional
-        The maps are a causal model's (its roles and nulls); ``None``: when ``features`` are a decoder's.
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind (its roles and nulls); ``None``: the kind of ``features``.
 
     Returns
     -------
@@ -219,14 +220,14 @@ def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: floa
     attnclust.errors.DataError
         ``maps`` lacks a statistic a role needs.
     """
-    causal = _is_causal(features, causal)
-    scores = role_scores(causal)
+    kind = _kind(features, kind)
+    scores = role_scores(kind)
     need = ["feature_id", "example_id", "layer", "head", "seq_len", "entropy", *scores.values()]
     missing = [c for c in need if c not in maps.columns]
     if missing:
         raise DataError(f"head roles: the maps table lacks column(s) {', '.join(missing)}; it needs {', '.join(need)}"
                         f"; re-run the report stage with --force")
-    nulls = role_nulls(features, causal=causal).reindex(maps["feature_id"].to_numpy(np.int64))
+    nulls = role_nulls(features, kind=kind).reindex(maps["feature_id"].to_numpy(np.int64))
     out = maps[["feature_id", "example_id", "layer", "head"]].reset_index(drop=True)
     for role, stat in scores.items():
         null = nulls[role].to_numpy(np.float64)
@@ -240,7 +241,7 @@ def role_differences(maps: pd.DataFrame, features: pd.DataFrame, *, margin: floa
     scale = np.where(np.isfinite(scale), scale, maps["seq_len"].to_numpy(np.float64))
     share = np.exp(maps["entropy"].to_numpy(np.float64)) / scale
     out["broad"] = share - broad_min
-    return out[["feature_id", "example_id", "layer", "head", *roles_of(causal)]]
+    return out[["feature_id", "example_id", "layer", "head", *roles_of(kind)]]
 
 
 def example_means(differences: pd.DataFrame) -> pd.DataFrame:
@@ -262,7 +263,7 @@ def example_means(differences: pd.DataFrame) -> pd.DataFrame:
 
 
 def role_tests(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = ROLE_MARGIN,
-               broad_min: float = BROAD_MIN_SHARE, causal: bool | None = None) -> pd.DataFrame:
+               broad_min: float = BROAD_MIN_SHARE, kind: ModelKind | None = None) -> pd.DataFrame:
     """One-sided one-sample t-tests of the per-example differences against 0, per head and role.
 
     Parameters
@@ -271,7 +272,7 @@ def role_tests(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = RO
         See :func:`role_differences`.
     margin, broad_min : float
         See :func:`role_differences`.
-    causal : bool, optional
+    kind : attnclust.models.kinds.ModelKind, optional
         See :func:`role_differences`.
 
     Returns
@@ -282,12 +283,12 @@ def role_tests(maps: pd.DataFrame, features: pd.DataFrame, *, margin: float = RO
     """
     from scipy import stats
 
-    causal = _is_causal(features, causal)
-    means = example_means(role_differences(maps, features, margin=margin, broad_min=broad_min, causal=causal))
+    kind = _kind(features, kind)
+    means = example_means(role_differences(maps, features, margin=margin, broad_min=broad_min, kind=kind))
     grouped = means.groupby(level=["layer", "head"], sort=True)
     mean, sd, count = grouped.mean(), grouped.std(ddof=1), grouped.count()
     out = pd.DataFrame(index=mean.index)
-    for role in roles_of(causal):
+    for role in roles_of(kind):
         m, s, k = (x[role].to_numpy(np.float64) for x in (mean, sd, count))
         with np.errstate(divide="ignore", invalid="ignore"):
             t = m / (s / np.sqrt(k))
@@ -339,8 +340,8 @@ def bh_qvalues(p) -> np.ndarray:
 
 
 def head_roles(maps: pd.DataFrame, features: pd.DataFrame, *, level: float = FDR_LEVEL,
-               margin: float = ROLE_MARGIN, broad_min: float = BROAD_MIN_SHARE, causal: bool | None = None
-               ) -> pd.DataFrame:
+               margin: float = ROLE_MARGIN, broad_min: float = BROAD_MIN_SHARE,
+               kind: ModelKind | None = None) -> pd.DataFrame:
     """Every head's q-value per role (Benjamini-Hochberg over all heads x roles) and its roles.
 
     Parameters
@@ -351,7 +352,7 @@ def head_roles(maps: pd.DataFrame, features: pd.DataFrame, *, level: float = FDR
         A role is given when its q-value is below this (:data:`FDR_LEVEL`).
     margin, broad_min : float
         See :func:`role_differences`.
-    causal : bool, optional
+    kind : attnclust.models.kinds.ModelKind, optional
         See :func:`role_differences`.
 
     Returns
@@ -361,9 +362,9 @@ def head_roles(maps: pd.DataFrame, features: pd.DataFrame, *, level: float = FDR
         :data:`ROLES` (a causal model's: :data:`CAUSAL_ROLES`) and ``roles``, the roles with ``q < level`` in
         that order joined by ``,`` (``""`` for none).
     """
-    causal = _is_causal(features, causal)
-    roles = roles_of(causal)
-    tests = role_tests(maps, features, margin=margin, broad_min=broad_min, causal=causal)
+    kind = _kind(features, kind)
+    roles = roles_of(kind)
+    tests = role_tests(maps, features, margin=margin, broad_min=broad_min, kind=kind)
     q = bh_qvalues(tests[[f"p_{r}" for r in roles]].to_numpy())
     out = tests[["layer", "head"]].copy()
     for i, role in enumerate(roles):

@@ -278,7 +278,7 @@ def moved_export(layout: RunLayout) -> Figure:
         raise DataError(f"figure moved: heads.parquet of {layout.root} has no moved-norm columns (its model's family "
                         f"has no known value projection, or it was extracted before attnclust measured them); re-run "
                         f"'attnclust run --force' for it, or export another figure")
-    return moved_norm_figure(heads, moved_targets(kind_of(read_features(layout.root)).is_decoder))
+    return moved_norm_figure(heads, moved_targets(kind_of(read_features(layout.root))))
 
 
 @export_figure("entropy", "layer x head heatmap of mean attention entropy (nats)")

@@ -38,6 +38,7 @@ from ..data.features import tokenize_examples
 from ..data.text import window_texts
 from ..errors import ModelError
 from ..featurize.base import CAUSAL_CONTEXT_VERSION
+from ..maps.stats import causal_uniform_scores, shown_statistics, stat_columns, statistics_versions
 from ..maps.tokens import CLS_TOKENS, SEP_TOKENS
 from ..store.contract import AttentionStore
 from .decoder import causal_forward, model_kind
@@ -160,6 +161,27 @@ class ModelKind:
         """What the extract stage's fingerprint holds for this kind beyond every run's entries (none for an
         encoder)."""
         return {}
+
+    def stat_columns(self) -> tuple[str, ...]:
+        """The per-map statistics computed on this kind's maps (:func:`attnclust.maps.stats.stat_columns`: a
+        decoder's add the induction and duplicate-token shares)."""
+        return stat_columns(self.is_decoder)
+
+    def shown_statistics(self) -> tuple[str, ...]:
+        """The per-map statistics shown for this kind's maps (:func:`attnclust.maps.stats.shown_statistics`: a
+        decoder's leave out the next token and [SEP], which no causal row or prompt holds)."""
+        return shown_statistics(self.is_decoder)
+
+    def statistics_versions(self) -> dict[str, int]:
+        """The versions of :meth:`stat_columns` (:func:`attnclust.maps.stats.statistics_versions`)."""
+        return statistics_versions(self.is_decoder)
+
+    def uniform_scores(self, tokens: Sequence[str], segment_ids: Sequence[int] | None = None
+                       ) -> dict[str, float] | None:
+        """What a uniform map of this kind scores on each share statistic of one feature, where that differs from
+        the share of the keys a target holds: a decoder's causal uniform row, the baseline of its names and roles
+        (:func:`attnclust.maps.stats.causal_uniform_scores`); None for an encoder, whose rows see every key."""
+        return causal_uniform_scores(tokens, segment_ids) if self.is_decoder else None
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
         """The features of ``examples`` (the rows of ``features.parquet`` before they are ordered).

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..analysis.plugins import ANALYSES
 from ..errors import DataError
+from ..models.kinds import ENCODER, ModelKind
 
 __all__ = ["CLUSTER_COLUMNS", "HEAD_COLUMNS", "MAP_COLUMNS", "PREDICTION_COLUMNS", "ReportInputs"]
 
@@ -79,9 +80,9 @@ class ReportInputs:
         The interactive page's sampled maps (:func:`attnclust.report.interactive.build_explorer`): the head
         panels' example maps, the UMAP sample and the per-question view; without it the grid's head panels show
         the heads table only and the question view is left out.
-    causal : bool, optional
-        The run is a causal (decoder) model's: the statistics it cannot show as behaviour (the next token, [SEP]:
-        :func:`attnclust.maps.stats.shown_statistics`) are left out of the cluster cards and tables.
+    kind : attnclust.models.kinds.ModelKind, optional
+        The run's model kind: a decoder's leaves the statistics it cannot show as behaviour (the next token, [SEP]:
+        :meth:`~attnclust.models.kinds.ModelKind.shown_statistics`) out of the cluster cards and tables.
     kv_heads : int, optional
         Key/value heads per layer of a model with grouped key/value heads (fewer than its query heads, a divisor
         of them): the grid can also be drawn by key/value group. ``None``: one per query head.
@@ -108,7 +109,7 @@ class ReportInputs:
     predictions: pd.DataFrame | None = None
     analyses: dict[str, Any] = field(default_factory=dict)
     explorer: dict | None = None
-    causal: bool = False
+    kind: ModelKind = ENCODER
     kv_heads: int | None = None
 
     def __post_init__(self) -> None:

@@ -17,7 +17,6 @@ from ..analysis.extraction import applicable
 from ..analysis.probes import save_head_output_part
 from ..config import JobConfig
 from ..layout import RunLayout
-from ..maps.stats import stat_columns
 from ..models.kinds import kind_of
 from ..models.runner import get_model
 from ..runtime import fix_malloc_thresholds
@@ -113,13 +112,13 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                            f"{start}..{stop - 1}; the output dir changed under the run")
     store = open_attention_store(layout.attention, mode="r+", require_complete=False)
     n_layers, n_heads = loaded.num_layers, loaded.num_heads
-    causal = kind_of(store).is_decoder  # the profile's causal uniform null, the causal statistics
+    maps_kind = kind_of(store)  # a decoder's: the profile's causal uniform null, the causal statistics
     # the registered extraction analyses that can measure this model (analysis/extraction.py: what heads move ...),
     # each with its work on this task's features
     analyses = applicable(loaded.model)
     works = {a.name: a.block(store, start, stop, n_layers, n_heads) for a in analyses}
     # (feature, layer, head) per statistic, filled layer by layer
-    names = (*stat_columns(causal), *(c for a in analyses for c in a.columns))
+    names = (*maps_kind.stat_columns(), *(c for a in analyses for c in a.columns))
     columns = {c: np.zeros((len(feats), n_layers, n_heads), np.float32) for c in names}
     qa_rows = []
     pooled = [] if _stores_head_outputs(cfg, kind) else None  # a HeadOutputs per batch
@@ -149,7 +148,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"extract-{block}") as pool, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"write-{block}") as writer:
         # with overlap, the finished features' maps are compressed and written beside the next batches' forwards
-        fill = ShardFiller(store, start, stop, n_layers, n_heads, device, causal=causal,
+        fill = ShardFiller(store, start, stop, n_layers, n_heads, device, kind=maps_kind,
                            writer=writer if overlap else None)
         exact = ExactSampleWriter(store, start, stop)  # a compact store's exact sample (stages/extract_writers.py)
 

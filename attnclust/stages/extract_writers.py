@@ -23,6 +23,7 @@ from ..maps import CompactCode
 from ..maps.profile import ProfilePlan, profile_tensor
 from ..maps.stats import map_statistics
 from ..maps.tokens import TokenContext, token_masks
+from ..models.kinds import ENCODER, ModelKind
 
 __all__ = ["ExactSampleWriter", "FeatureTokens", "ShardFiller", "profile_and_statistics"]
 
@@ -40,20 +41,20 @@ class FeatureTokens:
         The maps of each call: ``layers`` layers (the extract stage's: one) of ``heads`` heads.
     device
         Where the row sums run.
-    causal
-        The maps are a causal model's (:func:`profile_and_statistics`).
+    kind
+        The model's kind (:func:`profile_and_statistics`).
     """
 
-    def __init__(self, tokens, segment_ids, layers: int, heads: int, device, *, causal: bool = False):
-        self.tokens, self.segment_ids, self.causal = list(tokens), list(segment_ids), causal
+    def __init__(self, tokens, segment_ids, layers: int, heads: int, device, *, kind: ModelKind = ENCODER):
+        self.tokens, self.segment_ids, self.kind = list(tokens), list(segment_ids), kind
         self.layers, self.heads, n = layers, heads, len(self.tokens)
         context = TokenContext.from_tokens([self.tokens], [self.segment_ids], maps_per_row=layers * heads,
-                                           causal=causal)
+                                           causal=kind.is_decoder)
         self.plan = ProfilePlan(context, layers * heads, n, device)
         self.sep, self.punct, self.seg = token_masks(self.tokens, self.segment_ids)
 
 
-def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: bool = False,
+def profile_and_statistics(maps, tokens: list, segment_ids: list, *, kind: ModelKind = ENCODER,
                            feature: FeatureTokens | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The ``profile`` vectors and the per-map statistics of one feature's maps from one pass over them.
 
@@ -65,10 +66,11 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
         cropped out of the forward's padded batch is read in place (never copied).
     tokens, segment_ids
         The feature's ``n`` tokens and segment ids (not read when ``feature`` is given).
-    causal
-        The maps are a causal model's (:attr:`TokenContext.causal <attnclust.maps.tokens.TokenContext>`): the
-        profile uses the causal uniform null and its induction and duplicate-token components, the statistics
-        read the maps as causal (:func:`~attnclust.maps.stats.map_statistics`).
+    kind
+        The model's kind (:class:`~attnclust.models.kinds.ModelKind`); a decoder's maps are causal
+        (:attr:`TokenContext.causal <attnclust.maps.tokens.TokenContext>`): the profile uses the causal uniform
+        null and its induction and duplicate-token components, the statistics read the maps as causal
+        (:func:`~attnclust.maps.stats.map_statistics`).
     feature
         The feature's :class:`FeatureTokens` for maps of this many layers, made once for several calls (the
         extract stage: one per feature, for each of its layers); ``None``: made for this call. The numbers are
@@ -86,14 +88,14 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, causal: boo
 
     layers, heads, n = maps.shape[0], maps.shape[1], maps.shape[-1]
     if feature is None:
-        feature = FeatureTokens(tokens, segment_ids, layers, heads, maps.device, causal=causal)
+        feature = FeatureTokens(tokens, segment_ids, layers, heads, maps.device, kind=kind)
     vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), return_rows=True, plan=feature.plan)
     mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
     rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
             "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
     return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=feature.sep, punct=feature.punct,
                                                               segment_ids=feature.seg, rows=rows,
-                                                              causal=feature.causal, tokens=feature.tokens)
+                                                              causal=feature.kind.is_decoder, tokens=feature.tokens)
 
 
 class ShardFiller:
@@ -120,9 +122,8 @@ class ShardFiller:
         The model's layers and heads per layer.
     device
         Where the row sums and compact rows run (``cpu``, ``cuda:0`` ...).
-    causal
-        The maps are a causal model's: the profile vectors use the causal uniform null
-        (:func:`profile_and_statistics`).
+    kind
+        The model's kind: a decoder's profile vectors use the causal uniform null (:func:`profile_and_statistics`).
     writer : concurrent.futures.Executor, optional
         A writer thread (its owner shuts it down): the shard's maps are compressed and written there as its
         features are finished (:meth:`flush`), beside the next batches' forwards, instead of all at once in
@@ -131,8 +132,8 @@ class ShardFiller:
         way.
     """
 
-    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, device: str, *, causal: bool,
-                 writer=None):
+    def __init__(self, store, start: int, stop: int, n_layers: int, n_heads: int, device: str, *,
+                 kind: ModelKind, writer=None):
         import torch
 
         self.store, self.start, self.stop, self.device = store, start, stop, device
@@ -145,7 +146,7 @@ class ShardFiller:
         self.shard = torch.zeros((n, n_layers, n_heads, width, width), dtype=dtype)
         self.quantise = dtype == torch.uint8
         self.compact: CompactCode | None = store.compact_code
-        self.causal = causal
+        self.kind = kind
         # a store without a profile array (the contract makes it optional outside a compact store) keeps no vectors
         self.profile = None if store.profile is None else \
             np.zeros((n, n_layers, n_heads, store.profile.shape[-1]), np.float32)
@@ -179,7 +180,7 @@ class ShardFiller:
         feature = self.features.get(j)
         if feature is None or feature.layers != maps.shape[0]:  # one per feature, kept until its last layer
             feature = self.features[j] = FeatureTokens(row.tokens, row.segment_ids, maps.shape[0], maps.shape[1],
-                                                       maps.device, causal=self.causal)
+                                                       maps.device, kind=self.kind)
         if layers.stop >= self.shard.shape[1]:
             del self.features[j]
         vectors, stats = profile_and_statistics(maps, feature.tokens, feature.segment_ids, feature=feature)

@@ -162,7 +162,7 @@ class ReportStage(Stage):
                 k_scores=_k_scores(cl_record), k_score_name=_k_score_name(cl_record),
                 max_tokens_shown=cfg.report.max_tokens_shown, qa=qa, predictions=predictions,
                 analyses=analyses, explorer=explorer,
-                causal=kind_of(features).is_decoder,  # a decoder's cards leave out the next token and [SEP]
+                kind=kind_of(features),  # a decoder's cards leave out the next token and [SEP]
                 kv_heads=store.attrs.get("num_key_value_heads"))  # grouped key/value heads: the grid by group
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
             path = write_report(layout.report, inputs, on_step=bars)

@@ -44,7 +44,7 @@ def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
     """
     palette = cluster_palette(len(inputs.clusters))
     clusters = clusters_in_report_order(inputs)
-    stats = cluster_stats(clusters, inputs.causal)
+    stats = cluster_stats(clusters, inputs.kind)
     mean_maps = np.asarray(inputs.mean_maps, dtype=np.float64)
     run = run_length_shares(clusters)
     threshold = min_stability(inputs)

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.atlas import DEFAULT_MIN_STABILITY, LENGTH_BUCKETS
-from ...maps.stats import STATISTICS, shown_statistics
+from ...maps.stats import STATISTICS
+from ...models.kinds import ENCODER, ModelKind
 from ..formatting import PERCENT_UNIT, fmt, hex_color, unit_label
 from ..inputs import ReportInputs
 
@@ -40,22 +41,22 @@ def clusters_by_size(inputs: ReportInputs) -> pd.DataFrame:
     return inputs.clusters.sort_values(["size", "cluster"], ascending=[False, True]).reset_index(drop=True)
 
 
-def cluster_stats(clusters: pd.DataFrame, causal: bool = False) -> list[dict[str, str]]:
+def cluster_stats(clusters: pd.DataFrame, kind: ModelKind = ENCODER) -> list[dict[str, str]]:
     """The registered statistics present in the clusters table, in registration order, for tables and legends.
 
     Parameters
     ----------
     clusters : pandas.DataFrame
-    causal : bool, optional
-        A causal model's run: only the statistics shown for it (:func:`attnclust.maps.stats.shown_statistics`,
-        no next token or [SEP]).
+    kind : attnclust.models.kinds.ModelKind, optional
+        The run's model kind: only the statistics shown for it
+        (:meth:`~attnclust.models.kinds.ModelKind.shown_statistics`; a decoder's have no next token or [SEP]).
 
     Returns
     -------
     list of dict
         ``name``, ``unit``, ``unit_label`` and ``description`` of each.
     """
-    shown = set(shown_statistics(causal))
+    shown = set(kind.shown_statistics())
     return [{"name": s.name, "unit": s.unit, "unit_label": unit_label(s.unit), "description": s.description}
             for s in STATISTICS.values() if s.name in clusters.columns and s.name in shown]
 

@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.moved import MOVED_COLUMNS
+from ...models.kinds import DECODER, ENCODER, ModelKind
 from ..figures import moved_norm_figure, png_data_uri
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
 from ..registry import report_section
 
-__all__ = ["FLAG_RATIO", "FLAG_WEIGHT", "flagged_heads", "moved_section", "moved_targets"]
+__all__ = ["FLAG_RATIO", "FLAG_WEIGHT", "MOVED_TARGETS", "flagged_heads", "moved_section", "moved_targets"]
 
 FLAG_WEIGHT = 0.3
 """A head is flagged when at least this share of its weight goes to one target ..."""
@@ -28,12 +29,15 @@ FLAG_RATIO = 0.5
 """... and its share of the moved norm there is at most this times its share of the weight."""
 FLAGGED_SHOWN = 12
 """At most this many flagged heads are listed (the rest are in ``heads.parquet``)."""
+MOVED_TARGETS = {ENCODER.name: (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "'.' and ','")),
+                 DECODER.name: (("to_cls", "first token"), ("to_punct", "'.' and ','"))}
+"""Per model kind (:attr:`~attnclust.models.kinds.ModelKind.name`), ``(statistic, label)`` of the targets compared: a
+decoder's first token is its sink, it has no [SEP]."""
 
 
-def moved_targets(causal: bool) -> list[tuple[str, str]]:
-    """``(statistic, label)`` of the targets compared: a decoder's first token is its sink, it has no [SEP]."""
-    first = ("to_cls", "first token") if causal else ("to_cls", "[CLS]")
-    return [first, ("to_punct", "'.' and ','")] if causal else [first, ("to_sep", "[SEP]"), ("to_punct", "'.' and ','")]
+def moved_targets(kind: ModelKind) -> list[tuple[str, str]]:
+    """``(statistic, label)`` of the targets compared for a model of ``kind`` (:data:`MOVED_TARGETS`)."""
+    return list(MOVED_TARGETS[kind.name])
 
 
 def flagged_heads(heads: pd.DataFrame, targets: list[tuple[str, str]]) -> pd.DataFrame:
@@ -73,7 +77,7 @@ def moved_section(inputs: ReportInputs) -> dict[str, Any] | None:
     heads, clusters = inputs.heads, inputs.clusters
     if any(c not in heads.columns or c not in clusters.columns for c in MOVED_COLUMNS):
         return None
-    targets = moved_targets(inputs.causal)
+    targets = moved_targets(inputs.kind)
     size = clusters["size"].to_numpy(np.float64)
 
     def cells(row) -> list[str]:

@@ -30,7 +30,7 @@ def stats_table(inputs: ReportInputs) -> dict[str, Any]:
     """
     palette = cluster_palette(len(inputs.clusters))
     clusters = clusters_in_report_order(inputs)
-    stats = cluster_stats(clusters, inputs.causal)
+    stats = cluster_stats(clusters, inputs.kind)
     units = column_units()
     extra = [c for c in ("pattern_type", "stability", "mean_layer", "seq_len_median") if c in clusters.columns]
     cols = ["size", "share"] + extra + [s["name"] for s in stats]

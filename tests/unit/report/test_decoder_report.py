@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from attnclust.models.kinds import DECODER
 from attnclust.report import ReportInputs
 from attnclust.report.sections.common import cluster_stats
 from attnclust.report.sections.grid import grid, kv_group_table
@@ -69,10 +70,10 @@ def test_a_decoders_cluster_tables_leave_out_the_next_token_and_sep():
     base = synthetic_report_inputs()
     clusters = base.clusters
     encoder = [s["name"] for s in cluster_stats(clusters)]
-    decoder = [s["name"] for s in cluster_stats(clusters, causal=True)]
+    decoder = [s["name"] for s in cluster_stats(clusters, DECODER)]
     assert {"to_next", "to_sep"} <= set(encoder)
     assert not {"to_next", "to_sep"} & set(decoder) and set(decoder) < set(encoder)
     from attnclust.report.sections.stats import stats_table
 
-    causal = ReportInputs(**{**base.__dict__, "causal": True})
+    causal = ReportInputs(**{**base.__dict__, "kind": DECODER})
     assert "to_next" in stats_table(base)["columns"] and "to_next" not in stats_table(causal)["columns"]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from attnclust.analysis.moved import MOVED_COLUMNS
+from attnclust.models.kinds import DECODER, ENCODER
 from attnclust.report import render_report
 from attnclust.report.sections.moved import flagged_heads, moved_section, moved_targets
 
@@ -35,7 +36,7 @@ def with_moved(inputs, planted: dict[tuple[int, int], tuple[float, float]]):
 
 def test_a_head_that_weighs_cls_but_moves_little_there_is_flagged_and_only_it():
     inputs = with_moved(synthetic_report_inputs(), {(0, 1): (0.71, 0.06), (1, 0): (0.7, 0.6), (1, 1): (0.2, 0.0)})
-    flagged = flagged_heads(inputs.heads, moved_targets(False))
+    flagged = flagged_heads(inputs.heads, moved_targets(ENCODER))
     assert flagged[["layer", "head", "target"]].values.tolist() == [[0, 1, "[CLS]"]]
     context = moved_section(inputs)
     assert context["n_flagged"] == 1
@@ -68,7 +69,7 @@ def test_a_run_without_moved_columns_has_no_section():
 
 
 def test_a_decoder_compares_its_first_token_and_no_separator():
-    assert [label for _, label in moved_targets(True)] == ["first token", "'.' and ','"]
+    assert [label for _, label in moved_targets(DECODER)] == ["first token", "'.' and ','"]
 
 
 def test_the_grid_can_be_coloured_by_the_moved_norm_on_the_first_token():

@@ -13,6 +13,7 @@ from attnclust.featurize import TokenContext
 from attnclust.maps.profile import profile_maps, profile_tensor
 from attnclust.maps.stats import map_statistics
 from attnclust.maps.tokens import token_masks
+from attnclust.models.kinds import DECODER
 from attnclust.stages.extract import profile_and_statistics
 from attnclust.store import compact_maps
 from attnclust.synthetic import HEAD_TYPES, planted_head_map, planted_tokens
@@ -219,7 +220,7 @@ def test_fused_profile_of_causal_maps_uses_the_causal_null():
     for i in range(n):                                     # random rows over the visible keys 0..i only
         maps[..., i, :i + 1] = rng.dirichlet(np.full(i + 1, 0.3), size=(2, 3))
     tokens, segments = ["<s>"] + [f"w{j}" for j in range(n - 1)], [0] * n
-    vectors, _ = profile_and_statistics(torch.from_numpy(maps), tokens, segments, causal=True)
+    vectors, _ = profile_and_statistics(torch.from_numpy(maps), tokens, segments, kind=DECODER)
     ctx = TokenContext.from_tokens([tokens], [segments], maps_per_row=6, causal=True)
     want = profile_maps(maps.reshape(6, n, n), ctx).reshape(2, 3, -1)
     np.testing.assert_allclose(vectors, want, atol=1e-6)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from attnclust.models.kinds import ENCODER
 from attnclust.stages.extract_writers import ShardFiller
 from attnclust.store import create_attention_store, open_attention_store
 
@@ -28,7 +29,7 @@ def _fill(path, mode, writer, flushes):
     store = create_attention_store(path, seq_len=SEQ, num_layers=LAYERS, num_heads=HEADS, features_per_task=6,
                                    attrs={}, mode=mode, profile_dim=17, compact_mass=0.9, compact_max_keys=3)
     store = open_attention_store(path, mode="r+", require_complete=False)
-    fill = ShardFiller(store, 0, 6, LAYERS, HEADS, "cpu", causal=False, writer=writer)
+    fill = ShardFiller(store, 0, 6, LAYERS, HEADS, "cpu", kind=ENCODER, writer=writer)
     rng = np.random.default_rng(0)
     for f, n in enumerate(SEQ):
         row = SimpleNamespace(feature_id=f, tokens=["[CLS]"] + ["a"] * (int(n) - 2) + ["[SEP]"],
@@ -57,7 +58,7 @@ def test_without_a_writer_thread_flush_writes_nothing_until_the_end(tmp_path):
     create_attention_store(path, seq_len=SEQ, num_layers=LAYERS, num_heads=HEADS, features_per_task=6, attrs={},
                            profile_dim=17)
     store = open_attention_store(path, mode="r+", require_complete=False)
-    fill = ShardFiller(store, 0, 6, LAYERS, HEADS, "cpu", causal=False)
+    fill = ShardFiller(store, 0, 6, LAYERS, HEADS, "cpu", kind=ENCODER)
     fill.flush(6)
     assert fill.pending == []
     assert [p.name for p in (path / "attention").rglob("*") if p.is_file()] == ["zarr.json"]  # no shard yet
@@ -69,7 +70,7 @@ def test_the_writer_threads_error_is_raised_by_write(tmp_path):
                            profile_dim=17)
     store = open_attention_store(path, mode="r+", require_complete=False)
     with ThreadPoolExecutor(max_workers=1) as writer:
-        fill = ShardFiller(store, 0, 6, LAYERS, HEADS, "cpu", causal=False, writer=writer)
+        fill = ShardFiller(store, 0, 6, LAYERS, HEADS, "cpu", kind=ENCODER, writer=writer)
 
         def broken(lo, upto):
             raise OSError(f"disk full writing features {lo}:{upto}")

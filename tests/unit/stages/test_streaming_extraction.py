@@ -20,6 +20,7 @@ import pytest
 
 from attnclust.config import JobConfig, ModelConfig
 from attnclust.models.hooks import attention_modules, stream_attention
+from attnclust.models.kinds import DECODER, ENCODER
 from attnclust.stages.extract_writers import profile_and_statistics
 from attnclust.store import compact_maps, open_attention_store
 
@@ -144,7 +145,8 @@ def _plain_reference(root, cfg: JobConfig, causal: bool) -> dict:
             for i, row in enumerate(rows.itertuples(index=False)):
                 n = int(row.seq_len)
                 layers = [a[i, None, :, :n, :n] for a in res.attentions]   # (1, head, query, key) views
-                parts = [profile_and_statistics(maps, list(row.tokens), list(row.segment_ids), causal=causal)
+                parts = [profile_and_statistics(maps, list(row.tokens), list(row.segment_ids),
+                                                 kind=DECODER if causal else ENCODER)
                          for maps in layers]
                 maps = torch.cat(layers)                   # (layer, head, query, key)
                 ref = {"profile": np.concatenate([p[0] for p in parts]),

@@ -1,0 +1,81 @@
+"""One object says what the model is, and what differs between encoders and decoders is asked of its kind
+(:mod:`attnclust.models.kinds`): no function outside ``models/`` and the map package (``maps/``, below the kinds,
+whose map maths reads ``causal``) takes a ``causal`` or ``is_decoder`` flag.
+
+:data:`NOT_YET` lists the functions that still do, each by ``path:function``; it only shrinks. A function taken off
+it that still has the flag fails here, and so does a new one with the flag.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import attnclust
+from attnclust.maps.stats import causal_uniform_scores, shown_statistics, stat_columns, statistics_versions
+from attnclust.models.kinds import DECODER, ENCODER
+
+PACKAGE = Path(attnclust.__file__).parent
+FLAGS = frozenset({"causal", "is_decoder", "decoder", "is_causal"})
+"""Parameter names that carry the kind as a boolean."""
+EXEMPT = ("models", "maps")
+"""Folders whose functions may take the flag: the kinds themselves, and the map maths below them."""
+NOT_YET = frozenset({
+    "analysis/atlas.py:cluster_table",
+    "analysis/naming.py:naming_targets",
+    "analysis/naming.py:over_chance",
+    "analysis/naming.py:pattern_type",
+    "analysis/naming.py:_describe_local",
+    "analysis/naming.py:_describe_targets",
+    "analysis/naming.py:_describe_heterogeneous",
+    "analysis/naming.py:_base",
+    "analysis/naming.py:describe_cluster",
+    "analysis/naming.py:name_clusters",
+    "analysis/probes.py:pooled_array",  # the other engineer's file this round
+})
+"""Functions outside :data:`EXEMPT` that still take a flag of :data:`FLAGS`, not yet converted to a kind."""
+
+
+def flagged_functions(package: Path = PACKAGE) -> set[str]:
+    """``path:function`` of every function outside :data:`EXEMPT` with a parameter named in :data:`FLAGS`."""
+    found = set()
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parts[0] in EXEMPT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                if {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} & FLAGS:
+                    found.add(f"{rel.as_posix()}:{node.name}")
+    return found
+
+
+def test_no_function_outside_models_and_maps_takes_a_causal_flag():
+    found = flagged_functions()
+    new = sorted(found - NOT_YET)
+    assert not new, (f"{new}: take a causal/is_decoder flag outside models/ and maps/; take the model kind "
+                     f"(attnclust.models.kinds.ModelKind, kind_of) and ask it instead")
+    converted = sorted(NOT_YET - found)
+    assert not converted, f"{converted}: no longer take the flag; take them off NOT_YET"
+
+
+def test_the_scan_sees_a_flag(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "a.py").write_text("def ok(causal): pass\n")
+    (tmp_path / "b.py").write_text("def f(x, *, causal=False): pass\ndef g(kind): pass\n")
+    assert flagged_functions(tmp_path) == {"b.py:f"}
+
+
+def test_the_kind_says_which_statistics_apply():
+    for kind in (ENCODER, DECODER):
+        assert kind.stat_columns() == stat_columns(kind.is_decoder)
+        assert kind.shown_statistics() == shown_statistics(kind.is_decoder)
+        assert kind.statistics_versions() == statistics_versions(kind.is_decoder)
+    assert "to_next" in ENCODER.shown_statistics() and "to_next" not in DECODER.shown_statistics()
+
+
+def test_the_kind_gives_its_uniform_baseline():
+    tokens, segments = ["<s>", "a", "b", ".", "a", "b"], [0] * 6
+    assert DECODER.uniform_scores(tokens, segments) == causal_uniform_scores(tokens, segments)
+    assert ENCODER.uniform_scores(tokens, segments) is None
