@@ -54,13 +54,16 @@ _CACHE: dict[tuple, Any] = {}
 _LOCK = threading.Lock()
 
 
-def get_tokenizer(cfg: ModelConfig):
+def get_tokenizer(cfg: ModelConfig, *, identity: str | None = None):
     """The model's fast tokenizer, loaded once per process.
 
     Parameters
     ----------
     cfg
         Model settings.
+    identity
+        The model's identity (:func:`model_identity`, ``model_info["identity"]``) when the caller has it: the key of
+        the process's cache, not computed again.
 
     Returns
     -------
@@ -71,7 +74,7 @@ def get_tokenizer(cfg: ModelConfig):
     ModelError
         If the tokenizer cannot be loaded or is not a fast one (character offsets are needed).
     """
-    key = ("tokenizer", cfg.name, cfg.revision, model_identity(cfg))
+    key = ("tokenizer", cfg.name, cfg.revision, identity or model_identity(cfg))
     with _LOCK:
         if key not in _CACHE:
             quiet_transformers()
@@ -164,7 +167,8 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
                        num_heads=int(config.num_attention_heads))
 
 
-def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cpu") -> LoadedModel:
+def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cpu",
+              identity: str | None = None) -> LoadedModel:
     """The QA model in eval mode with eager attention, loaded once per process (see :func:`load_model`).
 
     Parameters
@@ -175,6 +179,9 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cp
         torch intra-op threads for this process (a Dask worker passes its own thread count).
     device
         ``cpu`` or ``cuda`` (the worker's own device under dask-cuda).
+    identity
+        The model's identity (:func:`model_identity`) as the driver resolved it (``model_info["identity"]``, handed
+        to the workers): the key of the process's cache, not computed again.
 
     Returns
     -------
@@ -185,7 +192,7 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cp
 
     if threads:
         torch.set_num_threads(int(threads))
-    key = ("model", cfg.name, cfg.revision, model_identity(cfg), device)
+    key = ("model", cfg.name, cfg.revision, identity or model_identity(cfg), device)
     with _LOCK:
         if key not in _CACHE:
             _CACHE[key] = load_model(cfg, device=device)
@@ -222,7 +229,7 @@ def describe_model(cfg: ModelConfig) -> dict:
     kept = kept_description(identity, cfg.kind)  # an earlier run loaded these very files: no second load on the driver
     if kept is not None:
         return {"source": resolve_model_path(cfg), **kept}
-    loaded = get_model(cfg)
+    loaded = get_model(cfg, identity=identity)
     if loaded.num_layers < 1 or loaded.num_heads < 1:
         raise ModelError(f"model.name {cfg.name!r}: config.json gives {loaded.num_layers} layers x "
                          f"{loaded.num_heads} attention heads; a model has at least one layer with one head: fix "

@@ -106,7 +106,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
     if cfg.probe.enabled and not text:  # natural text has no labels to probe: the probe analysis says so
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
     model_info = describe_model(cfg.model)
-    tokenizer = get_tokenizer(cfg.model)
+    tokenizer = get_tokenizer(cfg.model, identity=model_info["identity"])  # the model is resolved once, here
     features = kind_of(model_info).build_features(examples, tokenizer, cfg)
     if features.empty:
         raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
@@ -124,7 +124,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
             "normalised": list(features.attrs.get("normalised", ())),
             "control_strings": examples_with_control_strings(examples, tokenizer),
             # the registered extraction analyses this model allows (the workers run the same ones)
-            "extraction_analyses": [a.name for a in applicable(get_model(cfg.model).model)]}
+            "extraction_analyses": [a.name for a in
+                                    applicable(get_model(cfg.model, identity=model_info["identity"]).model)]}
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -393,7 +394,8 @@ class ExtractStage(Stage):
         slim_features(inputs)
         self.t0_ = time.perf_counter()
         device = bk.torch_device(ctx.backend)
-        return [(s, e, ctx.cfg, device) for s, e in blocks], done
+        identity = inputs["model_info"]["identity"]  # resolved on the driver: the workers' model cache key
+        return [(s, e, ctx.cfg, device, identity) for s, e in blocks], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the

@@ -76,7 +76,8 @@ def _worker_threads() -> int | None:
         return None
 
 
-def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu") -> dict:
+def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu",
+                  identity: str | None = None) -> dict:
     """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
 
     Each layer's maps are converted where the forward makes them: the forward hands each layer's attention weights
@@ -89,6 +90,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     layer ``l + 1`` (two layers' maps at most), and a writer thread compresses and writes the maps of each batch
     whose layers are all converted while the next batches' forwards run (:meth:`ShardFiller.flush
     <attnclust.stages.extract_writers.ShardFiller.flush>`); without it the shard is written once, at the end.
+    ``identity`` is the model's as the driver resolved it (``model_info["identity"]``): the key of the worker's
+    model cache, not computed again per block.
 
     Returns
     -------
@@ -103,7 +106,7 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
 
     fix_malloc_thresholds()  # else the forwards' freed maps pile up in the heap: RSS grows block after block
     layout = RunLayout(root)
-    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
+    loaded = get_model(cfg.model, threads=_worker_threads(), device=device, identity=identity)
     kind = kind_of(loaded)  # its forward, and what the forward gives (start/end logits or token log-probabilities)
     feats = pd.read_parquet(layout.features, filters=[("feature_id", ">=", start), ("feature_id", "<", stop)])
     feats = feats.sort_values("feature_id").reset_index(drop=True)

@@ -102,9 +102,11 @@ def _read_rows(layout: RunLayout, feature_ids: np.ndarray) -> pd.DataFrame:
 
 
 def importance_block(root: str, block: int, feature_ids: np.ndarray, cfg: JobConfig, device: str = "cpu",
-                     seqs: list | None = None) -> dict:
+                     seqs: list | None = None, identity: str | None = None) -> dict:
     """One block of features on a worker: the sum over its features of ``|dL/dxi_h|``, written as a part (a
-    decoder's: of its answer sequences ``seqs``, made on the driver, which holds the tokenizer).
+    decoder's: of its answer sequences ``seqs``, made on the driver, which holds the tokenizer). ``identity``, here
+    and in the other blocks, is the model's as the driver resolved it (``model_info["identity"]``): the key of the
+    worker's model cache.
 
     Returns
     -------
@@ -114,7 +116,7 @@ def importance_block(root: str, block: int, feature_ids: np.ndarray, cfg: JobCon
 
     t0 = time.perf_counter()
     layout = RunLayout(root)
-    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
+    loaded = get_model(cfg.model, threads=_worker_threads(), device=device, identity=identity)
     if kind_of(loaded).is_decoder:
         _decoder_gradient_parts(layout, block, loaded, seqs, cfg, device)
         return {"block": block, "features": len(feature_ids), "seconds": time.perf_counter() - t0}
@@ -154,14 +156,14 @@ def _decoder_gradient_parts(layout: RunLayout, block: int, loaded, seqs: list, c
 
 
 def answer_block(mask: np.ndarray, seqs: list, cfg: JobConfig, device: str = "cpu",
-                 targets: tuple[str, ...] = ("gold",)) -> dict:
+                 targets: tuple[str, ...] = ("gold",), identity: str | None = None) -> dict:
     """Score a decoder with the query heads of ``mask`` (layer, head; 0 = removed) on the evaluation features'
     answer sequences ``seqs`` (:func:`attnclust.analysis.decoder_importance.answer_sequences`): the mean
     log-probability of each of ``targets``' answers (``gold_logprob``, ``own_logprob``) and the share of features
     whose gold answer is the model's greedy continuation (``gold_match``), teacher-forced
     (:func:`attnclust.analysis.decoder_importance.mask_logprobs`)."""
 
-    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
+    loaded = get_model(cfg.model, threads=_worker_threads(), device=device, identity=identity)
     seqs = [s for s in seqs if s.target in targets]
     logp, match = mask_logprobs(loaded.model, seqs, [mask], batch_size=cfg.extract.batch_size, device=device,
                                 greedy=True)
@@ -173,7 +175,8 @@ def answer_block(mask: np.ndarray, seqs: list, cfg: JobConfig, device: str = "cp
     return out
 
 
-def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: JobConfig, device: str = "cpu") -> dict:
+def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: JobConfig, device: str = "cpu",
+                  identity: str | None = None) -> dict:
     """Score the model with the heads of ``mask`` (layer, head; 0 = removed) on the evaluation features.
 
     Returns
@@ -184,7 +187,7 @@ def pruning_block(root: str, mask: np.ndarray, feature_ids: np.ndarray, cfg: Job
     import torch
 
     layout = RunLayout(root)
-    loaded = get_model(cfg.model, threads=_worker_threads(), device=device)
+    loaded = get_model(cfg.model, threads=_worker_threads(), device=device, identity=identity)
     rows = _read_rows(layout, feature_ids)
     examples = pd.read_parquet(layout.examples)
     examples = examples[examples["id"].isin(set(rows["example_id"]))]
@@ -252,15 +255,16 @@ class ImportanceStage(Stage):
         self.feature_ids_ = evaluation_features(features, examples, ctx.cfg.importance.max_features)
         self.device_ = bk.torch_device(ctx.backend)
         self.decoder_ = kind_of(ctx.inputs["model_info"]).is_decoder
+        self.identity_ = ctx.inputs["model_info"].get("identity")  # the driver's: the workers' model cache key
         self.block_ = DECODER_BLOCK_FEATURES if self.decoder_ else BLOCK_FEATURES
         chunks = [self.feature_ids_[i:i + self.block_] for i in range(0, len(self.feature_ids_), self.block_)]
         if not self.decoder_:
-            return [(ids, ctx.cfg, self.device_) for ids in chunks], done
+            return [(ids, ctx.cfg, self.device_, None, self.identity_) for ids in chunks], done
 
         rows = features[features["feature_id"].isin(self.feature_ids_)].sort_values("feature_id")
-        self.seqs_ = answer_sequences(rows, get_tokenizer(ctx.cfg.model))  # the tokenizer stays on the driver
-        return [(ids, ctx.cfg, self.device_, [q for q in self.seqs_ if q.feature_id in set(ids.tolist())])
-                for ids in chunks], done
+        self.seqs_ = answer_sequences(rows, get_tokenizer(ctx.cfg.model, identity=self.identity_))  # on the driver
+        return [(ids, ctx.cfg, self.device_, [q for q in self.seqs_ if q.feature_id in set(ids.tolist())],
+                 self.identity_) for ids in chunks], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Average the parts into ``importance.parquet``; score the pruning masks; write ``pruning.parquet``."""
@@ -290,8 +294,8 @@ class ImportanceStage(Stage):
         t1 = time.perf_counter()
         plan, masks = pruning_plan(normalised, steps=cfg.importance.pruning_steps,
                                    seeds=cfg.importance.pruning_random_seeds)
-        scores = ctx.executor.map(pruning_block, [(str(layout.root), m, self.feature_ids_, cfg, self.device_)
-                                                  for m in masks],
+        scores = ctx.executor.map(pruning_block, [(str(layout.root), m, self.feature_ids_, cfg, self.device_,
+                                                   self.identity_) for m in masks],
                                   stage=f"{self.name}-pruning", progress=ctx.progress)
         curve = pruning_table(plan, scores)
         atomic_write_parquet(curve, layout.pruning)
@@ -355,8 +359,8 @@ class ImportanceStage(Stage):
         plan, masks = pruning_plan(normalised, steps=cfg.importance.pruning_steps,
                                    seeds=cfg.importance.pruning_random_seeds)
         todo = [i for i, m in enumerate(masks) if ablation["base"] is None or not (m == 1).all()]
-        scored = dict(zip(todo, ctx.executor.map(answer_block, [(masks[i], self.seqs_, cfg, self.device_)
-                                                                for i in todo],
+        scored = dict(zip(todo, ctx.executor.map(answer_block, [(masks[i], self.seqs_, cfg, self.device_,
+                                                                 ("gold",), self.identity_) for i in todo],
                                                  stage=f"{self.name}-pruning", progress=ctx.progress)))
         scored.update({i: ablation["base"] for i in range(len(masks)) if i not in scored})  # the unablated model
         curve = pruning_table(plan, [scored[i] for i in range(len(masks))], DECODER_PRUNING_COLUMNS)
@@ -411,8 +415,9 @@ def _ablate(ctx: RunContext, stage: ImportanceStage, normalised: np.ndarray, n_k
         else:
             mask[layer, index] = 0.0
         masks.append(mask)
-    scored = ctx.executor.map(answer_block, [(m, stage.seqs_, ctx.cfg, stage.device_, ("gold", "own"))
-                                             for m in masks], stage=f"{stage.name}-ablation", progress=ctx.progress)
+    scored = ctx.executor.map(answer_block, [(m, stage.seqs_, ctx.cfg, stage.device_, ("gold", "own"),
+                                              stage.identity_) for m in masks],
+                              stage=f"{stage.name}-ablation", progress=ctx.progress)
     base = out["base"] = scored[0]
     for (unit, layer, index), score in zip(units, scored[1:]):
         for t in ("gold", "own"):

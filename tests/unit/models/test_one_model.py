@@ -79,3 +79,34 @@ def test_the_kind_gives_its_uniform_baseline():
     tokens, segments = ["<s>", "a", "b", ".", "a", "b"], [0] * 6
     assert DECODER.uniform_scores(tokens, segments) == causal_uniform_scores(tokens, segments)
     assert ENCODER.uniform_scores(tokens, segments) is None
+
+
+def test_the_driver_resolves_the_model_and_the_blocks_reuse_its_identity(tmp_path, tiny_bert_dir, small_squad,
+                                                                        monkeypatch):
+    """The extract and importance blocks key the worker's model cache by the identity the driver resolved
+    (``model_info["identity"]``): no block computes it again, however many blocks there are."""
+    import sys
+    import traceback
+
+    from attnclust.config import JobConfig
+    from attnclust.models.sources import identity as identity_module
+    from attnclust.pipeline import run_job
+    from attnclust.stages import SerialExecutor
+
+    blocks = {"extract_block", "importance_block", "pruning_block", "answer_block"}
+    original, calls = identity_module.model_identity, []
+
+    def counted(*args, **kwargs):
+        calls.append({frame.name for frame in traceback.extract_stack()} & blocks)
+        return original(*args, **kwargs)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("attnclust") and m is not None]:
+        if getattr(module, "model_identity", None) is original:
+            monkeypatch.setattr(module, "model_identity", counted)
+    cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)}, "model": {"name": str(tiny_bert_dir)},
+                               "extract": {"batch_size": 2, "features_per_task": 2},
+                               "importance": {"enabled": True, "max_features": 4, "pruning_steps": 2}})
+    run_job(cfg, tmp_path / "run", stages=("extract", "qa", "importance"), executor=SerialExecutor(),
+            progress=False)
+    assert calls and not any(calls), f"blocks computed the model's identity: {[c for c in calls if c]}"
+    assert len(calls) <= 3  # on the driver: the pre-flight check, and the model's kind (extract, importance)
