@@ -23,7 +23,7 @@ from ..errors import DataError
 from ..layout import RunLayout
 from ..maps.stats import causal_uniform_scores, local_keys, map_statistics, stat_columns
 from ..maps.tokens import token_masks
-from ..models.kinds import kind_of
+from ..models.kinds import ENCODER, ModelKind, kind_of
 from ..store.contract import atomic_write_parquet, open_attention_store
 from .heads import HeadContext, run_head_analyses
 from .moved import MOVED_COLUMNS
@@ -67,18 +67,18 @@ def stats_block(root: str, block: int, start: int, stop: int) -> pd.DataFrame:
     maps = store.read_block(start, stop)
     L, H = store.n_layers, store.n_heads
 
-    causal = kind_of(store).is_decoder  # a decoder's maps: read as causal, with their token-chosen targets
+    kind = kind_of(store)  # a decoder's maps: read as causal, with their token-chosen targets
     frames = []
     for f in range(start, stop):
         n = int(store.seq_len[f])
         row = feats.loc[f]
         sep, punct, seg = token_masks(row["tokens"], row["segment_ids"])
-        st = map_statistics(maps[f - start, :, :, :n, :n], sep=sep, punct=punct, segment_ids=seg, causal=causal,
-                            tokens=list(row["tokens"]))
+        st = map_statistics(maps[f - start, :, :, :n, :n], sep=sep, punct=punct, segment_ids=seg,
+                            causal=kind.is_decoder, tokens=list(row["tokens"]))
         frames.append(pd.DataFrame({"feature_id": np.full(L * H, f, np.int64),
                                     "layer": np.repeat(np.arange(L, dtype=np.int16), H),
                                     "head": np.tile(np.arange(H, dtype=np.int16), L),
-                                    **{c: st[c].ravel() for c in stat_columns(causal)}}))
+                                    **{c: st[c].ravel() for c in kind.stat_columns()}}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -248,7 +248,7 @@ def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
 
 
 def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd.Series | None = None,
-                  causal: bool = False, exact_features: np.ndarray | None = None,
+                  kind: ModelKind = ENCODER, exact_features: np.ndarray | None = None,
                   chances: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per cluster: size, share, medoid map, mean statistics, top heads, type, description, lengths.
 
@@ -263,8 +263,8 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         Number of clusters.
     chance : pandas.Series, optional
         :func:`segment_chance` by ``feature_id``: the baseline that tells a block from broad attention.
-    causal
-        The maps are a causal model's (:func:`name_clusters`).
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind (:func:`name_clusters`).
     exact_features : numpy.ndarray, optional
         A compact store's exact sample (feature ids). Each cluster's medoid is then the map nearest its centroid
         among those of these features, whose map can be read exact (:func:`medoid_maps`); a cluster without any
@@ -315,7 +315,7 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         tops.append(", ".join(f"L{r.layer}H{r.head} {percent(getattr(r, col))}" for r in best.itertuples()
                               if getattr(r, col) > 0))
     table["top_heads"] = tops
-    types, descriptions = name_clusters(means, layer_spans(maps), causal=causal)
+    types, descriptions = name_clusters(means, layer_spans(maps), kind=kind)
     table["description"] = descriptions
     table["pattern_type"] = types
     table["vertical_mass"] = means[[c for c, _ in VERTICAL_TARGETS]].sum(axis=1, min_count=1).to_numpy(np.float32)
@@ -383,19 +383,20 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
     maps = maps.merge(features[["feature_id", "example_id", "span", "seq_len"]], on="feature_id", how="left",
                       validate="many_to_one")
 
-    causal = kind_of(features).is_decoder  # a decoder's maps: its own statistics, names and baselines
+    kind = kind_of(features)  # a decoder's maps: its own statistics, names and baselines
     moved = [c for c in MOVED_COLUMNS if c in maps.columns]  # what the heads move (analysis/moved.py), if measured
     cols = ["feature_id", "example_id", "span", "seq_len", "layer", "head", "cluster", "umap_x", "umap_y",
-            "centroid_dist", *(c for c in stat_columns(causal) if c in maps.columns), *moved]
+            "centroid_dist", *(c for c in kind.stat_columns() if c in maps.columns), *moved]
     maps = maps[cols].sort_values(KEYS, kind="stable").reset_index(drop=True)
     heads = head_table(maps, k)
     if moved:
         heads = heads.merge(maps.groupby(["layer", "head"], as_index=False)[moved].mean().astype(
             {c: np.float32 for c in moved}), on=["layer", "head"], how="left")
     store = open_attention_store(layout.attention) if layout.attention.exists() else None
-    clusters = cluster_table(maps, heads, k, chance=segment_chance(features), causal=causal,
+    chances = causal_chances(features) if kind.is_decoder and "tokens" in features.columns else None
+    clusters = cluster_table(maps, heads, k, chance=segment_chance(features), kind=kind,
                              exact_features=None if store is None or store.exact is None else store.exact_ids(),
-                             chances=causal_chances(features) if causal and "tokens" in features.columns else None)
+                             chances=chances)
     if moved:  # beside the weights' means, not among the statistics the names are read from
         clusters = clusters.join(maps.groupby("cluster")[moved].mean().astype(np.float32), on="cluster")
     stability = read_stability(layout, k, min_stability=min_stability)

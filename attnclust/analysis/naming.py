@@ -7,13 +7,14 @@ from a cluster's mean statistics.
 documented where it is defined; the method and its choices are on the methods page (``attnclust/report/methods.md``,
 "Clusters and their names").
 
-A causal (decoder) model's clusters (``causal=True``) are named in its own words (:data:`CAUSAL_TARGETS`): the
-first-token sink, the previous token, the token itself, induction-like (the token after an earlier occurrence of
-the query token), a duplicate token, punctuation, local (the tokens just before), broad; never the next token or
-[SEP]. Where the cluster's means carry the baseline of a statistic (``<statistic>_chance``: what the causal uniform
-map scores on it over the cluster's maps, :func:`attnclust.maps.stats.causal_uniform_scores`), the thresholds
-read the lift over it, ``(x - chance) / (1 - chance)``, instead of the share itself (a causal uniform row puts
-``H_n / n`` on the first token, 21% at 16 tokens); the descriptions still print the share of the mass.
+A decoder's clusters (``kind=DECODER``, :class:`attnclust.models.kinds.ModelKind`) are named in its own words
+(:data:`CAUSAL_TARGETS`): the first-token sink, the previous token, the token itself, induction-like (the token
+after an earlier occurrence of the query token), a duplicate token, punctuation, local (the tokens just before),
+broad; never the next token or [SEP]. Where the cluster's means carry the baseline of a statistic
+(``<statistic>_chance``: what the causal uniform map scores on it over the cluster's maps,
+:func:`attnclust.maps.stats.causal_uniform_scores`), the thresholds read the lift over it, ``(x - chance) / (1 -
+chance)``, instead of the share itself (a causal uniform row puts ``H_n / n`` on the first token, 21% at 16 tokens);
+the descriptions still print the share of the mass.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
+from ..models.kinds import ENCODER, ModelKind
 
 __all__ = ["BLOCK_MIN_ENTROPY", "BLOCK_MIN_LIFT", "BLOCK_MIN_OWN_SEGMENT", "BOTH_MIN", "BROAD_MIN_ENTROPY",
            "CAUSAL_TARGETS", "DIAGONAL_MIN", "DIAGONAL_TARGETS", "FOCUSED_MAX_ENTROPY", "LAYER_BULK",
@@ -111,11 +114,11 @@ def _finite(x) -> bool:
     return x is not None and bool(np.isfinite(x))
 
 
-def naming_targets(causal: bool = False) -> tuple[tuple, tuple, tuple]:
+def naming_targets(kind: ModelKind = ENCODER) -> tuple[tuple, tuple, tuple]:
     """``(vertical, diagonal, separating)`` targets of the names: :data:`VERTICAL_TARGETS`,
-    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a causal model's maps :data:`CAUSAL_TARGETS` (no next
+    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a decoder's maps :data:`CAUSAL_TARGETS` (no next
     token, no [SEP]; the first-token sink, induction-like and duplicate-token targets)."""
-    if not causal:
+    if not kind.is_decoder:
         return VERTICAL_TARGETS, DIAGONAL_TARGETS, SEPARATING
     return CAUSAL_TARGETS["vertical"], CAUSAL_TARGETS["diagonal"], CAUSAL_TARGETS["separating"]
 
@@ -134,7 +137,7 @@ def _with_targets(means):
     return means.assign(**dict.fromkeys(missing, 0.0))
 
 
-def over_chance(means: pd.Series, causal: bool = False) -> pd.Series:
+def over_chance(means: pd.Series, kind: ModelKind = ENCODER) -> pd.Series:
     """The values the names' thresholds read: for a causal model's cluster, each target statistic's lift over its
     baseline ``(x - chance) / (1 - chance)`` (clipped to 0..1) where ``means`` has ``<statistic>_chance``, a
     target's NaN (no map of the cluster had one, e.g. no repeated token) read as 0; an encoder's means as they
@@ -144,15 +147,15 @@ def over_chance(means: pd.Series, causal: bool = False) -> pd.Series:
     ----------
     means : pandas.Series
         A cluster's mean statistics, optionally with ``<statistic>_chance`` baselines.
-    causal
-        The maps are a causal model's.
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind: a decoder's maps are causal.
 
     Returns
     -------
     pandas.Series
         A copy for a causal model's cluster, ``means`` itself otherwise.
     """
-    if not causal:
+    if not kind.is_decoder:
         return means
     out = _with_targets(means)
     for c, _ in CAUSAL_TARGETS["separating"]:
@@ -212,7 +215,7 @@ def is_local(means: pd.Series) -> bool:
             and float(means["to_self"]) < local)
 
 
-def pattern_type(means: pd.Series, *, causal: bool = False) -> str:
+def pattern_type(means: pd.Series, *, kind: ModelKind = ENCODER) -> str:
     """Kovaleva et al.'s type of a cluster from its mean statistics (thresholds: the constants of this module).
 
     The first that holds: ``vertical + diagonal`` (vertical and diagonal mass both >= :data:`BOTH_MIN`, the
@@ -228,17 +231,17 @@ def pattern_type(means: pd.Series, *, causal: bool = False) -> str:
     means : pandas.Series
         The cluster's mean statistics (``to_cls`` ... ``to_next``, ``own_segment``, ``entropy_norm``, optionally
         ``segment_chance``).
-    causal
-        The maps are a causal model's (:func:`naming_targets`: the next token does not count; the thresholds read
-        :func:`over_chance`).
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind: a decoder's maps are causal (:func:`naming_targets`: the next token does not count; the
+        thresholds read :func:`over_chance`).
 
     Returns
     -------
     str
         One of :data:`PATTERN_TYPES`.
     """
-    vertical, diagonal, _ = naming_targets(causal)
-    judged = over_chance(means, causal)
+    vertical, diagonal, _ = naming_targets(kind)
+    judged = over_chance(means, kind)
     v = sum(float(judged[c]) for c, _ in vertical)
     d = sum(float(judged[c]) for c, _ in diagonal)
     top_v = max(float(judged[c]) for c, _ in vertical)
@@ -284,26 +287,27 @@ Base = tuple[str, str, set[str], float]
 """One non-empty cluster's (type, description, statistics named in it, strength)."""
 
 
-def _describe_local(means: pd.Series, vertical: tuple, causal: bool) -> Base:
+def _describe_local(means: pd.Series, vertical: tuple, kind: ModelKind) -> Base:
     """A band of nearby tokens (:func:`is_local`), with the strongest vertical target when it is named."""
     local = float(means["to_local"])
-    where = "the 2 tokens before" if causal else "±2 tokens"  # a causal query sees no later token
+    where = "the 2 tokens before" if kind.is_decoder else "±2 tokens"  # a causal query sees no later token
     text = f"local: within {where} ({percent(local)} of mass)"
-    extra = [t for t in _named(over_chance(means, causal), vertical) if t[2] >= NAMED_MIN][:1]
+    extra = [t for t in _named(over_chance(means, kind), vertical) if t[2] >= NAMED_MIN][:1]
     if extra:
         text += f" and {extra[0][1]} ({percent(float(means[extra[0][0]]))})"
     return "diagonal", text, {"to_local", "to_prev", "to_next"} | {c for c, _, _ in extra}, local
 
 
-def _describe_targets(means: pd.Series, kind: str, vertical: tuple, diagonal: tuple, causal: bool = False) -> Base:
+def _describe_targets(means: pd.Series, pattern: str, vertical: tuple, diagonal: tuple,
+                      kind: ModelKind = ENCODER) -> Base:
     """A vertical, diagonal or vertical + diagonal cluster: its named targets (both kinds' strongest first)."""
-    judged = over_chance(means, causal)
-    items = ((_named(judged, vertical) if kind != "diagonal" else [])
-             + (_named(judged, diagonal) if kind != "vertical" else []))
-    if kind == "vertical + diagonal":  # both kinds named, the strongest first
+    judged = over_chance(means, kind)
+    items = ((_named(judged, vertical) if pattern != "diagonal" else [])
+             + (_named(judged, diagonal) if pattern != "vertical" else []))
+    if pattern == "vertical + diagonal":  # both kinds named, the strongest first
         items = sorted(items, key=lambda t: -t[2])
-    shares = means.fillna(0.0) if causal else None
-    return kind, _listing(items, shares=shares), {c for c, _, _ in items}, sum(t[2] for t in items)
+    shares = means.fillna(0.0) if kind.is_decoder else None
+    return pattern, _listing(items, shares=shares), {c for c, _, _ in items}, sum(t[2] for t in items)
 
 
 def _describe_block(means: pd.Series) -> Base:
@@ -314,35 +318,35 @@ def _describe_block(means: pd.Series) -> Base:
             float(means["own_segment"]))
 
 
-def _describe_heterogeneous(means: pd.Series, targets: tuple, causal: bool = False) -> Base:
+def _describe_heterogeneous(means: pd.Series, targets: tuple, kind: ModelKind = ENCODER) -> Base:
     """A heterogeneous cluster: broad (entropy >= :data:`BROAD_MIN_ENTROPY`), else partly its targets holding at
     least :data:`MINOR_MIN`, else mixed with its spread and mean distance."""
     ent = float(means["entropy_norm"])
     if ent >= BROAD_MIN_ENTROPY:
         return "heterogeneous", f"broad (entropy {ent:.2f} of maximum)", set(), ent
-    minor = [t for t in _named(over_chance(means, causal), targets) if t[2] >= MINOR_MIN][:2]
+    minor = [t for t in _named(over_chance(means, kind), targets) if t[2] >= MINOR_MIN][:2]
     if minor:
-        return ("heterogeneous", _listing(minor, "mixed: partly ", means.fillna(0.0) if causal else None),
+        return ("heterogeneous", _listing(minor, "mixed: partly ", means.fillna(0.0) if kind.is_decoder else None),
                 {c for c, _, _ in minor}, 1.0 - ent)
     return ("heterogeneous", f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} "
             f"tokens)", set(), 1.0 - ent)
 
 
-def _base(means: pd.Series, causal: bool = False) -> Base:
+def _base(means: pd.Series, kind: ModelKind = ENCODER) -> Base:
     """(type, description, statistics named in it, strength) of one non-empty cluster."""
-    vertical, diagonal, _ = naming_targets(causal)
-    means = _with_targets(means) if causal else means
-    kind = pattern_type(means, causal=causal)
-    if kind == "diagonal" and is_local(means):
-        return _describe_local(means, vertical, causal)
-    if kind in ("vertical", "diagonal", "vertical + diagonal"):
-        return _describe_targets(means, kind, vertical, diagonal, causal)
-    if kind == "block":
+    vertical, diagonal, _ = naming_targets(kind)
+    means = _with_targets(means) if kind.is_decoder else means
+    pattern = pattern_type(means, kind=kind)
+    if pattern == "diagonal" and is_local(means):
+        return _describe_local(means, vertical, kind)
+    if pattern in ("vertical", "diagonal", "vertical + diagonal"):
+        return _describe_targets(means, pattern, vertical, diagonal, kind)
+    if pattern == "block":
         return _describe_block(means)
-    return _describe_heterogeneous(means, vertical + diagonal, causal)
+    return _describe_heterogeneous(means, vertical + diagonal, kind)
 
 
-def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
+def describe_cluster(means: pd.Series, *, kind: ModelKind = ENCODER) -> str:
     """What a cluster attends to, in Clark et al.'s terms, with the share of the mass that justifies it.
 
     Targets are named ``[CLS]``, ``[SEP]``, ``punctuation``, ``previous token``, ``itself``, ``next token``; a
@@ -354,8 +358,8 @@ def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
     ----------
     means : pandas.Series
         The cluster's mean statistics (see :func:`pattern_type`).
-    causal
-        The maps are a causal model's: named in its words (:data:`CAUSAL_TARGETS`: ``first-token sink``,
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind: a decoder's clusters are named in its words (:data:`CAUSAL_TARGETS`: ``first-token sink``,
         ``induction-like``, ``duplicate token`` ...; never the next token), thresholds on :func:`over_chance`.
 
     Returns
@@ -364,7 +368,7 @@ def describe_cluster(means: pd.Series, *, causal: bool = False) -> str:
         For example ``[SEP] (81% of mass)``, ``previous token (64% of mass)``, ``[CLS] (41% of mass) and next
         token (17%)``, ``own segment, a block (97% of mass; 68% by chance)``, ``broad (entropy 0.92 of maximum)``.
     """
-    return _base(means, causal)[1]
+    return _base(means, kind)[1]
 
 
 # -- a run's descriptions, made distinct ---------------------------------------------------------------------------
@@ -466,8 +470,8 @@ def _alike(parts: dict[int, list[str]]) -> list[list[int]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None = None, *, causal: bool = False
-                  ) -> tuple[list[str], list[str]]:
+def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None = None, *,
+                  kind: ModelKind = ENCODER) -> tuple[list[str], list[str]]:
     """Type and description of every cluster, no two descriptions alike.
 
     Clusters whose descriptions read alike (equal once shares, decimals and a leading "mixed: partly" are left
@@ -484,8 +488,8 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
         for an empty cluster.
     layers : dict of int to (int, int), optional
         Cluster id -> (lowest, highest) layer of the bulk of its maps (:func:`layer_spans`).
-    causal
-        The maps are a causal model's (:func:`describe_cluster`).
+    kind : attnclust.models.kinds.ModelKind, optional
+        The model's kind (:func:`describe_cluster`).
 
     Returns
     -------
@@ -494,16 +498,17 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
     """
     ids = [int(c) for c in means.index]
     empty = {c for c in ids if not np.isfinite(means.loc[c, "entropy_norm"])}
-    vertical, diagonal, separating = naming_targets(causal)
-    if causal:  # a cluster none of whose maps has a repeated token: no induction or duplicate mass
+    vertical, diagonal, separating = naming_targets(kind)
+    if kind.is_decoder:  # a cluster none of whose maps has a repeated token: no induction or duplicate mass
         means = _with_targets(means)
         full = [c for c in ids if c not in empty]
         for col in ("to_induction", "to_duplicate"):
             if col in means.columns:
                 means.loc[full, col] = means.loc[full, col].fillna(0.0)
-    base = {c: _base(means.loc[c], causal) for c in ids if c not in empty}
+    base = {c: _base(means.loc[c], kind) for c in ids if c not in empty}
     parts = {c: [base[c][1]] for c in base}
-    judged = pd.DataFrame([over_chance(means.loc[c], causal) for c in ids], index=means.index) if causal else None
+    judged = (pd.DataFrame([over_chance(means.loc[c], kind) for c in ids], index=means.index) if kind.is_decoder
+              else None)
     run = _Run(means=means, named={c: b[2] for c, b in base.items()}, layers=layers or {},
                targets=vertical + diagonal, separating=separating, judged=judged)
     for qualifier in QUALIFIERS:

@@ -14,6 +14,7 @@ from attnclust.analysis.atlas import causal_chances, cluster_table, head_table, 
 from attnclust.analysis.naming import describe_cluster, name_clusters, over_chance, pattern_type
 from attnclust.maps.stats import map_statistics, stat_columns
 from attnclust.maps.tokens import token_masks
+from attnclust.models.kinds import DECODER
 from attnclust.synthetic import DECODER_HEAD_TYPES, planted_decoder_map, planted_decoder_tokens
 
 from helpers import causal_uniform
@@ -48,7 +49,7 @@ def planted_causal_run(kinds, *, lengths=(24, 160), per_cluster=5, seed=0, unifo
 
 
 def causal_clusters(maps, features, k):
-    return cluster_table(maps, head_table(maps, k), k, causal=True, chance=segment_chance(features),
+    return cluster_table(maps, head_table(maps, k), k, kind=DECODER, chance=segment_chance(features),
                          chances=causal_chances(features))
 
 
@@ -82,10 +83,10 @@ def test_a_short_causal_uniform_cluster_reads_broad_under_its_baseline_not_first
     assert clusters.loc[0, "description"].startswith("broad ("), clusters.loc[0, "description"]
     means = maps[list(stat_columns(causal=True))].mean()
     assert means["to_cls"] > 0.15 and means["to_self"] > 0.15  # what the raw shares hold
-    raw = describe_cluster(means, causal=True)  # no baselines given: the raw shares decide
+    raw = describe_cluster(means, kind=DECODER)  # no baselines given: the raw shares decide
     assert not raw.startswith("broad"), raw
     judged = over_chance(clusters.iloc[0].rename(None).pipe(lambda r: pd.concat(
-        [r, pd.Series({f"{c}_chance": v for c, v in causal_chances(features).mean().items()})])), causal=True)
+        [r, pd.Series({f"{c}_chance": v for c, v in causal_chances(features).mean().items()})])), kind=DECODER)
     assert judged["to_cls"] < 0.05 and judged["to_self"] < 0.05
 
 
@@ -93,12 +94,12 @@ def test_the_lift_uses_the_clusters_own_baseline():
     means = pd.Series({"to_cls": 0.4, "to_cls_chance": 0.25, "to_punct": 0.1, "to_punct_chance": 0.2,
                        "to_prev": 0.3, "to_self": np.nan, "to_induction": np.nan, "to_duplicate": 0.5,
                        "to_local": 0.3, "own_segment": 1.0, "entropy_norm": 0.5, "confidence": 0.4})
-    judged = over_chance(means, causal=True)
+    judged = over_chance(means, kind=DECODER)
     assert judged["to_cls"] == pytest.approx((0.4 - 0.25) / 0.75)
     assert judged["to_punct"] == 0.0  # below its baseline
     assert judged["to_prev"] == 0.3 and judged["to_induction"] == 0.0 and judged["to_self"] == 0.0
     assert over_chance(means) is means  # an encoder's means are read as they are
-    assert pattern_type(means, causal=True) in ("vertical + diagonal", "diagonal")
+    assert pattern_type(means, kind=DECODER) in ("vertical + diagonal", "diagonal")
 
 
 def test_the_encoder_names_of_the_same_clusters_are_unchanged_by_the_causal_ones():
@@ -107,5 +108,5 @@ def test_the_encoder_names_of_the_same_clusters_are_unchanged_by_the_causal_ones
     assert encoder.loc[0, "description"].startswith("[CLS] (")
     types, names = name_clusters(encoder.set_index("cluster")[[c for c in encoder.columns if c.startswith("to_")
                                                                 or c in ("entropy_norm", "own_segment", "confidence",
-                                                                         "mean_offset")]], causal=True)
+                                                                         "mean_offset")]], kind=DECODER)
     assert names[0].startswith("first-token sink (") and names[1].startswith("previous token (")

@@ -12,6 +12,7 @@ import pytest
 
 from attnclust.featurize import TokenContext
 from attnclust.maps.profile import CAUSAL_PROFILE_COMPONENTS, OFFSETS, PROFILE_COMPONENTS, profile_maps
+from attnclust.models.kinds import DECODER
 
 from helpers import causal_uniform as _causal_uniform
 
@@ -149,13 +150,13 @@ def test_a_causal_cluster_is_never_named_for_the_next_token():
     prev = pd.Series({**base, "to_prev": 0.8, "to_local": 0.85})
     sink = pd.Series({**base, "to_cls": 0.7})
     ahead = pd.Series({**base, "to_next": 0.6, "to_local": 0.6})  # mass a causal map cannot hold (e.g. noise)
-    assert describe_cluster(prev, causal=True).startswith("previous token (")
-    assert describe_cluster(sink, causal=True).startswith("first-token sink (")
+    assert describe_cluster(prev, kind=DECODER).startswith("previous token (")
+    assert describe_cluster(sink, kind=DECODER).startswith("first-token sink (")
     assert describe_cluster(sink).startswith("[CLS] (")  # an encoder's first token
     assert "next token" in describe_cluster(ahead)
-    assert pattern_type(ahead, causal=True) != "diagonal" and "next" not in describe_cluster(ahead, causal=True)
+    assert pattern_type(ahead, kind=DECODER) != "diagonal" and "next" not in describe_cluster(ahead, kind=DECODER)
     mixed = pd.Series({**base, "to_next": 0.3, "to_prev": 0.31})
     means = pd.DataFrame([prev, sink, ahead, mixed]).reset_index(drop=True)
-    types, names = name_clusters(means, causal=True)
+    types, names = name_clusters(means, kind=DECODER)
     assert not any("next" in name for name in names)
     assert names[0].startswith("previous token") and names[1].startswith("first-token sink")
