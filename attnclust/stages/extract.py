@@ -49,7 +49,8 @@ from ..maps import CompactCode
 from ..maps.profile import PROFILE_COMPONENTS
 from ..maps.stats import statistics_versions
 from ..models.kinds import kind_of
-from ..models.runner import describe_model, get_model, get_tokenizer
+from ..models.resolved import ResolvedModel, resolve_model
+from ..models.runner import get_model, get_tokenizer
 from ..runtime import trim_heap
 from ..store.contract import (
     atomic_write_parquet,
@@ -89,7 +90,8 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         ``data_path``, ``data_sha256``, ``examples`` (one row per question), ``features`` (planned: one row per
         feature in store order), ``dropped_features`` (example id -> features dropped by
         ``data.max_features_per_example``), ``normalised`` (what the features change of the tokenizer's output:
-        :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.describe_model`).
+        :func:`attnclust.data.tokenize_examples`) and ``model_info`` (:func:`attnclust.models.resolved.resolve_model`,
+        as :meth:`~attnclust.models.resolved.ResolvedModel.to_dict` records it).
         The features are the model kind's (:meth:`attnclust.models.kinds.ModelKind.build_features`: a decoder's
         prompts are answered by the model here, in the driver). With ``data.format: text`` the examples are the
         texts (:func:`attnclust.data.text.read_texts`: no question, ``is_impossible`` null) and the features
@@ -105,9 +107,9 @@ def prepare_inputs(cfg: JobConfig) -> dict:
         examples = read_squad(path, max_examples=cfg.data.max_examples, split=cfg.data.split, bound=bound)
     if cfg.probe.enabled and not text:  # natural text has no labels to probe: the probe analysis says so
         check_label_fields(examples, cfg.probe.labels, f"data file {path}")
-    model_info = describe_model(cfg.model)
-    tokenizer = get_tokenizer(cfg.model, identity=model_info["identity"])  # the model is resolved once, here
-    features = kind_of(model_info).build_features(examples, tokenizer, cfg)
+    model = resolve_model(cfg.model)  # once, here: the stages read it from model_info, the workers get its identity
+    tokenizer = get_tokenizer(cfg.model, identity=model.identity)
+    features = model.kind.build_features(examples, tokenizer, cfg)
     if features.empty:
         raise DataError(f"data file {path}: zero usable examples after tokenisation; check the file")
     table = pd.DataFrame({
@@ -120,12 +122,12 @@ def prepare_inputs(cfg: JobConfig) -> dict:
            if name not in ("id", "answer_texts", "answer_starts")}})
     return {"data_path": str(path), "data_sha256": data_fingerprint(path, cfg.data.split), "examples": table,
             "features": plan_features(features), "dropped_features": dict(features.attrs["dropped_features"]),
-            "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model_info,
+            "windowed_contexts": dict(features.attrs.get("windowed_contexts", {})), "model_info": model.to_dict(),
             "normalised": list(features.attrs.get("normalised", ())),
             "control_strings": examples_with_control_strings(examples, tokenizer),
             # the registered extraction analyses this model allows (the workers run the same ones)
             "extraction_analyses": [a.name for a in
-                                    applicable(get_model(cfg.model, identity=model_info["identity"]).model)]}
+                                    applicable(get_model(cfg.model, identity=model.identity).model)]}
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -204,21 +206,20 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
     atomic_write_parquet(features, layout.features, row_group_size=FEATURE_ROW_GROUP)
     seq_len = features["seq_len"].to_numpy(np.int32)
     plan = plan or store_plan(cfg, seq_len, model_info)
-    per_task = shard_features(cfg, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
-                              width=int(seq_len.max()), mode=plan.mode)
+    model = ResolvedModel.from_dict(model_info)
+    layers, heads = model.layout.layers, model.layout.heads
+    per_task = shard_features(cfg, num_layers=layers, num_heads=heads, width=int(seq_len.max()), mode=plan.mode)
     store = create_attention_store(
-        layout.attention, seq_len=seq_len, num_layers=model_info["num_layers"], num_heads=model_info["num_heads"],
+        layout.attention, seq_len=seq_len, num_layers=layers, num_heads=heads,
         features_per_task=per_task, dtype=cfg.extract.store_dtype, mode=plan.mode,
         compact_mass=cfg.extract.compact_mass, compact_max_keys=plan.max_keys,
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         # a read compact row gets the mass it dropped back, over the keys it sees (a decoder's: up to its query)
-        compact_spread="prefix" if kind_of(model_info).is_decoder else "keys",
-        value_norms=bool(model_info.get("value_norms")),  # what heads move: each key's norm beside the maps
-        attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, "num_layers":
-               model_info["num_layers"], "num_heads": model_info["num_heads"],
-               "profile": {"featurizer": "profile", "version": PROFILE_VERSION}, **kind_of(model_info).store_attrs,
-               # grouped key/value heads (the report's grid by key/value group)
-               **({"num_key_value_heads": model_info["kv_heads"]} if "kv_heads" in model_info else {})},
+        compact_spread="prefix" if model.kind.is_decoder else "keys",
+        value_norms=model.value_norms,  # what heads move: each key's norm beside the maps
+        # the model's heads and kind (grouped key/value heads: the report's grid by key/value group)
+        attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, **model.store_attrs,
+               "profile": {"featurizer": "profile", "version": PROFILE_VERSION}},
     )
     return store.blocks(), set()
 

@@ -43,6 +43,7 @@ from ..data.text import reads_text
 from ..errors import ModelError
 from ..layout import RunLayout
 from ..models.kinds import kind_of
+from ..models.resolved import ResolvedModel
 from ..models.runner import get_model, get_tokenizer
 from ..qa.answers import predict_answers, predict_logits, score_answers
 from ..store.contract import atomic_write_parquet, read_features
@@ -254,8 +255,8 @@ class ImportanceStage(Stage):
         examples = pd.read_parquet(ctx.layout.examples, columns=["id"])
         self.feature_ids_ = evaluation_features(features, examples, ctx.cfg.importance.max_features)
         self.device_ = bk.torch_device(ctx.backend)
-        self.decoder_ = kind_of(ctx.inputs["model_info"]).is_decoder
-        self.identity_ = ctx.inputs["model_info"].get("identity")  # the driver's: the workers' model cache key
+        model = ResolvedModel.from_dict(ctx.inputs["model_info"])  # resolved on the driver by the extract stage
+        self.decoder_, self.identity_ = model.kind.is_decoder, model.identity  # the identity keys the workers' cache
         self.block_ = DECODER_BLOCK_FEATURES if self.decoder_ else BLOCK_FEATURES
         chunks = [self.feature_ids_[i:i + self.block_] for i in range(0, len(self.feature_ids_), self.block_)]
         if not self.decoder_:

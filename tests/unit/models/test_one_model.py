@@ -100,3 +100,28 @@ def test_the_driver_resolves_the_model_and_the_blocks_reuse_its_identity(tmp_pat
             progress=False)
     assert calls and not any(calls), f"blocks computed the model's identity: {[c for c in calls if c]}"
     assert len(calls) <= 3  # on the driver: the pre-flight check, and the model's kind (extract, importance)
+
+
+def test_the_resolved_model_records_model_info_as_it_was(tiny_bert_dir):
+    from attnclust.config import ModelConfig
+    from attnclust.models import describe_model
+    from attnclust.models.resolved import ResolvedModel, resolve_model
+
+    cfg = ModelConfig(name=str(tiny_bert_dir))
+    model = resolve_model(cfg)
+    assert model.kind is ENCODER and (model.layout.layers, model.layout.heads, model.layout.kv_heads) == (2, 4, 4)
+    assert model.to_dict() == describe_model(cfg)  # job.json's model_info, key for key
+    assert ResolvedModel.from_dict(model.to_dict()) == model
+    assert model.store_attrs == {"num_layers": 2, "num_heads": 4}
+
+
+def test_a_decoders_resolved_model_carries_its_kind_and_grouped_heads():
+    from attnclust.models.resolved import ResolvedModel
+
+    info = {"source": "/m", "identity": "sha256:1", "num_layers": 3, "num_heads": 8, "head_trained": False,
+            "kind": "causal", "value_norms": True, "kv_heads": 2}
+    model = ResolvedModel.from_dict(info)
+    assert model.kind is DECODER and model.layout.group_size == 4 and model.to_dict() == info
+    assert model.store_attrs == {"num_layers": 3, "num_heads": 8, "model_kind": "causal", "num_key_value_heads": 2}
+    older = ResolvedModel.from_dict({k: v for k, v in info.items() if k not in ("kind", "value_norms", "kv_heads")})
+    assert older.kind is ENCODER and not older.value_norms and older.layout.kv_heads == 8

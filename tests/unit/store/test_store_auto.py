@@ -401,7 +401,8 @@ def test_features_table_is_in_small_row_groups_so_a_task_reads_only_its_range(tm
                              "tokens": [["t"] * 3 for _ in range(n)]})
     layout = RunLayout(tmp_path / "run")
     cfg = JobConfig.from_dict({"name": "t", "extract": {"store": "full", "features_per_task": 10}})
-    prepare_store(layout, features, cfg=cfg, model_info={"num_layers": 2, "num_heads": 2}, done=set())
+    prepare_store(layout, features, cfg=cfg, model_info={"num_layers": 2, "num_heads": 2, "source": "m",
+                                                            "identity": "m", "head_trained": False}, done=set())
     meta = pq.ParquetFile(layout.features).metadata
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     assert sizes == [FEATURE_ROW_GROUP] * 3 + [5]
