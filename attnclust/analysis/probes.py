@@ -35,6 +35,7 @@ The fits, the folds and the permutation null are in :mod:`attnclust.analysis.pro
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Literal, get_args
@@ -220,7 +221,8 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null,
             accuracy[f] = float((pred_tr[0] == label_sets_t[0, tr]).double().mean())
         return hits, accuracy
 
-    for h, (hits, accuracy) in enumerate(map_threads(one, range(n_layers * n_heads))):
+    pool = len(os.sched_getaffinity(0))  # probe_heads runs torch on one thread: one head a core
+    for h, (hits, accuracy) in enumerate(map_threads(one, range(n_layers * n_heads), threads=pool)):
         correct[h], train_acc[:, h] = hits, accuracy
         if on_head is not None:
             on_head(h + 1, n_layers * n_heads)

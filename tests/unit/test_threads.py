@@ -45,7 +45,7 @@ def test_results_come_in_order_from_several_threads_and_torch_is_set_back():
                             threads=1)) == [(True, 0), (True, 1), (True, 2)]
 
 
-def test_the_probes_in_threads_equal_one_thread(one_thread):
+def test_the_probes_in_threads_equal_one_thread(monkeypatch):
     rng = np.random.default_rng(0)
     n, layers, heads, dim = 60, 2, 3, 5
     x = rng.normal(size=(n, layers, heads, dim))
@@ -54,9 +54,16 @@ def test_the_probes_in_threads_equal_one_thread(one_thread):
     x[:, 1, 2, 0] += 3 * labels["answerable"].to_numpy()  # a planted head reads the label
     args = dict(heads=x, last=None, labels=labels, example_ids=labels["example_id"].to_numpy(),
                 tasks=["answerable", "qword"], pooling="cls", permutations=5, top_k=2)
-    torch.set_num_threads(2)
+    from attnclust.analysis import probes
+
+    threads = []
+    map_threads = probes.map_threads
+    monkeypatch.setattr(probes, "map_threads", lambda *a, **k: threads.append(k["threads"]) or map_threads(*a, **k))
+    monkeypatch.setattr(probes.os, "sched_getaffinity", lambda pid: {0, 1})
     threaded, summary = probe_table(**args)
-    alone, summary_alone = one_thread(lambda: probe_table(**args))
+    monkeypatch.setattr(probes.os, "sched_getaffinity", lambda pid: {0})  # one core: one head at a time
+    alone, summary_alone = probe_table(**args)
+    assert threads == [2, 2, 1, 1]  # two tasks, each in a pool of two threads, then each alone
     pd.testing.assert_frame_equal(threaded, alone, check_exact=True)
     assert summary == summary_alone
     best = threaded[threaded["task"] == "answerable"].sort_values("accuracy").iloc[-1]
