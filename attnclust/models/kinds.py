@@ -131,6 +131,10 @@ class ModelKind:
         feature in ``qa.parquet`` (:meth:`token_outputs`).
     stores_head_outputs : bool
         The forward can capture each head's pooled output (``extract.head_outputs``: ``head_outputs.zarr``).
+    compact_spread : str
+        The keys over which a compact store's read row gets back the mass it dropped
+        (:class:`~attnclust.maps.CompactCode`): an encoder's ``keys`` (all of them), a decoder's ``prefix`` (the
+        keys up to its query, all a causal row sees).
     summary_pooling, summary_name : str
         The head outputs the probes read by default (``probe.pooling: auto``) and what that position is called:
         an encoder's ``cls`` ([CLS]), a decoder's ``last_prompt`` (the last prompt token, whose state predicts the
@@ -146,6 +150,7 @@ class ModelKind:
     first_name: ClassVar[str]
     outputs: ClassVar[tuple[str, ...]]
     stores_head_outputs: ClassVar[bool]
+    compact_spread: ClassVar[str]
     summary_pooling: ClassVar[str]
     summary_name: ClassVar[str]
 
@@ -292,6 +297,7 @@ class EncoderKind(ModelKind):
     first_name = "[CLS]"
     outputs = ("start_logits", "end_logits")
     stores_head_outputs = True
+    compact_spread = "keys"
     summary_pooling = "cls"
     summary_name = "[CLS]"
 
@@ -324,6 +330,7 @@ class DecoderKind(ModelKind):
     first_name = "first-token sink"
     outputs = ("token_logprobs", "token_top1")
     stores_head_outputs = True
+    compact_spread = "prefix"
     summary_pooling = "last_prompt"
     summary_name = "the last prompt token"
 

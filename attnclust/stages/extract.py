@@ -47,7 +47,6 @@ from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
 from ..maps import CompactCode
 from ..maps.profile import PROFILE_COMPONENTS
-from ..maps.stats import statistics_versions
 from ..models.kinds import kind_of
 from ..models.resolved import ResolvedModel, resolve_model
 from ..models.runner import get_model, get_tokenizer
@@ -215,7 +214,7 @@ def prepare_store(layout: RunLayout, features: pd.DataFrame, *, cfg: JobConfig, 
         compact_mass=cfg.extract.compact_mass, compact_max_keys=plan.max_keys,
         profile_dim=len(PROFILE_COMPONENTS), exact_features=plan.sample,
         # a read compact row gets the mass it dropped back, over the keys it sees (a decoder's: up to its query)
-        compact_spread="prefix" if model.kind.is_decoder else "keys",
+        compact_spread=model.kind.compact_spread,
         value_norms=model.value_norms,  # what heads move: each key's norm beside the maps
         # the model's heads and kind (grouped key/value heads: the report's grid by key/value group)
         attrs={"model": cfg.model.name, "max_seq_len": cfg.extract.max_seq_len, **model.store_attrs,
@@ -336,7 +335,7 @@ class ExtractStage(Stage):
             if needles != type(ctx.cfg.extract).model_fields["needle_lengths"].default:
                 capped["extract.needle_lengths"] = needles
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
-                "backend": ctx.backend, "statistics": statistics_versions(kind.is_decoder),
+                "backend": ctx.backend, "statistics": kind.statistics_versions(),
                 "extraction_analyses": extraction_versions(inputs["extraction_analyses"]), **capped}
 
     def check(self, ctx: RunContext) -> None:

@@ -63,6 +63,7 @@ def test_the_kind_says_which_statistics_apply():
         assert kind.shown_statistics() == shown_statistics(kind.is_decoder)
         assert kind.statistics_versions() == statistics_versions(kind.is_decoder)
     assert "to_next" in ENCODER.shown_statistics() and "to_next" not in DECODER.shown_statistics()
+    assert (ENCODER.compact_spread, DECODER.compact_spread) == ("keys", "prefix")  # a causal row sees its prefix
 
 
 def test_the_kind_gives_its_uniform_baseline():
