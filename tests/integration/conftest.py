@@ -122,8 +122,9 @@ def slow_extract_env(folder: Path, seconds: float) -> dict[str, str]:
     """Environment for an attnclust process whose embedded Dask workers sleep ``seconds`` in every extract block.
 
     The delay is a Dask worker preload script written here (Dask's own plugin mechanism, named by the
-    ``distributed.worker.preload`` setting): it wraps ``attnclust.models.get_model``, which every extract block
-    calls once, in the worker processes only. attnclust itself reads no test switch.
+    ``distributed.worker.preload`` setting): it wraps the ``get_model`` that every extract block calls once
+    (``attnclust.stages.extract_task.get_model``), in the worker processes only. attnclust itself reads no test
+    switch.
     """
     script = folder / "slow_extract_preload.py"
     script.write_text(textwrap.dedent(f"""
@@ -131,22 +132,22 @@ def slow_extract_env(folder: Path, seconds: float) -> dict[str, str]:
 
 
         def dask_setup(worker):
-            import attnclust.models as models
+            from attnclust.stages import extract_task
 
-            original = models.get_model
+            original = extract_task.get_model
 
             def slow_get_model(*args, **kwargs):
                 time.sleep({float(seconds)!r})
                 return original(*args, **kwargs)
 
-            models.get_model = slow_get_model
+            extract_task.get_model = slow_get_model
         """))
     return {"DASK_DISTRIBUTED__WORKER__PRELOAD": json.dumps([str(script)])}
 
 
 def set_task_delay(client, seconds: float | None) -> None:
-    """Make every extract block on the cluster's workers (current and later ones) sleep ``seconds`` first, through
-    a worker plugin this function builds (``None``: remove it). The plugin class is defined here, inside the
+    """Make every extract block on the cluster's workers (current and later ones) sleep ``seconds`` first (its
+    ``attnclust.stages.extract_task.get_model`` wrapped), through a worker plugin this function builds (``None``: remove it). The plugin class is defined here, inside the
     function, so that cloudpickle ships it by value to workers that cannot import the test modules."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -159,20 +160,20 @@ def set_task_delay(client, seconds: float | None) -> None:
         def setup(self, worker):
             import time
 
-            from attnclust.models import runner as models
+            from attnclust.stages import extract_task
 
-            self.original = models.get_model
+            self.original = extract_task.get_model
 
             def slow_get_model(*args, **kwargs):
                 time.sleep(seconds)
                 return self.original(*args, **kwargs)
 
-            models.get_model = slow_get_model
+            extract_task.get_model = slow_get_model
 
         def teardown(self, worker):
-            from attnclust.models import runner as models
+            from attnclust.stages import extract_task
 
-            models.get_model = self.original
+            extract_task.get_model = self.original
 
     client.register_plugin(SlowExtract(), name=name)
 
