@@ -212,8 +212,6 @@ def _remember(entry: Path, listed: dict[str, dict]) -> None:
             _DIGESTS[key] = item["sha256"]
 
 
-
-
 def store_folder(entry: Path, header: dict, write: Callable[[Path], Any], *, discard: Callable[[Path, str], Any]) \
         -> Path | None:
     """Write the cache folder ``entry``: ``write(folder)`` fills a temporary folder beside it, which is renamed into
