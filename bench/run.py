@@ -182,7 +182,7 @@ def _gpu_arm(groups: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true",
-                    help="small sizes, about 25 minutes on 2 cores (12 of them the small group)")
+                    help="small sizes, about 20 minutes on 2 cores (9 of them the small group)")
     ap.add_argument("--gpu", action="store_true",
                     help="the GPU arm (backend: gpu); where no GPU is usable, lists the figures it skips and exits 0")
     ap.add_argument("--only", default=",".join(FIGURES),
