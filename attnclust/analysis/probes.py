@@ -47,7 +47,7 @@ from pydantic import field_validator
 from .._settings import _choice, _cross, _int, _Model, _setting
 from ..data.text import reads_text
 from ..errors import DataError
-from ..models.kinds import kind_of
+from ..models.kinds import ModelKind, kind_of
 from ..store.contract import atomic_write_json, atomic_write_parquet
 from ..threads import map_threads
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
@@ -328,15 +328,13 @@ PROBE_ENCODER_LAST_PROMPT = ("probe: skipped (probe.pooling is last_prompt, a de
 """The line printed for ``probe.pooling: last_prompt`` on an encoder's run."""
 
 
-def pooled_array(pooling: str, decoder: bool) -> str | None:
+def pooled_array(pooling: str, kind: ModelKind) -> str | None:
     """The ``head_outputs.zarr`` array that ``probe.pooling`` reads for a kind of model: ``cls`` is the position that
-    sums the input up, an encoder's [CLS] and a decoder's last prompt token (``last_prompt``); ``context_mean``
-    either kind's own; ``None`` for ``last_prompt`` on an encoder."""
+    sums the input up (the kind's ``summary_pooling``: an encoder's [CLS], a decoder's last prompt token,
+    ``last_prompt``); ``context_mean`` either kind's own; ``None`` for ``last_prompt`` on an encoder."""
     if pooling == "context_mean":
         return pooling
-    if decoder:
-        return "last_prompt"
-    return "cls" if pooling == "cls" else None
+    return kind.summary_pooling if pooling in ("cls", kind.summary_pooling) else None
 
 
 class ProbeConfig(_Model):
@@ -417,7 +415,7 @@ def run_probes(ctx: AnalysisContext) -> pd.DataFrame | None:
         ctx.note("probe: skipped (natural text, data.format: text: no questions, so no labels to probe)")
         return None
     kind = kind_of(features)  # a causal model's prompts (attnclust.models.prompting): its last prompt token
-    pooling = pooled_array(cfg.probe.pooling, kind.is_decoder)
+    pooling = pooled_array(cfg.probe.pooling, kind)
     if pooling is None:
         ctx.note(PROBE_ENCODER_LAST_PROMPT)
         return None

@@ -120,12 +120,14 @@ def test_last_prompt_pooling_on_an_encoder_is_refused_in_one_line(tmp_path):
     from attnclust.analysis.plugins import AnalysisContext
     from attnclust.analysis.probes import PROBE_ENCODER_LAST_PROMPT, pooled_array, run_probes
     from attnclust.config import load_job
+    from attnclust.models.kinds import DECODER, ENCODER
 
     notes: list[str] = []
     encoder = pd.DataFrame({"feature_id": [0], "tokens": [["[CLS]"]]})
     ctx = AnalysisContext(layout=RunLayout(tmp_path), cfg=load_job(None, ["probe.pooling=last_prompt"]),
                           features=encoder, note=notes.append)
     assert run_probes(ctx) is None and notes == [PROBE_ENCODER_LAST_PROMPT]
-    assert [pooled_array(p, True) for p in ("cls", "last_prompt", "context_mean")] == [
+    assert [pooled_array(p, DECODER) for p in ("cls", "last_prompt", "context_mean")] == [
         "last_prompt", "last_prompt", "context_mean"]
-    assert [pooled_array(p, False) for p in ("cls", "last_prompt", "context_mean")] == ["cls", None, "context_mean"]
+    assert [pooled_array(p, ENCODER) for p in ("cls", "last_prompt", "context_mean")] == ["cls", None,
+                                                                                         "context_mean"]

@@ -20,9 +20,7 @@ FLAGS = frozenset({"causal", "is_decoder", "decoder", "is_causal"})
 """Parameter names that carry the kind as a boolean."""
 EXEMPT = ("models", "maps")
 """Folders whose functions may take the flag: the kinds themselves, and the map maths below them."""
-NOT_YET = frozenset({
-    "analysis/probes.py:pooled_array",  # decoder=: which pooling a decoder's probes read
-})
+NOT_YET: frozenset[str] = frozenset()
 """Functions outside :data:`EXEMPT` that still take a flag of :data:`FLAGS`, not yet converted to a kind."""
 
 
