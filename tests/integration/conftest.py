@@ -147,8 +147,9 @@ def slow_extract_env(folder: Path, seconds: float) -> dict[str, str]:
 
 def set_task_delay(client, seconds: float | None) -> None:
     """Make every extract block on the cluster's workers (current and later ones) sleep ``seconds`` first (its
-    ``attnclust.stages.extract_task.get_model`` wrapped), through a worker plugin this function builds (``None``: remove it). The plugin class is defined here, inside the
-    function, so that cloudpickle ships it by value to workers that cannot import the test modules."""
+    ``attnclust.stages.extract_task.get_model`` wrapped), through a worker plugin this function builds (``None``:
+    remove it). The plugin class is defined here, inside the function, so that cloudpickle ships it by value to
+    workers that cannot import the test modules."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
     name = "attnclust-test-slow-extract"
