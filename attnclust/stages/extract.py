@@ -415,7 +415,8 @@ class ExtractStage(Stage):
         if kind.is_decoder:  # the induction diagnostic (analysis/induction.py) and the papers' protocols
             device = bk.torch_device(ctx.backend)
             reuse = protocol_reuse(ctx.cfg.model, inputs["model_info"]["identity"],  # kept between runs
-                                   get_model(ctx.cfg.model, device=device), device=device,
+                                   get_model(ctx.cfg.model, device=device, identity=inputs["model_info"]["identity"]),
+                                   device=device,
                                    enabled=ctx.cfg.extract.reuse_protocols)
             diagnostic = write_induction(ctx.layout, ctx.cfg, device=device, reuse=reuse)
             # the papers' protocols (analysis/protocols.py), the run's contexts as natural text
