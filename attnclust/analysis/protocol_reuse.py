@@ -14,7 +14,8 @@ versions of torch and transformers and of this cache, the protocols' version, an
 needle test, the SHA-256 of the run's distinct contexts, the longest test and the lengths). The natural-text sink
 rate (windows of the run's contexts, 20 short forwards) is measured every time.
 
-Not reused: a hub model named without ``model.revision`` (its identity is ``<id>@main``, which the hub may move),
+Not reused: a hub model named without ``model.revision`` (its identity is ``<id>@main``, which the hub may move:
+:func:`attnclust.models.sources.identity.pinned_identity`),
 and everything when the job sets ``extract.reuse_protocols: false``. An entry is written whole into a temporary
 folder and renamed into place with a manifest of its files' hashes, and used only while it matches that manifest
 (:mod:`attnclust.cachedir`): one that does not is moved aside, said in a warning, and measured again.
@@ -32,8 +33,10 @@ from typing import Any
 import pandas as pd
 
 from ..cachedir import cache_home, discard_folder, store_folder, verify_folder
+from ..models.runner import get_model
+from ..models.sources.identity import pinned_identity
 
-__all__ = ["REUSE_VERSION", "ProtocolReuse", "contexts_digest", "protocol_reuse", "reuse_root"]
+__all__ = ["REUSE_VERSION", "ProtocolReuse", "contexts_digest", "protocol_reuse", "reuse_root", "shared_reuse"]
 
 REUSE_VERSION = 1
 """Bumped when what an entry holds changes."""
@@ -145,8 +148,17 @@ def protocol_reuse(model_cfg: Any, identity: str, loaded: Any, *, device: str, e
 
     if not enabled:
         return ProtocolReuse(None, "extract.reuse_protocols is false")
-    if "@" in identity and not model_cfg.revision:
+    if not pinned_identity(identity, model_cfg.revision):
         return ProtocolReuse(None, f"{identity} names no model.revision, so the hub may change it under its name")
     dtype = next((str(p.dtype) for p in loaded.model.parameters()), "none")
     return ProtocolReuse({"model": identity, "device": str(device), "dtype": dtype, "torch": torch.__version__,
                           "transformers": transformers.__version__})
+
+
+def shared_reuse(ctx: Any) -> ProtocolReuse:
+    """The reuse of the run's model in the extract stage's finalize (``ctx``: an
+    :class:`~attnclust.analysis.extraction.ModelContext`), made once and shared by the per-model analyses that keep
+    parts between runs (the induction diagnostic, the protocols)."""
+    return ctx.shared("protocol_reuse", lambda c: protocol_reuse(
+        c.cfg.model, c.identity, get_model(c.cfg.model, device=c.device, identity=c.identity), device=c.device,
+        enabled=c.cfg.extract.reuse_protocols))

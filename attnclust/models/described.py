@@ -7,8 +7,8 @@ on how the job loads it (``model.kind``) and on the versions of torch, transform
 per such key and read by later runs instead of loading the model again on the driver (1-3 s for the packaged
 models on 2 cores; the workers load it for the forward in any case). A model whose files change has another
 identity and is checked again; a hub model named without a revision (identity ``<id>@main``, which the hub may
-move) is never kept. A record that does not parse, names another key, or lacks a field is ignored and written
-again.
+move) is never kept (:func:`~.sources.identity.pinned_identity`). A record that does not parse, names another key,
+or lacks a field is ignored and written again.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 from ..cachedir import cache_home
 from ..errors import StoreError
 from ..safeio import atomic_write_json
+from .sources.identity import pinned_identity
 
 __all__ = ["DESCRIBE_VERSION", "FIELDS", "keep_description", "kept_description"]
 
@@ -29,20 +30,21 @@ FIELDS = {"identity": str, "num_layers": int, "num_heads": int, "head_trained": 
 """The record's fields and their types (``kv_heads`` too, an int, for a model with grouped key/value heads)."""
 
 
-def _record(identity: str, kind: str):
+def _record(identity: str, kind: str, revision: str | None):
     import torch
     import transformers
 
-    if "@" in identity:  # a hub id without a pinned revision
+    if not pinned_identity(identity, revision):  # a hub id without model.revision: the hub may move it
         return None, None
     key = [DESCRIBE_VERSION, identity, kind, torch.__version__, transformers.__version__]
     return key, cache_home() / "described" / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.json"
 
 
-def kept_description(identity: str, kind: str) -> dict | None:
+def kept_description(identity: str, kind: str, *, revision: str | None = None) -> dict | None:
     """The description kept for the model of this identity loaded as ``kind`` (the job's ``model.kind``), or None
-    (none kept, or one that does not check)."""
-    key, path = _record(identity, kind)
+    (none kept, or one that does not check; a hub id without ``revision``, the job's ``model.revision``: never
+    kept, :func:`~.sources.identity.pinned_identity`)."""
+    key, path = _record(identity, kind, revision)
     if path is None or not path.is_file() or path.is_symlink():
         return None
     try:
@@ -59,10 +61,11 @@ def kept_description(identity: str, kind: str) -> dict | None:
     return info
 
 
-def keep_description(identity: str, kind: str, info: dict) -> None:
+def keep_description(identity: str, kind: str, info: dict, *, revision: str | None = None) -> None:
     """Keep ``info`` (the fields of :data:`FIELDS`, ``kv_heads`` when present) of the model of this identity loaded
-    as ``kind`` for later runs; a cache folder that cannot be written is skipped (the next run checks again)."""
-    key, path = _record(identity, kind)
+    as ``kind`` for later runs (not a hub id without ``revision``, the job's ``model.revision``); a cache folder that
+    cannot be written is skipped (the next run checks again)."""
+    key, path = _record(identity, kind, revision)
     if path is None:
         return
     try:

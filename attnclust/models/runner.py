@@ -226,7 +226,8 @@ def describe_model(cfg: ModelConfig) -> dict:
         If the model cannot be found or loaded, or is of no registered family of attention modules.
     """
     identity = model_identity(cfg)
-    kept = kept_description(identity, cfg.kind)  # an earlier run loaded these very files: no second load on the driver
+    # an earlier run loaded these very files: no second load on the driver
+    kept = kept_description(identity, cfg.kind, revision=cfg.revision)
     if kept is not None:
         return {"source": resolve_model_path(cfg), **kept}
     loaded = get_model(cfg, identity=identity)
@@ -243,7 +244,7 @@ def describe_model(cfg: ModelConfig) -> dict:
     info = {"identity": identity, "num_layers": loaded.num_layers, "num_heads": loaded.num_heads,
             "head_trained": loaded.head_trained, "kind": loaded.kind, "value_norms": measures_moved_norm(loaded.model),
             **grouped}
-    keep_description(identity, cfg.kind, info)
+    keep_description(identity, cfg.kind, info, revision=cfg.revision)
     return {"source": resolve_model_path(cfg), **info}
 
 

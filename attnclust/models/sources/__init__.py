@@ -18,11 +18,19 @@ from __future__ import annotations
 
 from .gguf import INSTALL, PACKAGED_CAUSAL, gguf_location, gguf_name, source_kwargs
 from .hub import HUB_PROBE_SECONDS, TOKENIZER_PACKAGES, quiet_transformers
-from .identity import DIGEST_CACHE_VERSION, cache_home, file_digest, file_version, gguf_identity, model_identity
+from .identity import (
+    DIGEST_CACHE_VERSION,
+    cache_home,
+    file_digest,
+    file_version,
+    gguf_identity,
+    model_identity,
+    pinned_identity,
+)
 from .resolve import CODE_CONFIGS, CONFIG_BYTES, PACKAGED, resolve_model_path
 from .results import ForwardOutput, HeadOutputs, LoadedModel
 
 __all__ = ["CODE_CONFIGS", "CONFIG_BYTES", "DIGEST_CACHE_VERSION", "HUB_PROBE_SECONDS", "INSTALL", "PACKAGED",
            "PACKAGED_CAUSAL", "TOKENIZER_PACKAGES", "ForwardOutput", "HeadOutputs", "LoadedModel", "cache_home",
            "file_digest", "file_version", "gguf_identity", "gguf_location", "gguf_name", "model_identity",
-           "quiet_transformers", "resolve_model_path", "source_kwargs"]
+           "pinned_identity", "quiet_transformers", "resolve_model_path", "source_kwargs"]

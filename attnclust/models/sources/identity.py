@@ -15,7 +15,8 @@ from ...safeio import atomic_write_json
 from .gguf import PACKAGED_CAUSAL, gguf_location, gguf_name
 from .resolve import PACKAGED, resolve_model_path
 
-__all__ = ["DIGEST_CACHE_VERSION", "cache_home", "file_digest", "file_version", "gguf_identity", "model_identity"]
+__all__ = ["DIGEST_CACHE_VERSION", "cache_home", "file_digest", "file_version", "gguf_identity", "model_identity",
+           "pinned_identity"]
 
 _FILE_DIGESTS: dict[tuple, str] = {}  # file_version(path) -> content hash, once per process and version
 DIGEST_CACHE_VERSION = 1
@@ -143,3 +144,19 @@ def model_identity(cfg: ModelConfig) -> str:
         digest.update(f"{weights.name}:{file_digest(weights)}".encode())
     _hash_text_files(digest, path)
     return digest.hexdigest()[:16]
+
+
+def pinned_identity(identity: str, revision: str | None) -> bool:
+    """Whether the files :func:`model_identity` names stay the same under it, so that what was measured of them may
+    be kept between runs: a local directory, a GGUF file and a packaged model are known by their content or
+    version; a hub id (``<id>@<revision>``) only when the job names ``model.revision`` (without it the identity is
+    ``<id>@main``, which the hub may move).
+
+    Parameters
+    ----------
+    identity
+        :func:`model_identity` of the model.
+    revision
+        The job's ``model.revision`` (None when it names none).
+    """
+    return "@" not in identity or bool(revision)
