@@ -16,9 +16,9 @@ and ARENA's induction score (Nanda's exercises), with a permutation null.
   those its row sees, ``0..row`` (the same draws for every head), the null of today's induction diagnostic
   (:func:`attnclust.analysis.induction.induction_pvalues`) extended from its one key per row to a pattern's pairs.
 
-No model here: maps and token ids in, one value per head out. The model is run in
-:mod:`attnclust.analysis.protocols`; the protocols' text and every difference from the sources: the methods page,
-"Decoder protocols".
+No model here: maps and token ids in, one value per head out. The detectors that read them are registered in
+:mod:`attnclust.analysis.detectors` (one module each), the model is run in :mod:`attnclust.analysis.protocols`; the
+protocols' text and every difference from the sources: the methods page, "Decoder protocols".
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = ["ARENA_LENGTH", "ARENA_SEQUENCES", "ARENA_THRESHOLD", "TL_PATTERNS", "arena_induction_pairs",
-           "arena_induction_scores", "pair_pvalues", "pattern_pairs", "repeated_halves", "tl_ceiling",
+           "arena_induction_scores", "duplicate_token_pattern", "induction_pattern", "mul_scores", "pair_pvalues",
+           "pattern_ceiling", "pattern_pairs", "previous_token_pattern", "repeated_halves", "tl_ceiling",
            "tl_patterns", "tl_scores"]
 
 ARENA_LENGTH = 50
@@ -39,6 +40,49 @@ ARENA_THRESHOLD = 0.4
 """ARENA's detector threshold (induction, previous-token and current-token heads alike)."""
 TL_PATTERNS = ("previous_token", "duplicate_token", "induction")
 """TransformerLens's named detection patterns."""
+
+
+def previous_token_pattern(tokens: Sequence[int]) -> np.ndarray:
+    """TransformerLens's previous-token pattern of one sequence: ``D[i, i - 1] = 1``.
+
+    Parameters
+    ----------
+    tokens : sequence of int, length n
+
+    Returns
+    -------
+    numpy.ndarray, shape (query, key) = (n, n)
+        float64 0/1.
+    """
+    return np.eye(len(tokens), k=-1)
+
+
+def duplicate_token_pattern(tokens: Sequence[int]) -> np.ndarray:
+    """TransformerLens's duplicate-token pattern of one sequence: ``D[i, j] = 1`` when ``token[j] == token[i]``,
+    ``j < i``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (query, key) = (n, n)
+        float64 0/1, strictly lower triangular.
+    """
+    t = np.asarray(tokens, dtype=np.int64)
+    return np.tril(t[:, None] == t[None, :], k=-1).astype(np.float64)
+
+
+def induction_pattern(tokens: Sequence[int]) -> np.ndarray:
+    """TransformerLens's induction pattern of one sequence: the duplicate-token pattern shifted one key to the right,
+    ``D[i, j] = 1`` when ``token[j - 1] == token[i]``, ``j - 1 < i``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (query, key) = (n, n)
+        float64 0/1, lower triangular.
+    """
+    duplicate = duplicate_token_pattern(tokens)
+    induction = np.zeros(duplicate.shape)
+    induction[:, 1:] = duplicate[:, :-1]  # D[i, j] = dup[i, j - 1]: token[j - 1] == token[i], j - 1 < i
+    return induction
 
 
 def tl_patterns(tokens: Sequence[int]) -> dict[str, np.ndarray]:
@@ -54,17 +98,42 @@ def tl_patterns(tokens: Sequence[int]) -> dict[str, np.ndarray]:
     dict of str to numpy.ndarray, shape (query, key) = (n, n)
         ``previous_token``, ``duplicate_token``, ``induction``: float64 0/1, lower triangular.
     """
-    t = np.asarray(tokens, dtype=np.int64)
-    n = len(t)
-    previous = np.eye(n, k=-1)
-    duplicate = np.tril(t[:, None] == t[None, :], k=-1).astype(np.float64)
-    induction = np.zeros((n, n))
-    induction[:, 1:] = duplicate[:, :-1]  # D[i, j] = dup[i, j - 1]: token[j - 1] == token[i], j - 1 < i
-    return {"previous_token": previous, "duplicate_token": duplicate, "induction": induction}
+    return {"previous_token": previous_token_pattern(tokens), "duplicate_token": duplicate_token_pattern(tokens),
+            "induction": induction_pattern(tokens)}
+
+
+def mul_scores(maps, patterns: dict[str, Sequence[np.ndarray]]) -> dict[str, np.ndarray]:
+    """TransformerLens's ``mul`` score of each named pattern, averaged over the sequences.
+
+    Parameters
+    ----------
+    maps : array-like, shape (sequence, layer, head, query, key)
+        Causal maps of the sequences.
+    patterns : dict of str to sequence of numpy.ndarray
+        Name -> one 0/1 pattern (query, key) per sequence.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray, shape (layer, head)
+        float64: the mean over sequences of ``sum(A * D) / sum(A)``.
+    """
+    a = np.asarray(maps)
+    if a.ndim != 5 or a.shape[-1] != a.shape[-2] or \
+            any(len(ds) != a.shape[0] or any(np.shape(d) != a.shape[-2:] for d in ds) for ds in patterns.values()):
+        raise ValueError(f"mul_scores: need maps (sequence, layer, head, query, key) and one (query, key) pattern "
+                         f"per sequence, got maps {a.shape}")
+    out = {name: np.zeros(a.shape[1:3]) for name in patterns}
+    for s in range(a.shape[0]):
+        m = a[s].astype(np.float64)
+        total = m.sum((-1, -2))
+        for name, ds in patterns.items():
+            out[name] += np.einsum("lhqk,qk->lh", m, ds[s]) / total
+    return {name: v / a.shape[0] for name, v in out.items()}
 
 
 def tl_scores(maps, tokens) -> dict[str, np.ndarray]:
-    """TransformerLens's ``mul`` score of each pattern, averaged over the sequences.
+    """TransformerLens's ``mul`` score of each pattern of :data:`TL_PATTERNS`, averaged over the sequences
+    (:func:`mul_scores`).
 
     Parameters
     ----------
@@ -84,18 +153,24 @@ def tl_scores(maps, tokens) -> dict[str, np.ndarray]:
     if a.ndim != 5 or a.shape[-1] != a.shape[-2] or tokens.shape != (a.shape[0], a.shape[-1]):
         raise ValueError(f"tl_scores: need maps (sequence, layer, head, query, key) and tokens (sequence, token) "
                          f"of the same sequences and length, got {a.shape} and {tokens.shape}")
-    out = {name: np.zeros(a.shape[1:3]) for name in TL_PATTERNS}
-    for s in range(a.shape[0]):
-        m = a[s].astype(np.float64)
-        total = m.sum((-1, -2))
-        for name, d in tl_patterns(tokens[s]).items():
-            out[name] += np.einsum("lhqk,qk->lh", m, d) / total
-    return {name: v / a.shape[0] for name, v in out.items()}
+    patterns = [tl_patterns(t) for t in tokens]
+    return mul_scores(a, {name: [p[name] for p in patterns] for name in TL_PATTERNS})
+
+
+def pattern_ceiling(patterns: Sequence[np.ndarray]) -> float:
+    """What a perfect head scores on a pattern's ``mul`` score: the mean over sequences of the share of rows with a
+    key in the pattern (the score's denominator counts every row).
+
+    Parameters
+    ----------
+    patterns : sequence of numpy.ndarray, each (query, key)
+        One 0/1 pattern per sequence.
+    """
+    return float(np.mean([float((np.asarray(d).sum(1) > 0).mean()) for d in patterns]))
 
 
 def tl_ceiling(tokens) -> dict[str, float]:
-    """What a perfect head scores on each TransformerLens pattern: the mean over sequences of the share of rows
-    with a key in the pattern (the ``mul`` score's denominator counts every row).
+    """What a perfect head scores on each TransformerLens pattern (:func:`pattern_ceiling`).
 
     Parameters
     ----------
@@ -106,12 +181,8 @@ def tl_ceiling(tokens) -> dict[str, float]:
     dict of str to float
         e.g. ``induction`` 50 / 101 on ``[BOS]`` + 50 distinct tokens twice.
     """
-    tokens = np.asarray(tokens, dtype=np.int64)
-    shares = {name: [] for name in TL_PATTERNS}
-    for t in tokens:
-        for name, d in tl_patterns(t).items():
-            shares[name].append(float((d.sum(1) > 0).mean()))
-    return {name: float(np.mean(v)) for name, v in shares.items()}
+    patterns = [tl_patterns(t) for t in np.asarray(tokens, dtype=np.int64)]
+    return {name: pattern_ceiling([p[name] for p in patterns]) for name in TL_PATTERNS}
 
 
 def repeated_halves(vocab: Sequence[int], *, n: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,

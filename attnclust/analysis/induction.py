@@ -4,7 +4,8 @@ The extract stage of a causal run feeds the model :data:`INDUCTION_SEQUENCES` se
 (the tokenizer's BOS token when it has one) and :data:`INDUCTION_LENGTH` random ordinary tokens repeated twice
 (:func:`attnclust.analysis.decoder.induction_sequence`), one forward each with attentions, and writes each head's
 :func:`attnclust.analysis.decoder.induction_scores` averaged over the sequences to ``induction.parquet``
-(:func:`measure_induction`, :func:`write_induction`). The ``induction`` head analysis joins it to
+(:func:`measure_induction`, :func:`write_induction`; registered as the per-model extraction analysis
+``induction``, :mod:`.extraction`). The ``induction`` head analysis joins it to
 ``heads.parquet``: the mean weight, at the second occurrence of a token, on the token after its first occurrence
 (1 for a perfect induction head, about ``1 / (row + 1)`` for a uniform causal head: 0.03 at the rows scored
 with the defaults). NaN for encoders and for stores written by another tool (no ``induction.parquet``).
@@ -22,6 +23,7 @@ seldom is that key, and the target never is.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -32,14 +34,15 @@ from ..models.decoder import causal_forward
 from ..models.runner import get_model, get_tokenizer
 from ..store.contract import atomic_write_parquet
 from .decoder import induction_scores, induction_sequence
+from .extraction import ModelContext, model_analysis
 from .head_detectors import pair_pvalues
 from .heads import HeadContext, head_analysis
-from .protocol_reuse import ProtocolReuse
+from .protocol_reuse import ProtocolReuse, shared_reuse
 from .roles import bh_qvalues
 
 __all__ = ["INDUCTION_FDR", "INDUCTION_LENGTH", "INDUCTION_PERMUTATIONS", "INDUCTION_SEQUENCES", "INDUCTION_VERSION",
            "induction_inputs", "induction_pvalues", "measure_induction", "ordinary_tokens", "read_induction",
-           "write_induction"]
+           "run_induction", "write_induction"]
 
 log = logging.getLogger(__name__)
 
@@ -190,24 +193,37 @@ def induction_pvalues(maps, length: int, *, start: int = 0, permutations: int = 
     return pair_pvalues(np.moveaxis(a, -3, 0), seq, rows, rows - length + 1, permutations=permutations, seed=seed)
 
 
-def write_induction(layout: Any, cfg: Any, *, device: str = "cpu", reuse: ProtocolReuse | None = None) -> dict:
+def write_induction(layout: Any, cfg: Any, *, device: str = "cpu", reuse: ProtocolReuse | None = None,
+                    identity: str | None = None) -> dict:
     """Measure the run's causal model (:func:`measure_induction`) and write ``induction.parquet`` atomically.
 
     ``reuse``: where it is kept between runs of the same model (it reads no question of the run:
-    :mod:`.protocol_reuse`); None: measured.
+    :mod:`.protocol_reuse`); None: measured. ``identity``: the model's, as the driver resolved it (the key of the
+    process's model cache; None: computed).
 
     Returns ``seconds`` (what it took) and ``reused`` (whether it was read from an earlier run's entry).
     """
-    import time
-
     t0 = time.perf_counter()
     settings = {"version": INDUCTION_VERSION, "n": INDUCTION_SEQUENCES, "length": INDUCTION_LENGTH,
                 "seed": INDUCTION_SEED, "permutations": INDUCTION_PERMUTATIONS}
     (table, _), reused = (reuse or ProtocolReuse(None)).fetch(
         "induction", settings,
-        lambda: (measure_induction(get_model(cfg.model, device=device), get_tokenizer(cfg.model), device=device), {}))
+        lambda: (measure_induction(get_model(cfg.model, device=device, identity=identity),
+                                   get_tokenizer(cfg.model, identity=identity), device=device), {}))
     atomic_write_parquet(table, layout.induction)
     return {"seconds": time.perf_counter() - t0, "reused": reused}
+
+
+@model_analysis("induction", version=INDUCTION_VERSION, applies=lambda kind: kind.is_decoder,
+                outputs=lambda layout: (layout.induction,),
+                description=f"the induction diagnostic (Olsson et al. 2022): each head's induction score on "
+                            f"{INDUCTION_SEQUENCES} sequences of {INDUCTION_LENGTH} random tokens repeated twice, and "
+                            f"its permutation p-value")
+def run_induction(ctx: ModelContext) -> dict:
+    """The diagnostic in the extract stage's finalize (a causal model): ``induction.parquet``; the record's
+    ``induction_seconds`` and ``protocols_reused`` (``induction`` when it was read from an earlier run's entry)."""
+    done = write_induction(ctx.layout, ctx.cfg, device=ctx.device, reuse=shared_reuse(ctx), identity=ctx.identity)
+    return {"induction_seconds": round(done["seconds"], 3), "protocols_reused": ["induction"] if done["reused"] else []}
 
 
 def read_induction(layout: Any) -> pd.DataFrame | None:

@@ -9,20 +9,21 @@ A causal run's extract stage, with the model loaded (after today's induction dia
   windows of the run's own contexts, random tokens and one token repeated, each also with the chat template's
   first token in front (:func:`template_first_token`; none without a chat template);
 - for the head detectors: ARENA's :data:`~.head_detectors.ARENA_SEQUENCES` sequences of BOS (the tokenizer's
-  ``bos_token``, when it has one) and :data:`~.head_detectors.ARENA_LENGTH` random tokens twice, scored on ARENA's
-  induction scale and TransformerLens's induction, previous-token and duplicate-token patterns, each with the
-  permutation null of :func:`~.head_detectors.pair_pvalues`;
+  ``bos_token``, when it has one) and :data:`~.head_detectors.ARENA_LENGTH` random tokens twice, scored by every
+  registered head detector (:mod:`.detectors`: ARENA's induction scale and TransformerLens's induction,
+  previous-token and duplicate-token patterns are built in), each with the permutation null of
+  :func:`~.head_detectors.pair_pvalues`;
 - for the retrieval heads: the needle-in-a-haystack tests of :func:`~.needle.measure_retrieval` (three needles in
   the run's contexts, three lengths up to ``extract.max_seq_len``, three depths, greedy answers),
 
-and writes ``decoder_protocols.parquet`` (one row per head, :data:`PROTOCOL_COLUMNS`) and
-``decoder_protocols.json`` (the rates, thresholds and counts; :func:`measure_protocols`,
-:func:`write_protocols`). The head analyses ``sink_rate``, ``induction_arena``, ``induction_tl``,
-``previous_token``, ``duplicate_token`` and ``needle_retrieval`` join the per-head numbers to ``heads.parquet``
-(NaN for encoders);
-the ``decoder_protocols`` analysis hands the summary to the report's "Decoder protocols" section. A head is one
-of a detector's heads when its score is above the detector's threshold (:func:`detector_thresholds`) and its
-Benjamini-Hochberg q-value over the model's heads is at most :data:`PROTOCOL_FDR`.
+and writes ``decoder_protocols.parquet`` (one row per head, :func:`protocol_columns`) and
+``decoder_protocols.json`` (the rates, thresholds and counts; :func:`measure_protocols`, :func:`write_protocols`;
+registered as the per-model extraction analysis ``decoder_protocols``, :mod:`.extraction`, whose version
+:func:`protocols_version` holds the detectors'). The head analyses ``sink_rate``, one per head detector and
+``needle_retrieval`` join the per-head numbers to ``heads.parquet`` (NaN for encoders); the ``decoder_protocols``
+analysis hands the summary to the report's "Decoder protocols" section. A head is one of a detector's heads when
+its score is above the detector's threshold (:func:`~.detectors.detector_thresholds`) and its Benjamini-Hochberg
+q-value over the model's heads is at most :data:`~.detectors.PROTOCOL_FDR`.
 """
 
 from __future__ import annotations
@@ -40,24 +41,21 @@ from ..models.runner import get_model, get_tokenizer
 from ..models.templates import checked_template
 from ..safeio import atomic_write_json
 from ..store import atomic_write_parquet
-from .head_detectors import (
-    ARENA_LENGTH,
-    ARENA_SEQUENCES,
-    ARENA_THRESHOLD,
-    arena_induction_pairs,
-    arena_induction_scores,
-    pair_pvalues,
-    pattern_pairs,
-    repeated_halves,
-    tl_ceiling,
-    tl_patterns,
-    tl_scores,
+from .detectors import (
+    HEAD_DETECTORS,
+    PROTOCOL_FDR,
+    detector_flags,
+    detector_thresholds,
+    detector_versions,
+    score_detectors,
 )
+from .extraction import ModelContext, model_analysis
+from .head_detectors import ARENA_LENGTH, ARENA_SEQUENCES, repeated_halves
 from .heads import HeadContext, head_analysis
 from .needle import NEEDLE_COLUMNS, NEEDLE_DEPTHS, NEEDLE_FRACTIONS, NEEDLES, measure_retrieval, needle_fractions
 from .plugins import AnalysisContext, register_analysis
-from .protocol_reuse import ProtocolReuse, contexts_digest
-from .roles import bh_qvalues
+from .protocol_files import SINK_VARIANTS, aligned_protocols, read_protocols, table_columns
+from .protocol_reuse import ProtocolReuse, contexts_digest, shared_reuse
 from .sink_rate import (
     GU_TABLE1,
     SINK_EPSILON,
@@ -73,40 +71,44 @@ from .sink_rate import (
     with_first_token,
 )
 
-__all__ = ["DETECTORS", "PROTOCOLS_VERSION", "PROTOCOL_COLUMNS", "PROTOCOL_FDR", "PROTOCOL_PERMUTATIONS",
-           "SINK_SEQUENCES", "detector_flags", "detector_thresholds", "measure_protocols", "protocol_inputs",
-           "read_protocols", "template_first_token", "write_protocols"]
+__all__ = ["PROTOCOLS_VERSION", "PROTOCOL_FDR", "PROTOCOL_PERMUTATIONS", "SINK_SEQUENCES",
+           "VERSION_2_DETECTORS", "detector_flags", "detector_thresholds", "measure_protocols", "protocol_columns",
+           "protocol_inputs", "protocols_version", "read_protocols", "run_protocols", "template_first_token",
+           "write_protocols"]
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS_VERSION = 2
-"""Bumped when a protocol changes (part of the extract stage's fingerprint for causal models)."""
+"""Bumped when a protocol changes (part of the extract stage's fingerprint for causal models, with the head
+detectors': :func:`protocols_version`)."""
+VERSION_2_DETECTORS = {"induction_arena": 1, "induction_tl": 1, "previous_token": 1, "duplicate_token": 1}
+"""The head detectors (name: version) that version 2 of the protocols measured."""
 SINK_SEQUENCES = 10
 """Sequences of each kind and variant for the sink rate (Gu et al. use 100 natural ones; natural windows may be
 fewer): 60 forward passes of 64 tokens in all."""
 PROTOCOL_PERMUTATIONS = 999
 """Random-key draws of each detector's null."""
-PROTOCOL_FDR = 0.05
-"""A detector's head: Benjamini-Hochberg q-value at most this (and its score above the threshold)."""
 PROTOCOL_SEED = 0
 """Root of the seed sequence whose named streams draw the random, repeated and detector tokens and the nulls."""
 _STREAMS = ("random", "repeated", "detectors", "null")
-DETECTORS = {
-    "induction_arena": "induction, ARENA's scale (the mean of diagonal 1 - L)",
-    "induction_tl": "induction, TransformerLens's mul score",
-    "previous_token": "previous token, TransformerLens's mul score",
-    "duplicate_token": "duplicate token, TransformerLens's mul score",
-}
-"""The detectors' names (columns of ``decoder_protocols.parquet``, with ``_p``) and what each measures."""
-_TL = {"induction_tl": "induction", "previous_token": "previous_token", "duplicate_token": "duplicate_token"}
-_VARIANTS = ("raw", "template")
-PROTOCOL_COLUMNS = ("layer", "head",
-                    *(f"sink_{what}_{kind}{'' if v == 'raw' else '_template'}" for kind in SINK_KINDS
-                      for v in _VARIANTS for what in ("alpha", "share")),
-                    *(c for name in DETECTORS for c in (name, f"{name}_p")), *NEEDLE_COLUMNS)
-"""Columns of ``decoder_protocols.parquet``: per head, each kind's mean ``alpha_1`` and the share of sequences it is a
-sink on (raw and with the template's first token: ``_template``), each detector's score and p-value, and the
-needle-in-a-haystack retrieval score and flag."""
+
+
+def protocol_columns() -> tuple[str, ...]:
+    """Columns of ``decoder_protocols.parquet``: per head, each kind's mean ``alpha_1`` and the share of sequences it
+    is a sink on (raw and with the template's first token: ``_template``), each registered head detector's score and
+    p-value (:mod:`.detectors`), and the needle-in-a-haystack retrieval score and flag
+    (:func:`~.protocol_files.table_columns`)."""
+    return table_columns(HEAD_DETECTORS)
+
+
+def protocols_version() -> int | dict:
+    """The protocols' version with the head detectors': :data:`PROTOCOLS_VERSION` while the registered detectors are
+    those it measured (:data:`VERSION_2_DETECTORS`), so earlier runs and kept measurements are served; with any other
+    set (a detector added, or one's version bumped) ``{"protocols": PROTOCOLS_VERSION, "detectors": {name:
+    version}}``. Part of the extract stage's fingerprint for causal models and of the detectors' key between runs."""
+    detectors = detector_versions()
+    return PROTOCOLS_VERSION if detectors == VERSION_2_DETECTORS else {"protocols": PROTOCOLS_VERSION,
+                                                                       "detectors": detectors}
 
 
 def _streams(seed: int = PROTOCOL_SEED) -> dict[str, np.random.SeedSequence]:
@@ -176,33 +178,6 @@ def _maps(loaded: Any, ids: np.ndarray, device: str, batch: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def detector_thresholds(ceiling: dict[str, float]) -> dict[str, float]:
-    """Each detector's threshold: ARENA's 0.4 on its own scale; on a TransformerLens scale 0.4 times what a perfect
-    head scores on the same sequences (:func:`~.head_detectors.tl_ceiling`: the ``mul`` score's denominator
-    counts every row, so 0.4 of the attention of the rows with a key in the pattern)."""
-    return {"induction_arena": ARENA_THRESHOLD,
-            **{name: ARENA_THRESHOLD * float(ceiling[pattern]) for name, pattern in _TL.items()}}
-
-
-def detector_flags(table: pd.DataFrame, thresholds: dict[str, float]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Each detector's q-values (Benjamini-Hochberg over the table's heads) and heads (above the threshold, q at
-    most :data:`PROTOCOL_FDR`).
-
-    Returns
-    -------
-    dict of str to (numpy.ndarray, numpy.ndarray)
-        name -> (q float64, flag bool), both in the table's row order.
-    """
-
-    out = {}
-    for name in DETECTORS:
-        q = bh_qvalues(table[f"{name}_p"].to_numpy(np.float64))
-        score = table[name].to_numpy(np.float64)
-        out[name] = (q, (np.nan_to_num(score, nan=-np.inf) > thresholds[name]) & (np.nan_to_num(q, nan=1.0)
-                                                                                   <= PROTOCOL_FDR))
-    return out
-
-
 def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "cpu", template: int | None = None,
                       n_sink: int = SINK_SEQUENCES, n_detector: int = ARENA_SEQUENCES, length: int = ARENA_LENGTH,
                       permutations: int = PROTOCOL_PERMUTATIONS, seed: int = PROTOCOL_SEED,
@@ -241,7 +216,7 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
     Returns
     -------
     table : pandas.DataFrame
-        One row per (``layer``, ``head``) with :data:`PROTOCOL_COLUMNS`.
+        One row per (``layer``, ``head``) with :func:`protocol_columns`.
     summary : dict
         ``sink`` (``T``, ``epsilon``, ``heads``, ``template_token``, ``default_prefix``, ``rates`` and
         ``sequences`` per kind and variant (``raw``, ``template``; a rate is None without sequences), each
@@ -267,7 +242,7 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
 
     def sink_part(kind: str) -> tuple[pd.DataFrame, dict]:  # both variants of one kind of sequence
         part, info = {}, {"rates": {}, "counts": {}, "spread": {}}
-        for variant in _VARIANTS:
+        for variant in SINK_VARIANTS:
             key, suffix = (kind, "") if variant == "raw" else (f"{kind}_template", "_template")
             ids = inputs.get(key)
             n = 0 if ids is None else len(ids)
@@ -294,25 +269,15 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
         columns.update({c: part[c].to_numpy() for c in part.columns})
         rates[kind], counts[kind], spread[kind] = info["rates"], info["counts"], info["spread"]
 
-    def detector_part() -> tuple[pd.DataFrame, dict]:
+    def detector_part() -> tuple[pd.DataFrame, dict]:  # every registered head detector on one set of forwards
         ids = inputs["detectors"]
-        maps = _maps(loaded, ids, device, batch)  # (sequence, layer, head, n, n)
-        null_seed = _streams(seed)["null"]
-        rows, keys = arena_induction_pairs(maps.shape[-1], length)
-        part = {"induction_arena": arena_induction_scores(maps, length).ravel(),
-                "induction_arena_p": pair_pvalues(maps, np.repeat(np.arange(len(ids)), len(rows)),
-                                                  np.tile(rows, len(ids)), np.tile(keys, len(ids)),
-                                                  permutations=permutations, seed=null_seed).ravel()}
-        scores = tl_scores(maps, ids)
-        patterns = [tl_patterns(t) for t in ids]
-        for name, pattern in _TL.items():
-            part[name] = scores[pattern].ravel()
-            part[f"{name}_p"] = pair_pvalues(maps, *pattern_pairs([p[pattern] for p in patterns]),
-                                             permutations=permutations, seed=null_seed).ravel()
-        return pd.DataFrame(part), {"ceiling": {k: float(v) for k, v in tl_ceiling(ids).items()}}
+        part, info = score_detectors(_maps(loaded, ids, device, batch), ids, length=length, permutations=permutations,
+                                     seed=_streams(seed)["null"])
+        return pd.DataFrame(part), info
 
+    version = protocols_version()
     (part, info), reused["detectors"] = reuse.fetch(
-        "detectors", {"version": PROTOCOLS_VERSION, "n": n_detector, "length": length, "permutations": permutations,
+        "detectors", {"version": version, "n": n_detector, "length": length, "permutations": permutations,
                       "seed": seed, "batch": batch}, detector_part)
     columns.update({c: part[c].to_numpy() for c in part.columns})
     ceiling = info["ceiling"]
@@ -332,20 +297,19 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
             "needle", {"version": PROTOCOLS_VERSION, "contexts": contexts_digest(contexts), "max_len": int(max_len),
                        "fractions": list(needle_fractions(needle_lengths))}, needle_part)
         columns.update({c: found[c].to_numpy() for c in NEEDLE_COLUMNS})  # the same (layer, head) order
-    table = pd.DataFrame({c: columns[c] for c in PROTOCOL_COLUMNS})
+    table = pd.DataFrame({c: columns[c] for c in protocol_columns()})
     thresholds = detector_thresholds(ceiling)
     flags = detector_flags(table, thresholds)
     detectors = {}
-    for name in DETECTORS:
+    for name, detector in HEAD_DETECTORS.items():
         score = table[name].to_numpy(np.float64)
         best = int(np.nanargmax(score))
         detectors[name] = {"threshold": thresholds[name], "above": int((score > thresholds[name]).sum()),
                            "heads": int(flags[name][1].sum()), "max": float(score[best]),
-                           "best": [int(li[best]), int(hi[best])],
-                           "ceiling": 1.0 if name == "induction_arena" else ceiling[_TL[name]]}
+                           "best": [int(li[best]), int(hi[best])], "ceiling": detector.ceiling(ceiling)}
     bos = getattr(tokenizer, "bos_token_id", None)
     summary = {
-        "version": PROTOCOLS_VERSION,
+        "version": version,
         "sink": {"T": SINK_T, "epsilon": SINK_EPSILON, "heads": n_layers * n_heads,
                  "template_token": None if template is None else {"id": int(template),
                                                                    "text": tokenizer.decode([int(template)])},
@@ -363,18 +327,20 @@ def measure_protocols(loaded: Any, tokenizer: Any, contexts, *, device: str = "c
 
 
 def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", note=None,
-                    reuse: ProtocolReuse | None = None) -> dict:
+                    reuse: ProtocolReuse | None = None, identity: str | None = None) -> dict:
     """Measure the run's causal model (:func:`measure_protocols`) and write ``decoder_protocols.parquet`` and
     ``decoder_protocols.json`` atomically; ``note`` (a callable taking one line) is told why the needle test ran
     no test, when it ran none. ``reuse``: where the parts that do not read the run's questions are kept between
-    runs (:func:`~.protocol_reuse.protocol_reuse`; None: everything is measured).
+    runs (:func:`~.protocol_reuse.protocol_reuse`; None: everything is measured). ``identity``: the model's, as
+    the driver resolved it (the key of the process's model cache; None: computed).
 
     Returns ``seconds`` (what it took) and ``reused`` (the parts read from an earlier run's entry).
     """
 
     t0 = time.perf_counter()
-    tokenizer = get_tokenizer(cfg.model)
-    table, summary = measure_protocols(get_model(cfg.model, device=device), tokenizer, list(contexts), device=device,
+    tokenizer = get_tokenizer(cfg.model, identity=identity)
+    table, summary = measure_protocols(get_model(cfg.model, device=device, identity=identity), tokenizer,
+                                       list(contexts), device=device,
                                        template=template_first_token(tokenizer, cfg.extract.prompt),
                                        max_len=cfg.extract.max_seq_len, needle_lengths=cfg.extract.needle_lengths,
                                        reuse=reuse)
@@ -387,67 +353,29 @@ def write_protocols(layout: Any, cfg: Any, contexts, *, device: str = "cpu", not
             "reused": [part for part, was in summary["reused"].items() if was is True]}
 
 
-def read_protocols(layout: Any) -> tuple[pd.DataFrame, dict] | None:
-    """``decoder_protocols.parquet`` and ``decoder_protocols.json`` of a run (None when there are none: an encoder,
-    a store written by another tool, a run extracted before them).
-
-    Raises
-    ------
-    attnclust.errors.DataError
-        A file lacks its columns or keys.
-    """
-    import json
-
-    table_path = getattr(layout, "decoder_protocols", None)
-    summary_path = getattr(layout, "decoder_protocols_summary", None)
-    if table_path is None or not table_path.exists() or not summary_path.exists():
-        return None
-    table = pd.read_parquet(table_path)
-    missing = [c for c in PROTOCOL_COLUMNS if c not in table.columns]
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    if missing or not isinstance(summary, dict) or not {"sink", "detectors", "retrieval"} <= set(summary):
-        what = f"lacks column(s) {', '.join(missing)}" if missing else "lacks its sink, detectors or retrieval summary"
-        raise DataError(f"{table_path if missing else summary_path}: {what}; re-run 'attnclust extract --force'")
-    return table, summary
+def _needle_identity(cfg: Any) -> dict:
+    """The needle test's grid in the fingerprint when the job sets another than the default (so that earlier runs
+    keep theirs)."""
+    needles = cfg.extract.needle_lengths
+    return {} if needles == type(cfg.extract).model_fields["needle_lengths"].default else \
+        {"extract.needle_lengths": needles}
 
 
-def _heads(ctx: HeadContext) -> pd.DataFrame:
-    return ctx.maps[["layer", "head"]].drop_duplicates().sort_values(["layer", "head"]).reset_index(drop=True)
-
-
-def _aligned(ctx: HeadContext) -> tuple[pd.DataFrame, pd.DataFrame | None, dict | None]:
-    """The context's heads and the protocols' table reindexed to them (None when there is none)."""
-    heads = _heads(ctx)
-    found = ctx.shared("_decoder_protocols", lambda c: read_protocols(c.layout))
-    if found is None:
-        return heads, None, None
-    table, summary = found
-    keys = pd.MultiIndex.from_frame(heads.astype(np.int64))
-    table = table.astype({"layer": np.int64, "head": np.int64}).set_index(["layer", "head"]).reindex(keys)
-    return heads, table.reset_index(drop=True), summary
-
-
-def _register_detector(name: str, what: str) -> None:
-    columns = (name, f"{name}_q", f"{name}_head")
-
-    def compute(ctx: HeadContext) -> pd.DataFrame:
-        heads, table, summary = _aligned(ctx)
-        if table is None:
-            return heads.assign(**{name: np.nan, f"{name}_q": np.nan, f"{name}_head": False})
-        thresholds = {k: float(summary["detectors"][k]["threshold"]) for k in DETECTORS}
-        q, flag = detector_flags(table, thresholds)[name]
-        return heads.assign(**{name: table[name].to_numpy(np.float64), f"{name}_q": q, f"{name}_head": flag})
-
-    threshold = (f"{ARENA_THRESHOLD:g}" if name == "induction_arena" else
-                 f"{ARENA_THRESHOLD:g} x what a perfect head scores on these sequences")
-    head_analysis(name, columns=columns, unit="share",
-                  description=f"{what}, on {ARENA_SEQUENCES} sequences of BOS + {ARENA_LENGTH} random tokens "
-                              f"repeated twice (causal models only); {name}_q: BH q-value against random visible "
-                              f"keys, {name}_head: above {threshold} and q <= {PROTOCOL_FDR}")(compute)
-
-
-for _name, _what in DETECTORS.items():
-    _register_detector(_name, _what)
+@model_analysis("decoder_protocols", version=protocols_version, applies=lambda kind: kind.is_decoder,
+                outputs=lambda layout: (layout.decoder_protocols, layout.decoder_protocols_summary),
+                identity=_needle_identity,
+                description="the papers' protocols for decoder heads: Gu et al.'s sink rate, the registered head "
+                            "detectors on ARENA's repeated random halves, Wu et al.'s retrieval heads by the "
+                            "needle-in-a-haystack test")
+def run_protocols(ctx: ModelContext) -> dict:
+    """The protocols in the extract stage's finalize (a causal model), the run's contexts as natural text; the
+    record's ``protocols_seconds``, ``protocols_reused`` (the parts read from an earlier run's entry) and, when
+    nothing could be, ``protocols_not_reused`` (why)."""
+    reuse = shared_reuse(ctx)
+    done = write_protocols(ctx.layout, ctx.cfg, ctx.examples["context"], device=ctx.device, note=ctx.note,
+                           reuse=reuse, identity=ctx.identity)
+    return {"protocols_seconds": round(done["seconds"], 3), "protocols_reused": done["reused"],
+            **({"protocols_not_reused": reuse.why_not} if reuse.why_not else {})}
 
 
 @head_analysis("sink_rate", columns=tuple(f"sink_alpha_{kind}" for kind in SINK_KINDS), unit="share",
@@ -456,7 +384,7 @@ for _name, _what in DETECTORS.items():
                            f"random tokens and one repeated token (causal models only; a sink above "
                            f"{SINK_EPSILON:g})")
 def _sink_rate(ctx: HeadContext) -> pd.DataFrame:
-    heads, table, _ = _aligned(ctx)
+    heads, table, _ = aligned_protocols(ctx)
     names = [f"sink_alpha_{kind}" for kind in SINK_KINDS]
     if table is None:
         return heads.assign(**{c: np.nan for c in names})
@@ -470,7 +398,7 @@ def _sink_rate(ctx: HeadContext) -> pd.DataFrame:
                            f"x up to 3 lengths x {len(NEEDLE_DEPTHS)} depths (causal models only); "
                            f"needle_retrieval_head: above 0.1")
 def _needle_retrieval(ctx: HeadContext) -> pd.DataFrame:
-    heads, table, _ = _aligned(ctx)
+    heads, table, _ = aligned_protocols(ctx)
     if table is None:
         return heads.assign(needle_retrieval=np.nan, needle_retrieval_head=False)
     return heads.assign(needle_retrieval=table["needle_retrieval"].to_numpy(np.float64),

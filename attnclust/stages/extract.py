@@ -31,11 +31,15 @@ import numpy as np
 import pandas as pd
 
 from .. import backend as bk
-from ..analysis.extraction import applicable, extraction_versions
-from ..analysis.induction import INDUCTION_VERSION, write_induction
+from ..analysis.extraction import (
+    MODEL_ANALYSES,
+    ModelContext,
+    applicable,
+    extraction_versions,
+    model_fingerprint,
+    run_model_analyses,
+)
 from ..analysis.probes import consolidate_head_outputs
-from ..analysis.protocol_reuse import protocol_reuse
-from ..analysis.protocols import PROTOCOLS_VERSION, write_protocols
 from ..config import JobConfig
 from ..data.features import FEATURE_LAYOUT_VERSION, examples_with_control_strings
 from ..data.hf import data_fingerprint
@@ -312,7 +316,8 @@ class ExtractStage(Stage):
         """The data's content identity (:func:`~attnclust.data.hf.data_fingerprint`), the model's identity
         (weights, tokenizer, chat template, generation config: :func:`~attnclust.models.model_identity`), the
         backend, the statistics' versions and those of the extraction analyses that measure this model
-        (:mod:`attnclust.analysis.extraction`: what heads move ...),
+        (:mod:`attnclust.analysis.extraction`: what heads move ...; the per-model ones, a decoder's induction
+        diagnostic and protocols, each at the top level under its name with the settings it reads),
         and ``data.max_features_per_example`` when it cut an example (a cap that cuts nothing leaves the
         features, so the fingerprint, as they were); for a causal model also the settings of its prompts and
         answers (``extract.prompt``, ``extract.max_new_tokens``, ``model.gguf_file``), which an encoder's
@@ -328,12 +333,7 @@ class ExtractStage(Stage):
             capped["text_windows"] = TEXT_WINDOWS_VERSION
         kind = kind_of(inputs["model_info"])
         capped.update(kind.identity(ctx.cfg))  # a decoder's: the settings of its prompts and answers
-        if kind.is_decoder:  # its induction diagnostic and the papers' protocols are measured here (finalize)
-            capped["induction"] = INDUCTION_VERSION
-            capped["decoder_protocols"] = PROTOCOLS_VERSION
-            needles = ctx.cfg.extract.needle_lengths  # the needle test's grid; the default leaves earlier runs' as is
-            if needles != type(ctx.cfg.extract).model_fields["needle_lengths"].default:
-                capped["extract.needle_lengths"] = needles
+        capped.update(model_fingerprint(kind, ctx.cfg))  # the per-model analyses measured here (finalize)
         return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
                 "backend": ctx.backend, "statistics": kind.statistics_versions(),
                 "extraction_analyses": extraction_versions(inputs["extraction_analyses"]), **capped}
@@ -379,10 +379,10 @@ class ExtractStage(Stage):
         return layout.attention.exists() and layout.features.exists()
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:
-        """The store, its tables and parts."""
+        """The store, its tables and parts, and the files of the per-model extraction analyses."""
         return (layout.examples, layout.features, layout.attention, layout.parts, layout.map_stats,
-                layout.head_outputs, layout.qa_logits, layout.induction, layout.decoder_protocols,
-                layout.decoder_protocols_summary)
+                layout.head_outputs, layout.qa_logits,
+                *(path for analysis in MODEL_ANALYSES.values() for path in analysis.outputs(layout)))
 
     def plan(self, ctx: RunContext, done: set[int]) -> tuple[list[tuple], set[int]]:
         """Write ``examples.parquet``, create (or keep, when resuming) the store; one block per shard."""
@@ -411,24 +411,11 @@ class ExtractStage(Stage):
         else:
             ctx.layout.remove(ctx.layout.head_outputs)
         drop_parts(ctx.layout, len(blocks))
-        induction = {}
-        if kind.is_decoder:  # the induction diagnostic (analysis/induction.py) and the papers' protocols
-            device = bk.torch_device(ctx.backend)
-            reuse = protocol_reuse(ctx.cfg.model, inputs["model_info"]["identity"],  # kept between runs
-                                   get_model(ctx.cfg.model, device=device, identity=inputs["model_info"]["identity"]),
-                                   device=device,
-                                   enabled=ctx.cfg.extract.reuse_protocols)
-            diagnostic = write_induction(ctx.layout, ctx.cfg, device=device, reuse=reuse)
-            # the papers' protocols (analysis/protocols.py), the run's contexts as natural text
-            protocols = write_protocols(ctx.layout, ctx.cfg, inputs["examples"]["context"], device=device,
-                                        note=ctx.note, reuse=reuse)
-            induction = {"induction_seconds": round(diagnostic["seconds"], 3),
-                         "protocols_seconds": round(protocols["seconds"], 3),
-                         "protocols_reused": (["induction"] if diagnostic["reused"] else []) + protocols["reused"]}
-            if reuse.why_not:
-                induction["protocols_not_reused"] = reuse.why_not
-        else:
-            ctx.layout.remove(ctx.layout.induction, ctx.layout.decoder_protocols, ctx.layout.decoder_protocols_summary)
+        # the per-model extraction analyses that apply (a decoder's induction diagnostic and the papers' protocols),
+        # with the model the driver resolved; the files of those that do not apply are removed
+        measured = run_model_analyses(ModelContext(ctx.layout, ctx.cfg, bk.torch_device(ctx.backend),
+                                                   inputs["model_info"]["identity"], inputs["examples"],
+                                                   note=ctx.note), kind)
         seconds = time.perf_counter() - self.t0_
         features = inputs["features"]
         info = inputs["model_info"]
@@ -442,4 +429,4 @@ class ExtractStage(Stage):
                 "control_strings": {"examples": len(inputs.get("control_strings", {})),
                                     "strings": sorted({t for hits in inputs.get("control_strings", {}).values()
                                                        for t in hits})},
-                **induction}
+                **measured}

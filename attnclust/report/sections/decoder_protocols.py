@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ...analysis.protocols import DETECTORS
+from ...analysis.detectors import HEAD_DETECTORS
 from ...analysis.sink_rate import GU_TABLE1
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
@@ -154,8 +154,10 @@ def decoder_protocols_section(inputs: ReportInputs) -> dict[str, Any] | None:
             line += f"; with {token} first: {_rate(rate.get('template'))}"
         lines.append(line + ".")
     detectors = []
-    for name, what in DETECTORS.items():
-        d = det[name]
+    for name, detector in HEAD_DETECTORS.items():  # the registered detectors this run measured
+        d, what = det.get(name), detector.description
+        if not isinstance(d, dict):
+            continue
         detectors.append({"name": f"{what} ({name})", "scale": fmt(float(d["ceiling"])),
                           "threshold": fmt(float(d["threshold"])), "above": fmt(int(d["above"])),
                           "heads": fmt(int(d["heads"])),

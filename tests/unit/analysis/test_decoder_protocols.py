@@ -326,13 +326,17 @@ def test_a_tiny_llama_run_writes_the_protocols_and_its_report_prints_them(llama_
     import torch
     from transformers import AutoModelForCausalLM
 
-    from attnclust.analysis.protocols import PROTOCOL_COLUMNS, PROTOCOLS_VERSION, SINK_SEQUENCES
+    from attnclust.analysis.protocols import PROTOCOLS_VERSION, SINK_SEQUENCES, protocol_columns
     from attnclust.layout import RunLayout
 
     layout = RunLayout(llama_report)
     table = pd.read_parquet(layout.decoder_protocols)
     summary = json.loads(layout.decoder_protocols_summary.read_text())
-    assert list(table.columns) == list(PROTOCOL_COLUMNS) and len(table) == 2 * 4
+    assert list(table.columns) == list(protocol_columns()) and len(table) == 2 * 4
+    detectors = ["induction_arena", "induction_tl", "previous_token", "duplicate_token"]  # the built-ins, in order
+    assert [c for c in table.columns if c.endswith("_p")] == [f"{d}_p" for d in detectors]
+    assert sorted(k for k, v in summary["detectors"].items() if isinstance(v, dict)) == sorted(detectors)
+    assert summary["version"] == PROTOCOLS_VERSION  # the built-in detectors at their versions: the version of before
     record = json.loads(layout.stage_record("extract").read_text())
     assert {"decoder_protocols.parquet", "decoder_protocols.json"} <= set(record["outputs"])
     assert record["protocols_seconds"] > 0 and record["parts"]["identity"]["decoder_protocols"] == PROTOCOLS_VERSION
