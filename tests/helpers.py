@@ -5,6 +5,7 @@ fixtures."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -255,3 +256,18 @@ def plant_value_norms(run_dir: Path, norms) -> np.ndarray:
         array[:] = values
     group.attrs["value_norms"] = NORM_CODE.to_dict()
     return NORM_CODE.decode(codes, largest)[:, 0, 0]
+
+
+# --- registries -------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def restored(*registries: dict):
+    """Registries (``HEAD_DETECTORS``, ``HEAD_ANALYSES`` ...) put back as they were after the block: what a test
+    registers inside it is gone afterwards, even when the registration registers into another registry."""
+    saved = [dict(r) for r in registries]
+    try:
+        yield
+    finally:
+        for registry, before in zip(registries, saved):
+            registry.clear()
+            registry.update(before)

@@ -8,7 +8,10 @@
   described name that is no key, is a build warning (an error under ``sphinx-build -W``).
 - The directive ``attnclust-commands`` prints every ``attnclust`` subcommand's ``--help``.
 - The directives ``attnclust-statistics`` and ``attnclust-head-analyses`` list the registered per-map statistics
-  and head analyses (name, unit, description as declared next to their code).
+  and head analyses (name, unit, description as declared next to their code); ``attnclust-head-detectors`` the
+  decoder protocols' head detectors (their columns of ``decoder_protocols.parquet``, how each scores, its threshold)
+  and ``attnclust-extraction-analyses`` the analyses run at extraction (per extract task: the columns each adds;
+  once per model: the files each writes).
 - :func:`undocumented_columns` compares the parquet tables of a finished run with the output reference
   (``docs/reference/outputs.md`` and the generated tables): every column written must be documented there, and
   :func:`documented_but_missing` finds documented columns that no table has (``tests/docs`` runs both).
@@ -27,9 +30,9 @@ from typing import Any
 from pydantic import BaseModel
 
 __all__ = ["STATISTIC_TABLES", "JobKey", "command_help", "described_but_missing", "documented_columns",
-           "documented_but_missing", "documented_files", "field_descriptions", "generated_columns", "head_analyses",
-           "job_keys", "job_reference_rst", "setup", "statistics", "undocumented_columns", "undocumented_files",
-           "undocumented_keys"]
+           "documented_but_missing", "documented_files", "extraction_analyses", "field_descriptions",
+           "generated_columns", "head_analyses", "head_detectors", "job_keys", "job_reference_rst", "setup",
+           "statistics", "undocumented_columns", "undocumented_files", "undocumented_keys"]
 
 
 # --- the job reference ------------------------------------------------------------------------------------------
@@ -266,16 +269,52 @@ def head_analyses() -> list[tuple[str, tuple[str, ...], str, str]]:
     return [(a.name, a.columns, a.unit, a.description) for a in HEAD_ANALYSES.values()]
 
 
+def head_detectors() -> list[tuple[str, tuple[str, ...], str, str]]:
+    """``(name, columns, scale, meaning)`` of every registered head detector (:mod:`attnclust.analysis.detectors`):
+    its columns of ``decoder_protocols.parquet``, how it scores and its threshold, and its description with its
+    version."""
+    import attnclust.analysis  # noqa: F401
+    from attnclust.analysis.detectors import HEAD_DETECTORS, PROTOCOL_FDR
+
+    out = []
+    for d in HEAD_DETECTORS.values():
+        scale = ("its own (a perfect head scores 1)" if d.kind == "score" else
+                 "TransformerLens's mul score of a 0/1 pattern of the tokens")
+        threshold = f"{d.threshold:g}" if d.kind == "score" else f"{d.threshold:g} x what a perfect head scores"
+        out.append((d.name, (d.name, f"{d.name}_p"), scale,
+                    f"{d.description}; {d.name}_p: its one-sided permutation p-value against keys drawn at random "
+                    f"from those each row sees; one of its heads: above {threshold} with a Benjamini-Hochberg "
+                    f"q-value at most {PROTOCOL_FDR:g} (version {d.version})" if d.description.strip() else ""))
+    return out
+
+
+def extraction_analyses() -> list[tuple[str, str, str, str, str]]:
+    """``(name, when, version, what it writes, description)`` of every registered extraction analysis
+    (:mod:`attnclust.analysis.extraction`): per extract task (the ``map_stats.parquet`` columns it adds) or once per
+    model (the files it writes)."""
+    import attnclust.analysis  # noqa: F401
+    from attnclust.analysis.extraction import EXTRACTION_ANALYSES, MODEL_ANALYSES
+    from attnclust.layout import RunLayout
+
+    layout = RunLayout(Path("run"))
+    return [*((a.name, "each extract task", str(a.version), ", ".join(a.columns), a.description)
+              for a in EXTRACTION_ANALYSES.values()),
+            *((a.name, "once per model", str(a.current_version()), ", ".join(p.name for p in a.outputs(layout)),
+               a.description) for a in MODEL_ANALYSES.values())]
+
+
 STATISTIC_TABLES = ("map_stats.parquet", "maps.parquet", "heads.parquet", "clusters.parquet")
 """Tables holding one column per statistic (``heads`` and ``clusters``: their means)."""
 
 
 def generated_columns() -> dict[str, list[str]]:
-    """Columns the output reference documents through its generated tables: the registered statistics and head
-    analyses (``attnclust-statistics`` and ``attnclust-head-analyses``), each only when it has a description."""
+    """Columns the output reference documents through its generated tables: the registered statistics, head
+    analyses and head detectors (``attnclust-statistics``, ``attnclust-head-analyses`` and
+    ``attnclust-head-detectors``), each only when it has a description."""
     stats = [name for name, _, text in statistics() if text.strip()]
     out = {table: list(stats) for table in STATISTIC_TABLES}
     out["heads.parquet"] += [c for _, columns, _, text in head_analyses() if text.strip() for c in columns]
+    out["decoder_protocols.parquet"] = [c for _, columns, _, text in head_detectors() if text.strip() for c in columns]
     return out
 
 
@@ -423,6 +462,25 @@ def setup(app):
                 rows.append([(", ".join(columns), True), (name, False), (unit, False), (text, False)])
             return [table(["columns", "analysis", "unit", "meaning"], rows, [30, 15, 10, 45])]
 
+    class HeadDetectors(SphinxDirective):
+        """Every registered head detector and its columns (``attnclust-head-detectors``)."""
+
+        def run(self):
+            rows = []
+            for name, columns, scale, text in head_detectors():
+                if not text.strip():
+                    logger.warning(f"head detector {name!r} has no description", location=self.get_location())
+                rows.append([(", ".join(columns), True), (name, False), (scale, False), (text, False)])
+            return [table(["columns", "detector", "scale", "meaning"], rows, [30, 15, 15, 40])]
+
+    class ExtractionAnalyses(SphinxDirective):
+        """Every registered extraction analysis, what it writes (``attnclust-extraction-analyses``)."""
+
+        def run(self):
+            rows = [[(name, True), (when, False), (version, False), (writes, True), (text, False)]
+                    for name, when, version, writes, text in extraction_analyses()]
+            return [table(["analysis", "runs", "version", "writes", "what it measures"], rows, [15, 15, 8, 27, 35])]
+
     class Commands(SphinxDirective):
         """Every ``attnclust`` subcommand with its ``--help`` (``attnclust-commands``)."""
 
@@ -440,4 +498,6 @@ def setup(app):
     app.add_directive("attnclust-commands", Commands)
     app.add_directive("attnclust-statistics", Statistics)
     app.add_directive("attnclust-head-analyses", HeadAnalyses)
+    app.add_directive("attnclust-head-detectors", HeadDetectors)
+    app.add_directive("attnclust-extraction-analyses", ExtractionAnalyses)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

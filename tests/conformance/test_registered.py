@@ -12,6 +12,13 @@ checked here without a line of its own:
 - extraction analyses (:data:`attnclust.analysis.extraction.EXTRACTION_ANALYSES`, with the model at extraction): a
   version in the extraction's fingerprint, columns no per-map statistic has (their values are checked end to end
   against plain forwards in ``tests/unit/stages/test_moved_extraction.py``);
+- per-model extraction analyses (:data:`attnclust.analysis.extraction.MODEL_ANALYSES`, once per model in the extract
+  stage's finalize): a version in the extract stage's fingerprint where it applies (and none where it does not) that
+  changes it when bumped, outputs inside the run that no other declares, all written when it runs on a tiny model
+  of a kind it applies to;
+- head detectors (:data:`attnclust.analysis.detectors.HEAD_DETECTORS`, the decoder protocols'): a version in the
+  protocols' version (so the extract stage's fingerprint of a decoder), its two columns in
+  ``decoder_protocols.parquet``, a score and a p-value per head on planted maps, its head analysis;
 - head analyses (:data:`attnclust.analysis.heads.HEAD_ANALYSES`, per head): a version in the report stage's
   fingerprint, columns no other head analysis declares;
 - report sections (:data:`attnclust.report.registry.REPORT_SECTIONS`): a template that loads and a section that
@@ -25,10 +32,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import attnclust  # noqa: F401 -- registers the built-ins
-from attnclust.analysis.extraction import EXTRACTION_ANALYSES
+from attnclust.analysis.detectors import HEAD_DETECTORS, score_detectors
+from attnclust.analysis.extraction import EXTRACTION_ANALYSES, MODEL_ANALYSES, ModelContext
 from attnclust.analysis.heads import HEAD_ANALYSES
 from attnclust.analysis.plugins import ANALYSES, AnalysisContext
 from attnclust.config import JobConfig, load_job
@@ -36,6 +45,7 @@ from attnclust.featurize import FEATURIZERS, TokenContext, embed_with_context
 from attnclust.layout import RunLayout
 from attnclust.maps.stats import STATISTICS, map_statistics, statistics_versions
 from attnclust.maps.tokens import token_masks
+from attnclust.models.kinds import DECODER, ENCODER
 from attnclust.report.registry import REPORT_SECTIONS
 from attnclust.report.render import render_sections
 from attnclust.stages.featurize import FeaturizeStage
@@ -245,3 +255,107 @@ def test_extraction_analysis_version_is_part_of_the_extraction_fingerprint(name,
     assert before["extraction_analyses"] == {name: analysis.version}
     monkeypatch.setitem(EXTRACTION_ANALYSES, name, dataclasses.replace(analysis, version=analysis.version + 1))
     assert ExtractStage().identity(ctx) != before
+
+
+# -- per-model extraction analyses ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def kind_models(tmp_path_factory, tiny_bert_dir) -> dict:
+    """A tiny random model of each kind: ``{ENCODER: BERT dir, DECODER: Llama dir}``."""
+    from helpers import save_tiny_causal
+
+    return {ENCODER: tiny_bert_dir, DECODER: save_tiny_causal(tmp_path_factory.mktemp("conformance_llama"))}
+
+
+def extract_identity(cfg, backend: str = "cpu") -> dict:
+    from attnclust.models.runner import describe_model
+    from attnclust.stages.extract import ExtractStage
+
+    inputs = {"data_sha256": "planted", "model_info": describe_model(cfg.model), "extraction_analyses": []}
+    return ExtractStage().identity(SimpleNamespace(cfg=cfg, inputs=inputs, backend=backend))
+
+
+@pytest.mark.parametrize("name", list(MODEL_ANALYSES))
+def test_model_analysis_version_is_in_the_extract_fingerprint_where_it_applies(name, monkeypatch, kind_models):
+    analysis = MODEL_ANALYSES[name]
+    assert analysis.description and analysis.current_version() not in (None, 0, False)
+    applies = [kind for kind in kind_models if analysis.applies(kind)]
+    assert applies, f"{name} applies to no model kind"
+    for kind, model in kind_models.items():
+        cfg = load_job(None, [f"model.name={model}"])
+        before = extract_identity(cfg)
+        if kind not in applies:
+            assert name not in before
+            continue
+        assert before[name] == analysis.current_version()
+        monkeypatch.setitem(MODEL_ANALYSES, name, dataclasses.replace(analysis, version=lambda: "bumped"))
+        assert extract_identity(cfg) != before and extract_identity(cfg)[name] == "bumped"
+        monkeypatch.setitem(MODEL_ANALYSES, name, analysis)
+
+
+def test_model_analyses_outputs_lie_in_the_run_and_belong_to_one_analysis(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    owner: dict[Path, str] = {}
+    for name, analysis in MODEL_ANALYSES.items():
+        outputs = analysis.outputs(layout)
+        assert outputs, f"{name} declares no file"
+        for path in outputs:
+            assert Path(path).resolve().is_relative_to(layout.root.resolve()), (name, path)
+            assert path not in owner, f"{path} is declared by {owner.get(path)} and {name}"
+            owner[path] = name
+
+
+@pytest.mark.parametrize("name", list(MODEL_ANALYSES))
+def test_model_analysis_writes_its_declared_outputs_on_a_tiny_model_it_applies_to(name, tmp_path, kind_models):
+    from attnclust.data import read_squad, sample_path
+    from attnclust.models import model_identity
+
+    analysis = MODEL_ANALYSES[name]
+    kind = next(k for k in kind_models if analysis.applies(k))
+    cfg = load_job(None, [f"model.name={kind_models[kind]}", "extract.needle_lengths=1",
+                          "extract.reuse_protocols=false"])
+    layout = RunLayout(tmp_path / "run")
+    layout.claim()
+    layout.record(*analysis.outputs(layout))
+    examples = pd.DataFrame({"context": [e.context for e in read_squad(sample_path(), max_examples=4)]})
+    ctx = ModelContext(layout, cfg, "cpu", model_identity(cfg.model), examples, note=lambda line: None)
+    record = analysis.run(ctx)
+    assert isinstance(record, dict) and record, name
+    missing = [p for p in analysis.outputs(layout) if not Path(p).exists()]
+    assert not missing, (name, missing)
+
+
+# -- head detectors ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(HEAD_DETECTORS))
+def test_head_detector_version_is_in_the_protocols_version_and_so_the_extract_fingerprint(name, monkeypatch,
+                                                                                         kind_models):
+    from attnclust.analysis.protocols import protocol_columns, protocols_version
+
+    detector = HEAD_DETECTORS[name]
+    assert isinstance(detector.version, int) and not isinstance(detector.version, bool) and detector.version >= 1
+    assert detector.description and detector.kind in ("pattern", "score") and 0 < detector.threshold <= 1
+    assert {name, f"{name}_p"} <= set(protocol_columns())
+    assert HEAD_ANALYSES[name].columns == (name, f"{name}_q", f"{name}_head")
+    assert HEAD_ANALYSES[name].version == detector.version
+    cfg = load_job(None, [f"model.name={kind_models[DECODER]}"])
+    before, version = extract_identity(cfg), protocols_version()
+    assert before["decoder_protocols"] == version
+    monkeypatch.setitem(HEAD_DETECTORS, name, dataclasses.replace(detector, version=detector.version + 1))
+    assert protocols_version() != version and extract_identity(cfg) != before
+
+
+def test_every_head_detector_gives_one_score_and_p_value_per_head_on_planted_maps():
+    from attnclust.analysis.head_detectors import repeated_halves
+
+    tokens = repeated_halves(np.arange(5, 60), n=2, length=10, rng=np.random.default_rng(0), bos=1)
+    n = tokens.shape[1]
+    maps = np.tril(planted_maps(n, 2 * 2 * 3, seed=2).reshape(2, 2, 3, n, n))
+    maps /= maps.sum(-1, keepdims=True)
+    columns, info = score_detectors(maps, tokens, length=10, permutations=19, seed=0)
+    for name, detector in HEAD_DETECTORS.items():
+        score, p = columns[name], columns[f"{name}_p"]
+        assert score.shape == p.shape == (2 * 3,) and np.isfinite(score).all() and np.isfinite(p).all(), name
+        assert ((p > 0) & (p <= 1)).all(), name
+        ceiling = detector.ceiling(info["ceiling"])
+        assert 0 < ceiling <= 1 and (score <= ceiling + 1e-9).all() and (score >= 0).all(), name

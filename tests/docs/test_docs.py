@@ -78,6 +78,10 @@ def test_output_reference_page_lists_every_statistic_and_head_analysis_column(si
         assert f"{name} " in text and description in text, name
     for _, columns, _, _ in ad.head_analyses():
         assert ", ".join(columns) in text
+    for name, columns, _, description in ad.head_detectors():  # the decoder protocols' head detectors
+        assert ", ".join(columns) in text and description in text, name
+    for name, _, _, writes, _ in ad.extraction_analyses():
+        assert f"{name} " in text and writes in text, name
 
 
 def test_cli_reference_page_shows_every_command(site):

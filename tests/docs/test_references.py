@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from pydantic import BaseModel
@@ -114,6 +115,46 @@ def test_a_statistic_or_head_analysis_without_description_is_undocumented(monkey
     generated = ad.generated_columns()
     assert "entropy" in generated["maps.parquet"] and "q_previous" in generated["heads.parquet"]
     assert not {"toy", "toy_a", "toy_b"} & {c for names in generated.values() for c in names}
+
+
+def test_every_decoder_protocol_column_is_documented_and_the_detectors_columns_are_generated(tmp_path):
+    """A decoder's ``decoder_protocols.parquet`` (its columns as the protocols write them: the registered detectors')
+    is in the output reference, the detectors' columns through their generated table; a detector registered later
+    joins it, and a table with a column nothing documents is caught."""
+    from attnclust.analysis.detectors import HEAD_DETECTORS, head_detector
+    from attnclust.analysis.heads import HEAD_ANALYSES
+    from attnclust.analysis.protocols import protocol_columns
+
+    from helpers import restored
+
+    def write(columns) -> None:
+        pd.DataFrame({c: [0.0] for c in columns}).to_parquet(tmp_path / "decoder_protocols.parquet")
+
+    markdown = OUTPUTS.read_text()
+    by_hand = ad.documented_columns(markdown)["decoder_protocols.parquet"]
+    assert "sink_alpha_<kind>" in by_hand and not {"induction_arena", "previous_token_p"} & set(by_hand)
+    write(protocol_columns())
+    assert ad.undocumented_columns(tmp_path, markdown) == []
+    assert ad.documented_but_missing([tmp_path], markdown) == []
+    write([*protocol_columns(), "mystery"])
+    assert ad.undocumented_columns(tmp_path, markdown) == ["decoder_protocols.parquet: mystery"]
+    with restored(HEAD_DETECTORS, HEAD_ANALYSES):
+        head_detector("to_self", version=1, description="attention to the token itself")(lambda t: np.eye(len(t)))
+        write(protocol_columns())
+        assert {"to_self", "to_self_p"} <= set(ad.generated_columns()["decoder_protocols.parquet"])
+        assert ad.undocumented_columns(tmp_path, markdown) == []
+        assert ("to_self", ("to_self", "to_self_p")) in [row[:2] for row in ad.head_detectors()]
+    assert "to_self" not in HEAD_DETECTORS and "to_self" not in HEAD_ANALYSES
+
+
+def test_the_extraction_analyses_table_lists_each_registered_one_with_what_it_writes():
+    from attnclust.analysis.extraction import EXTRACTION_ANALYSES, MODEL_ANALYSES
+
+    rows = {name: (when, version, writes) for name, when, version, writes, _ in ad.extraction_analyses()}
+    assert set(rows) == set(EXTRACTION_ANALYSES) | set(MODEL_ANALYSES)
+    assert rows["moved_norm"][0] == "each extract task" and "moved_to_cls" in rows["moved_norm"][2]
+    assert rows["decoder_protocols"] == ("once per model", "2", "decoder_protocols.parquet, decoder_protocols.json")
+    assert rows["induction"] == ("once per model", "2", "induction.parquet")
 
 
 @pytest.fixture(scope="module")
