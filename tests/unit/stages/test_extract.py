@@ -123,3 +123,35 @@ def test_overlapped_and_sequential_conversion_write_the_same_store(tmp_path, tin
     pd.testing.assert_frame_equal(pd.read_parquet(ovl.map_stats), pd.read_parquet(seq.map_stats))
     qa_a, qa_b = pd.read_parquet(seq.qa_logits), pd.read_parquet(ovl.qa_logits)
     assert list(qa_a["feature_id"]) == list(qa_b["feature_id"]) == list(range(8))
+
+
+def test_the_finalize_runs_the_registered_per_model_analyses_that_apply(tmp_path, tiny_bert_dir, small_squad):
+    """The extract stage names no per-model analysis: one registered for encoders runs in its finalize with the
+    model the driver resolved, its file is one of the stage's outputs, its record's fields and its version join the
+    stage's record and fingerprint; a decoder's (the induction diagnostic, the protocols) leave nothing on this run."""
+    import json
+
+    from attnclust.analysis.extraction import MODEL_ANALYSES, model_analysis
+    from attnclust.models import get_model
+
+    from helpers import restored
+
+    seen = {}
+    with restored(MODEL_ANALYSES):
+        @model_analysis("layer_count", version=3, description="the model's layers, counted once per run",
+                        applies=lambda kind: not kind.is_decoder, outputs=lambda layout: (layout.table("layer_count"),))
+        def layer_count(ctx):
+            seen["identity"] = ctx.identity
+            loaded = get_model(ctx.cfg.model, device=ctx.device, identity=ctx.identity)
+            pd.DataFrame({"layers": [loaded.num_layers]}).to_parquet(ctx.layout.table("layer_count"))
+            return {"layer_count_runs": [1]}
+
+        _, layout, inputs = run_extract(tmp_path, tiny_bert_dir, small_squad)
+    record = json.loads(layout.stage_record("extract").read_text())
+    assert record["layer_count_runs"] == [1] and record["parts"]["identity"]["layer_count"] == 3
+    assert "layer_count.parquet" in record["outputs"]
+    assert pd.read_parquet(layout.table("layer_count"))["layers"].tolist() == [2]
+    assert seen["identity"] == inputs["model_info"]["identity"]
+    assert not {"induction", "decoder_protocols"} & set(record["parts"]["identity"])
+    assert not {"induction_seconds", "protocols_seconds", "protocols_reused"} & set(record)
+    assert not layout.induction.exists() and not layout.decoder_protocols.exists()
