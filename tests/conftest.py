@@ -4,8 +4,10 @@ tutorial notebook (tests/docs, tests/browser)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from helpers import save_tiny_model  # noqa: E402 - after the environment it must see
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -144,15 +148,58 @@ def small_squad(tmp_path) -> Path:
     return path
 
 
+# --- pytest -n 2 --dist loadgroup (the README's test command): which tests run together --------------------------
+
+SHARED_RUNS = ("demo_small_run", "demo_run", "executed_tutorial")
+"""The session runs (and the fixture that hands one on) that several folders read: every module that names one runs in
+one worker process, so each run is made once and no other process reads it while a test plants a file in it."""
+FIRST_FOLDERS = ("integration", "browser")
+"""Folders whose modules run first, so that the two workers end on short unit tests."""
+_NAMES = re.compile(r"\b(" + "|".join(SHARED_RUNS) + r")\b")
+
+
+@functools.cache
+def module_group(module: str) -> str:
+    """The group of a test module (its path from the project root): ``shared-runs`` when its code names one of
+    :data:`SHARED_RUNS`, else the module itself (so module fixtures are made once)."""
+    return "shared-runs" if _NAMES.search((ROOT / module).read_text(encoding="utf-8")) else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` by :func:`module_group`, the work handed out in collection order.
+
+    pytest-xdist's own loadgroup reads ``xdist_group`` marks through a node-id suffix that pytest 9.2 no longer
+    keeps (pytest-dev/pytest-xdist#1386: the tests are then spread one by one); the scheduler below groups by the
+    module's path instead, which the controller process knows without collecting."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return module_group(nodeid.split("::")[0])
+
+    config.option.loadscopereorder = False  # keep FIRST_FOLDERS first (xdist would sort the groups by test count)
+    return ModuleGroups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Everything under tests/integration is marked ``slow`` (elsewhere a test that takes seconds is marked by
     hand: ``-m "not slow and not docs"`` is the fast tier the README names); GPU tests run only where a CUDA device
-    with cupy/cuml is usable."""
+    with cupy/cuml is usable. Modules of :data:`FIRST_FOLDERS` (the long ones) run first; the order within a module
+    is kept. A test that reaches a shared run through a fixture its module does not name is refused (its module
+    would run in another worker and make the run again)."""
     from attnclust.backend import gpu_status
 
     for item in items:
         if "integration" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.slow)
+        module = item.nodeid.split("::")[0]
+        if set(SHARED_RUNS) & set(getattr(item, "fixturenames", ())) and module_group(module) != "shared-runs":
+            raise pytest.UsageError(f"{item.nodeid} reads a shared session run through a fixture {module} does not "
+                                    f"name; name one of {SHARED_RUNS} in it or add its fixture to SHARED_RUNS")
+    items.sort(key=lambda item: not any(f in Path(str(item.fspath)).parts for f in FIRST_FOLDERS))
 
     usable, why = gpu_status()
     if usable:

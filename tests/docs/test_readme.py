@@ -20,8 +20,9 @@ def _links(markdown: str) -> list[str]:
 def test_readme_is_a_front_page_with_the_commands():
     text = README.read_text()
     assert len(text.encode()) < FRONT_PAGE_BYTES
-    for command in (".ci/setup && .venv/bin/attnclust run", ".ci/setup && .venv/bin/python -m pytest",
-                    "attnclust explore runs/demo", "attnclust export runs/demo", "sphinx-build -W -b html docs"):
+    for command in (".ci/setup && .venv/bin/attnclust run",
+                    ".ci/setup && .venv/bin/python -m pytest -n 2 --dist loadgroup", "attnclust explore runs/demo",
+                    "attnclust export runs/demo", "sphinx-build -W -b html docs"):
         assert command in text, command
 
 
@@ -36,3 +37,10 @@ def test_readme_links_resolve_and_the_docs_build_command_matches_the_site():
 
 def test_link_finder_keeps_relative_targets_only():
     assert _links("[a](docs/x.md#part) ![b](pic.png) [c](https://example.org) [d](#top)") == ["docs/x.md", "pic.png"]
+
+
+def test_ci_runs_the_readmes_test_command():
+    """CI (``.ci/run``) runs the test command the README gives, as its last line."""
+    commands = re.findall(r"^(\.ci/setup && \.venv/bin/python -m pytest[^\n]*)$", README.read_text(), flags=re.M)
+    last = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip()][-1]
+    assert len(commands) == 1 and last == commands[0], (commands, last)
