@@ -8,8 +8,10 @@ weights, so it cannot run later from the store. It declares beside its code (:fu
   stage's fingerprint (``extraction_analyses``), so a new definition extracts again;
 - ``columns``: the per-map statistics it adds to ``map_stats.parquet`` (and so to ``maps.parquet``, the per-head and
   per-cluster means), documented in the outputs reference like every column;
-- ``applies(model) -> bool``: whether it can measure this model (a family it cannot read is extracted without it,
-  and the record says so);
+- ``applies(model) -> bool``: whether it can measure this model, read from the run's resolved model
+  (:class:`attnclust.models.resolved.ResolvedModel`: kind, heads, whether its value norms are measured), so the
+  driver decides without loading the model again; the workers run the driver's list (a family it cannot read is
+  extracted without it, and the record says so);
 - ``block(store, start, stop, n_layers, n_heads) -> BlockWork``: its work on one extract task's features, made on
   the worker: ``capture(loaded)``, a context manager around each batch's forward that yields what the forward left
   (layer -> tensor (feature, head, key)), ``map(j, row, layer, maps, captured)`` for each feature's maps of one
@@ -107,7 +109,8 @@ def extraction_analysis(name: str, *, version: int, columns: tuple[str, ...], de
 
 
 def applicable(model: Any) -> tuple[ExtractionAnalysis, ...]:
-    """The registered extraction analyses that can measure ``model``, in registration order."""
+    """The registered extraction analyses that can measure ``model`` (the run's
+    :class:`~attnclust.models.resolved.ResolvedModel`), in registration order."""
     return tuple(a for a in EXTRACTION_ANALYSES.values() if a.applies(model))
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..maps.tokens import token_masks
-from ..models.value_norms import capture_value_norms, measures_moved_norm
+from ..models.value_norms import capture_value_norms
 from .extraction import extraction_analysis
 
 __all__ = ["MOVED_COLUMNS", "MOVED_OF", "MOVED_VERSION", "MovedNormWork", "moved_statistics"]
@@ -114,8 +114,14 @@ class MovedNormWork:
             self.store.value_norm_max[self.start:self.stop] = self.largest
 
 
+def _value_norms_measured(model) -> bool:
+    """Whether the pre-flight check found the model's value and output projections
+    (:func:`~attnclust.models.value_norms.measures_moved_norm`, kept as the resolved model's ``value_norms``)."""
+    return bool(model.value_norms)
+
+
 extraction_analysis(
-    "moved_norm", version=MOVED_VERSION, columns=MOVED_COLUMNS, applies=measures_moved_norm,
+    "moved_norm", version=MOVED_VERSION, columns=MOVED_COLUMNS, applies=_value_norms_measured,
     description="what each head moves from [CLS] / the first token, [SEP], punctuation, itself and the token before: "
                 "the weights' statistics read again on each row's shares of the moved norm (Kobayashi et al. 2020)",
 )(MovedNormWork)

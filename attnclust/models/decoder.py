@@ -70,8 +70,9 @@ def _config_kind(doc: Any) -> str:
     return "encoder" if doc.get("model_type") in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "causal"
 
 
-def model_kind(cfg: ModelConfig) -> str:
-    """``encoder`` or ``causal``: ``model.kind``, or for ``auto`` what the model is.
+def model_kind(cfg: ModelConfig, *, identity: str | None = None) -> str:
+    """``encoder`` or ``causal``: ``model.kind``, or for ``auto`` what the model is (``identity``: the model's, when
+    the caller has it, :func:`~.sources.model_identity`; else computed here).
 
     ``auto`` is causal for a GGUF source (``smollm2``, a ``.gguf`` file, ``gguf_file``) and for a checkpoint whose
     configuration names a causal-LM architecture (``*ForCausalLM``, ``*LMHeadModel``); encoder otherwise. The
@@ -92,7 +93,7 @@ def model_kind(cfg: ModelConfig) -> str:
         return "causal"
     if cfg.kind == "encoder" or name in PACKAGED:
         return "encoder"
-    key = (name, cfg.revision, model_identity(cfg))
+    key = (name, cfg.revision, identity or model_identity(cfg))
     with _KINDS_LOCK:
         if key not in _KINDS:
             doc = _read_config(cfg, resolve_model_path(cfg))

@@ -113,7 +113,8 @@ def _cached_tokenizer(entry):
         return None
 
 
-def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: bool = True) -> LoadedModel:
+def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: bool = True,
+               identity: str | None = None) -> LoadedModel:
     """Load the QA model afresh (no cache): the one place that calls ``from_pretrained`` on the weights.
 
     Parameters
@@ -127,6 +128,8 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     eager
         ``attn_implementation="eager"`` (attention weights available); False keeps transformers' default
         (fused SDPA: faster, used for training).
+    identity
+        The model's identity when the caller has it (:func:`model_identity`): not computed again to tell its kind.
 
     Returns
     -------
@@ -141,7 +144,7 @@ def load_model(cfg: ModelConfig, *, device: str = "cpu", seed: int = 0, eager: b
     """
     import torch
 
-    if model_kind(cfg) == "causal":
+    if model_kind(cfg, identity=identity) == "causal":
         return load_causal_model(cfg, device=device, eager=eager)
     quiet_transformers()
     from transformers import AutoModelForQuestionAnswering
@@ -195,7 +198,7 @@ def get_model(cfg: ModelConfig, *, threads: int | None = None, device: str = "cp
     key = ("model", cfg.name, cfg.revision, identity or model_identity(cfg), device)
     with _LOCK:
         if key not in _CACHE:
-            _CACHE[key] = load_model(cfg, device=device)
+            _CACHE[key] = load_model(cfg, device=device, identity=key[3])
         return _CACHE[key]
 
 

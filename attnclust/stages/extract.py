@@ -53,7 +53,7 @@ from ..maps import CompactCode
 from ..maps.profile import PROFILE_COMPONENTS
 from ..models.kinds import kind_of
 from ..models.resolved import ResolvedModel, resolve_model
-from ..models.runner import get_model, get_tokenizer
+from ..models.runner import get_tokenizer
 from ..runtime import trim_heap
 from ..store.contract import (
     atomic_write_parquet,
@@ -129,8 +129,7 @@ def prepare_inputs(cfg: JobConfig) -> dict:
             "normalised": list(features.attrs.get("normalised", ())),
             "control_strings": examples_with_control_strings(examples, tokenizer),
             # the registered extraction analyses this model allows (the workers run the same ones)
-            "extraction_analyses": [a.name for a in
-                                    applicable(get_model(cfg.model, identity=model.identity).model)]}
+            "extraction_analyses": [a.name for a in applicable(model)]}  # read from the pre-flight check
 
 
 def plan_features(features: pd.DataFrame) -> pd.DataFrame:
@@ -395,7 +394,8 @@ class ExtractStage(Stage):
         self.t0_ = time.perf_counter()
         device = bk.torch_device(ctx.backend)
         identity = inputs["model_info"]["identity"]  # resolved on the driver: the workers' model cache key
-        return [(s, e, ctx.cfg, device, identity) for s, e in blocks], done
+        analyses = tuple(inputs["extraction_analyses"])  # the driver's choice: every block measures the same ones
+        return [(s, e, ctx.cfg, device, identity, analyses) for s, e in blocks], done
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the

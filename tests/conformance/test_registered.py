@@ -240,7 +240,7 @@ def test_report_section_loads_its_template_and_renders_or_steps_aside_on_planted
 def test_extraction_analysis_version_is_part_of_the_extraction_fingerprint(name, monkeypatch, tiny_bert_dir):
     """Declared once (a positive version, columns no statistic has), measured where it applies: the extract stage's
     fingerprint holds its version for a run it measured and changes with it."""
-    from attnclust.models import get_model
+    from attnclust.models.resolved import resolve_model
     from attnclust.models.runner import describe_model
     from attnclust.stages.extract import ExtractStage
 
@@ -248,7 +248,7 @@ def test_extraction_analysis_version_is_part_of_the_extraction_fingerprint(name,
     assert isinstance(analysis.version, int) and analysis.version >= 1 and analysis.description
     assert analysis.columns and not set(analysis.columns) & set(STATISTICS)
     cfg = load_job(None, [f"model.name={tiny_bert_dir}"])
-    assert isinstance(analysis.applies(get_model(cfg.model).model), bool)
+    assert isinstance(analysis.applies(resolve_model(cfg.model)), bool)  # decided from the pre-flight check
     inputs = {"data_sha256": "planted", "model_info": describe_model(cfg.model), "extraction_analyses": [name]}
     ctx = SimpleNamespace(cfg=cfg, inputs=inputs, backend="cpu")
     before = ExtractStage().identity(ctx)
