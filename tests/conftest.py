@@ -162,7 +162,8 @@ _NAMES = re.compile(r"\b(" + "|".join(SHARED_RUNS) + r")\b")
 def module_group(module: str) -> str:
     """The group of a test module (its path from the project root): ``shared-runs`` when its code names one of
     :data:`SHARED_RUNS`, else the module itself (so module fixtures are made once)."""
-    return "shared-runs" if _NAMES.search((ROOT / module).read_text(encoding="utf-8")) else module
+    path = ROOT / module  # a node id's file, relative to the project root (any other node: its own group)
+    return "shared-runs" if path.is_file() and _NAMES.search(path.read_text(encoding="utf-8")) else module
 
 
 @pytest.hookimpl(optionalhook=True)
