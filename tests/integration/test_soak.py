@@ -26,11 +26,13 @@ def workers(proc: subprocess.Popen) -> list[psutil.Process]:
     return found
 
 
-def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 240) -> None:
+def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 240, why: str = "") -> None:
+    """Wait for ``condition``; a run that ends first, or a timeout, fails naming ``why`` (the seed and the kills so
+    far), with the end of the run's output when it ended."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert proc.poll() is None, f"the run ended before {what}: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert proc.poll() is None, f"the run ended before {what} ({why}): {proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} ({why})"
         time.sleep(0.02)
 
 
@@ -56,11 +58,13 @@ def test_workers_killed_at_three_random_points_leave_the_outputs_of_an_undisturb
     try:
         for stage, at in points:
             if stage == "cluster":  # seconds after the cluster stage began
-                wait_for(lambda: (out / "_state" / "cluster.started").exists(), proc, "the cluster stage")
+                wait_for(lambda: (out / "_state" / "cluster.started").exists(), proc, "the cluster stage",
+                         why=f"seed {seed}, kills {killed}")
                 time.sleep(at)
             else:
-                wait_for(lambda s=stage, n=at: done_blocks(out, s) >= n, proc, f"{at} {stage} blocks")
-            wait_for(lambda: len(workers(proc)) >= 1, proc, "a live worker")
+                wait_for(lambda s=stage, n=at: done_blocks(out, s) >= n, proc, f"{at} {stage} blocks",
+                         why=f"seed {seed}, kills {killed}")
+            wait_for(lambda: len(workers(proc)) >= 1, proc, "a live worker", why=f"seed {seed}, kills {killed}")
             victim = rng.choice(workers(proc))
             victim.send_signal(signal.SIGKILL)
             killed.append((stage, at, victim.pid))
