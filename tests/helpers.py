@@ -123,6 +123,20 @@ def causal_uniform(n: int, dtype=np.float64) -> np.ndarray:
     return (a / a.sum(1, keepdims=True)).astype(dtype)
 
 
+def random_causal(rng, shape, n) -> np.ndarray:
+    """Random causal maps (..., n, n): Dirichlet rows, zero above the diagonal, rows summing to 1."""
+    a = np.tril(rng.dirichlet(np.full(n, 0.5), size=(*shape, n)))
+    return a / a.sum(-1, keepdims=True)
+
+
+def one_hot_rows(n: int, key) -> np.ndarray:
+    """A causal map whose row ``i`` puts all its weight on ``key(i)``."""
+    a = np.zeros((n, n))
+    for i in range(n):
+        a[i, key(i)] = 1.0
+    return a
+
+
 def write_embedding(root, x: np.ndarray) -> None:
     import zarr
 

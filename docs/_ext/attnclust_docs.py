@@ -440,38 +440,38 @@ def setup(app):
         group += body
         return nodes.table("", group, classes=["attnclust-generated"])
 
+    def described(directive, what: str, entries, headers: list[str], widths: list[int]) -> list[nodes.table]:
+        """A generated table of a registry: ``entries`` yields ``(name, cells, text)``, ``cells`` its first
+        cells (the first in code), ``text`` its description (last column); a missing description is warned about."""
+        rows = []
+        for name, cells, text in entries:
+            if not text.strip():
+                logger.warning(f"{what} {name!r} has no description", location=directive.get_location())
+            rows.append([(cells[0], True), *((c, False) for c in cells[1:]), (text, False)])
+        return [table(headers, rows, widths)]
+
     class Statistics(SphinxDirective):
         """Every registered per-map statistic (``attnclust-statistics``)."""
 
         def run(self):
-            rows = []
-            for name, unit, text in statistics():
-                if not text.strip():
-                    logger.warning(f"statistic {name!r} has no description", location=self.get_location())
-                rows.append([(name, True), (unit, False), (text, False)])
-            return [table(["column", "unit", "meaning"], rows, [20, 10, 70])]
+            return described(self, "statistic", ((name, [name, unit], text) for name, unit, text in statistics()),
+                             ["column", "unit", "meaning"], [20, 10, 70])
 
     class HeadAnalyses(SphinxDirective):
         """Every registered head analysis and its columns (``attnclust-head-analyses``)."""
 
         def run(self):
-            rows = []
-            for name, columns, unit, text in head_analyses():
-                if not text.strip():
-                    logger.warning(f"head analysis {name!r} has no description", location=self.get_location())
-                rows.append([(", ".join(columns), True), (name, False), (unit, False), (text, False)])
-            return [table(["columns", "analysis", "unit", "meaning"], rows, [30, 15, 10, 45])]
+            return described(self, "head analysis", ((name, [", ".join(columns), name, unit], text)
+                                                     for name, columns, unit, text in head_analyses()),
+                             ["columns", "analysis", "unit", "meaning"], [30, 15, 10, 45])
 
     class HeadDetectors(SphinxDirective):
         """Every registered head detector and its columns (``attnclust-head-detectors``)."""
 
         def run(self):
-            rows = []
-            for name, columns, scale, text in head_detectors():
-                if not text.strip():
-                    logger.warning(f"head detector {name!r} has no description", location=self.get_location())
-                rows.append([(", ".join(columns), True), (name, False), (scale, False), (text, False)])
-            return [table(["columns", "detector", "scale", "meaning"], rows, [30, 15, 15, 40])]
+            return described(self, "head detector", ((name, [", ".join(columns), name, scale], text)
+                                                     for name, columns, scale, text in head_detectors()),
+                             ["columns", "detector", "scale", "meaning"], [30, 15, 15, 40])
 
     class ExtractionAnalyses(SphinxDirective):
         """Every registered extraction analysis, what it writes (``attnclust-extraction-analyses``)."""

@@ -37,20 +37,7 @@ from attnclust.analysis.sink_rate import (
     with_first_token,
 )
 
-
-def random_causal(rng, shape, n) -> np.ndarray:
-    """Random causal maps (..., n, n): Dirichlet rows, zero above the diagonal, rows summing to 1."""
-    a = np.tril(rng.dirichlet(np.full(n, 0.5), size=(*shape, n)))
-    return a / a.sum(-1, keepdims=True)
-
-
-def one_hot_rows(n: int, key) -> np.ndarray:
-    """A causal map whose row ``i`` puts all its weight on ``key(i)``."""
-    a = np.zeros((n, n))
-    for i in range(n):
-        a[i, key(i)] = 1.0
-    return a
-
+from helpers import one_hot_rows, random_causal
 
 # --- Gu et al.'s sink rate ----------------------------------------------------------------------------------------
 

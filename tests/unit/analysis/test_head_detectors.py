@@ -33,21 +33,9 @@ from attnclust.analysis.head_detectors import (
 from attnclust.analysis.heads import HEAD_ANALYSES, HeadContext
 from attnclust.analysis.protocols import PROTOCOLS_VERSION, protocol_columns, protocols_version
 
-from helpers import restored
+from helpers import one_hot_rows, random_causal, restored
 
 BUILT_INS = ["induction_arena", "induction_tl", "previous_token", "duplicate_token"]
-
-
-def random_causal(rng, shape, n) -> np.ndarray:
-    a = np.tril(rng.dirichlet(np.full(n, 0.5), size=(*shape, n)))
-    return a / a.sum(-1, keepdims=True)
-
-
-def one_hot_rows(n: int, key) -> np.ndarray:
-    a = np.zeros((n, n))
-    for i in range(n):
-        a[i, key(i)] = 1.0
-    return a
 
 
 @pytest.fixture
