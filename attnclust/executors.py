@@ -22,7 +22,8 @@ from typing import Any, Self
 
 import numpy as np
 
-from .runtime import driver_environ_kept, spawn_environ, workers_ignore_sigint
+from .errors import ClusterError
+from .runtime import START_TIMEOUT, driver_environ_kept, spawn_environ, workers_ignore_sigint
 
 __all__ = ["DaskExecutor", "Executor", "OnStep", "SerialExecutor", "StepBars", "in_dask_worker", "step",
            "step_key", "worker_executor"]
@@ -138,7 +139,13 @@ class DaskExecutor:
             return False
 
         with workers_ignore_sigint(), driver_environ_kept(spawn_environ()):
-            self.client.restart(wait_for_workers=True)
+            try:
+                self.client.restart(timeout=START_TIMEOUT, wait_for_workers=True)
+            except TimeoutError:  # some did not come back: the rest do the work; none is a broken cluster
+                if not self.n_workers:
+                    raise ClusterError(f"the embedded cluster's workers did not come back within {START_TIMEOUT:g} "
+                                       f"s of their restart between stages; run the same command again (finished "
+                                       f"stages are kept)") from None
         self.restarts += 1
         return True
 

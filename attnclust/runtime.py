@@ -11,13 +11,23 @@ from collections.abc import Iterator
 from .backend import make_local_cuda_cluster
 from .errors import AttnclustError, ClusterError
 
-__all__ = ["MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT", "dask_client", "driver_environ_kept",
-           "fix_malloc_thresholds", "malloc_environ", "spawn_environ", "trim_heap", "workers_ignore_sigint"]
+__all__ = ["KEEP_LOST_WORKERS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT", "dask_client",
+           "driver_environ_kept", "fix_malloc_thresholds", "malloc_environ", "spawn_environ", "trim_heap",
+           "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
 a longer ``distributed.comm.timeouts.connect`` of the user's Dask configuration stands). Dask's default, 30 s, is
 too short on a busy machine: worker processes import their libraries before they connect."""
+
+KEEP_LOST_WORKERS = "365d"
+"""``distributed.deploy.lost-worker-timeout`` while an embedded cluster runs: its nannies are never closed for a
+worker that is gone for a while. Dask's 15 s closes the nanny of a worker that is not connected 15 s after it was
+lost, even when the nanny is bringing a worker back: a worker killed mid-extraction and restarted, then all workers
+restarted between stages (:meth:`attnclust.executors.DaskExecutor.restart_workers`) about 15 s later, left one nanny
+closed and the restart waiting for its worker for good (seen in ``tests/integration/test_soak.py``, about one run in
+three beside two busy processes). A nanny brings its own worker back; a lost one is what the restart's wait
+reports."""
 
 
 @contextlib.contextmanager
@@ -72,7 +82,8 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
             except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError; "Nanny failed to start"
                 raise ClusterError(_start_failure(exc, connect)) from None
         try:
-            yield client
+            with dask.config.set({"distributed.deploy.lost-worker-timeout": KEEP_LOST_WORKERS}):
+                yield client
         finally:
             client.close()
             cluster.close()

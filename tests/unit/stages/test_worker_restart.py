@@ -67,3 +67,42 @@ def test_no_restart_after_a_stage_whose_tasks_did_not_run(small_squad, tiny_bert
     run_job(cfg, tmp_path / "out", stages=("extract", "qa", "featurize", "cluster", "importance"), executor=executor,
             progress=False)
     assert executor.restarts == []
+
+
+def _kill_own_process():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_restart_soon_after_a_lost_worker_brings_every_worker_back():
+    """A worker killed mid-stage comes back through its nanny; Dask's ``lost-worker-timeout`` after the loss, the
+    cluster closed that nanny if its worker was not connected at that moment. A restart between stages that fell on
+    that moment lost the worker for good, and the run waited for it (test_soak). Here the timeout is a few seconds and
+    the restart is timed to span it: both workers come back."""
+    import time
+
+    import dask
+
+    from attnclust.runtime import dask_client
+
+    lost_after = 6.0
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": f"{lost_after}s"}), \
+            dask_client(n_workers=2) as client:
+        victim = next(iter(client.scheduler_info()["workers"]))
+        client.submit(_kill_own_process, workers=[victim], pure=False)
+        deadline = time.monotonic() + 60
+        while victim in client.scheduler_info()["workers"]:  # gone: the cluster's timer starts about now
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        gone = time.monotonic()
+        while len(client.scheduler_info()["workers"]) < 2:   # back: its nanny started a new worker
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert time.monotonic() - gone < lost_after - 1, "the worker took too long to come back to time the test"
+        # the restart takes the workers away just before the timer fires; a new worker needs ~0.5 s to connect
+        time.sleep(max(0.0, gone + lost_after - 0.15 - time.monotonic()))
+        executor = DaskExecutor(client, "job", owns_workers=True)
+        assert executor.restart_workers()
+        assert executor.n_workers == 2
+        time.sleep(1.0)
+        assert len(client.scheduler_info()["workers"]) == 2
