@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..errors import DataError
 from ..layout import RunLayout
-from ..maps.stats import causal_uniform_scores, local_keys, map_statistics, stat_columns
+from ..maps.stats import local_keys, map_statistics, stat_columns
 from ..maps.tokens import token_masks
 from ..models.kinds import ENCODER, ModelKind, kind_of
 from ..store.contract import atomic_write_parquet, open_attention_store
@@ -49,7 +49,7 @@ from .plugins import join_heads
 from .thumbnails import cluster_mean_maps, medoid_maps  # re-exported with the atlas' public names
 
 __all__ = ["BLOCK_MIN_LIFT", "BOTH_MIN", "DIAGONAL_MIN", "LENGTH_BUCKETS", "LENGTH_WARN_SHARE", "LOCAL_MIN_LIFT",
-           "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "causal_chances", "cluster_mean_maps", "cluster_table",
+           "PATTERN_TYPES", "VERTICAL_MIN", "build_atlas", "cluster_mean_maps", "cluster_table",
            "describe_cluster", "head_table", "is_local", "length_buckets", "length_view", "medoid_maps",
            "name_clusters", "naming_targets", "pattern_type", "read_stability", "segment_chance", "segment_lift",
            "stats_block"]
@@ -215,25 +215,6 @@ def _statistics(maps: pd.DataFrame) -> list[str]:
     return [c for c in stat_columns(causal=True) if c in maps.columns]
 
 
-def causal_chances(features: pd.DataFrame) -> pd.DataFrame:
-    """Per feature, what the causal uniform map scores on each share statistic
-    (:func:`attnclust.maps.stats.causal_uniform_scores`): the baselines of a causal model's cluster names.
-
-    Parameters
-    ----------
-    features : pandas.DataFrame
-        ``feature_id``, ``tokens`` and optionally ``segment_ids``.
-
-    Returns
-    -------
-    pandas.DataFrame
-        float64 indexed by ``feature_id``, one column per statistic.
-    """
-    segments = features["segment_ids"] if "segment_ids" in features.columns else [None] * len(features)
-    rows = [causal_uniform_scores(list(t), s) for t, s in zip(features["tokens"], segments)]
-    return pd.DataFrame(rows, index=features["feature_id"].to_numpy(np.int64), dtype=np.float64)
-
-
 def head_table(maps: pd.DataFrame, k: int) -> pd.DataFrame:
     """One row per (layer, head): map count, share of each cluster, dominant cluster, purity, mean statistics."""
     counts = pd.crosstab([maps["layer"], maps["head"]], maps["cluster"])
@@ -270,9 +251,9 @@ def cluster_table(maps: pd.DataFrame, heads: pd.DataFrame, k: int, *, chance: pd
         among those of these features, whose map can be read exact (:func:`medoid_maps`); a cluster without any
         there keeps its medoid among all its maps. None (a full store): among all its maps.
     chances : pandas.DataFrame, optional
-        A causal model's :func:`causal_chances` by ``feature_id``: each statistic's baseline, averaged over a
-        cluster's maps, is what its name's thresholds measure the lift over (:func:`~.naming.over_chance`), and
-        the baseline of ``to_local`` replaces the full-row one.
+        A causal model's baselines by ``feature_id`` (:meth:`attnclust.maps.targets.CausalRowTargets.chances`):
+        each statistic's baseline, averaged over a cluster's maps, is what its name's thresholds measure the lift
+        over (:func:`~.naming.over_chance`), and the baseline of ``to_local`` replaces the full-row one.
 
     Returns
     -------
@@ -393,7 +374,7 @@ def build_atlas(layout: RunLayout, labels: pd.DataFrame, stats: pd.DataFrame, fe
         heads = heads.merge(maps.groupby(["layer", "head"], as_index=False)[moved].mean().astype(
             {c: np.float32 for c in moved}), on=["layer", "head"], how="left")
     store = open_attention_store(layout.attention) if layout.attention.exists() else None
-    chances = causal_chances(features) if kind.is_decoder and "tokens" in features.columns else None
+    chances = kind.targets.chances(features)  # a causal model's baselines
     clusters = cluster_table(maps, heads, k, chance=segment_chance(features), kind=kind,
                              exact_features=None if store is None or store.exact is None else store.exact_ids(),
                              chances=chances)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..maps.targets import CAUSAL_TARGETS, DIAGONAL_TARGETS, SEPARATING, VERTICAL_TARGETS
 from ..models.kinds import ENCODER, ModelKind
 
 __all__ = ["BLOCK_MIN_ENTROPY", "BLOCK_MIN_LIFT", "BLOCK_MIN_OWN_SEGMENT", "BOTH_MIN", "BROAD_MIN_ENTROPY",
@@ -37,29 +38,6 @@ __all__ = ["BLOCK_MIN_ENTROPY", "BLOCK_MIN_LIFT", "BLOCK_MIN_OWN_SEGMENT", "BOTH
 # -- the types and their targets -----------------------------------------------------------------------------------
 PATTERN_TYPES = ("vertical", "diagonal", "vertical + diagonal", "block", "heterogeneous")
 """The values of ``pattern_type`` (Kovaleva et al. 2019), plus ``empty`` for a cluster without maps."""
-VERTICAL_TARGETS = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuation"))
-"""Fixed key positions: the statistics whose sum is a cluster's vertical mass, and their names in descriptions."""
-DIAGONAL_TARGETS = (("to_prev", "previous token"), ("to_self", "itself"), ("to_next", "next token"))
-"""Offsets -1, 0, +1: the statistics whose sum is a cluster's diagonal mass, and their names."""
-SEPARATING = (("to_cls", "[CLS]"), ("to_sep", "[SEP]"), ("to_punct", "punctuation"), ("to_prev", "previous token"),
-              ("to_self", "itself"), ("to_next", "next token"), ("to_local", "nearby tokens"),
-              ("own_segment", "own segment"), ("entropy_norm", "spread"), ("confidence", "peak weight"))
-"""Statistics (all in 0..1) that tell two clusters with the same description apart, and their names."""
-CAUSAL_TARGETS = {
-    "vertical": (("to_cls", "first-token sink"), ("to_punct", "punctuation")),
-    "diagonal": (("to_prev", "previous token"), ("to_self", "itself"), ("to_induction", "induction-like"),
-                 ("to_duplicate", "duplicate token")),
-    "separating": (("to_cls", "first-token sink"), ("to_punct", "punctuation"), ("to_prev", "previous token"),
-                   ("to_self", "itself"), ("to_induction", "induction-like"), ("to_duplicate", "duplicate token"),
-                   ("to_local", "nearby tokens"), ("own_segment", "own segment"), ("entropy_norm", "spread"),
-                   ("confidence", "peak weight")),
-}
-"""A causal model's targets and their names (see the module docstring): fixed key positions (``vertical``), the
-tokens chosen by their place or their text (``diagonal``: the previous token, the token itself, and the stripes a
-repeated text draws, induction and duplicate token, Kovaleva et al.'s diagonal shifted by the repeat), and the
-statistics that tell alike clusters apart. The next token and [SEP] are left out: no causal row sees a later token,
-and a prompt holds no [SEP]."""
-
 # -- the thresholds of the types -----------------------------------------------------------------------------------
 VERTICAL_MIN = 0.4
 """``vertical``: at least this much of the mass on [CLS], [SEP] and punctuation (random rows of 100 tokens with
@@ -115,33 +93,18 @@ def _finite(x) -> bool:
 
 
 def naming_targets(kind: ModelKind = ENCODER) -> tuple[tuple, tuple, tuple]:
-    """``(vertical, diagonal, separating)`` targets of the names: :data:`VERTICAL_TARGETS`,
-    :data:`DIAGONAL_TARGETS` and :data:`SEPARATING`, or for a decoder's maps :data:`CAUSAL_TARGETS` (no next
-    token, no [SEP]; the first-token sink, induction-like and duplicate-token targets)."""
-    if not kind.is_decoder:
-        return VERTICAL_TARGETS, DIAGONAL_TARGETS, SEPARATING
-    return CAUSAL_TARGETS["vertical"], CAUSAL_TARGETS["diagonal"], CAUSAL_TARGETS["separating"]
-
-
-def _with_targets(means):
-    """A causal cluster's means (a Series, or a DataFrame of clusters) with every target of
-    :data:`CAUSAL_TARGETS` that they lack as 0 (means of a run before the induction and duplicate-token
-    statistics); a copy."""
-    targets = [c for c, _ in CAUSAL_TARGETS["separating"]]
-    have = means.index if isinstance(means, pd.Series) else means.columns
-    missing = [c for c in targets if c not in have]
-    if not missing:
-        return means.copy()
-    if isinstance(means, pd.Series):
-        return pd.concat([means, pd.Series(0.0, index=missing)])
-    return means.assign(**dict.fromkeys(missing, 0.0))
+    """``(vertical, diagonal, separating)`` targets of the names: the kind's
+    (:attr:`attnclust.models.kinds.ModelKind.targets`): :data:`VERTICAL_TARGETS`, :data:`DIAGONAL_TARGETS` and
+    :data:`SEPARATING`, or for a decoder's maps :data:`CAUSAL_TARGETS` (no next token, no [SEP]; the first-token
+    sink, induction-like and duplicate-token targets)."""
+    return kind.targets.vertical, kind.targets.diagonal, kind.targets.separating
 
 
 def over_chance(means: pd.Series, kind: ModelKind = ENCODER) -> pd.Series:
-    """The values the names' thresholds read: for a causal model's cluster, each target statistic's lift over its
-    baseline ``(x - chance) / (1 - chance)`` (clipped to 0..1) where ``means`` has ``<statistic>_chance``, a
-    target's NaN (no map of the cluster had one, e.g. no repeated token) read as 0; an encoder's means as they
-    are.
+    """The values the names' thresholds read (:meth:`attnclust.maps.targets.FullRowTargets.judged` of the kind's
+    targets): for a causal model's cluster, each target statistic's lift over its baseline ``(x - chance) / (1 -
+    chance)`` (clipped to 0..1) where ``means`` has ``<statistic>_chance``, a target's NaN (no map of the cluster
+    had one, e.g. no repeated token) read as 0; an encoder's means as they are.
 
     Parameters
     ----------
@@ -155,18 +118,7 @@ def over_chance(means: pd.Series, kind: ModelKind = ENCODER) -> pd.Series:
     pandas.Series
         A copy for a causal model's cluster, ``means`` itself otherwise.
     """
-    if not kind.is_decoder:
-        return means
-    out = _with_targets(means)
-    for c, _ in CAUSAL_TARGETS["separating"]:
-        if c in ("own_segment", "entropy_norm", "confidence"):
-            continue
-        x = float(out[c]) if _finite(out[c]) else 0.0
-        chance = out.get(f"{c}_chance", np.nan)
-        if _finite(chance) and chance < 1.0:
-            x = min(1.0, max(0.0, (x - float(chance)) / (1.0 - float(chance))))
-        out[c] = x
-    return out
+    return kind.targets.judged(means)
 
 
 def segment_lift(means: pd.Series) -> float:
@@ -290,8 +242,7 @@ Base = tuple[str, str, set[str], float]
 def _describe_local(means: pd.Series, vertical: tuple, kind: ModelKind) -> Base:
     """A band of nearby tokens (:func:`is_local`), with the strongest vertical target when it is named."""
     local = float(means["to_local"])
-    where = "the 2 tokens before" if kind.is_decoder else "±2 tokens"  # a causal query sees no later token
-    text = f"local: within {where} ({percent(local)} of mass)"
+    text = f"local: within {kind.targets.local_window} ({percent(local)} of mass)"
     extra = [t for t in _named(over_chance(means, kind), vertical) if t[2] >= NAMED_MIN][:1]
     if extra:
         text += f" and {extra[0][1]} ({percent(float(means[extra[0][0]]))})"
@@ -306,8 +257,8 @@ def _describe_targets(means: pd.Series, pattern: str, vertical: tuple, diagonal:
              + (_named(judged, diagonal) if pattern != "vertical" else []))
     if pattern == "vertical + diagonal":  # both kinds named, the strongest first
         items = sorted(items, key=lambda t: -t[2])
-    shares = means.fillna(0.0) if kind.is_decoder else None
-    return pattern, _listing(items, shares=shares), {c for c, _, _ in items}, sum(t[2] for t in items)
+    named = {c for c, _, _ in items}
+    return pattern, _listing(items, shares=kind.targets.shares(means)), named, sum(t[2] for t in items)
 
 
 def _describe_block(means: pd.Series) -> Base:
@@ -326,7 +277,7 @@ def _describe_heterogeneous(means: pd.Series, targets: tuple, kind: ModelKind = 
         return "heterogeneous", f"broad (entropy {ent:.2f} of maximum)", set(), ent
     minor = [t for t in _named(over_chance(means, kind), targets) if t[2] >= MINOR_MIN][:2]
     if minor:
-        return ("heterogeneous", _listing(minor, "mixed: partly ", means.fillna(0.0) if kind.is_decoder else None),
+        return ("heterogeneous", _listing(minor, "mixed: partly ", kind.targets.shares(means)),
                 {c for c, _, _ in minor}, 1.0 - ent)
     return ("heterogeneous", f"mixed (entropy {ent:.2f} of maximum, mean distance {means['mean_offset']:.1f} "
             f"tokens)", set(), 1.0 - ent)
@@ -335,7 +286,7 @@ def _describe_heterogeneous(means: pd.Series, targets: tuple, kind: ModelKind = 
 def _base(means: pd.Series, kind: ModelKind = ENCODER) -> Base:
     """(type, description, statistics named in it, strength) of one non-empty cluster."""
     vertical, diagonal, _ = naming_targets(kind)
-    means = _with_targets(means) if kind.is_decoder else means
+    means = kind.targets.complete(means)
     pattern = pattern_type(means, kind=kind)
     if pattern == "diagonal" and is_local(means):
         return _describe_local(means, vertical, kind)
@@ -499,16 +450,11 @@ def name_clusters(means: pd.DataFrame, layers: dict[int, tuple[int, int]] | None
     ids = [int(c) for c in means.index]
     empty = {c for c in ids if not np.isfinite(means.loc[c, "entropy_norm"])}
     vertical, diagonal, separating = naming_targets(kind)
-    if kind.is_decoder:  # a cluster none of whose maps has a repeated token: no induction or duplicate mass
-        means = _with_targets(means)
-        full = [c for c in ids if c not in empty]
-        for col in ("to_induction", "to_duplicate"):
-            if col in means.columns:
-                means.loc[full, col] = means.loc[full, col].fillna(0.0)
+    # a causal cluster none of whose maps has a repeated token: no induction or duplicate mass
+    means = kind.targets.complete_clusters(means, [c for c in ids if c not in empty])
     base = {c: _base(means.loc[c], kind) for c in ids if c not in empty}
     parts = {c: [base[c][1]] for c in base}
-    judged = (pd.DataFrame([over_chance(means.loc[c], kind) for c in ids], index=means.index) if kind.is_decoder
-              else None)
+    judged = kind.targets.judged_table(means)
     run = _Run(means=means, named={c: b[2] for c, b in base.items()}, layers=layers or {},
                targets=vertical + diagonal, separating=separating, judged=judged)
     for qualifier in QUALIFIERS:

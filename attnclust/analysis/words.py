@@ -21,11 +21,11 @@ context's character offsets, a piece that continues a word of the context reads 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..maps.tokens import display_tokens
 from ..models.kinds import kind_of
 
 __all__ = ["display_tokens", "mark_word_pieces", "readable_tokens", "word_ids_from_offsets", "word_ids_from_pieces",
@@ -135,63 +135,6 @@ def word_ids_from_offsets(offsets: Sequence[Sequence[int]] | np.ndarray) -> np.n
     joins = np.zeros(len(off), bool)
     joins[1:] = has[1:] & has[:-1] & (off[1:, 0] == off[:-1, 1]) & (off[1:, 1] > off[1:, 0])
     return np.cumsum(~joins).astype(np.int64) - 1
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: the character that stands for each byte -> the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
-
-_BYTES = _byte_decoder()
-_SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def _label(text: str) -> str:
-    """A decoded token as a label: line breaks ``↵``, tabs ``⇥``, a leading space dropped, spaces alone ``␣``."""
-    text = text.replace("\r\n", "↵").replace("\n", "↵").replace("\r", "↵").replace("\t", "⇥")
-    if not text.strip(" "):
-        return "␣" * max(1, len(text)) if text else text
-    return text[1:] if text.startswith(" ") else text
-
-
-def display_tokens(tokens: Sequence[str]) -> list[str]:
-    """Readable labels of one feature's tokens of a causal model's tokenizer.
-
-    SentencePiece tokens (some token holds ``▁``) have ``▁`` read as a space and ``<0xNN>`` as that byte; byte-level
-    BPE tokens (some token holds ``Ġ`` or ``Ċ``) are decoded from GPT-2's byte alphabet to UTF-8 (a piece of a
-    character that other tokens complete reads ``�``); other tokens are kept. Then each label as
-    :func:`readable_tokens` describes; special tokens (``<|im_start|>``) are kept as they are.
-
-    Parameters
-    ----------
-    tokens
-        The feature's tokens (``features.parquet``).
-
-    Returns
-    -------
-    list of str
-        One label per token.
-    """
-    tokens = [str(t) for t in tokens]
-    if any("▁" in t for t in tokens):
-        def decode(t: str) -> str:
-            return _SP_BYTE.sub(lambda m: bytes([int(m.group(1), 16)]).decode("latin-1"), t).replace("▁", " ")
-    elif any("Ġ" in t or "Ċ" in t for t in tokens):
-        def decode(t: str) -> str:
-            if not all(c in _BYTES for c in t):  # a special token (<|im_start|>) holds characters outside it
-                return t
-            return bytes(_BYTES[c] for c in t).decode("utf-8", errors="replace")
-    else:
-        return tokens
-    return [t if t.startswith("<|") and t.endswith("|>") else _label(decode(t)) for t in tokens]
 
 
 def mark_word_pieces(labels: Sequence[str], offsets) -> list[str]:

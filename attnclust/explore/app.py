@@ -14,7 +14,6 @@ from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 
-from ..analysis.words import display_tokens
 from ..errors import StoreError
 from ..layout import RunLayout
 from ..models.kinds import kind_of
@@ -356,11 +355,8 @@ class ExploreApp:
             weights = maps[layer, head].astype(np.float32)
         else:
             weights = self.store.read_map(feature, layer, head)
-        tokens = [str(t) for t in self.features.loc[feature, "tokens"]]
-
-        if kind_of(self.features).is_decoder:  # a decoder's byte-level tokens: readable labels
-            tokens = display_tokens(tokens)
-        return weights, tokens
+        # a decoder's byte-level tokens as readable labels
+        return weights, kind_of(self.features).token_labels(self.features.loc[feature, "tokens"])
 
     def map_json(self, feature: int, layer: int, head: int, weighting: str = "weights") -> dict:
         """``/api/map`` as JSON: ``feature``, ``layer``, ``head``, ``example_id``, ``seq_len``, ``tokens``,

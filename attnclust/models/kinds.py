@@ -39,7 +39,8 @@ from ..data.text import window_texts
 from ..errors import ModelError
 from ..featurize.base import CAUSAL_CONTEXT_VERSION
 from ..maps.stats import causal_uniform_scores, shown_statistics, stat_columns, statistics_versions
-from ..maps.tokens import CLS_TOKENS, SEP_TOKENS
+from ..maps.targets import CAUSAL_ROWS, FULL_ROWS, FullRowTargets
+from ..maps.tokens import CLS_TOKENS, SEP_TOKENS, display_tokens
 from ..store.contract import AttentionStore
 from .decoder import causal_forward, model_kind
 from .hooks import gated
@@ -139,6 +140,9 @@ class ModelKind:
         The head outputs the probes read by default (``probe.pooling: auto``) and what that position is called:
         an encoder's ``cls`` ([CLS]), a decoder's ``last_prompt`` (the last prompt token, whose state predicts the
         answer's first token).
+    targets : attnclust.maps.targets.FullRowTargets
+        What its clusters are named after and how the names' thresholds read them
+        (:mod:`attnclust.maps.targets`): an encoder's rows see every key, a decoder's are causal.
     store_attrs : dict
         Attributes the attention store of a run of this kind carries (read back by :func:`kind_of`).
     """
@@ -153,6 +157,7 @@ class ModelKind:
     compact_spread: ClassVar[str]
     summary_pooling: ClassVar[str]
     summary_name: ClassVar[str]
+    targets: ClassVar[FullRowTargets]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -187,6 +192,16 @@ class ModelKind:
         the share of the keys a target holds: a decoder's causal uniform row, the baseline of its names and roles
         (:func:`attnclust.maps.stats.causal_uniform_scores`); None for an encoder, whose rows see every key."""
         return causal_uniform_scores(tokens, segment_ids) if self.is_decoder else None
+
+    def token_labels(self, tokens: Sequence[str]) -> list[str]:
+        """Readable labels of one feature's tokens, as the explorer and the report show them: an encoder's as they
+        are (WordPiece tokens read as text)."""
+        return [str(t) for t in tokens]
+
+    def featurize_identity(self, featurizer: Any) -> dict:
+        """What the featurize stage's fingerprint holds for this kind's maps beyond the featurizer's settings: none
+        for an encoder."""
+        return {}
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
         """The features of ``examples`` (the rows of ``features.parquet`` before they are ordered).
@@ -300,6 +315,7 @@ class EncoderKind(ModelKind):
     compact_spread = "keys"
     summary_pooling = "cls"
     summary_name = "[CLS]"
+    targets = FULL_ROWS
 
     def build_features(self, examples: Sequence[Any], tokenizer: Any, cfg: JobConfig) -> pd.DataFrame:
         """The question/context windows of each example (:func:`attnclust.data.tokenize_examples`); the windows of
@@ -333,11 +349,23 @@ class DecoderKind(ModelKind):
     compact_spread = "prefix"
     summary_pooling = "last_prompt"
     summary_name = "the last prompt token"
+    targets = CAUSAL_ROWS
 
     @property
     def store_attrs(self) -> dict:
         """``model_kind: causal``."""
         return {"model_kind": self.name}
+
+    def token_labels(self, tokens: Sequence[str]) -> list[str]:
+        """Readable labels of a causal model's byte-level or SentencePiece tokens
+        (:func:`attnclust.maps.tokens.display_tokens`)."""
+        return display_tokens(tokens)
+
+    def featurize_identity(self, featurizer: Any) -> dict:
+        """``causal_context``: the version of the causal null that featurizers reading token masks use on a
+        decoder's maps (:data:`attnclust.featurize.base.CAUSAL_CONTEXT_VERSION`), for a featurizer that
+        ``uses_context``; none for the others."""
+        return {"causal_context": CAUSAL_CONTEXT_VERSION} if getattr(featurizer, "uses_context", False) else {}
 
     def identity(self, cfg: JobConfig) -> dict:
         """The prompts and answers are the features: the settings that make them (``extract.prompt``,

@@ -22,7 +22,7 @@ import numpy as np
 from .. import backend as bk
 from ..config import FeaturizeConfig, JobConfig
 from ..errors import StoreError
-from ..featurize import CAUSAL_CONTEXT_VERSION, TokenContext, embed_with_context, get_featurizer
+from ..featurize import TokenContext, embed_with_context, get_featurizer
 from ..layout import RunLayout
 from ..models.kinds import kind_of
 from ..store.contract import (  # open_embedding: re-exported
@@ -166,7 +166,8 @@ class FeaturizeStage(Stage):
     def identity(self, ctx: RunContext) -> dict:
         """The featurizer's version, the backend (fp16 on a GPU), what the featurizer resolves on this machine
         (resnet: the precision), the store when it was not extracted here, and for a causal model's store read
-        by a featurizer of token masks the version of their causal reading (:data:`CAUSAL_CONTEXT_VERSION`)."""
+        by a featurizer of token masks the version of their causal reading (the kind's
+        :meth:`~attnclust.models.kinds.ModelKind.featurize_identity`)."""
         featurizer = get_featurizer(ctx.cfg.featurize.method)
         out = {"featurizer": featurizer.version, "backend": ctx.backend}
         # what the featurizer resolves on this machine (resnet: precision), "featurizer precision changed" when
@@ -178,8 +179,7 @@ class FeaturizeStage(Stage):
             out["store"] = [store.seq_len.tolist(), list(store.attention.shape)]
         if ctx.layout.attention.exists():  # a causal model's maps: featurizers that read token masks use its null
             store = store or open_attention_store(ctx.layout.attention, require_complete=False)
-            if kind_of(store).is_decoder and getattr(featurizer, "uses_context", False):
-                out["causal_context"] = CAUSAL_CONTEXT_VERSION
+            out.update(kind_of(store).featurize_identity(featurizer))
         return out
 
     def outputs(self, layout: RunLayout) -> tuple[Path, ...]:

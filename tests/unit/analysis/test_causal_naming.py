@@ -1,7 +1,7 @@
 """A decoder's clusters are named in its own words, with thresholds on the lift over the causal uniform map.
 
 Each planted decoder head type (:func:`attnclust.synthetic.planted_decoder_map`) is made one cluster of a per-cluster
-table, its statistics from the real statistics code and its baselines from the features (``causal_chances``).
+table, its statistics from the real statistics code and its baselines from the features (``DECODER.targets.chances``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnclust.analysis.atlas import causal_chances, cluster_table, head_table, segment_chance
+from attnclust.analysis.atlas import cluster_table, head_table, segment_chance
 from attnclust.analysis.naming import describe_cluster, name_clusters, over_chance, pattern_type
 from attnclust.maps.stats import map_statistics, stat_columns
 from attnclust.maps.tokens import token_masks
@@ -50,7 +50,7 @@ def planted_causal_run(kinds, *, lengths=(24, 160), per_cluster=5, seed=0, unifo
 
 def causal_clusters(maps, features, k):
     return cluster_table(maps, head_table(maps, k), k, kind=DECODER, chance=segment_chance(features),
-                         chances=causal_chances(features))
+                         chances=DECODER.targets.chances(features))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_a_short_causal_uniform_cluster_reads_broad_under_its_baseline_not_first
     raw = describe_cluster(means, kind=DECODER)  # no baselines given: the raw shares decide
     assert not raw.startswith("broad"), raw
     judged = over_chance(clusters.iloc[0].rename(None).pipe(lambda r: pd.concat(
-        [r, pd.Series({f"{c}_chance": v for c, v in causal_chances(features).mean().items()})])), kind=DECODER)
+        [r, pd.Series({f"{c}_chance": v for c, v in DECODER.targets.chances(features).mean().items()})])), kind=DECODER)
     assert judged["to_cls"] < 0.05 and judged["to_self"] < 0.05
 
 

@@ -4,6 +4,11 @@ whose map maths reads ``causal``) takes a ``causal`` or ``is_decoder`` flag.
 
 :data:`NOT_YET` lists the functions that still do, each by ``path:function``; it only shrinks. A function taken off
 it that still has the flag fails here, and so does a new one with the flag.
+
+Nor does a function there branch on ``.is_decoder`` (an ``if`` or a conditional expression that reads it): what
+differs is a method or an attribute of the kind (the names' targets, the baselines, the token labels, the
+featurizers' causal null). :data:`BRANCHES_LEFT` lists the functions that still branch, each with its reason; it
+only shrinks.
 """
 
 from __future__ import annotations
@@ -22,6 +27,37 @@ EXEMPT = ("models", "maps")
 """Folders whose functions may take the flag: the kinds themselves, and the map maths below them."""
 NOT_YET: frozenset[str] = frozenset()
 """Functions outside :data:`EXEMPT` that still take a flag of :data:`FLAGS`, not yet converted to a kind."""
+
+
+BRANCHES_LEFT: dict[str, str] = {
+    "analysis/roles.py:role_nulls": "the roles' nulls: the causal one is its own function beside the full-row one",
+    "analysis/retrieval.py:decoder_features": "retrieval heads are read on a decoder's prompts only",
+    "analysis/words.py:readable_tokens": "a decoder's labels also mark the word pieces from the context's offsets",
+    "qa/calibrate.py:ModelAnswerer.__init__": "refuses an encoder: calibration prompts a causal model",
+    "qa/finetune.py:finetune_model": "refuses a decoder: fine-tuning trains an encoder's QA head",
+    "stages/importance.py:importance_block": "a decoder's gradients are taken over its answer's log-probability",
+}
+"""Functions outside :data:`EXEMPT` that still branch on ``.is_decoder``, and why."""
+
+
+def branching_functions(package: Path = PACKAGE) -> set[str]:
+    """``path:function`` (``path:Class.method``) of every function outside :data:`EXEMPT` with an ``if`` or a
+    conditional expression whose test reads ``.is_decoder``."""
+    found = set()
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        if rel.parts[0] in EXEMPT:
+            continue
+        tree = ast.parse(path.read_text())
+        owners = {id(m): f"{c.name}." for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for m in c.body}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.If, ast.IfExp)) and any(
+                        isinstance(a, ast.Attribute) and a.attr == "is_decoder" for a in ast.walk(node.test)):
+                    found.add(f"{rel.as_posix()}:{owners.get(id(fn), '')}{fn.name}")
+    return found
 
 
 def flagged_functions(package: Path = PACKAGE) -> set[str]:
@@ -46,6 +82,24 @@ def test_no_function_outside_models_and_maps_takes_a_causal_flag():
                      f"(attnclust.models.kinds.ModelKind, kind_of) and ask it instead")
     converted = sorted(NOT_YET - found)
     assert not converted, f"{converted}: no longer take the flag; take them off NOT_YET"
+
+
+def test_no_function_outside_models_and_maps_branches_on_the_kind():
+    found = branching_functions()
+    new = sorted(found - set(BRANCHES_LEFT))
+    assert not new, (f"{new}: branch on .is_decoder outside models/ and maps/; make what differs a method or an "
+                     f"attribute of the kind (attnclust.models.kinds.ModelKind) and ask it instead")
+    converted = sorted(set(BRANCHES_LEFT) - found)
+    assert not converted, f"{converted}: no longer branch on the kind; take them off BRANCHES_LEFT"
+
+
+def test_the_scan_sees_a_branch(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "a.py").write_text("def ok(kind):\n    if kind.is_decoder:\n        pass\n")
+    (tmp_path / "b.py").write_text("class C:\n    def m(self, kind):\n        return 1 if kind.is_decoder else 2\n"
+                                   "def f(kind):\n    if not kind_of(kind).is_decoder:\n        return 0\n"
+                                   "def g(kind):\n    return kind.targets\n")
+    assert branching_functions(tmp_path) == {"b.py:C.m", "b.py:f"}
 
 
 def test_the_scan_sees_a_flag(tmp_path):
@@ -124,3 +178,16 @@ def test_a_decoders_resolved_model_carries_its_kind_and_grouped_heads():
     assert model.store_attrs == {"num_layers": 3, "num_heads": 8, "model_kind": "causal", "num_key_value_heads": 2}
     older = ResolvedModel.from_dict({k: v for k, v in info.items() if k not in ("kind", "value_norms", "kv_heads")})
     assert older.kind is ENCODER and not older.value_norms and older.layout.kv_heads == 8
+
+
+def test_the_kind_labels_tokens_and_names_its_featurize_entry():
+    from types import SimpleNamespace
+
+    from attnclust.featurize.base import CAUSAL_CONTEXT_VERSION
+
+    assert ENCODER.token_labels(["[CLS]", "run", "##ning"]) == ["[CLS]", "run", "##ning"]
+    assert DECODER.token_labels(["<|im_start|>", "Ġthe", "Ċ", "Ġ"]) == ["<|im_start|>", "the", "↵", "␣"]
+    assert DECODER.token_labels(["▁the", "<0x0A>"]) == ["the", "↵"]
+    masks, plain = SimpleNamespace(uses_context=True), SimpleNamespace()
+    assert DECODER.featurize_identity(masks) == {"causal_context": CAUSAL_CONTEXT_VERSION}
+    assert DECODER.featurize_identity(plain) == ENCODER.featurize_identity(masks) == {}
