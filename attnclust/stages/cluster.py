@@ -29,6 +29,7 @@ from ..config import ClusterConfig
 from ..errors import ConfigError
 from ..executors import StepBars
 from ..layout import RunLayout
+from ..models.resolved import ResolvedModel
 from ..store.contract import atomic_write_json, atomic_write_parquet, open_attention_store, open_embedding
 from .base import RunContext, Stage
 
@@ -120,8 +121,8 @@ class ClusterStage(Stage):
                         f"{len(features)} window(s)); give k explicitly (--set cluster.k=4) or use more data")
             return
         if "features" in ctx.inputs:
-            info = ctx.inputs["model_info"]
-            n_maps = len(ctx.inputs["features"]) * info["num_layers"] * info["num_heads"]
+            heads = ResolvedModel.from_dict(ctx.inputs["model_info"]).layout  # resolved by the extract stage
+            n_maps = len(ctx.inputs["features"]) * heads.layers * heads.heads
         elif ctx.layout.attention.exists():
             store = open_attention_store(ctx.layout.attention, require_complete=False)
             n_maps = store.n_features * store.n_layers * store.n_heads

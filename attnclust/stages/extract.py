@@ -51,7 +51,6 @@ from ..featurize.profile import ProfileFeaturizer as _Profile
 from ..layout import RunLayout
 from ..maps import CompactCode
 from ..maps.profile import PROFILE_COMPONENTS
-from ..models.kinds import kind_of
 from ..models.resolved import ResolvedModel, resolve_model
 from ..models.runner import get_tokenizer
 from ..runtime import trim_heap
@@ -330,10 +329,11 @@ class ExtractStage(Stage):
             capped["features_normalised"] = FEATURE_LAYOUT_VERSION
         if ctx.cfg.data.format == "text":  # how texts become windows (data/text.py)
             capped["text_windows"] = TEXT_WINDOWS_VERSION
-        kind = kind_of(inputs["model_info"])
+        model = ResolvedModel.from_dict(inputs["model_info"])  # resolved once, on the driver
+        kind = model.kind
         capped.update(kind.identity(ctx.cfg))  # a decoder's: the settings of its prompts and answers
         capped.update(model_fingerprint(kind, ctx.cfg))  # the per-model analyses measured here (finalize)
-        return {"data_file_content": inputs["data_sha256"], "model_weights": inputs["model_info"]["identity"],
+        return {"data_file_content": inputs["data_sha256"], "model_weights": model.identity,
                 "backend": ctx.backend, "statistics": kind.statistics_versions(),
                 "extraction_analyses": extraction_versions(inputs["extraction_analyses"]), **capped}
 
@@ -358,10 +358,10 @@ class ExtractStage(Stage):
                      f"{n_windows:,} window{'s' if n_windows != 1 else ''} of at most extract.max_seq_len = "
                      f"{cfg.extract.max_seq_len} tokens, consecutive windows of a text sharing extract.doc_stride = "
                      f"{cfg.extract.doc_stride}; no questions, so no QA, importance, probes or answer analyses")
-        info = inputs["model_info"]
+        heads = ResolvedModel.from_dict(inputs["model_info"]).layout
         seq_len = inputs["features"]["seq_len"].to_numpy()
         plan = self._store_plan(ctx)
-        ctx.note(f"extract: {len(seq_len):,} features, {info['num_layers']} layers x {info['num_heads']} heads, "
+        ctx.note(f"extract: {len(seq_len):,} features, {heads.layers} layers x {heads.heads} heads, "
                  f"width {int(seq_len.max())}, {plan.describe(cfg.extract.store_dtype, cfg.extract.compact_mass)}")
         note = check_store_room(ctx.layout, plan.projected, cfg, expected=plan.expected)
         if note:
@@ -401,7 +401,8 @@ class ExtractStage(Stage):
         """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the
         resolved ``store`` (``full`` or ``compact``)."""
         inputs = ctx.inputs
-        kind = kind_of(inputs["model_info"])
+        model = ResolvedModel.from_dict(inputs["model_info"])  # resolved once, on the driver
+        kind = model.kind
         store = open_attention_store(ctx.layout.attention, require_complete=False)
         blocks = store.blocks()
         finish_store(ctx.layout, len(blocks))
@@ -414,17 +415,15 @@ class ExtractStage(Stage):
         # the per-model extraction analyses that apply (a decoder's induction diagnostic and the papers' protocols),
         # with the model the driver resolved; the files of those that do not apply are removed
         measured = run_model_analyses(ModelContext(ctx.layout, ctx.cfg, bk.torch_device(ctx.backend),
-                                                   inputs["model_info"]["identity"], inputs["examples"],
-                                                   note=ctx.note), kind)
+                                                   model.identity, inputs["examples"], note=ctx.note), kind)
         seconds = time.perf_counter() - self.t0_
         features = inputs["features"]
-        info = inputs["model_info"]
         return {"features": len(features), "examples": len(inputs["examples"]),
-                "maps": len(features) * info["num_layers"] * info["num_heads"],
+                "maps": len(features) * model.layout.layers * model.layout.heads,
                 "features_per_second": round(sum(r["features"] for r in results) / seconds, 3) if results else None,
                 "forward_seconds": round(sum(r["forward_seconds"] for r in results), 3),
                 "convert_seconds": round(sum(r.get("convert_seconds", 0.0) for r in results), 3),
-                "tokens": int(features["seq_len"].sum()), "head_trained": bool(info["head_trained"]),
+                "tokens": int(features["seq_len"].sum()), "head_trained": model.head_trained,
                 "data_path": inputs["data_path"], "data_format": ctx.cfg.data.format, "store": store.mode,
                 "control_strings": {"examples": len(inputs.get("control_strings", {})),
                                     "strings": sorted({t for hits in inputs.get("control_strings", {}).values()

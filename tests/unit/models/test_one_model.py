@@ -178,6 +178,10 @@ def test_a_decoders_resolved_model_carries_its_kind_and_grouped_heads():
     assert model.store_attrs == {"num_layers": 3, "num_heads": 8, "model_kind": "causal", "num_key_value_heads": 2}
     older = ResolvedModel.from_dict({k: v for k, v in info.items() if k not in ("kind", "value_norms", "kv_heads")})
     assert older.kind is ENCODER and not older.value_norms and older.layout.kv_heads == 8
+    assert (model.revision, model.gguf_file) == (None, None)
+    pinned = ResolvedModel.from_dict({**info, "revision": "3f2a", "gguf_file": "m-q8.gguf"})
+    assert (pinned.revision, pinned.gguf_file) == ("3f2a", "m-q8.gguf")
+    assert ResolvedModel.from_dict(pinned.to_dict()) == pinned
 
 
 def test_the_kind_labels_tokens_and_names_its_featurize_entry():
