@@ -242,7 +242,9 @@ def test_the_extract_stage_asks_the_kind_object_not_a_string():
     path = PACKAGE / "stages" / "extract.py"
     assert _kind_questions(path) == []
     source = path.read_text(encoding="utf-8")
-    assert "kind_of(" in source and "causal_forward" not in source and "run_forward(" not in source
+    # the kind of the model the driver resolved (ResolvedModel.kind, read by kind_of from model_info)
+    assert "ResolvedModel.from_dict(" in source and ".kind" in source
+    assert "causal_forward" not in source and "run_forward(" not in source
 
 
 def test_no_module_asks_the_kind_by_a_string_but_where_the_kinds_are_spelled():
