@@ -25,7 +25,7 @@ import numpy as np
 from .errors import ClusterError
 from .runtime import START_TIMEOUT, driver_environ_kept, spawn_environ, workers_ignore_sigint
 
-__all__ = ["DaskExecutor", "Executor", "OnStep", "SerialExecutor", "StepBars", "in_dask_worker", "step",
+__all__ = ["DaskExecutor", "Executor", "OnStep", "Pending", "SerialExecutor", "StepBars", "in_dask_worker", "step",
            "step_key", "worker_executor"]
 
 
@@ -85,6 +85,11 @@ class SerialExecutor:
     def call(self, fn: Callable, *args, key: str) -> Any:
         """``fn(*args)``: one task (``key`` names it on a Dask cluster)."""
         return fn(*args)
+
+    def start(self, fn: Callable, *args, key: str) -> Pending:
+        """``fn(*args)`` to be run later: here, when its :meth:`Pending.result` is asked (in order, as if called
+        then); on a Dask cluster at once, beside the caller (:meth:`DaskExecutor.start`)."""
+        return Pending(lambda: fn(*args))
 
     def share(self, obj: Any) -> Any:
         """An object every block receives (scattered to every worker on Dask)."""
@@ -189,10 +194,30 @@ class DaskExecutor:
         """Run ``fn(*args)`` as one task ``{job_id}-{key}`` on a worker and wait for it."""
         return self.client.submit(fn, *args, key=f"{self.job_id}-{key}", pure=False, retries=1).result()
 
+    def start(self, fn: Callable, *args, key: str) -> Pending:
+        """Submit ``fn(*args)`` as one task ``{job_id}-{key}`` now; its :meth:`Pending.result` waits for it. The
+        caller goes on meanwhile (its own work and the tasks it maps run beside it on the other workers)."""
+        future = self.client.submit(fn, *args, key=f"{self.job_id}-{key}", pure=False, retries=1)
+        return Pending(future.result)
+
     def share(self, obj: Any) -> Any:
         """Scatter ``obj`` to every worker once; tasks receive it by reference."""
         [future] = self.client.scatter([obj], broadcast=True)
         return future
+
+
+class Pending:
+    """A piece of work started by :meth:`SerialExecutor.start` or :meth:`DaskExecutor.start`: :meth:`result` gives
+    its return value (or raises its exception), computing or waiting for it the first time."""
+
+    def __init__(self, get: Callable[[], Any]):
+        self._get, self._done, self._value = get, False, None
+
+    def result(self) -> Any:
+        """The work's return value."""
+        if not self._done:
+            self._value, self._done = self._get(), True
+        return self._value
 
 
 Executor = SerialExecutor | DaskExecutor

@@ -39,7 +39,7 @@ import pandas as pd
 from .. import backend as bk
 from ..config import ClusterConfig
 from ..errors import ConfigError, StoreError
-from ..executors import Executor, OnStep, step, worker_executor
+from ..executors import Executor, OnStep, SerialExecutor, step, step_key, worker_executor
 from ..layout import RunLayout
 from ..store.contract import open_embedding
 from . import stability
@@ -176,6 +176,17 @@ def _silhouette_scores(z: np.ndarray, ks: list[int], cfg: ClusterConfig, backend
     return scores
 
 
+def _fit_umap(z: np.ndarray, backend: str, neighbors: int, min_dist: float, random_state: int, exact: bool
+              ) -> tuple[object, np.ndarray, float]:
+    """A task of :func:`fit_clusters`: UMAP fitted on ``z`` (on an exact neighbour graph of ``z`` when ``exact``);
+    ``(umap, its 2-D coordinates of z as float32, seconds)``."""
+    t0 = time.perf_counter()
+    umap = bk.make_umap(backend, n_neighbors=neighbors, min_dist=min_dist, random_state=random_state,
+                        exact_knn_of=z if exact else None)
+    xy = bk.to_numpy(umap.fit_transform(z)).astype(np.float32)
+    return umap, xy, time.perf_counter() - t0
+
+
 def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
                  rows: np.ndarray | None = None, n_total: int | None = None, groups: np.ndarray | None = None,
                  on_step: OnStep | None = None, placement: Placement | None = None,
@@ -209,8 +220,8 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
         sample (``placer_``) and lets the UMAP fit on an exact neighbour graph on CPU; ``umap`` keeps the UMAP
         able to ``transform`` (NN-descent on CPU).
     executor
-        Runs the split-half fits of choosing k (:mod:`attnclust.executors`; ``None``: in this process, one after
-        the other).
+        Runs the split-half fits of choosing k, and on CPU the UMAP fit beside them (:mod:`attnclust.executors`;
+        ``None``: in this process, one after the other).
 
     Returns
     -------
@@ -242,6 +253,18 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
     fitted = FittedClusters(k_=0, kmeans_=None, pca_=pca)
     z = fitted.reduce(x)
     lap("pca")
+    umap_job = None
+    if cfg.umap and n > cfg.umap_neighbors + 1:
+        # UMAP reads only the reduced vectors, not k: on a CPU cluster it runs as a task of its own beside choosing
+        # k, the fits and the stability, which keep one core busy most of the time. With no cluster, or on GPUs
+        # (one fit per device at a time), it runs here, last, as before.
+        umap_pick = sample_rows(n, cfg.umap_sample, stream_seed(cfg.random_state, "umap_sample"))
+        fits_all = len(umap_pick) == (n if n_total is None else n_total)
+        exact = (fits_all or placement == "knn") and backend == "cpu"
+        runner = executor if executor is not None and backend == "cpu" else SerialExecutor()
+        umap_job = runner.start(
+            _fit_umap, z[umap_pick], backend, cfg.umap_neighbors, cfg.umap_min_dist, cfg.random_state, exact,
+            key=step_key(_fit_umap))
     measure = cfg.k == "auto" or cfg.stability_resamples is not None
     pick = sample_rows(n, cfg.stability_sample, stream_seed(cfg.stability_seed, "stability_sample")) if measure \
         else np.arange(0)
@@ -288,21 +311,16 @@ def fit_clusters(x: np.ndarray, cfg: ClusterConfig, backend: str = "cpu", *,
             random_state=stream_seed(cfg.random_state, "stability"), backend=backend,
             on_step=on_step)
         lap("bootstrap")
-    if cfg.umap and n > cfg.umap_neighbors + 1:
-        pick = sample_rows(n, cfg.umap_sample, stream_seed(cfg.random_state, "umap_sample"))
-        fits_all = len(pick) == (n if n_total is None else n_total)
-        with step(on_step, f"UMAP on {len(pick)} maps"):
-            umap = bk.make_umap(backend, n_neighbors=cfg.umap_neighbors, min_dist=cfg.umap_min_dist,
-                                random_state=cfg.random_state,
-                                exact_knn_of=z[pick] if (fits_all or placement == "knn") and backend == "cpu"
-                                else None)
-            fitted.umap_xy_ = bk.to_numpy(umap.fit_transform(z[pick])).astype(np.float32)
-        fitted.umap_, fitted.umap_rows_ = umap, rows[pick]
-        lap("umap")
+    if umap_job is not None:
+        with step(on_step, f"UMAP on {len(umap_pick)} maps"):
+            umap, fitted.umap_xy_, seconds = umap_job.result()
+        fitted.umap_, fitted.umap_rows_ = umap, rows[umap_pick]
+        lap("umap_wait")
+        timings["umap"] = round(seconds, 3)  # its own time, beside the steps above on a cluster
         if not fits_all:
             fitted.placement_ = "knn" if placement == "knn" else "umap_transform"
         if placement == "knn" and not fits_all:
-            fitted.placer_ = KnnPlacer(random_state=cfg.random_state).fit(z[pick], fitted.umap_xy_)
+            fitted.placer_ = KnnPlacer(random_state=cfg.random_state).fit(z[umap_pick], fitted.umap_xy_)
             lap("placement_index")
     fitted.timings_ = timings
     return fitted

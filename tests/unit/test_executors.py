@@ -7,6 +7,9 @@ split-half fits go through whatever executor it is given (a stage's own, or a wo
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -56,6 +59,32 @@ def test_dask_map_gives_the_serial_results_in_the_items_order(client):
     here = SerialExecutor().map(_weighted, items, stage="w", progress=False, shared=shared)
     assert there == here
     assert seen == list(range(1, len(items) + 1))
+
+
+GATE = threading.Event()
+"""Held shut by the test of started work: the task (in this process, ``processes=False``) waits for it."""
+
+
+def _wait_then_square(i: int) -> int:
+    assert GATE.wait(30)
+    return i * i
+
+
+def test_started_work_runs_later_here_and_at_once_on_dask(client):
+    calls = []
+    pending = SerialExecutor().start(lambda i: calls.append(i) or i * i, 7, key="sq")
+    assert calls == []                                   # here: run when its result is asked, once
+    assert pending.result() == pending.result() == 49 and calls == [7]
+    with pytest.raises(ZeroDivisionError):
+        SerialExecutor().start(lambda: 1 / 0, key="z").result()
+    GATE.clear()
+    started = DaskExecutor(client, "job-s").start(_wait_then_square, 5, key="sq")
+    deadline = time.monotonic() + 30
+    while "job-s-sq" not in {k for keys in client.processing().values() for k in keys}:
+        assert time.monotonic() < deadline, "not running before its result was asked"
+        time.sleep(0.01)
+    GATE.set()
+    assert started.result() == 25
 
 
 def test_worker_executor_is_serial_here_and_dask_inside_a_task(client):

@@ -360,12 +360,13 @@ def test_tied_candidates_are_those_within_the_tolerance():
 @pytest.mark.slow
 def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_workers(tmp_path):
     """``fit_from_store`` as a task on a two-worker cluster: each candidate's split-half fits are a task of their
-    own (:func:`attnclust.executors.worker_executor`), they run on both workers, and the stability of every
-    candidate and the chosen k are those of the fit in this process."""
+    own (:func:`attnclust.executors.worker_executor`), the UMAP fit is a task beside them, they run on both
+    workers, and the stability of every candidate, the chosen k and the UMAP coordinates are those of the fit in this
+    process."""
     from distributed import Client, LocalCluster
 
     _blob_embedding(tmp_path)
-    cfg = AUTO.replace(k_max=8, stability_splits=4)
+    cfg = AUTO.replace(k_max=8, stability_splits=4, umap=True, umap_neighbors=10)
     here = fit_from_store(str(tmp_path), cfg)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster, set_as_default=False) as client:
@@ -375,8 +376,13 @@ def test_choosing_k_on_a_dask_worker_runs_each_candidate_as_a_task_across_the_wo
     scores = [t for t in stream if t["key"].startswith("job-x-cluster-fit-split-scores-")]  # under the job's name
     candidates = len(range(cfg.k_min, cfg.k_max + 1))
     assert len(scores) > candidates                                     # every candidate, then the contenders
-    assert len({t["worker"] for t in scores}) == 2, {t["worker"] for t in scores}
     assert there.k_ == here.k_ == 6
     assert there.k_stability_.keys() == here.k_stability_.keys()
     for k in here.k_stability_:
         np.testing.assert_array_equal(there.k_stability_[k], here.k_stability_[k])
+    [umap] = [t for t in stream if t["key"].startswith("job-x-cluster-fit-fit-umap-")]
+    assert len({t["worker"] for t in [*scores, umap]}) == 2, {t["worker"] for t in [*scores, umap]}
+    fit = next(t for t in stream if t["key"] == "job-x-cluster-fit")
+    assert fit["startstops"][0]["start"] < umap["startstops"][0]["start"] < scores[-1]["startstops"][0]["start"]
+    np.testing.assert_array_equal(there.umap_xy_, here.umap_xy_)
+    np.testing.assert_array_equal(there.umap_rows_, here.umap_rows_)
