@@ -5,7 +5,9 @@ An executor maps a function over argument tuples, in order: :class:`SerialExecut
 process (tests, benchmarks, debugging), :class:`DaskExecutor` as Dask tasks on a cluster. The stages run their
 blocks with it (:meth:`~DaskExecutor.map`, :meth:`~DaskExecutor.call`, :meth:`~DaskExecutor.share`); the cluster
 fit, itself one task on a worker, runs its candidates' split-half fits with the executor of that worker
-(:func:`worker_executor`: the same :class:`DaskExecutor` over ``distributed.worker_client``), so the same code runs
+(:func:`worker_executor`: the same :class:`DaskExecutor` over ``distributed.worker_client``) and starts its UMAP fit
+beside them (:meth:`~DaskExecutor.start`: at once on Dask, when its result is asked in a :class:`SerialExecutor`),
+so the same code runs
 in a test, on the embedded cluster and on a GPU service. Tests inject faults and delays by subclassing an executor.
 
 Work that is not blocks (a fit, a search over k, rendering) tells its steps to an ``on_step(step, done, total,
