@@ -7,8 +7,8 @@ blocks with it (:meth:`~DaskExecutor.map`, :meth:`~DaskExecutor.call`, :meth:`~D
 fit, itself one task on a worker, runs its candidates' split-half fits with the executor of that worker
 (:func:`worker_executor`: the same :class:`DaskExecutor` over ``distributed.worker_client``) and starts its UMAP fit
 beside them (:meth:`~DaskExecutor.start`: at once on Dask, when its result is asked in a :class:`SerialExecutor`),
-so the same code runs
-in a test, on the embedded cluster and on a GPU service. Tests inject faults and delays by subclassing an executor.
+so the same code runs in a test, on the embedded cluster and on a GPU service. Tests inject faults and delays by
+subclassing an executor.
 
 Work that is not blocks (a fit, a search over k, rendering) tells its steps to an ``on_step(step, done, total,
 unit)`` callback (:data:`OnStep`); :class:`StepBars` draws them as progress bars on the driver.

@@ -4,6 +4,8 @@ maps handed to one call (:class:`TokenContext`), and the token-chosen targets of
 The one home of the special tokens: the model kinds name them (:mod:`attnclust.models.kinds`: an encoder's [CLS]
 and separators; a decoder's first token is its attention sink), and the statistics' token masks, the profile's
 :class:`TokenContext` and the encoder tokenizers' check (:func:`attnclust.data.check_pair_layout`) read them.
+Readable labels of a causal model's byte-level or SentencePiece tokens (:func:`display_tokens`) are here too, for the
+decoder kind to give (:meth:`attnclust.models.kinds.ModelKind.token_labels`).
 """
 
 from __future__ import annotations
