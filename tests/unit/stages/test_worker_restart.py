@@ -106,3 +106,24 @@ def test_a_restart_soon_after_a_lost_worker_brings_every_worker_back():
         assert executor.n_workers == 2
         time.sleep(1.0)
         assert len(client.scheduler_info()["workers"]) == 2
+
+
+def test_a_worker_told_to_exit_at_once_flushes_its_output_and_skips_the_teardown(tmp_path):
+    """What a restart tells each worker first (``_exit_at_once_when_done``): at its exit the process flushes its
+    streams and leaves with 0, before any other exit handler (here one that would write a file) runs."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "teardown-ran"
+    code = (f"import atexit, pathlib, sys\n"
+            f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'x')\n"
+            f"from attnclust.executors import _exit_at_once_when_done\n"
+            f"_exit_at_once_when_done()\n"
+            f"sys.stdout.write('buffered')\n"
+            f"sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "buffered"), done.stderr[-2000:]
+    assert not marker.exists()
+    normal = subprocess.run([sys.executable, "-c", code.replace("_exit_at_once_when_done()\n", "")],
+                            capture_output=True, text=True, timeout=120)
+    assert normal.returncode == 3 and marker.exists()  # the same program without it: its handler runs
