@@ -214,10 +214,10 @@ class DaskExecutor:
 def _exit_at_once_when_done() -> None:
     """In a worker about to be restarted: once it has closed, its process leaves without Python's teardown.
 
-    After extraction a worker process took 1.65 s to exit once its worker had closed (10 ms): the interpreter
-    tearing down torch, transformers and the model. Its nanny starts the new worker only then; the restart took
-    2.7 s on the demo, 1.1-1.3 s with this. The tasks have written and closed their files by then, Dask has
-    closed the worker, and nothing of the process is read again.
+    After extraction a worker process took far longer to exit than its worker took to close: the interpreter
+    tearing down torch, transformers and the model; its nanny starts the new worker only then (the restart's
+    figures are in ``bench/HISTORY.md``). The tasks have written and closed their files by then, Dask has closed
+    the worker, and nothing of the process is read again.
     """
     import atexit
     import os
