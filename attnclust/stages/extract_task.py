@@ -14,13 +14,12 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from ..analysis.extraction import EXTRACTION_ANALYSES, applicable
+from ..analysis.extraction import EXTRACTION_ANALYSES
 from ..analysis.probes import save_head_output_part
 from ..config import JobConfig
 from ..layout import RunLayout
 from ..models.kinds import kind_of
-from ..models.resolved import ResolvedModel
-from ..models.runner import describe_model, get_model
+from ..models.runner import get_model
 from ..runtime import fix_malloc_thresholds
 from ..store.contract import atomic_write_parquet, open_attention_store
 from .extract_writers import ExactSampleWriter, ShardFiller
@@ -78,8 +77,8 @@ def _worker_threads() -> int | None:
         return None
 
 
-def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str = "cpu",
-                  identity: str | None = None, analyses: Sequence[str] | None = None) -> dict:
+def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, device: str, identity: str,
+                  analyses: Sequence[str]) -> dict:
     """Extract features ``start:stop`` (one shard) on a worker: the shard, its statistics and logits parts.
 
     Each layer's maps are converted where the forward makes them: the forward hands each layer's attention weights
@@ -93,9 +92,8 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     whose layers are all converted while the next batches' forwards run (:meth:`ShardFiller.flush
     <attnclust.stages.extract_writers.ShardFiller.flush>`); without it the shard is written once, at the end.
     ``identity`` is the model's as the driver resolved it (``model_info["identity"]``): the key of the worker's
-    model cache, not computed again per block; ``analyses`` the registered extraction analyses the driver chose for
-    the run (``inputs["extraction_analyses"]``; None: those that apply to the model as the pre-flight check describes
-    it).
+    model cache, not computed again per block; ``analyses`` the names of the registered extraction analyses the
+    driver chose for the run (``inputs["extraction_analyses"]``).
 
     Returns
     -------
@@ -122,8 +120,6 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
     maps_kind = kind_of(store)  # a decoder's: the profile's causal uniform null, the causal statistics
     # the registered extraction analyses that can measure this model (analysis/extraction.py: what heads move ...),
     # each with its work on this task's features
-    if analyses is None:
-        analyses = [a.name for a in applicable(ResolvedModel.from_dict(describe_model(cfg.model)))]
     analyses = [EXTRACTION_ANALYSES[name] for name in analyses]
     works = {a.name: a.block(store, start, stop, n_layers, n_heads) for a in analyses}
     # (feature, layer, head) per statistic, filled layer by layer
