@@ -155,30 +155,27 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
             whole += len(fp.sentences)
             if len(fp.dependent):
                 aligned[f] = fp
-        if aligned:
-            # the whole block when most of its features hold parsed sentences; otherwise those features alone (the
-            # exact sample is read feature by feature in any case): the same maps, fewer chunks decoded
-            maps = store.read_block(start, stop) if store.exact is None and 2 * len(aligned) > stop - start \
-                else None
-            for f, fp in aligned.items():
-                n = int(store.seq_len[f])
-                wm = word_level_map(store.read_exact(f) if maps is None else maps[f - start, :, :, :n, :n],
-                                    fp.word_ids)
-                for s, ids in enumerate(fp.sentences):
-                    arcs = np.flatnonzero(fp.sentence == s)
-                    if not len(arcs):
-                        continue
-                    local = {int(w): i for i, w in enumerate(ids)}
-                    scored = np.array([local[int(w)] for w in fp.scored[arcs]], np.int64)
-                    gold = np.array([local[int(w)] for w in fp.head[arcs]], np.int64)
-                    sub = wm[:, :, ids[:, None], ids[None, :]]  # (layer, head, word, word) of this sentence
-                    sub[:, :, np.arange(len(ids)), np.arange(len(ids))] = 0  # the word itself: 0, as Clark's code
-                    for d in directions:
-                        pred = sub.argmax(-1) if d == "dep->head" else sub.argmax(-2)  # (layer, head, word)
-                        hits[d].append(np.moveaxis(pred[:, :, scored] == gold[None, None, :], -1, 0))
-                    rel_codes.append(np.array([relations.setdefault(r, len(relations)) for r in fp.relation[arcs]],
-                                              np.int64))
-                    offsets.append(fp.offset[arcs])
+        for f, fp in aligned.items():
+            # only the tokens from the first to the last word of the feature's whole sentences are read and
+            # grouped: a word's weights are sums over its own tokens, so they are those of the whole map's words
+            first, last = _sentence_span(fp)
+            lo, hi = np.searchsorted(fp.word_ids, first, "left"), np.searchsorted(fp.word_ids, last, "right")
+            wm = word_level_map(store.read_exact_window(f, int(lo), int(hi)), fp.word_ids[lo:hi] - first)
+            for s, ids in enumerate(fp.sentences):
+                arcs = np.flatnonzero(fp.sentence == s)
+                if not len(arcs):
+                    continue
+                local = {int(w): i for i, w in enumerate(ids)}
+                scored = np.array([local[int(w)] for w in fp.scored[arcs]], np.int64)
+                gold = np.array([local[int(w)] for w in fp.head[arcs]], np.int64)
+                sub = wm[:, :, ids[:, None] - first, ids[None, :] - first]  # (layer, head, word, word) of it
+                sub[:, :, np.arange(len(ids)), np.arange(len(ids))] = 0  # the word itself: 0, as Clark's code
+                for d in directions:
+                    pred = sub.argmax(-1) if d == "dep->head" else sub.argmax(-2)  # (layer, head, word)
+                    hits[d].append(np.moveaxis(pred[:, :, scored] == gold[None, None, :], -1, 0))
+                rel_codes.append(np.array([relations.setdefault(r, len(relations)) for r in fp.relation[arcs]],
+                                          np.int64))
+                offsets.append(fp.offset[arcs])
         if progress is not None:
             progress(b + 1, len(blocks))
     if not rel_codes:
@@ -214,6 +211,13 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
         layout.record(path)
         atomic_write_parquet(table, path)
     return table
+
+
+def _sentence_span(fp) -> tuple[int, int]:
+    """The first and last word of a feature's whole parsed sentences (:class:`~attnclust.analysis.parses.FeatureParse`
+    word ids)."""
+    words = np.concatenate(fp.sentences)
+    return int(words.min()), int(words.max())
 
 
 def best_offset(offsets: np.ndarray) -> tuple[int, float]:

@@ -152,6 +152,34 @@ class AttentionStore:
         with self._reading(feature, feature + 1):
             return self._decode(self.exact[row, :, :, :n, :n], scale=1.0)  # float16 weights, never quantised
 
+    def read_exact_window(self, feature: int, start: int, stop: int) -> np.ndarray:
+        """The square ``start:stop`` (queries and keys) of :meth:`read_exact`'s maps: the same weights, without
+        decoding the rest of the feature's maps (a compact store without an exact sample decodes whole rows, then
+        crops them).
+
+        Returns
+        -------
+        numpy.ndarray
+            (layer, head, stop - start, stop - start) float32.
+
+        Raises
+        ------
+        ValueError
+            ``start:stop`` is not a non-empty window inside the feature's true length.
+        """
+        n = int(self.seq_len[feature])
+        if not 0 <= start < stop <= n:
+            raise ValueError(f"read_exact_window: tokens {start}:{stop} of feature {feature}, whose true length "
+                             f"is {n}")
+        if self.exact is None and self.mode == "compact":
+            return self.read_exact(feature)[:, :, start:stop, start:stop]
+        if self.exact is None:
+            with self._reading(feature, feature + 1):
+                return self._decode(self.attention[feature, :, :, start:stop, start:stop])
+        row = self._exact_row(feature)
+        with self._reading(feature, feature + 1):
+            return self._decode(self.exact[row, :, :, start:stop, start:stop], scale=1.0)
+
     def read_exact_map(self, feature: int, layer: int, head: int) -> np.ndarray:
         """One map as exact as the store holds it (:meth:`read_exact` of one head, which decodes one layer's
         chunk instead of the feature's every layer): (query, key) float32 at the feature's true length."""

@@ -157,7 +157,7 @@ def write_compact_decoy(root: str | Path, sample) -> Path:
     root
         A directory holding a full ``attention.zarr`` (e.g. from :func:`write_planted_store`).
     sample
-        Increasing feature ids (the exact sample).
+        Increasing feature ids (the exact sample; empty: a compact store without one).
 
     Returns
     -------
@@ -184,7 +184,7 @@ def write_compact_decoy(root: str | Path, sample) -> Path:
         store.attention.with_config(write)[start:stop] = block
     store.profile.with_config(write)[:] = np.random.default_rng(0).random(store.profile.shape, np.float32)
     store.kept_mass.with_config(write)[:] = 1.0  # a uniform row keeps every key
-    side = store.exact.shape[-1]
+    side = 0 if store.exact is None else store.exact.shape[-1]  # an empty sample: a store without one
     for i, f in enumerate(sample):
         store.exact.with_config(write)[i] = exact[int(f)][:, :, :side, :side]
     mark_store_complete(path)

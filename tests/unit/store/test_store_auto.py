@@ -511,3 +511,19 @@ def test_read_exact_map_is_one_head_of_read_exact(tmp_path):
                 np.testing.assert_array_equal(store.read_exact_map(f, layer, head), store.read_exact(f)[layer, head])
     with pytest.raises(StoreError, match=r"feature 2 is not in the exact sample"):
         store.read_exact_map(2, 0, 0)
+
+
+@pytest.mark.parametrize("sample", [None, [0, 3], []], ids=["full", "exact sample", "compact, no sample"])
+def test_read_exact_window_is_the_square_of_read_exact(tmp_path, sample):
+    planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(7), n_features=5, n_layers=2,
+                                  n_heads=3, lengths=(6, 20))
+    if sample is not None:
+        write_compact_decoy(planted.root, sample)
+    store = open_attention_store(RunLayout(planted.root).attention)
+    for f in store.exact_ids():
+        n = int(store.seq_len[f])
+        for start, stop in ((0, n), (1, n - 1), (n - 2, n), (2, 3)):
+            np.testing.assert_array_equal(store.read_exact_window(int(f), start, stop),
+                                          store.read_exact(int(f))[:, :, start:stop, start:stop])
+    with pytest.raises(ValueError, match=r"tokens 2:2 of feature 0"):
+        store.read_exact_window(0, 2, 2)
