@@ -126,7 +126,7 @@ def feature_answer_attention(maps: np.ndarray, *, stop: int, start: int, end: in
     Parameters
     ----------
     maps : numpy.ndarray, shape (layer, head, query, key)
-        The feature's maps at its true length ``n``.
+        The feature's maps at its true length ``n`` (``n`` keys; at least the first ``stop`` query rows).
     stop : int
         Question rows are ``1 .. stop - 1`` (:func:`question_stop`).
     start, end : int
@@ -187,8 +187,9 @@ def answer_table(layout, features: pd.DataFrame, *, predictions: pd.DataFrame | 
     L, H = store.n_layers, store.n_heads
     frames = []
     for r in rows.itertuples(index=False):
-        lift, cls = feature_answer_attention(store.read_exact(int(r.feature_id)), stop=r.stop,
-                                             start=r.start, end=r.end)
+        # the question rows (and the row before them) are all the lift reads: the rest is never converted
+        lift, cls = feature_answer_attention(store.read_exact_part(int(r.feature_id), slice(0, int(r.stop))),
+                                             stop=r.stop, start=r.start, end=r.end)
         frames.append(pd.DataFrame({"feature_id": np.full(L * H, r.feature_id, np.int64),
                                     "layer": np.repeat(np.arange(L, dtype=np.int64), H),
                                     "head": np.tile(np.arange(H, dtype=np.int64), L),

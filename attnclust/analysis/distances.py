@@ -261,9 +261,9 @@ def head_distances(store, *, n_features: int | None = DEFAULT_FEATURES, max_rows
     sampled = [None if max_rows is None or n <= max_rows else np.sort(rng.choice(n, int(max_rows), replace=False))
                for n in lengths]  # drawn in the features' order, as one feature at a time draws them
 
-    def one(i: int) -> np.ndarray:
-        n = lengths[i]
-        return js_between_heads(store.read_exact(int(pick[i])).reshape(n_layers * n_heads, n, n), rows=sampled[i])
+    def one(i: int) -> np.ndarray:  # only the sampled rows are read and converted: the same rows, in order
+        maps = store.read_exact_part(int(pick[i]), sampled[i])
+        return js_between_heads(maps.reshape(n_layers * n_heads, *maps.shape[2:]))
 
     for done, distances in enumerate(map_threads(one, range(len(pick))), 1):  # summed in the features' order
         acc += distances

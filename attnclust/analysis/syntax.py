@@ -160,7 +160,8 @@ def syntax_table(layout: RunLayout, parses: pd.DataFrame, features: pd.DataFrame
             # grouped: a word's weights are sums over its own tokens, so they are those of the whole map's words
             first, last = _sentence_span(fp)
             lo, hi = np.searchsorted(fp.word_ids, first, "left"), np.searchsorted(fp.word_ids, last, "right")
-            wm = word_level_map(store.read_exact_window(f, int(lo), int(hi)), fp.word_ids[lo:hi] - first)
+            window = slice(int(lo), int(hi))
+            wm = word_level_map(store.read_exact_part(f, window, window), fp.word_ids[lo:hi] - first)
             for s, ids in enumerate(fp.sentences):
                 arcs = np.flatnonzero(fp.sentence == s)
                 if not len(arcs):

@@ -514,16 +514,23 @@ def test_read_exact_map_is_one_head_of_read_exact(tmp_path):
 
 
 @pytest.mark.parametrize("sample", [None, [0, 3], []], ids=["full", "exact sample", "compact, no sample"])
-def test_read_exact_window_is_the_square_of_read_exact(tmp_path, sample):
+def test_read_exact_part_is_that_part_of_read_exact(tmp_path, sample):
     planted = write_planted_store(tmp_path / "run", rng=np.random.default_rng(7), n_features=5, n_layers=2,
                                   n_heads=3, lengths=(6, 20))
     if sample is not None:
         write_compact_decoy(planted.root, sample)
     store = open_attention_store(RunLayout(planted.root).attention)
     for f in store.exact_ids():
-        n = int(store.seq_len[f])
-        for start, stop in ((0, n), (1, n - 1), (n - 2, n), (2, 3)):
-            np.testing.assert_array_equal(store.read_exact_window(int(f), start, stop),
-                                          store.read_exact(int(f))[:, :, start:stop, start:stop])
-    with pytest.raises(ValueError, match=r"tokens 2:2 of feature 0"):
-        store.read_exact_window(0, 2, 2)
+        f, n = int(f), int(store.seq_len[f])
+        whole = store.read_exact(f)
+        np.testing.assert_array_equal(store.read_exact_part(f), whole)
+        for rows, keys in ((slice(1, n - 1), slice(1, n - 1)), (slice(n - 2, n), slice(0, n)),
+                           (slice(0, 3), None), (np.array([0, 2, n - 1]), None), (np.array([1, 3]), slice(2, 5))):
+            picked = whole[:, :, rows] if isinstance(rows, slice) else whole[:, :, np.asarray(rows)]
+            picked = picked[..., keys] if isinstance(keys, slice) else picked
+            np.testing.assert_array_equal(store.read_exact_part(f, rows, keys), picked)
+    n0 = int(store.seq_len[0])
+    for rows, match in ((slice(2, 2), "rows 2:2"), (slice(0, n0 + 1), f"rows 0:{n0 + 1}"), (np.array([3, 1]), r"rows \[3, 1\]"),
+                        (slice(0, 4, 2), "rows 0:4:2"), (np.array([n0]), rf"rows \[{n0}\]")):
+        with pytest.raises(ValueError, match=match + r".* of feature 0, whose true length is"):
+            store.read_exact_part(0, rows)
