@@ -38,6 +38,7 @@ from .errors import DataError
 from .executors import StepBars
 from .layout import CompareLayout, RunLayout
 from .report.figures import head_heatmap_figure, head_matrix, layer_bars_figure, png_data_uri
+from .report.pictures import MISSING_GLYPHS
 from .report.registry import environment
 from .store.contract import (
     atomic_write_bytes,
@@ -328,7 +329,7 @@ def render_comparison(comparison: Comparison) -> str:
 
     heads, layers = comparison.heads, comparison.layers
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Glyph .* missing", category=UserWarning)
+        warnings.filterwarnings("ignore", message=MISSING_GLYPHS, category=UserWarning)
         lay, hs, values = head_matrix(heads, "change")
         annotate = len(lay) <= 16 and len(hs) <= 16
         heatmap = png_data_uri(head_heatmap_figure(lay, hs, values, column="change (mean JS distance, A vs B)",

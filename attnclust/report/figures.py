@@ -1,14 +1,13 @@
 """The report's pictures: matplotlib figures drawn with Agg and embedded as PNG data URIs.
 
 Figures are built as ``matplotlib.figure.Figure`` objects, never through pyplot, so none is registered anywhere
-or left open; :func:`png_data_uri` draws one and clears it. Also here: the cluster colours and the layer x head
-arrangement of the heads table that the grid and the head-analysis heatmaps share.
+or left open; :func:`png_data_uri` (:mod:`attnclust.report.pictures`) draws one and clears it. Also here: the
+cluster colours and the layer x head arrangement of the heads table that the grid and the head-analysis heatmaps
+share.
 """
 
 from __future__ import annotations
 
-import base64
-import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .formatting import PERCENT_UNIT, fmt, short
+from .pictures import DPI, MARGIN_INCHES, PAD_INCHES, png_data_uri
 
 __all__ = [
     "DPI",
@@ -45,12 +45,6 @@ __all__ = [
     "umap_points",
 ]
 
-DPI = 100
-"""Resolution of every PNG."""
-PAD_INCHES = 0.1
-"""Margin around what a figure shows (matplotlib's ``savefig.pad_inches``)."""
-MARGIN_INCHES = 0.5
-"""How far past a figure's edges :func:`png_data_uri`'s one draw keeps what is drawn."""
 MAX_SCATTER_POINTS = 50_000
 """At most this many maps are drawn in each UMAP scatter (a seeded random subsample beyond)."""
 
@@ -147,51 +141,6 @@ def cluster_palette(k: int) -> np.ndarray:
     else:
         colors = colormaps["turbo"]((np.arange(k) * 0.6180339887) % 1.0)
     return np.asarray([to_rgba(c) for c in colors[:k]]).reshape(-1, 4)
-
-
-def png_data_uri(fig: Figure) -> str:
-    """Draw ``fig`` with Agg as a PNG cropped to what it shows and return it as a ``data:image/png;base64,`` URI;
-    the figure is cleared.
-
-    The picture is that of ``fig.savefig(format="png", dpi=DPI, bbox_inches="tight")`` (the box of what the figure
-    shows, padded by :data:`PAD_INCHES`), from one draw instead of two. ``savefig`` draws once without output to
-    measure the box, then again to render it: half the time of a report's pictures. Here the figure is drawn once
-    on a canvas :data:`MARGIN_INCHES` larger on every side (what is drawn past the figure's edges, such as a label
-    that overhangs, is kept), the box is measured after that draw and cut out of the pixels. A box larger than that
-    canvas is drawn by ``savefig`` as before. The pixels can differ from ``savefig``'s by the fraction of a pixel by
-    which ``savefig`` shifts the drawing to the box's corner.
-
-    Parameters
-    ----------
-    fig : matplotlib.figure.Figure
-
-    Returns
-    -------
-    str
-    """
-    from matplotlib.transforms import Bbox
-    from PIL import Image  # matplotlib's own PNG writer
-
-    FigureCanvasAgg(fig)
-    width, height = fig.get_size_inches()
-    canvas = Bbox.from_extents(-MARGIN_INCHES, -MARGIN_INCHES, width + MARGIN_INCHES, height + MARGIN_INCHES)
-    cols, rows = int(canvas.width * DPI), int(canvas.height * DPI)
-    raw = io.BytesIO()
-    fig.savefig(raw, format="rgba", dpi=DPI, bbox_inches=canvas)  # one draw, no measuring
-    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(PAD_INCHES)  # inches from the figure's bottom left
-    buf = io.BytesIO()
-    if len(raw.getvalue()) != rows * cols * 4 or not (box.x0 >= canvas.x0 and box.y0 >= canvas.y0
-                                                       and box.x1 <= canvas.x1 and box.y1 <= canvas.y1):
-        fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=PAD_INCHES,
-                    metadata={"Software": None})
-    else:
-        pixels = np.frombuffer(raw.getvalue(), np.uint8).reshape(rows, cols, 4)  # rows from the top
-        # savefig's size (the box's, truncated to whole pixels), from its bottom-left corner
-        left, bottom = round((box.x0 - canvas.x0) * DPI), round((canvas.y1 - box.y0) * DPI)
-        cut = pixels[bottom - int(box.height * DPI):bottom, left:left + int(box.width * DPI)]
-        Image.fromarray(cut).save(buf, format="png", dpi=(DPI, DPI))
-    fig.clear()
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def mean_map_figure(m: np.ndarray, c: int) -> Figure:

@@ -11,6 +11,7 @@ from markupsafe import Markup
 
 from ..store.contract import atomic_write_bytes
 from .inputs import ReportInputs
+from .pictures import MISSING_GLYPHS, drawn_beside
 from .registry import ReportSection, environment, sections_in_order
 
 __all__ = ["RenderedSection", "render_report", "render_sections", "write_report"]
@@ -93,13 +94,14 @@ def render_report(inputs: ReportInputs, *, on_step: Callable[[str, int, int, str
         external resource.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Glyph .* missing", category=UserWarning)
+        warnings.filterwarnings("ignore", message=MISSING_GLYPHS, category=UserWarning)
         sections = render_sections(inputs, on_step=on_step)
     return environment().get_template("page.html.j2").render(title=inputs.title, sections=sections)
 
 
 def write_report(path: pathlib.Path, inputs: ReportInputs, *,
-                 on_step: Callable[[str, int, int, str], None] | None = None) -> pathlib.Path:
+                 on_step: Callable[[str, int, int, str], None] | None = None,
+                 start: Callable | None = None) -> pathlib.Path:
     """Render the report and write it atomically (temporary file in the same folder, then ``os.replace``).
 
     Parameters
@@ -108,7 +110,10 @@ def write_report(path: pathlib.Path, inputs: ReportInputs, *,
         Destination ``.html`` file; its folder is created if needed.
     inputs : ReportInputs
     on_step : callable, optional
-        Told the progress over the sections (:func:`render_sections`).
+        Told the progress over the sections (:func:`render_sections`) and the pictures.
+    start : callable, optional
+        Draw the figures beside the sections with it (:func:`attnclust.report.pictures.drawn_beside`:
+        :meth:`attnclust.executors.DaskExecutor.start`); ``None``: here, in turn. The page is the same.
 
     Returns
     -------
@@ -116,6 +121,9 @@ def write_report(path: pathlib.Path, inputs: ReportInputs, *,
         ``path``.
     """
     path = pathlib.Path(path)
-    text = render_report(inputs, on_step=on_step)
+    with drawn_beside(start) as pictures:
+        text = render_report(inputs, on_step=on_step)
+    if pictures is not None:
+        text = pictures.fill(text, on_step=on_step)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

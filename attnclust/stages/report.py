@@ -7,7 +7,8 @@ HTML report.
 
 Its driver-side steps show progress bars (:class:`~attnclust.executors.StepBars`): ``report: head
 distances``, ``report: syntax parses``, ``report: syntax heads 3/8 blocks``, ``report: atlas tables``,
-``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections``."""
+``report: mean maps 4/10 clusters``, ``report: writing HTML 3/10 sections`` and, on a cluster, whose workers draw
+the figures while the driver builds the sections (:mod:`attnclust.report.pictures`), ``report: pictures 30/38``."""
 
 from __future__ import annotations
 
@@ -165,7 +166,9 @@ class ReportStage(Stage):
                 kind=kind_of(features),  # a decoder's cards leave out the next token and [SEP]
                 kv_heads=store.attrs.get("num_key_value_heads"))  # grouped key/value heads: the grid by group
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
-            path = write_report(layout.report, inputs, on_step=bars)
+            # on a cluster its workers draw the figures while the driver builds the sections
+            beside = ctx.executor.start if ctx.executor.client is not None else None
+            path = write_report(layout.report, inputs, on_step=bars, start=beside)
         record = {"report": str(path), "clusters": k}
         for plugin in analysis_plugins():  # each analysis' part of the record, under its name
             if plugin.record is not None and plugin.name in analyses:

@@ -1,8 +1,12 @@
-"""The report's PNGs from one draw (:func:`attnclust.report.figures.png_data_uri`) against matplotlib's own
-``savefig(bbox_inches="tight")``, which measures the figure with a draw of its own before drawing it."""
+"""The report's PNGs (:mod:`attnclust.report.pictures`): from one draw, against matplotlib's own
+``savefig(bbox_inches="tight")``, which measures the figure with a draw of its own before drawing it; and drawn in
+other processes while the sections go on, against the page drawn in one process."""
 
 import base64
 import io
+import multiprocessing
+import re
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
@@ -10,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
+from attnclust.report import write_report
 from attnclust.report.figures import (
     DPI,
     MARGIN_INCHES,
@@ -18,6 +23,9 @@ from attnclust.report.figures import (
     medoid_figure,
     png_data_uri,
 )
+from attnclust.report.pictures import drawn_beside
+
+from helpers import synthetic_report_inputs
 
 
 def _savefig_tight(fig) -> np.ndarray:
@@ -84,3 +92,31 @@ def test_one_draw_gives_the_tight_picture_of_savefig(name):
         assert len(draws) == 3
     else:
         assert len(draws) == 1
+
+
+def test_a_report_drawn_in_other_processes_is_the_report_drawn_here(tmp_path):
+    inputs = synthetic_report_inputs()
+    here = write_report(tmp_path / "here.html", inputs).read_bytes()
+    keys = []
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        def start(fn, *args, key):
+            keys.append(key)
+            return pool.submit(fn, *args)
+
+        beside = write_report(tmp_path / "beside.html", inputs, start=start).read_bytes()
+    pictures = re.findall(rb"data:image/png;base64,[A-Za-z0-9+/=]+", here)
+    assert len(keys) == len(pictures) >= 5 and len(set(keys)) == len(keys)  # every figure sent, each its own task
+    assert beside == here
+    assert re.search(rb"attnclust[0-9a-f]{16}picture[0-9]+end", beside) is None  # no placeholder left
+
+
+def test_outside_drawn_beside_and_with_no_start_figures_are_drawn_here():
+    sent = []
+    with drawn_beside(None) as pictures:
+        assert pictures is None
+        uri = png_data_uri(FIGURES["mean map"]())
+    assert _decoded(uri).shape[0] > 100
+    with drawn_beside(lambda *a, key: sent.append(key)) as pictures:
+        placeholder = png_data_uri(FIGURES["mean map"]())
+    assert len(sent) == 1 and len(pictures) == 1 and placeholder.startswith("data:image/png;base64,")
+    assert _decoded(png_data_uri(FIGURES["mean map"]())).shape == _decoded(uri).shape  # the block has ended

@@ -1,0 +1,168 @@
+"""How the report's figures become PNG data URIs: drawn here (:func:`png_data_uri`), or, while a report is written
+on a cluster, beside it (:func:`drawn_beside`).
+
+Drawing is most of the time of writing a report's HTML (the figures' text above all), and it is one core's work.
+Within :func:`drawn_beside` each figure is pickled and sent to be drawn by the executor's workers
+(:meth:`attnclust.executors.DaskExecutor.start`) while the sections go on; :func:`png_data_uri` returns a
+placeholder, and :meth:`Pictures.fill` puts each PNG in its place once the page is rendered. The PNG is the one
+:func:`png_data_uri` draws here: a pickled matplotlib figure draws the same pixels.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import pickle
+import re
+import secrets
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.transforms import Bbox
+from PIL import Image  # matplotlib's own PNG writer
+
+__all__ = ["DPI", "MARGIN_INCHES", "PAD_INCHES", "Pictures", "drawn_beside", "png_data_uri"]
+
+DPI = 100
+"""Resolution of every PNG."""
+PAD_INCHES = 0.1
+"""Margin around what a figure shows (matplotlib's ``savefig.pad_inches``)."""
+MARGIN_INCHES = 0.5
+"""How far past a figure's edges :func:`png_data_uri`'s one draw keeps what is drawn."""
+MISSING_GLYPHS = r"Glyph .* missing"
+"""The warning a token's character without a glyph in the font gives (the report leaves it out)."""
+_PREFIX = "data:image/png;base64,"
+_BESIDE: ContextVar[Pictures | None] = ContextVar("attnclust_pictures", default=None)
+
+
+def png_data_uri(fig: Figure) -> str:
+    """Draw ``fig`` with Agg as a PNG cropped to what it shows and return it as a ``data:image/png;base64,`` URI;
+    the figure is cleared.
+
+    The picture is that of ``fig.savefig(format="png", dpi=DPI, bbox_inches="tight")`` (the box of what the figure
+    shows, padded by :data:`PAD_INCHES`), from one draw instead of two. ``savefig`` draws once without output to
+    measure the box, then again to render it: half the time of a report's pictures. Here the figure is drawn once
+    on a canvas :data:`MARGIN_INCHES` larger on every side (what is drawn past the figure's edges, such as a label
+    that overhangs, is kept), the box is measured after that draw and cut out of the pixels. A box larger than that
+    canvas is drawn by ``savefig`` as before. The pixels can differ from ``savefig``'s by the fraction of a pixel by
+    which ``savefig`` shifts the drawing to the box's corner.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+
+    Within :func:`drawn_beside`, the figure is sent to be drawn elsewhere and a placeholder is returned
+    (:meth:`Pictures.add`).
+
+    Returns
+    -------
+    str
+    """
+    pictures = _BESIDE.get()
+    if pictures is not None:
+        return pictures.add(fig)
+    return _draw(fig)
+
+
+def _draw(fig: Figure) -> str:
+    FigureCanvasAgg(fig)
+    width, height = fig.get_size_inches()
+    canvas = Bbox.from_extents(-MARGIN_INCHES, -MARGIN_INCHES, width + MARGIN_INCHES, height + MARGIN_INCHES)
+    cols, rows = int(canvas.width * DPI), int(canvas.height * DPI)
+    raw = io.BytesIO()
+    fig.savefig(raw, format="rgba", dpi=DPI, bbox_inches=canvas)  # one draw, no measuring
+    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(PAD_INCHES)  # inches from the figure's bottom left
+    buf = io.BytesIO()
+    if len(raw.getvalue()) != rows * cols * 4 or not (box.x0 >= canvas.x0 and box.y0 >= canvas.y0
+                                                       and box.x1 <= canvas.x1 and box.y1 <= canvas.y1):
+        fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=PAD_INCHES,
+                    metadata={"Software": None})
+    else:
+        pixels = np.frombuffer(raw.getvalue(), np.uint8).reshape(rows, cols, 4)  # rows from the top
+        # savefig's size (the box's, truncated to whole pixels), from its bottom-left corner
+        left, bottom = round((box.x0 - canvas.x0) * DPI), round((canvas.y1 - box.y0) * DPI)
+        cut = pixels[bottom - int(box.height * DPI):bottom, left:left + int(box.width * DPI)]
+        Image.fromarray(cut).save(buf, format="png", dpi=(DPI, DPI))
+    fig.clear()
+    return _PREFIX + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+
+def _draw_pickled(blob: bytes) -> str:
+    """A worker's task: the PNG data URI of a pickled figure."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=MISSING_GLYPHS, category=UserWarning)
+        return _draw(pickle.loads(blob))
+
+
+class Pictures:
+    """The figures of one report sent to be drawn beside it; made by :func:`drawn_beside`.
+
+    Parameters
+    ----------
+    start
+        ``start(fn, *args, key=...)``: runs ``fn(*args)`` elsewhere and returns an object whose ``result()`` waits
+        for it (:meth:`attnclust.executors.DaskExecutor.start`).
+    """
+
+    def __init__(self, start: Callable):
+        self._start = start
+        self._tag = secrets.token_hex(8)  # no page holds it by chance
+        self._pending: list = []
+
+    def add(self, fig: Figure) -> str:
+        """Send ``fig`` to be drawn and clear it; returns the placeholder that :meth:`fill` replaces."""
+        blob = pickle.dumps(fig)
+        fig.clear()
+        i = len(self._pending)
+        self._pending.append(self._start(_draw_pickled, blob, key=f"report-picture-{i:05d}"))
+        return f"{_PREFIX}attnclust{self._tag}picture{i}end"
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def fill(self, text: str, *, on_step: Callable[[str, int, int, str], None] | None = None) -> str:
+        """``text`` with every placeholder replaced by its PNG data URI (waiting for each in turn).
+
+        Parameters
+        ----------
+        text
+            The page (or any text holding the placeholders).
+        on_step
+            Told ``on_step("pictures", done, total, "pictures")`` as they come in.
+        """
+        uris = []
+        for i, pending in enumerate(self._pending):
+            if on_step is not None:
+                on_step("pictures", i, len(self._pending), "pictures")
+            uris.append(pending.result())
+        if on_step is not None and uris:
+            on_step("pictures", len(uris), len(uris), "pictures")
+        placeholder = re.compile(re.escape(f"{_PREFIX}attnclust{self._tag}picture") + r"(\d+)end")
+        return placeholder.sub(lambda m: uris[int(m.group(1))], text)
+
+
+@contextmanager
+def drawn_beside(start: Callable | None) -> Iterator[Pictures | None]:
+    """Within this block :func:`png_data_uri` sends each figure to be drawn by ``start`` (see :class:`Pictures`);
+    ``None``: drawn here, as outside it (the block yields ``None``).
+
+    Yields
+    ------
+    Pictures or None
+        Call :meth:`Pictures.fill` on the text that holds the placeholders.
+    """
+    if start is None:
+        yield None
+        return
+    pictures = Pictures(start)
+    token = _BESIDE.set(pictures)
+    try:
+        yield pictures
+    finally:
+        _BESIDE.reset(token)
