@@ -233,18 +233,22 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null,
         "head": np.tile(np.arange(n_heads), n_layers).astype(np.int16),
         "accuracy": accuracy, "baseline": base_correct / n, "p": p, "q": bh_qvalues(p), "n": n})
     k = min(top_k, n_layers * n_heads)
-    top_correct, last_correct, chosen = 0, 0, []
     observed = label_sets_t[:1]
-    for f, (tr, te) in enumerate(splits):
-        best = np.argsort(-train_acc[f], kind="stable")[:k]
-        chosen.append([f"L{b // n_heads}H{b % n_heads}" for b in best])
-        xs = x_all[:, best].reshape(n, -1)
-        _, pred = _fit_predict(xs[tr], observed[:, tr], xs[te], n_classes)
-        top_correct += int((pred[0] == observed[0, te]).sum())
-        if last is not None:
-            xl = torch.from_numpy(np.ascontiguousarray(last, dtype=np.float64))
-            _, pred = _fit_predict(xl[tr], observed[:, tr], xl[te], n_classes)
-            last_correct += int((pred[0] == observed[0, te]).sum())
+    best = [np.argsort(-train_acc[f], kind="stable")[:k] for f in range(n_folds)]
+    chosen = [[f"L{b // n_heads}H{b % n_heads}" for b in heads_f] for heads_f in best]
+    xl = None if last is None else torch.from_numpy(np.ascontiguousarray(last, dtype=np.float64))
+
+    def held_out(item: tuple[int, str]) -> int:  # one fold's top-k or last-layer fit: its held-out hits
+        f, which = item
+        tr, te = splits[f]
+        x = x_all[:, best[f]].reshape(n, -1) if which == "top" else xl
+        _, pred = _fit_predict(x[tr], observed[:, tr], x[te], n_classes)
+        return int((pred[0] == observed[0, te]).sum())
+
+    fits = [(f, which) for f in range(n_folds) for which in ("top", "last") if which == "top" or xl is not None]
+    hits = dict(zip(fits, map_threads(held_out, fits, threads=pool)))  # integer sums: the same in any order
+    top_correct = sum(h for (_, which), h in hits.items() if which == "top")
+    last_correct = sum(h for (_, which), h in hits.items() if which == "last")
     summary.update({"baseline": base_correct / n, "top_k_accuracy": top_correct / n,
                     "last_layer_accuracy": None if last is None else last_correct / n, "top_k_heads": chosen,
                     "selection": "top-k heads chosen inside each training fold by their accuracy on the training "

@@ -52,7 +52,7 @@ def test_the_probes_in_threads_equal_one_thread(monkeypatch):
     labels = pd.DataFrame({"example_id": [f"e{i}" for i in range(n)], "answerable": rng.integers(0, 2, n),
                            "qword": rng.integers(0, 3, n)})
     x[:, 1, 2, 0] += 3 * labels["answerable"].to_numpy()  # a planted head reads the label
-    args = dict(heads=x, last=None, labels=labels, example_ids=labels["example_id"].to_numpy(),
+    args = dict(heads=x, last=rng.normal(size=(n, 7)), labels=labels, example_ids=labels["example_id"].to_numpy(),
                 tasks=["answerable", "qword"], pooling="cls", permutations=5, top_k=2)
     from attnclust.analysis import probes
 
@@ -63,7 +63,8 @@ def test_the_probes_in_threads_equal_one_thread(monkeypatch):
     threaded, summary = probe_table(**args)
     monkeypatch.setattr(probes.os, "sched_getaffinity", lambda pid: {0})  # one core: one head at a time
     alone, summary_alone = probe_table(**args)
-    assert threads == [2, 2, 1, 1]  # two tasks, each in a pool of two threads, then each alone
+    # two tasks, each with its heads and then its top-k and last-layer fits in a pool of two threads; then alone
+    assert threads == [2, 2, 2, 2, 1, 1, 1, 1]
     pd.testing.assert_frame_equal(threaded, alone, check_exact=True)
     assert summary == summary_alone
     best = threaded[threaded["task"] == "answerable"].sort_values("accuracy").iloc[-1]
