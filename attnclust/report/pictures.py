@@ -46,18 +46,18 @@ def png_data_uri(fig: Figure) -> str:
 
     The picture is that of ``fig.savefig(format="png", dpi=DPI, bbox_inches="tight")`` (the box of what the figure
     shows, padded by :data:`PAD_INCHES`), from one draw instead of two. ``savefig`` draws once without output to
-    measure the box, then again to render it: half the time of a report's pictures. Here the figure is drawn once
-    on a canvas :data:`MARGIN_INCHES` larger on every side (what is drawn past the figure's edges, such as a label
-    that overhangs, is kept), the box is measured after that draw and cut out of the pixels. A box larger than that
-    canvas is drawn by ``savefig`` as before. The pixels can differ from ``savefig``'s by the fraction of a pixel by
-    which ``savefig`` shifts the drawing to the box's corner.
+    measure the box, then again to render it. Here the figure is drawn once on a canvas :data:`MARGIN_INCHES`
+    larger on every side (what is drawn past the figure's edges, such as a label that overhangs, is kept), the box
+    is measured after that draw and cut out of the pixels. A box larger than that canvas is drawn by ``savefig`` as
+    before. The pixels can differ from ``savefig``'s by the fraction of a pixel by which ``savefig`` shifts the
+    drawing to the box's corner.
+
+    Within :func:`drawn_beside`, the figure is sent to be drawn elsewhere and a placeholder is returned
+    (:meth:`Pictures.add`).
 
     Parameters
     ----------
     fig : matplotlib.figure.Figure
-
-    Within :func:`drawn_beside`, the figure is sent to be drawn elsewhere and a placeholder is returned
-    (:meth:`Pictures.add`).
 
     Returns
     -------
