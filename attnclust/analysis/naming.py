@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..maps.targets import CAUSAL_TARGETS, DIAGONAL_TARGETS, SEPARATING, VERTICAL_TARGETS
+from ..maps.targets import CAUSAL_TARGETS, DIAGONAL_TARGETS, SEPARATING, VERTICAL_TARGETS, finite
 from ..models.kinds import ENCODER, ModelKind
 
 __all__ = ["BLOCK_MIN_ENTROPY", "BLOCK_MIN_LIFT", "BLOCK_MIN_OWN_SEGMENT", "BOTH_MIN", "BROAD_MIN_ENTROPY",
@@ -88,10 +88,6 @@ def percent(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def _finite(x) -> bool:
-    return x is not None and bool(np.isfinite(x))
-
-
 def naming_targets(kind: ModelKind = ENCODER) -> tuple[tuple, tuple, tuple]:
     """``(vertical, diagonal, separating)`` targets of the names: the kind's
     (:attr:`attnclust.models.kinds.ModelKind.targets`): :data:`VERTICAL_TARGETS`, :data:`DIAGONAL_TARGETS` and
@@ -137,7 +133,7 @@ def segment_lift(means: pd.Series) -> float:
         level is unknown; 0.0 when every token is in one segment (there is no block to see).
     """
     chance = means.get("segment_chance", np.nan)
-    if not _finite(chance):
+    if not finite(chance):
         return float("nan")
     return 0.0 if chance >= 1.0 else float((means["own_segment"] - chance) / (1.0 - chance))
 
@@ -205,7 +201,7 @@ def pattern_type(means: pd.Series, *, kind: ModelKind = ENCODER) -> str:
     if d >= DIAGONAL_MIN or is_local(means):
         return "diagonal"
     lift = segment_lift(means)
-    inside = lift >= BLOCK_MIN_LIFT if _finite(lift) else means["own_segment"] >= BLOCK_MIN_OWN_SEGMENT
+    inside = lift >= BLOCK_MIN_LIFT if finite(lift) else means["own_segment"] >= BLOCK_MIN_OWN_SEGMENT
     if inside and means["entropy_norm"] >= BLOCK_MIN_ENTROPY:
         return "block"
     return "heterogeneous"
@@ -264,7 +260,7 @@ def _describe_targets(means: pd.Series, pattern: str, vertical: tuple, diagonal:
 def _describe_block(means: pd.Series) -> Base:
     """A block cluster: its own-segment mass and, when known, the chance level."""
     chance = means.get("segment_chance", np.nan)
-    extra = f"; {percent(chance)} by chance" if _finite(chance) else ""
+    extra = f"; {percent(chance)} by chance" if finite(chance) else ""
     return ("block", f"own segment, a block ({percent(means['own_segment'])} of mass{extra})", set(),
             float(means["own_segment"]))
 

@@ -24,7 +24,7 @@ import pandas as pd
 from .stats import causal_uniform_scores
 
 __all__ = ["CAUSAL_ROWS", "CAUSAL_TARGETS", "DIAGONAL_TARGETS", "FULL_ROWS", "SEPARATING", "VERTICAL_TARGETS",
-           "CausalRowTargets", "FullRowTargets"]
+           "CausalRowTargets", "FullRowTargets", "finite"]
 
 Targets = tuple[tuple[str, str], ...]
 """``(statistic, its name in a description)`` pairs."""
@@ -57,7 +57,8 @@ _NOT_LIFTED = ("own_segment", "entropy_norm", "confidence")
 """Separating statistics that are not a share of mass on a target: never read as a lift over chance."""
 
 
-def _finite(x) -> bool:
+def finite(x) -> bool:
+    """``x`` is a number, neither ``None`` nor NaN nor infinite (a statistic a description can quote)."""
     return x is not None and bool(np.isfinite(x))
 
 
@@ -159,9 +160,9 @@ class CausalRowTargets(FullRowTargets):
         for c, _ in self.separating:
             if c in _NOT_LIFTED:
                 continue
-            x = float(out[c]) if _finite(out[c]) else 0.0
+            x = float(out[c]) if finite(out[c]) else 0.0
             chance = out.get(f"{c}_chance", np.nan)
-            if _finite(chance) and chance < 1.0:
+            if finite(chance) and chance < 1.0:
                 x = min(1.0, max(0.0, (x - float(chance)) / (1.0 - float(chance))))
             out[c] = x
         return out
