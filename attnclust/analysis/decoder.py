@@ -129,15 +129,19 @@ def copy_steps(answer_ids: Sequence[int], answer_start: int, context_ids: Sequen
     return np.asarray(rows, dtype=np.int64), np.asarray(sources, dtype=np.int64)
 
 
-def retrieval_scores(maps, rows: Sequence[int], sources: Sequence[int]) -> tuple[np.ndarray, int]:
+def retrieval_scores(maps, rows: Sequence[int], sources: Sequence[int], *,
+                     first_row: int = 0) -> tuple[np.ndarray, int]:
     """Wu et al.'s retrieval score: the share of copy steps where the head's top-attended key is the copied token.
 
     Parameters
     ----------
     maps
-        (..., query, key) causal maps of prompt + answer (teacher-forced).
+        (..., query, key) causal maps of prompt + answer (teacher-forced), or their query rows from ``first_row``
+        on (every key).
     rows, sources
-        From :func:`copy_steps`.
+        From :func:`copy_steps` (positions in the whole map).
+    first_row
+        The position of ``maps``' first query row (0: the whole square map).
 
     Returns
     -------
@@ -146,12 +150,15 @@ def retrieval_scores(maps, rows: Sequence[int], sources: Sequence[int]) -> tuple
     steps : int
         The number of copy steps scored.
     """
-    a = _maps(maps)
+    a = np.asarray(maps)  # no float64 copy: the top key is the same
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2] + first_row:
+        raise ValueError(f"decoder heads: maps must be (..., query, key) with query == key, or their rows from "
+                         f"row {first_row} on; got {a.shape}")
     rows = np.asarray(rows, dtype=np.int64)
     sources = np.asarray(sources, dtype=np.int64)
     if not len(rows):
         return np.full(a.shape[:-2], np.nan), 0
-    if (rows < 0).any() or (rows >= a.shape[-2]).any() or (sources > rows).any():
+    if (rows < first_row).any() or (rows >= a.shape[-1]).any() or (sources > rows).any():
         raise ValueError("retrieval_scores: a copy step's row lies outside the maps or before its source")
-    top = a[..., rows, :].argmax(-1)  # (..., step): ties go to the first key
+    top = a[..., rows - first_row, :].argmax(-1)  # (..., step): ties go to the first key
     return (top == sources).mean(-1), len(rows)

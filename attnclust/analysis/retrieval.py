@@ -76,9 +76,9 @@ def answer_step_mass(maps: np.ndarray, *, first_answer: int, start: int, end: in
     Parameters
     ----------
     maps : numpy.ndarray, shape (layer, head, query, key)
-        One feature's causal maps at its true length ``n``.
+        One feature's causal maps at its true length ``n``, or their rows from some position on (every key).
     first_answer : int
-        Position of the first answer token (``n`` when the answer is empty).
+        Position of the first answer token (``n`` when the answer is empty), counted from ``maps``' first row.
     start, end : int
         The gold span, inclusive token positions.
 
@@ -151,18 +151,26 @@ def decoder_heads(ctx: HeadContext, *, max_features: int = MAX_FEATURES) -> pd.D
     masses = {"all": [], 1.0: [], 0.0: []}
     token_key = "input_ids" if "input_ids" in usable.columns else "tokens"
     for f in usable.itertuples(index=False):
-        maps = store.read_exact(int(f.feature_id))  # (layer, head, n, n)
         n = int(f.seq_len)
         parts = list(f.part)
         rows, sources = feature_copy_steps(parts, getattr(f, token_key))
-        scores, k = retrieval_scores(maps, rows, sources)
+        start, end = int(getattr(f, "answer_start_token", -1)), int(getattr(f, "answer_end_token", -1))
+        gold = 0 <= start <= end < n and parts[start] == "context"
+        answer = [i for i, p in enumerate(parts) if p == "answer"]
+        first_answer = answer[0] if answer else n
+        # only the query rows of the copy steps and the answer steps are read, from the first of them on (a text's
+        # window has neither: its maps are not read)
+        firsts = ([int(rows.min())] if len(rows) else []) + ([first_answer - 1] if gold else [])
+        if not firsts:
+            continue
+        first = max(min(firsts), 0)
+        maps = store.read_exact_part(int(f.feature_id), slice(first, n))  # (layer, head, n - first, n)
+        scores, k = retrieval_scores(maps, rows, sources, first_row=first)
         if k:
             hits += scores * k
             steps += k
-        start, end = int(getattr(f, "answer_start_token", -1)), int(getattr(f, "answer_end_token", -1))
-        if 0 <= start <= end < n and parts[start] == "context":
-            answer = [i for i, p in enumerate(parts) if p == "answer"]
-            mass = answer_step_mass(maps, first_answer=answer[0] if answer else n, start=start, end=end)
+        if gold:
+            mass = answer_step_mass(maps, first_answer=first_answer - first, start=start, end=end)
             masses["all"].append(mass)
             if f.right in masses:
                 masses[f.right].append(mass)

@@ -211,3 +211,74 @@ def test_induction_null_flags_the_induction_head_only():
     assert p_flat[0] == 1.0  # every random key has the target's weight: never below the null
     with pytest.raises(ValueError, match="induction_pvalues: need"):
         induction_pvalues(maps[..., :5, :5], length, start=start)
+
+
+def _brute_decoder_heads(maps: list[np.ndarray], feats: list[dict], right: list[float]) -> tuple[np.ndarray, ...]:
+    """Wu et al.'s retrieval share and the answer steps' gold mass per head, by loops over the whole maps."""
+    n_heads = maps[0].shape[1]
+    hits, steps = np.zeros(n_heads), 0
+    masses = {"all": [], 1.0: [], 0.0: []}
+    for m, f, r in zip(maps, feats, right):
+        parts, ids = f["part"], f["input_ids"]
+        context = [i for i, p in enumerate(parts) if p == "context"]
+        answer = [i for i, p in enumerate(parts) if p == "answer"]
+        rows, sources = feature_copy_steps(parts, ids)
+        for row, source in zip(rows, sources):
+            assert ids[row + 1] == ids[source] and source in context  # the step that produced a copied token
+            steps += 1
+            for h in range(n_heads):
+                hits[h] += int(np.argmax(m[0, h, row]) == source)
+        s, e = f["answer_start_token"], f["answer_end_token"]
+        if s >= 0:
+            first = answer[0] if answer else len(parts)
+            mass = [np.mean([sum(float(m[0, h, q, k]) for k in range(s, e + 1)) for q in range(first - 1, len(parts))])
+                    for h in range(n_heads)]
+            masses["all"].append(mass)
+            if r in masses:
+                masses[r].append(mass)
+    mean = {key: np.mean(v, axis=0) if v else np.full(n_heads, np.nan) for key, v in masses.items()}
+    return hits / steps, mean["all"], mean[1.0], mean[0.0]
+
+
+def test_decoder_heads_read_only_the_answer_rows_and_equal_loops_over_the_whole_maps(tmp_path):
+    rng = np.random.default_rng(11)
+    plan = [(4, 4, 1.0), (0, 7, 1.0), (2, None, 0.0), (9, 1, 0.0), (6, 6, np.nan)]
+    feats = [planted_feature(rng, copy_from=c, gold=g, fid=i) for i, (c, g, _) in enumerate(plan)]
+    text = planted_feature(rng, copy_from=0, gold=None, fid=len(feats))  # a text window: no answer, nothing read
+    text.update(part=["context"] * text["seq_len"], segment_ids=[1] * text["seq_len"])
+    feats.append(text)
+    n_heads = 5
+    maps = []
+    for f in feats:
+        n = f["seq_len"]
+        raw = rng.random((1, n_heads, n, n)) ** 4 * np.tril(np.ones((n, n)))  # peaked causal rows
+        maps.append((raw / raw.sum(-1, keepdims=True)).astype(np.float16).astype(np.float32))
+    root = tmp_path / "run"
+    root.mkdir()
+    layout = RunLayout(root)
+    store = create_attention_store(layout.attention, seq_len=np.array([f["seq_len"] for f in feats], np.int32),
+                                   num_layers=1, num_heads=n_heads, features_per_task=2,
+                                   attrs={"model": "random causal", "max_seq_len": 21, "num_layers": 1,
+                                          "num_heads": n_heads})
+    store.attention[:] = np.stack(maps).astype(np.float16)
+    mark_store_complete(layout.attention)
+    features = pd.DataFrame(feats)
+    preds = pd.DataFrame({"example_id": [f["example_id"] for f in feats], "f1": [r for *_, r in plan] + [np.nan]})
+    table = pd.DataFrame({"feature_id": np.repeat(np.arange(len(feats)), n_heads), "layer": 0,
+                          "head": np.tile(np.arange(n_heads), len(feats))})
+    read = []
+    from attnclust.store.reader import AttentionStore
+
+    part = AttentionStore.read_exact_part
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AttentionStore, "read_exact_part", lambda self, f, rows=None, keys=None: read.append((f, rows))
+                   or part(self, f, rows, keys))
+        out = decoder_heads(HeadContext(maps=table, features=features, layout=layout, k=1,
+                                        extra={"predictions": preds}))
+    retrieval, mass, right, wrong = _brute_decoder_heads(maps, feats, [r for *_, r in plan] + [np.nan])
+    np.testing.assert_allclose(out["retrieval"], retrieval, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out["answer_step_mass"], mass, rtol=1e-9)
+    np.testing.assert_allclose(out["answer_step_mass_right"], right, rtol=1e-9)
+    np.testing.assert_allclose(out["answer_step_mass_wrong"], wrong, rtol=1e-9)
+    assert [f for f, _ in read] == list(range(len(feats) - 1))  # the text window's maps are not read
+    assert all(rows.start >= 14 for _, rows in read)  # the rows from the answer steps on (the prompt is 18 tokens)
