@@ -224,7 +224,7 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
             "prediction": plain_text(pred.get("prediction") or "") if pred else None,
             "gold": [plain_text(g) for g in pred.get("gold_answers", [])] if pred else None,
             "verdict": verdict(pred) if pred else None,
-            "maps": pack_uint8(quantize_uint8(block(fid)))})
+            "maps": None})  # packed below, from the one read of the feature's maps that its thumbnails use too
     order = sorted(range(len(questions)), key=lambda i: (-questions[i]["n"], i))
     payload = {"layers": n_layers, "heads": n_heads, "questions": questions,
                "head_examples": order[:n_head_examples], "umap": None}
@@ -243,6 +243,9 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
         for fid, idx in pts.groupby("feature_id").indices.items():
             sub = pts.iloc[idx]
             data = block(int(fid))
+            for q in questions:
+                if q["feature"] == int(fid):
+                    q["maps"] = pack_uint8(quantize_uint8(data))
             thumbs[idx] = pool_maps(data[sub["layer"].to_numpy(int), sub["head"].to_numpy(int)], grid=thumb_grid,
                                     sqrt=False).reshape(-1, thumb_grid, thumb_grid)
         codes, ids = pd.factorize(pts["example_id"].astype(str))
@@ -257,6 +260,9 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
             "question": [qindex.get(int(f), -1) for f in pts["feature_id"]],
             "total": int(finite.sum()), "features": len(chosen), "grid": thumb_grid,
             "thumbs": pack_uint8(quantize_uint8(thumbs / peak))}
+    for q in questions:  # a question whose maps were not read for the thumbnails
+        if q["maps"] is None:
+            q["maps"] = pack_uint8(quantize_uint8(block(q["feature"])))
     return payload
 
 

@@ -133,6 +133,7 @@ def test_explorer_caps_marks_and_maps_round_trip() -> None:
     assert all(qs[qi]["id"] == u["example_ids"][e] for e, qi in zip(u["example"], u["question"]) if qi >= 0)
     thumbs = _unpack(u["thumbs"]).reshape(-1, 4, 4)
     assert len(thumbs) == len(u["x"]) and thumbs.max() == 255
+    assert store.reads == u["features"]  # each feature read once: a question's maps with its thumbnails
 
 
 def test_explorer_map_budget_and_umap_off() -> None:
