@@ -383,7 +383,8 @@ def _token_selection(selection, n: int, feature: int, what: str) -> slice | np.n
         return slice(0, n)
     if isinstance(selection, slice):
         start, stop, step = selection.indices(n)
-        if step == 1 and start < stop and selection.stop is not None and selection.stop <= n:
+        if (step == 1 and start < stop and (selection.start is None or selection.start >= 0)
+                and selection.stop is not None and 0 <= selection.stop <= n):
             return slice(start, stop)
     else:
         ids = np.asarray(selection, dtype=np.int64)

@@ -532,6 +532,6 @@ def test_read_exact_part_is_that_part_of_read_exact(tmp_path, sample):
     n0 = int(store.seq_len[0])
     for rows, match in ((slice(2, 2), "rows 2:2"), (slice(0, n0 + 1), f"rows 0:{n0 + 1}"),
                         (np.array([3, 1]), r"rows \[3, 1\]"), (slice(0, 4, 2), "rows 0:4:2"),
-                        (np.array([n0]), rf"rows \[{n0}\]")):
+                        (np.array([n0]), rf"rows \[{n0}\]"), (slice(-1, n0), f"rows -1:{n0}")):
         with pytest.raises(ValueError, match=match + r".* of feature 0, whose true length is"):
             store.read_exact_part(0, rows)
