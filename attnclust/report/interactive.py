@@ -240,16 +240,15 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
         chosen |= set(rng.choice(others, size=min(extra, len(others)), replace=False).tolist())
         pts = maps[finite & maps["feature_id"].isin(chosen).to_numpy()].sort_values(["feature_id", "layer", "head"])
         thumbs = np.zeros((len(pts), thumb_grid, thumb_grid), dtype=np.float32)
+        qindex = {q["feature"]: i for i, q in enumerate(questions)}
         for fid, idx in pts.groupby("feature_id").indices.items():
             sub = pts.iloc[idx]
             data = block(int(fid))
-            for q in questions:
-                if q["feature"] == int(fid):
-                    q["maps"] = pack_uint8(quantize_uint8(data))
+            if int(fid) in qindex:
+                questions[qindex[int(fid)]]["maps"] = pack_uint8(quantize_uint8(data))
             thumbs[idx] = pool_maps(data[sub["layer"].to_numpy(int), sub["head"].to_numpy(int)], grid=thumb_grid,
                                     sqrt=False).reshape(-1, thumb_grid, thumb_grid)
         codes, ids = pd.factorize(pts["example_id"].astype(str))
-        qindex = {q["feature"]: i for i, q in enumerate(questions)}
         peak = np.maximum(thumbs.max(axis=(1, 2), keepdims=True), 1e-12)
         payload["umap"] = {
             "x": np.round(pts["umap_x"].to_numpy(np.float64), 3).tolist(),

@@ -145,12 +145,7 @@ class AttentionStore:
         attnclust.errors.StoreError
             A compact store with an exact sample that does not hold ``feature``.
         """
-        n = int(self.seq_len[feature])
-        if self.exact is None:
-            return self.read_block(feature, feature + 1)[0, :, :, :n, :n]
-        row = self._exact_row(feature)
-        with self._reading(feature, feature + 1):
-            return self._decode(self.exact[row, :, :, :n, :n], scale=1.0)  # float16 weights, never quantised
+        return self.read_exact_part(feature)
 
     def read_exact_part(self, feature: int, rows: slice | np.ndarray | None = None,
                         keys: slice | np.ndarray | None = None) -> np.ndarray:
@@ -175,10 +170,10 @@ class AttentionStore:
         """
         n = int(self.seq_len[feature])
         rows, keys = (_token_selection(sel, n, feature, what) for sel, what in ((rows, "rows"), (keys, "keys")))
-        if self.exact is None and self.mode == "compact":
-            return self.read_exact(feature)[:, :, rows][:, :, :, keys]
+        if self.exact is None and self.mode == "compact":  # whole rows are decoded: then picked
+            return self.read_block(feature, feature + 1)[0, :, :, :n, :n][:, :, rows][:, :, :, keys]
         array, row, scale = (self.attention, feature, None) if self.exact is None else \
-            (self.exact, self._exact_row(feature), 1.0)
+            (self.exact, self._exact_row(feature), 1.0)  # the sample: float16 weights, never quantised
         # positions are read as the slice that spans them and picked before the conversion: zarr's orthogonal
         # selection of positions was twice as slow as the plain slice
         with self._reading(feature, feature + 1):
