@@ -92,7 +92,6 @@ def _draw(fig: Figure) -> str:
     return _PREFIX + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-
 def _draw_pickled(blob: bytes) -> str:
     """A worker's task: the PNG data URI of a pickled figure."""
     with warnings.catch_warnings():
@@ -112,7 +111,7 @@ class Pictures:
 
     def __init__(self, start: Callable):
         self._start = start
-        self._tag = secrets.token_hex(8)  # no page holds it by chance
+        self._mark = f"{_PREFIX}attnclust{secrets.token_hex(8)}picture"  # no page holds it by chance
         self._pending: list = []
 
     def add(self, fig: Figure) -> str:
@@ -121,7 +120,7 @@ class Pictures:
         fig.clear()
         i = len(self._pending)
         self._pending.append(self._start(_draw_pickled, blob, key=f"report-picture-{i:05d}"))
-        return f"{_PREFIX}attnclust{self._tag}picture{i}end"
+        return f"{self._mark}{i}end"
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -143,7 +142,7 @@ class Pictures:
             uris.append(pending.result())
         if on_step is not None and uris:
             on_step("pictures", len(uris), len(uris), "pictures")
-        placeholder = re.compile(re.escape(f"{_PREFIX}attnclust{self._tag}picture") + r"(\d+)end")
+        placeholder = re.compile(re.escape(self._mark) + r"(\d+)end")
         return placeholder.sub(lambda m: uris[int(m.group(1))], text)
 
 
