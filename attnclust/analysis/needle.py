@@ -14,9 +14,9 @@ Here the haystack is the run's own contexts, the context lengths are a few up to
 and the model's positions (:func:`needle_lengths`) and the depths :data:`NEEDLE_DEPTHS`: 3 needles x 3 lengths x 3
 depths, 27 tests, where the paper runs 3 needles x 20 lengths (1K to 50K tokens) x 10 depths. Every difference
 from the paper: the methods page, "Decoder protocols". :func:`measure_retrieval` runs the tests on a model
-(:func:`decode_tops`: greedy decoding with a key/value cache; :mod:`attnclust.analysis.protocols` writes its table
-and summary with the other protocols); everything else takes token ids, texts or attention argmaxes, so planted
-inputs and a brute-force loop test each piece.
+(:func:`decode_tops`: greedy decoding with a key/value cache, the tests of one prompt length side by side;
+:mod:`attnclust.analysis.protocols` writes its table and summary with the other protocols); everything else takes
+token ids, texts or attention argmaxes, so planted inputs and a brute-force loop test each piece.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ from ..models.templates import user_turn
 from ..threads import map_threads
 from .decoder import RETRIEVAL_MIN
 
-__all__ = ["NEEDLES", "NEEDLE_COLUMNS", "NEEDLE_DEPTHS", "NEEDLE_FRACTIONS", "NEEDLE_OVERLAP", "NEEDLE_ROUGE_MIN",
-           "NEEDLE_STEPS", "PAPER_GRID", "Needle", "copy_scores", "decode_tops", "haystack_tokens", "insertion_point",
-           "measure_retrieval", "needle_fractions", "needle_lengths", "needle_prompt", "needle_span", "needle_tests",
-           "retrieval_from_tests", "rouge1_recall", "rouge_tokens"]
+__all__ = ["NEEDLES", "NEEDLE_BATCH_WEIGHTS", "NEEDLE_COLUMNS", "NEEDLE_DEPTHS", "NEEDLE_FRACTIONS", "NEEDLE_OVERLAP",
+           "NEEDLE_ROUGE_MIN", "NEEDLE_STEPS", "PAPER_GRID", "Needle", "copy_scores", "decode_tops",
+           "decoding_batches", "haystack_tokens", "insertion_point", "measure_retrieval", "needle_fractions",
+           "needle_lengths", "needle_prompt", "needle_span", "needle_tests", "retrieval_from_tests", "rouge1_recall",
+           "rouge_tokens"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ NEEDLE_FRACTIONS = (0.5, 0.75, 1.0)
 """Context lengths as fractions of the longest the run allows (:func:`needle_lengths`; the paper: 20 lengths)."""
 NEEDLE_STEPS = 50
 """Greedy decoding steps at most (the paper's ``decode_len``)."""
+NEEDLE_BATCH_WEIGHTS = 1 << 26
+"""At most this many attention weights a layer (prompts x query heads x length^2) in the prompt pass of tests
+decoded side by side (:func:`decoding_batches`): 256 MiB of float32, SmolLM2's 9 heads at 384 tokens 51 prompts."""
 NEEDLE_ROUGE_MIN = 0.5
 """A test counts when its answer's ROUGE-1 recall against the needle's answer exceeds this (the paper: > 50)."""
 NEEDLE_OVERLAP = 0.9
@@ -262,17 +266,25 @@ def retrieval_from_tests(scores, accepted) -> np.ndarray:
 
 # -- the model ---------------------------------------------------------------------------------------------------------
 
-def decode_tops(loaded: Any, prompt_ids: list[int], *, steps: int, stops: set[int], newline: Any,
-                device: str = "cpu") -> tuple[list[int], np.ndarray]:
-    """Greedy decoding as the paper's ``decode``: the prompt but its last token in one pass, then one token at a
-    time from the last prompt token on, keeping each step's attention argmax per head.
+def decode_tops(loaded: Any, prompts: Sequence[Sequence[int]], *, steps: int, stops: set[int], newline: Any,
+                device: str = "cpu") -> list[tuple[list[int], np.ndarray]]:
+    """Greedy decoding as the paper's ``decode``, of prompts of one length side by side: each prompt but its last
+    token in one pass, then one token at a time from the last prompt token on, keeping each step's attention argmax
+    per head.
+
+    The prompts go through the model as the rows of one batch (no padding: they are of one length, so no row sees
+    another's tokens): a decoding step reads the model's weights once for all of them, where one prompt at a time
+    read them once per prompt. A row's numbers are those of decoding its prompt alone in exact arithmetic (the
+    rows meet in no sum); on SmolLM2 on a CPU the 27 needle tests of ``jobs/llm.yaml`` gave the same tokens and
+    argmaxes, bit for bit, either way (``tests/unit/analysis/test_needle_retrieval.py`` checks a tiny model's).
+    A row that has ended stays in the batch until every row has (its later tokens are dropped).
 
     Parameters
     ----------
     loaded : attnclust.models.LoadedModel
         A causal model with eager attention.
-    prompt_ids : list of int
-        The prompt (two tokens or more).
+    prompts
+        The prompts, all of one length (two tokens or more).
     steps : int
         Tokens at most.
     stops : set of int
@@ -284,22 +296,25 @@ def decode_tops(loaded: Any, prompt_ids: list[int], *, steps: int, stops: set[in
 
     Returns
     -------
-    generated : list of int
-        The tokens generated, the last stop or newline token included.
-    tops : numpy.ndarray, shape (step, layer, head)
-        int64: the key each query head attends to most at each step (over the prompt and the tokens generated
-        before).
+    list of (list of int, numpy.ndarray)
+        Per prompt, in order: the tokens generated (the last stop or newline token included) and ``tops``, shape
+        (step, layer, head), int64: the key each query head attends to most at each step (over the prompt and the
+        tokens generated before).
     """
     import inspect
 
     import torch
 
+    if not prompts or len({len(p) for p in prompts}) != 1 or len(prompts[0]) < 2:
+        raise ValueError(f"decode_tops: need prompts of one length, two tokens or more; got lengths "
+                         f"{sorted({len(p) for p in prompts})}")
     # the cache's keyword and output field: "cache" where transformers deprecates "past_key_values"
     name = "cache" if "cache" in inspect.signature(getattr(loaded.model, "forward", loaded.model)).parameters else \
         "past_key_values"
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    generated: list[int] = []
-    tops: list[np.ndarray] = []
+    ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
+    generated: list[list[int]] = [[] for _ in prompts]
+    tops: list[list[np.ndarray]] = [[] for _ in prompts]
+    running = set(range(len(prompts)))
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.float16, enabled=device == "cuda"):
         past = getattr(loaded.model(input_ids=ids[:, :-1], use_cache=True), name)
         token = ids[:, -1:]
@@ -309,14 +324,44 @@ def decode_tops(loaded: Any, prompt_ids: list[int], *, steps: int, stops: set[in
             if not out.attentions or out.attentions[0] is None:
                 raise ModelError("needle test: the model returned no attention weights; load it with get_model(), "
                                  "which uses eager attention")
-            rows = torch.stack([a[0, :, -1, :] for a in out.attentions])  # (layer, head, key)
-            tops.append(rows.argmax(-1).cpu().numpy())
-            nxt = int(out.logits[0, -1].argmax())
-            generated.append(nxt)
-            if nxt in stops or newline(nxt):
+            rows = torch.stack([a[:, :, -1, :] for a in out.attentions], 1)  # (prompt, layer, head, key)
+            argmax = rows.argmax(-1).cpu().numpy()
+            nxt = out.logits[:, -1].argmax(-1)
+            for i, t in enumerate(nxt.tolist()):
+                if i in running:
+                    generated[i].append(t)
+                    tops[i].append(argmax[i])
+                    if t in stops or newline(t):
+                        running.discard(i)
+            if not running:
                 break
-            token = torch.tensor([[nxt]], dtype=torch.long, device=device)
-    return generated, np.stack(tops).astype(np.int64)
+            token = nxt[:, None]
+    return [(g, np.stack(t).astype(np.int64)) for g, t in zip(generated, tops)]
+
+
+def decoding_batches(lengths: Sequence[int], *, heads: int, budget: int = NEEDLE_BATCH_WEIGHTS) -> list[list[int]]:
+    """The tests decoded side by side (:func:`decode_tops`): the indices of the prompts of one length, longest
+    first, as many in a batch as keep its prompt pass within ``budget`` attention weights a layer (``prompts x heads
+    x length^2``; one prompt at least).
+
+    Parameters
+    ----------
+    lengths
+        Each test's prompt length, in the tests' order.
+    heads
+        The model's query heads.
+    budget
+        :data:`NEEDLE_BATCH_WEIGHTS`.
+    """
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        by_length.setdefault(int(n), []).append(i)
+    batches = []
+    for n in sorted(by_length, reverse=True):
+        size = max(1, budget // max(1, heads * n * n))
+        same = by_length[n]
+        batches += [same[k:k + size] for k in range(0, len(same), size)]
+    return batches
 
 
 def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_len: int, device: str = "cpu",
@@ -404,13 +449,18 @@ def needle_tests(loaded: Any, tokenizer: Any, contexts: Iterable[str], *, max_le
                 ran = True
         (run_lengths if ran else skipped).append(int(length))
 
-    def decode(test: tuple) -> tuple[list[int], Any]:  # one test's answer: the tests are independent
-        return decode_tops(loaded, test[3], steps=steps, stops=stops, newline=newline, device=device)
+    def decode(batch: list[int]) -> list[tuple[list[int], Any]]:  # the answers of tests of one prompt length
+        return decode_tops(loaded, [planned[i][3] for i in batch], steps=steps, stops=stops, newline=newline,
+                           device=device)
 
-    # on a CPU in a pool of threads, each on one torch thread (attnclust.threads); one GPU runs them in turn
+    # the batches on a CPU in a pool of threads, each on one torch thread (attnclust.threads); one GPU in turn
+    batches = decoding_batches([len(p[3]) for p in planned], heads=int(loaded.num_heads))
+    answers: dict[int, tuple[list[int], Any]] = {}
+    for batch, decoded in zip(batches, map_threads(decode, batches, threads=None if str(device) == "cpu" else 1)):
+        answers.update(zip(batch, decoded))
     tests: list[dict] = []
-    for (k, length, depth, prompt, span), (generated, tops) in zip(
-            planned, map_threads(decode, planned, threads=None if str(device) == "cpu" else 1)):
+    for i, (k, length, depth, prompt, span) in enumerate(planned):
+        generated, tops = answers[i]
         answer = tokenizer.decode(generated, skip_special_tokens=True).strip()
         recall = rouge1_recall(needles[k].real_needle, answer)
         scores = (copy_scores(tops, generated, prompt, span) if span is not None and len(generated) else

@@ -19,6 +19,7 @@ from attnclust.analysis.needle import (
     NEEDLES,
     copy_scores,
     decode_tops,
+    decoding_batches,
     haystack_tokens,
     insertion_point,
     measure_retrieval,
@@ -244,7 +245,7 @@ def test_decoding_matches_transformers_generate(tiny_llama, tokenizer, contexts)
     loaded = get_model(ModelConfig(name=str(tiny_llama)))
     hay = tokenizer.decode(haystack_tokens(tokenizer, contexts, start=0, n_tokens=120))
     prompt = needle_prompt(tokenizer, user_turn(tokenizer), hay, NEEDLES[0].question)
-    generated, tops = decode_tops(loaded, prompt, steps=8, stops=set(), newline=lambda t: False)
+    [(generated, tops)] = decode_tops(loaded, [prompt], steps=8, stops=set(), newline=lambda t: False)
     assert len(generated) == 8 and tops.shape == (8, 2, 4)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
     config = GenerationConfig(do_sample=False, max_new_tokens=8, min_new_tokens=8, eos_token_id=None,
@@ -259,8 +260,44 @@ def test_decoding_matches_transformers_generate(tiny_llama, tokenizer, contexts)
             picked = row[np.arange(4), tops[step, layer]]
             np.testing.assert_allclose(picked, row.max(-1), atol=1e-6)  # our argmax is a maximum of its row
     # decoding ends after a newline token (the paper's end of an answer)
-    generated, tops = decode_tops(loaded, prompt, steps=8, stops=set(), newline=lambda t: t == generated[2])
+    [(generated, tops)] = decode_tops(loaded, [prompt], steps=8, stops=set(), newline=lambda t: t == generated[2])
     assert len(generated) == 3 and len(tops) == 3
+
+
+def test_prompts_decoded_side_by_side_equal_each_decoded_alone(tiny_llama, tokenizer, contexts):
+    """Five haystacks of one length in one batch: each row's tokens and argmaxes are those of its prompt decoded
+    alone, also when the rows end at different steps (a row ends on its own third token; the batch goes on)."""
+    from attnclust.config import ModelConfig
+    from attnclust.models import get_model
+    from attnclust.models.templates import user_turn
+
+    loaded = get_model(ModelConfig(name=str(tiny_llama)))
+    prompts = []
+    for k in range(5):
+        hay = haystack_tokens(tokenizer, contexts, start=k * 2, n_tokens=90)
+        prompts.append(needle_prompt(tokenizer, user_turn(tokenizer), tokenizer.decode(hay), NEEDLES[k % 3].question))
+    n = min(map(len, prompts))
+    prompts = [p[len(p) - n:] for p in prompts]  # one length: each prompt's last n tokens
+    alone = [decode_tops(loaded, [p], steps=12, stops=set(), newline=lambda t: False)[0] for p in prompts]
+    ends = {alone[1][0][2], alone[3][0][5]}  # rows 1 and 3 end early on these tokens, the others may too
+    alone = [decode_tops(loaded, [p], steps=12, stops=set(), newline=ends.__contains__)[0] for p in prompts]
+    together = decode_tops(loaded, prompts, steps=12, stops=set(), newline=ends.__contains__)
+    assert [len(g) for g, _ in alone] != [12] * 5 and len(together) == 5
+    for (g, tops), (g1, tops1) in zip(together, alone):
+        assert g == g1 and tops.shape == (len(g), 2, 4)
+        np.testing.assert_array_equal(tops, tops1)
+    with pytest.raises(ValueError, match="one length"):
+        decode_tops(loaded, [prompts[0], prompts[1][1:]], steps=2, stops=set(), newline=ends.__contains__)
+
+
+def test_tests_are_batched_by_prompt_length_within_the_budget():
+    # lengths 10 (x3), 20 (x2), 30 (x1); 2 heads: a prompt of 20 tokens holds 800 weights a layer
+    lengths = [10, 20, 10, 30, 20, 10]
+    assert decoding_batches(lengths, heads=2, budget=10**6) == [[3], [1, 4], [0, 2, 5]]
+    assert decoding_batches(lengths, heads=2, budget=1600) == [[3], [1, 4], [0, 2, 5]]
+    assert decoding_batches(lengths, heads=2, budget=1599) == [[3], [1], [4], [0, 2, 5]]
+    assert decoding_batches(lengths, heads=2, budget=1) == [[3], [1], [4], [0], [2], [5]]
+    assert decoding_batches([], heads=2) == []
 
 
 class CopyingModel:
@@ -279,23 +316,23 @@ class CopyingModel:
 
     def forward(self, input_ids, cache=None, use_cache=True, output_attentions=False):
         torch, state = self.torch, self.state
-        ids = input_ids[0].tolist()
-        if cache is None:  # the prompt but its last token, which comes with the first step
-            state.seen, state.prompt_len = ids, len(ids) + 1
+        rows = input_ids.tolist()  # one row per test decoded side by side
+        if cache is None:  # the prompts but their last token, which comes with the first step
+            state.seen, state.prompt_len = rows, len(rows[0]) + 1
             return SimpleNamespace(cache="cache", attentions=None, logits=None)
-        state.seen = state.seen + ids
-        prompt = state.seen[:state.prompt_len]
-        k, span = next((k, needle_span(prompt, a)) for k, a in enumerate(self.answers) if needle_span(prompt, a))
-        start, end = span
-        step = len(state.seen) - state.prompt_len
-        n = end - start if self.copies[k] is None else self.copies[k]
-        token = prompt[start + step] if step < n else self.newline
-        keys = len(state.seen)
-        weights = torch.full((1, 3, 1, keys), 0.1 / keys)
-        for head, key in enumerate((start + step if step < n else 0, 0, keys - 1)):
-            weights[0, head, 0, key] += 0.9
-        logits = torch.zeros((1, 1, self.vocab))
-        logits[0, 0, token] = 1.0
+        state.seen = [seen + ids for seen, ids in zip(state.seen, rows)]
+        keys = len(state.seen[0])
+        weights = torch.full((len(rows), 3, 1, keys), 0.1 / keys)
+        logits = torch.zeros((len(rows), 1, self.vocab))
+        for r, seen in enumerate(state.seen):
+            prompt = seen[:state.prompt_len]
+            k, span = next((k, needle_span(prompt, a)) for k, a in enumerate(self.answers) if needle_span(prompt, a))
+            start, end = span
+            step = keys - state.prompt_len
+            n = end - start if self.copies[k] is None else self.copies[k]
+            logits[r, 0, prompt[start + step] if step < n else self.newline] = 1.0
+            for head, key in enumerate((start + step if step < n else 0, 0, keys - 1)):
+                weights[r, head, 0, key] += 0.9
         return SimpleNamespace(cache="cache", attentions=(weights,), logits=logits)
 
     __call__ = forward
