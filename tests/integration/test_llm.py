@@ -37,10 +37,25 @@ def stderr_to(path: Path):
 
 
 @pytest.fixture(scope="module")
-def smollm2_run(tmp_path_factory) -> tuple[Path, str]:
+def llm_cache(tmp_path_factory):
+    """attnclust's cache (``ATTNCLUST_CACHE``) for this module, empty when it starts, removed at its end (0.5 GB of
+    dequantised weights): the run below reads the GGUF file and measures the decoder protocols afresh, as on a new
+    machine, whatever an earlier session left in the user's cache."""
+    import shutil
+
+    cache = tmp_path_factory.mktemp("llm_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNCLUST_CACHE", str(cache))
+        yield cache
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def smollm2_run(tmp_path_factory, llm_cache) -> tuple[Path, str]:
     """The packaged SmolLM2's whole job on 3 bundled questions (cluster k = 3 without UMAP, importance and probes
-    off, the needle test on), in-process on the serial executor, once for this module: one model load, one
-    extraction and one needle test read by both tests below. ``(run_dir, what it wrote to standard error)``."""
+    off, the needle test on), in-process on the serial executor, once for this module: one model load (from the
+    GGUF file: :func:`llm_cache` is empty), one extraction and one needle test read by the tests below.
+    ``(run_dir, what it wrote to standard error)``."""
     pytest.importorskip("gguf")
     from attnclust.pipeline import run_job
     from attnclust.stages import SerialExecutor
@@ -130,39 +145,33 @@ def test_smollm2_report_prints_the_papers_protocols(smollm2_run):
 
 
 @pytest.mark.slow
-def test_a_cached_gguf_load_gives_the_files_weights_and_tokens(tmp_path, monkeypatch):
-    """The first load of the packaged SmolLM2 keeps its dequantised weights and its tokenizer in the cache; a load
-    from there gives bit for bit the same logits and attention maps, the same token ids, chat template and
-    generation config."""
-    pytest.importorskip("gguf")
+def test_a_cached_gguf_load_gives_the_files_weights_and_tokens(smollm2_run, llm_cache):
+    """The run's load of the packaged SmolLM2 read the GGUF file (its cache was empty) and kept the dequantised
+    weights and the tokenizer in the cache; a load from there gives bit for bit the same logits and attention maps,
+    the same token ids, chat template and generation config."""
     import torch
 
     from attnclust.config import ModelConfig
     from attnclust.models import gguf_cache, runner
     from attnclust.models.decoder import load_causal_model
 
-    monkeypatch.setenv("ATTNCLUST_CACHE", str(tmp_path / "cache"))
     cfg = ModelConfig(name="smollm2")
+    assert gguf_cache.cached(cfg, "model") is not None and gguf_cache.cached(cfg, "tokenizer") is not None
+    # the run's model and tokenizer, still in this process's cache: read from the GGUF file
+    [from_file] = [v for k, v in runner._CACHE.items() if k[:2] == ("model", "smollm2")]
+    [file_tok] = [v for k, v in runner._CACHE.items() if k[:2] == ("tokenizer", "smollm2")]
+    runner._CACHE.clear()  # the next loads read attnclust's cache
+    loads = [(from_file, file_tok), (load_causal_model(cfg), runner.get_tokenizer(cfg))]
+    assert loads[1][0] is not from_file and loads[1][1] is not file_tok
     text = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     seen = []
-    for _ in range(2):
-        runner._CACHE.clear()  # the per-process caches: each round loads
-        try:
-            loaded, tok = load_causal_model(cfg), runner.get_tokenizer(cfg)
-        except ModelError as exc:
-            if "is not installed" in str(exc):
-                pytest.skip(str(exc))
-            raise
+    for loaded, tok in loads:
         ids = tok(text)["input_ids"]
         with torch.inference_mode():
             out = loaded.model(input_ids=torch.tensor([ids]), output_attentions=True)
         seen.append({"ids": ids, "logits": out.logits, "maps": out.attentions[7],
                      "template": tok.chat_template, "generation": loaded.model.generation_config.to_dict()})
-        assert gguf_cache.cached(cfg, "model") is not None and gguf_cache.cached(cfg, "tokenizer") is not None
     first, second = seen
     assert first["ids"] == second["ids"] and first["template"] == second["template"]
     assert first["generation"] == second["generation"]
     assert torch.equal(first["logits"], second["logits"]) and torch.equal(first["maps"], second["maps"])
-    import shutil
-
-    shutil.rmtree(tmp_path / "cache")  # 0.5 GB of float32 weights: not left in the test's temporary folder
