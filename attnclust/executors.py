@@ -26,7 +26,7 @@ from typing import Any, Self
 import numpy as np
 
 from .errors import ClusterError
-from .runtime import START_TIMEOUT, driver_environ_kept, spawn_environ, workers_ignore_sigint
+from .runtime import START_TIMEOUT, driver_environ_kept, exit_at_once_when_done, spawn_environ, workers_ignore_sigint
 
 __all__ = ["DaskExecutor", "Executor", "OnStep", "Pending", "SerialExecutor", "StepBars", "in_dask_worker", "step",
            "step_key", "worker_executor"]
@@ -147,7 +147,7 @@ class DaskExecutor:
             return False
 
         with contextlib.suppress(Exception):  # only saves time: a worker that misses it exits the usual way
-            self.client.run(_exit_at_once_when_done)
+            self.client.run(exit_at_once_when_done)
         with workers_ignore_sigint(), driver_environ_kept(spawn_environ()):
             try:
                 self.client.restart(timeout=START_TIMEOUT, wait_for_workers=True)
@@ -209,27 +209,6 @@ class DaskExecutor:
         """Scatter ``obj`` to every worker once; tasks receive it by reference."""
         [future] = self.client.scatter([obj], broadcast=True)
         return future
-
-
-def _exit_at_once_when_done() -> None:
-    """In a worker about to be restarted: once it has closed, its process leaves without Python's teardown.
-
-    After extraction a worker process took far longer to exit than its worker took to close: the interpreter
-    tearing down torch, transformers and the model; its nanny starts the new worker only then (the restart's
-    figures are in ``bench/HISTORY.md``). The tasks have written and closed their files by then, Dask has closed
-    the worker, and nothing of the process is read again.
-    """
-    import atexit
-    import os
-    import sys
-
-    def leave() -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(0)
-
-    atexit.register(leave)  # the last registered runs first: before the handlers of what the tasks imported
 
 
 class Pending:

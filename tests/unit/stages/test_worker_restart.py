@@ -109,7 +109,7 @@ def test_a_restart_soon_after_a_lost_worker_brings_every_worker_back():
 
 
 def test_a_worker_told_to_exit_at_once_flushes_its_output_and_skips_the_teardown(tmp_path):
-    """What a restart tells each worker first (``_exit_at_once_when_done``): at its exit the process flushes its
+    """What a restart tells each worker first (``exit_at_once_when_done``): at its exit the process flushes its
     streams and leaves with 0, before any other exit handler (here one that would write a file) runs."""
     import subprocess
     import sys
@@ -117,13 +117,27 @@ def test_a_worker_told_to_exit_at_once_flushes_its_output_and_skips_the_teardown
     marker = tmp_path / "teardown-ran"
     code = (f"import atexit, pathlib, sys\n"
             f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'x')\n"
-            f"from attnclust.executors import _exit_at_once_when_done\n"
-            f"_exit_at_once_when_done()\n"
+            f"from attnclust.runtime import exit_at_once_when_done\n"
+            f"exit_at_once_when_done()\n"
             f"sys.stdout.write('buffered')\n"
             f"sys.exit(3)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (0, "buffered"), done.stderr[-2000:]
     assert not marker.exists()
-    normal = subprocess.run([sys.executable, "-c", code.replace("_exit_at_once_when_done()\n", "")],
+    normal = subprocess.run([sys.executable, "-c", code.replace("exit_at_once_when_done()\n", "")],
                             capture_output=True, text=True, timeout=120)
     assert normal.returncode == 3 and marker.exists()  # the same program without it: its handler runs
+
+
+@pytest.mark.slow
+def test_the_embedded_clusters_workers_leave_without_their_teardown_when_it_closes(tmp_path):
+    """At the end of a run the embedded cluster's workers are told to exit at once, as before a restart: an exit
+    handler a task registered in a worker process does not run when the cluster closes."""
+    import atexit
+
+    from attnclust.runtime import dask_client
+
+    marker = tmp_path / "teardown-ran"
+    with dask_client(None, n_workers=1) as client:
+        client.submit(atexit.register, marker.write_text, "x", pure=False).result()
+    assert not marker.exists()
