@@ -203,7 +203,7 @@ class DaskExecutor:
         """Submit ``fn(*args)`` as one task ``{job_id}-{key}`` now; its :meth:`Pending.result` waits for it. The
         caller goes on meanwhile (its own work and the tasks it maps run beside it on the other workers)."""
         future = self.client.submit(fn, *args, key=f"{self.job_id}-{key}", pure=False, retries=1)
-        return Pending(future.result)
+        return Pending(future.result, finished=future.done, cancel=future.cancel)
 
     def share(self, obj: Any) -> Any:
         """Scatter ``obj`` to every worker once; tasks receive it by reference."""
@@ -213,16 +213,29 @@ class DaskExecutor:
 
 class Pending:
     """A piece of work started by :meth:`SerialExecutor.start` or :meth:`DaskExecutor.start`: :meth:`result` gives
-    its return value (or raises its exception), computing or waiting for it the first time."""
+    its return value (or raises its exception), computing or waiting for it the first time; :meth:`done` and
+    :meth:`cancel` as a ``concurrent.futures.Future``'s, so that a caller with nothing else to do may do work that
+    has not come in itself."""
 
-    def __init__(self, get: Callable[[], Any]):
+    def __init__(self, get: Callable[[], Any], *, finished: Callable[[], bool] | None = None,
+                 cancel: Callable[[], Any] | None = None):
         self._get, self._done, self._value = get, False, None
+        self._finished, self._cancel = finished, cancel
 
     def result(self) -> Any:
         """The work's return value."""
         if not self._done:
             self._value, self._done = self._get(), True
         return self._value
+
+    def done(self) -> bool:
+        """Whether the work has finished (here, or where it was sent)."""
+        return self._done or (self._finished is not None and bool(self._finished()))
+
+    def cancel(self) -> None:
+        """Give the work up where it was sent (nothing here: serial work runs only when its result is asked)."""
+        if self._cancel is not None:
+            self._cancel()
 
 
 Executor = SerialExecutor | DaskExecutor

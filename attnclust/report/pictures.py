@@ -105,14 +105,18 @@ class Pictures:
     Parameters
     ----------
     start
-        ``start(fn, *args, key=...)``: runs ``fn(*args)`` elsewhere and returns an object whose ``result()`` waits
-        for it (:meth:`attnclust.executors.DaskExecutor.start`).
+        ``start(fn, *args, key=...)``: runs ``fn(*args)`` elsewhere and returns an object with ``result()`` (waits
+        for it), ``done()`` and ``cancel()``, as a ``concurrent.futures.Future``
+        (:meth:`attnclust.executors.DaskExecutor.start`).
+    draw_here
+        While :meth:`fill` waits, this process draws the pictures not yet in (where it has a core of its own).
     """
 
-    def __init__(self, start: Callable):
-        self._start = start
+    def __init__(self, start: Callable, *, draw_here: bool = False):
+        self._start, self._draw_here = start, draw_here
         self._mark = f"{_PREFIX}attnclust{secrets.token_hex(8)}picture"  # no page holds it by chance
         self._pending: list = []
+        self._blobs: list[bytes] = []
 
     def add(self, fig: Figure) -> str:
         """Send ``fig`` to be drawn and clear it; returns the placeholder that :meth:`fill` replaces."""
@@ -120,13 +124,19 @@ class Pictures:
         fig.clear()
         i = len(self._pending)
         self._pending.append(self._start(_draw_pickled, blob, key=f"report-picture-{i:05d}"))
+        self._blobs.append(blob)
         return f"{self._mark}{i}end"
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def fill(self, text: str, *, on_step: Callable[[str, int, int, str], None] | None = None) -> str:
-        """``text`` with every placeholder replaced by its PNG data URI (waiting for each in turn).
+        """``text`` with every placeholder replaced by its PNG data URI.
+
+        The pictures come in from the first on, as they were sent (and as the workers draw them). With
+        ``draw_here``, this process meanwhile draws them from the last back, each one not yet in given up where it
+        was sent, until the two meet; a figure drawn here is the one drawn there, byte for byte
+        (``tests/unit/report/test_pictures.py``).
 
         Parameters
         ----------
@@ -135,21 +145,32 @@ class Pictures:
         on_step
             Told ``on_step("pictures", done, total, "pictures")`` as they come in.
         """
-        uris = []
-        for i, pending in enumerate(self._pending):
+        total = len(self._pending)
+        uris: list[str | None] = [None] * total
+        first, last = 0, total - 1
+        while first <= last:
             if on_step is not None:
-                on_step("pictures", i, len(self._pending), "pictures")
-            uris.append(pending.result())
-        if on_step is not None and uris:
-            on_step("pictures", len(uris), len(uris), "pictures")
+                on_step("pictures", total - (last - first + 1), total, "pictures")
+            if not self._draw_here or self._pending[first].done():
+                uris[first] = self._pending[first].result()
+                first += 1
+            elif self._pending[last].done():
+                uris[last] = self._pending[last].result()
+                last -= 1
+            else:
+                self._pending[last].cancel()
+                uris[last] = _draw_pickled(self._blobs[last])
+                last -= 1
+        if on_step is not None and total:
+            on_step("pictures", total, total, "pictures")
         placeholder = re.compile(re.escape(self._mark) + r"(\d+)end")
         return placeholder.sub(lambda m: uris[int(m.group(1))], text)
 
 
 @contextmanager
-def drawn_beside(start: Callable | None) -> Iterator[Pictures | None]:
-    """Within this block :func:`png_data_uri` sends each figure to be drawn by ``start`` (see :class:`Pictures`);
-    ``None``: drawn here, as outside it (the block yields ``None``).
+def drawn_beside(start: Callable | None, *, draw_here: bool = False) -> Iterator[Pictures | None]:
+    """Within this block :func:`png_data_uri` sends each figure to be drawn by ``start`` (see :class:`Pictures`,
+    with ``draw_here``); ``None``: drawn here, as outside it (the block yields ``None``).
 
     Yields
     ------
@@ -159,7 +180,7 @@ def drawn_beside(start: Callable | None) -> Iterator[Pictures | None]:
     if start is None:
         yield None
         return
-    pictures = Pictures(start)
+    pictures = Pictures(start, draw_here=draw_here)
     token = _BESIDE.set(pictures)
     try:
         yield pictures

@@ -101,7 +101,7 @@ def render_report(inputs: ReportInputs, *, on_step: Callable[[str, int, int, str
 
 def write_report(path: pathlib.Path, inputs: ReportInputs, *,
                  on_step: Callable[[str, int, int, str], None] | None = None,
-                 start: Callable | None = None) -> pathlib.Path:
+                 start: Callable | None = None, draw_here: bool = False) -> pathlib.Path:
     """Render the report and write it atomically (temporary file in the same folder, then ``os.replace``).
 
     Parameters
@@ -114,6 +114,9 @@ def write_report(path: pathlib.Path, inputs: ReportInputs, *,
     start : callable, optional
         Draw the figures beside the sections with it (:func:`attnclust.report.pictures.drawn_beside`:
         :meth:`attnclust.executors.DaskExecutor.start`); ``None``: here, in turn. The page is the same.
+    draw_here : bool
+        With ``start``: this process draws the figures not yet drawn when the sections are done
+        (:class:`attnclust.report.pictures.Pictures`).
 
     Returns
     -------
@@ -121,7 +124,7 @@ def write_report(path: pathlib.Path, inputs: ReportInputs, *,
         ``path``.
     """
     path = pathlib.Path(path)
-    with drawn_beside(start) as pictures:
+    with drawn_beside(start, draw_here=draw_here) as pictures:
         text = render_report(inputs, on_step=on_step)
     if pictures is not None:
         text = pictures.fill(text, on_step=on_step)

@@ -13,6 +13,7 @@ the figures while the driver builds the sections (:mod:`attnclust.report.picture
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -166,9 +167,13 @@ class ReportStage(Stage):
                 kind=kind_of(features),  # a decoder's cards leave out the next token and [SEP]
                 kv_heads=store.attrs.get("num_key_value_heads"))  # grouped key/value heads: the grid by group
             ctx.stop_if_asked("writing report.html")  # the atlas is built on the driver: no task to cancel
-            # on a cluster its workers draw the figures while the driver builds the sections
-            beside = ctx.executor.start if ctx.executor.client is not None else None
-            path = write_report(layout.report, inputs, on_step=bars, start=beside)
+            # on a cluster its workers draw the figures while the driver builds the sections; then the driver draws
+            # those not yet drawn too where it has a core of its own (an embedded cluster of fewer workers than
+            # cores), not beside a scheduler (attnclust submit) nor where the workers take every core
+            ex = ctx.executor
+            beside = ex.start if ex.client is not None else None
+            spare = beside is not None and ex.owns_workers and ex.n_workers < len(os.sched_getaffinity(0))
+            path = write_report(layout.report, inputs, on_step=bars, start=beside, draw_here=spare)
         record = {"report": str(path), "clusters": k}
         for plugin in analysis_plugins():  # each analysis' part of the record, under its name
             if plugin.record is not None and plugin.name in analyses:

@@ -110,6 +110,53 @@ def test_a_report_drawn_in_other_processes_is_the_report_drawn_here(tmp_path):
     assert re.search(rb"attnclust[0-9a-f]{16}picture[0-9]+end", beside) is None  # no placeholder left
 
 
+class _Sent:
+    """Work sent elsewhere that comes in only after ``ready`` pictures were asked for (never, with None); records
+    whether it was given up."""
+
+    def __init__(self, fn, args, asked: list, ready: int | None):
+        self.fn, self.args, self.asked, self.ready, self.cancelled = fn, args, asked, ready, False
+
+    def done(self) -> bool:
+        self.asked.append(1)
+        return self.ready is not None and len(self.asked) > self.ready
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def result(self):
+        assert not self.cancelled, "waited for a picture that was given up"
+        return self.fn(*self.args)
+
+
+@pytest.mark.parametrize("ready", [None, 0, 6])
+def test_pictures_not_in_when_the_page_is_filled_are_drawn_here_from_the_last(tmp_path, ready):
+    """None: nothing comes in, every picture is drawn here (each given up where it was sent); 0: everything is in,
+    nothing is drawn here; 6: the first few come in while the last ones are drawn here. The page is the same."""
+    inputs = synthetic_report_inputs()
+    here = write_report(tmp_path / "here.html", inputs).read_bytes()
+    sent, asked = [], []
+
+    def start(fn, *args, key):
+        sent.append(_Sent(fn, args, asked, ready))
+        return sent[-1]
+
+    assert write_report(tmp_path / "beside.html", inputs, start=start, draw_here=True).read_bytes() == here
+    given_up = [s.cancelled for s in sent]
+    assert len(sent) >= 5
+    if ready is None:
+        assert all(given_up)
+    elif ready == 0:
+        assert not any(given_up)
+    else:  # given up: a run at the end, after the ones that came in
+        assert 0 < sum(given_up) < len(sent) and given_up == sorted(given_up) and not given_up[0]
+    # not drawn here: each waited for in turn (nothing given up)
+    sent.clear()
+    asked.clear()
+    assert write_report(tmp_path / "waited.html", inputs, start=start).read_bytes() == here
+    assert sent and not any(s.cancelled for s in sent)
+
+
 def test_outside_drawn_beside_and_with_no_start_figures_are_drawn_here():
     sent = []
     with drawn_beside(None) as pictures:
