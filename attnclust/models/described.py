@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from importlib import metadata
 
 from ..cachedir import cache_home
 from ..errors import StoreError
@@ -23,20 +24,19 @@ from .sources.identity import pinned_identity
 
 __all__ = ["DESCRIBE_VERSION", "FIELDS", "keep_description", "kept_description"]
 
-DESCRIBE_VERSION = 1
-"""Bumped when the check or the record's fields change."""
+DESCRIBE_VERSION = 2
+"""Bumped when the check, the record's fields or its key change (2: the versions read from the packages' metadata)."""
 FIELDS = {"identity": str, "num_layers": int, "num_heads": int, "head_trained": bool, "kind": str,
           "value_norms": bool}
 """The record's fields and their types (``kv_heads`` too, an int, for a model with grouped key/value heads)."""
 
 
 def _record(identity: str, kind: str, revision: str | None):
-    import torch
-    import transformers
-
     if not pinned_identity(identity, revision):  # a hub id without model.revision: the hub may move it
         return None, None
-    key = [DESCRIBE_VERSION, identity, kind, torch.__version__, transformers.__version__]
+    # the installed versions, read from their metadata: not torch and transformers imported on the driver only to
+    # ask them (bench/HISTORY.md, 2026-12-07)
+    key = [DESCRIBE_VERSION, identity, kind, *(metadata.version(name) for name in ("torch", "transformers"))]
     return key, cache_home() / "described" / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.json"
 
 

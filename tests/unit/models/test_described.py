@@ -83,3 +83,27 @@ def test_a_model_that_fails_the_check_or_is_not_pinned_is_never_kept(loads, tmp_
     described.keep_description("a1b2", "auto", {**info, "identity": "a1b2", "kv_heads": 3})
     assert described.kept_description("a1b2", "auto") == {**info, "identity": "a1b2", "kv_heads": 3}
     assert described.kept_description("a1b2", "causal") is None
+
+
+def test_another_torch_or_transformers_version_checks_the_model_again_without_importing_either(loads, tmp_path,
+                                                                                             monkeypatch):
+    import subprocess
+    import sys
+
+    path = save_tiny_model(tmp_path / "bert")
+    cfg = ModelConfig(name=str(path))
+    runner.describe_model(cfg)
+    assert runner.describe_model(cfg) is not None and len(loads) == 1
+    installed = described.metadata.version
+    for package in ("torch", "transformers"):
+        with monkeypatch.context() as patch:
+            patch.setattr(described.metadata, "version",
+                          lambda name, p=package: "0.0" if name == p else installed(name))
+            runner.describe_model(cfg)
+    assert len(loads) == 3  # each other version: loaded and checked again
+    # the record's key is read without importing torch or transformers on the driver
+    code = ("import sys\nfrom attnclust.models.described import kept_description\n"
+            "assert kept_description('x@1', 'auto', revision='1') is None\n"
+            "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
