@@ -116,7 +116,7 @@ class Pictures:
         self._start, self._draw_here = start, draw_here
         self._mark = f"{_PREFIX}attnclust{secrets.token_hex(8)}picture"  # no page holds it by chance
         self._pending: list = []
-        self._blobs: list[bytes] = []
+        self._blobs: list[bytes] = []  # the pickled figures, with draw_here
 
     def add(self, fig: Figure) -> str:
         """Send ``fig`` to be drawn and clear it; returns the placeholder that :meth:`fill` replaces."""
@@ -124,7 +124,7 @@ class Pictures:
         fig.clear()
         i = len(self._pending)
         self._pending.append(self._start(_draw_pickled, blob, key=f"report-picture-{i:05d}"))
-        self._blobs.append(blob)
+        self._blobs.append(blob if self._draw_here else b"")  # kept only to be drawn here
         return f"{self._mark}{i}end"
 
     def __len__(self) -> int:
