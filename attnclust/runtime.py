@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from .backend import make_local_cuda_cluster
 from .errors import AttnclustError, ClusterError
 
-__all__ = ["KEEP_LOST_WORKERS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT", "dask_client",
-           "driver_environ_kept", "exit_at_once_when_done", "fix_malloc_thresholds", "malloc_environ", "spawn_environ",
-           "trim_heap", "workers_ignore_sigint"]
+__all__ = ["CLOSE_TIMEOUT", "KEEP_LOST_WORKERS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT",
+           "close_embedded", "dask_client", "driver_environ_kept", "exit_at_once_when_done", "fix_malloc_thresholds",
+           "malloc_environ", "spawn_environ", "trim_heap", "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
@@ -85,10 +85,7 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
             with dask.config.set({"distributed.deploy.lost-worker-timeout": KEEP_LOST_WORKERS}):
                 yield client
         finally:
-            with contextlib.suppress(Exception):  # only saves time: a worker that misses it exits the usual way
-                client.run(exit_at_once_when_done)
-            client.close()
-            cluster.close()
+            close_embedded(client, cluster)
         return
     try:
         kwargs = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
@@ -103,6 +100,34 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         yield client
     finally:
         client.close()
+
+
+CLOSE_TIMEOUT = 60.0
+"""Seconds each step of closing the embedded cluster may wait (:func:`close_embedded`)."""
+
+
+def close_embedded(client, cluster, *, timeout: float = CLOSE_TIMEOUT) -> None:
+    """Close an embedded cluster and its client at the end of a run, no step waiting longer than ``timeout``.
+
+    The workers are first told to leave without Python's teardown (:func:`exit_at_once_when_done`); that message
+    goes to every worker the scheduler knows and has no timeout of its own, so it is sent from a thread and waited
+    for at most ``timeout`` (a worker that misses it exits the usual way). Once in a suite, an embedded cluster whose
+    workers had been killed three times (``tests/integration/test_soak.py``) wrote every output and its ``job.json``,
+    then never exited; where it waited was not seen. The cluster's own close is bounded too: a worker process
+    still there after it is a daemon of this process, ended when this process exits.
+    """
+
+    def tell() -> None:
+        with contextlib.suppress(Exception):  # only saves time
+            client.run(exit_at_once_when_done)
+
+    told = threading.Thread(target=tell, name="attnclust-close", daemon=True)
+    told.start()
+    told.join(timeout)
+    with contextlib.suppress(TimeoutError):
+        client.close(timeout=timeout)
+    with contextlib.suppress(TimeoutError):
+        cluster.close(timeout=timeout)
 
 
 def exit_at_once_when_done() -> None:

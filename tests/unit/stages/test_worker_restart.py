@@ -141,3 +141,34 @@ def test_the_embedded_clusters_workers_leave_without_their_teardown_when_it_clos
     with dask_client(None, n_workers=1) as client:
         client.submit(atexit.register, marker.write_text, "x", pure=False).result()
     assert not marker.exists()
+
+
+def test_closing_the_embedded_cluster_waits_a_bounded_time_for_each_step():
+    """A message to the workers that never returns, and a cluster whose close times out, hold the end of a run for
+    ``timeout`` each, not for good: both closes are still asked, in order, and the timeout is not raised."""
+    import threading
+    import time
+
+    from attnclust.runtime import close_embedded
+
+    asked, never = [], threading.Event()
+
+    class Client:
+        def run(self, fn):
+            asked.append(("run", fn.__name__))
+            never.wait()  # a worker that never answers
+
+        def close(self, timeout):
+            asked.append(("client.close", timeout))
+
+    class Cluster:
+        def close(self, timeout):
+            asked.append(("cluster.close", timeout))
+            raise TimeoutError
+
+    started = time.monotonic()
+    close_embedded(Client(), Cluster(), timeout=0.5)
+    took = time.monotonic() - started
+    never.set()
+    assert asked == [("run", "exit_at_once_when_done"), ("client.close", 0.5), ("cluster.close", 0.5)]
+    assert 0.5 <= took < 5.0
