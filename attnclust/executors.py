@@ -28,8 +28,8 @@ import numpy as np
 from .errors import ClusterError
 from .runtime import START_TIMEOUT, driver_environ_kept, exit_at_once_when_done, spawn_environ, workers_ignore_sigint
 
-__all__ = ["DaskExecutor", "Executor", "OnStep", "Pending", "SerialExecutor", "StepBars", "in_dask_worker", "step",
-           "step_key", "worker_executor"]
+__all__ = ["RESTART_ABOVE", "DaskExecutor", "Executor", "OnStep", "Pending", "SerialExecutor", "StepBars",
+           "in_dask_worker", "step", "step_key", "worker_executor"]
 
 
 OnStep = Callable[[str, int, int, str], None]
@@ -103,6 +103,14 @@ class SerialExecutor:
         return False
 
 
+RESTART_ABOVE = 1.25 * 2**30
+"""Bytes of resident memory one worker must hold after a stage that loaded the model for the embedded cluster's
+workers to be restarted (:meth:`DaskExecutor.restart_workers`). Torch and a small model are about 1 GB (a tiny
+random BERT's run: 0.98 GB); the demo's extraction workers held 1.62 GB each, the SQuAD2-dev-sized run's 1.9 GB.
+Below it the restart cost more than it freed: a tiny run took 2-3 s more CPU and wall time with it (bench/HISTORY.md).
+"""
+
+
 class DaskExecutor:
     """Runs work as Dask tasks keyed ``{job_id}-{stage}-{i:06d}`` (the dashboard groups them by job).
 
@@ -117,17 +125,22 @@ class DaskExecutor:
     owns_workers
         The workers are this run's own (the embedded cluster): :meth:`restart_workers` may restart them. Never for
         a cluster that others share.
+    restart_above
+        Bytes a worker must hold for :meth:`restart_workers` to restart the workers (:data:`RESTART_ABOVE`).
     """
 
-    def __init__(self, client, job_id: str, *, retries: int = 2, owns_workers: bool = False):
+    def __init__(self, client, job_id: str, *, retries: int = 2, owns_workers: bool = False,
+                 restart_above: float = RESTART_ABOVE):
         self.client = client
         self.job_id = job_id
         self.retries = retries
         self.owns_workers = owns_workers
+        self.restart_above = restart_above
         self.restarts = 0
 
     def restart_workers(self) -> bool:
-        """Restart the workers between stages when they are this run's own (:attr:`owns_workers`); else nothing.
+        """Restart the workers between stages when they are this run's own (:attr:`owns_workers`) and one of them
+        holds more than :attr:`restart_above` bytes; else nothing.
 
         After extraction each worker process keeps what its tasks imported and loaded: torch and its libraries
         (~0.75 GB resident after ``import torch``), the model, the heap they used. Idle through the later stages,
@@ -136,14 +149,16 @@ class DaskExecutor:
         later stages import (0.15-0.5 GB there). No task runs between stages and the stages exchange files, not
         Dask data, so nothing is lost. The new worker processes ignore Ctrl-C, as the first ones do
         (:func:`attnclust.runtime.dask_client`), and the driver keeps its own thread settings
-        (:func:`attnclust.runtime.driver_environ_kept`).
+        (:func:`attnclust.runtime.driver_environ_kept`). A small run's workers hold torch and a small model
+        (:data:`RESTART_ABOVE`): they go on, as the restart would free little and its new workers import their
+        libraries again.
 
         Returns
         -------
         bool
             True when the workers were restarted.
         """
-        if not self.owns_workers:
+        if not self.owns_workers or self.largest_worker_memory() <= self.restart_above:
             return False
 
         with contextlib.suppress(Exception):  # only saves time: a worker that misses it exits the usual way
@@ -158,6 +173,12 @@ class DaskExecutor:
                                        f"stages are kept)") from None
         self.restarts += 1
         return True
+
+    def largest_worker_memory(self) -> float:
+        """The most memory (bytes, resident) any worker held when it last told the scheduler (its heartbeat); 0
+        without workers."""
+        workers = self.client.scheduler_info(n_workers=-1).get("workers", {}).values()
+        return max((float(w.get("metrics", {}).get("memory") or 0) for w in workers), default=0.0)
 
     @property
     def n_workers(self) -> int:

@@ -117,8 +117,8 @@ class Stage:
         A cheap derived stage (QA scoring) is recomputed when its settings change, without ``--force``.
     loads_model
         Its tasks load the model into the workers (extraction, importance): once it has run, an executor that owns
-        its workers restarts them (:meth:`DaskExecutor.restart_workers`), so later stages do not share the
-        machine with workers that hold torch and the model idle.
+        its workers restarts them when they hold much (:meth:`DaskExecutor.restart_workers`), so later stages do
+        not share the machine with workers that hold torch, the model and its heap idle.
     """
 
     name: ClassVar[str] = ""

@@ -61,6 +61,6 @@ def test_the_driver_keeps_its_own_thread_settings_at_the_start_and_a_restart(cle
     with dask_client(n_workers=1) as client:
         assert driver() == ("3", None, None)
         assert worker(client) == ("3", "1", str(MALLOC_MMAP_THRESHOLD))
-        assert DaskExecutor(client, "job", owns_workers=True).restart_workers()
+        assert DaskExecutor(client, "job", owns_workers=True, restart_above=0).restart_workers()
         assert driver() == ("3", None, None)
         assert worker(client) == ("3", "1", str(MALLOC_MMAP_THRESHOLD))

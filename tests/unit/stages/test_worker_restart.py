@@ -31,11 +31,39 @@ def test_owned_workers_are_restarted_and_ignore_ctrl_c_as_the_first_ones_do(proc
     shared = DaskExecutor(process_client, "job-a")                        # a cluster others may use: untouched
     assert shared.restart_workers() is False
     assert process_client.submit(_pid_and_sigint, pure=False).result()[0] == before
-    owned = DaskExecutor(process_client, "job-a", owns_workers=True)
+    owned = DaskExecutor(process_client, "job-a", owns_workers=True, restart_above=0)
     assert owned.restart_workers() is True and owned.restarts == 1
     after, ignores = process_client.submit(_pid_and_sigint, pure=False).result()
     assert after != before                                                 # a new worker process
     assert ignores                                                         # Ctrl-C is the driver's to answer
+
+
+def _hold(megabytes: int) -> int:
+    """Keep ``megabytes`` of written memory in this worker process; its pid."""
+    import numpy as np
+
+    globals()["_held"] = np.ones(megabytes * 2**17)  # float64: 8 bytes each, every page written
+    return os.getpid()
+
+
+def test_owned_workers_are_restarted_only_when_one_holds_more_than_the_bound(process_client):
+    """A worker holding little (a small run's: torch and a small model) goes on; one that holds more than the
+    bound, as the scheduler last heard, is restarted."""
+    import time
+
+    owned = DaskExecutor(process_client, "job-b", owns_workers=True)
+    small = owned.largest_worker_memory()
+    assert 0 < small < owned.restart_above  # a worker that imported little
+    before = process_client.submit(_pid_and_sigint, pure=False).result()[0]
+    assert owned.restart_workers() is False and owned.restarts == 0
+    assert process_client.submit(_hold, 300, pure=False).result() == before  # the same process went on
+    owned.restart_above = small + 200 * 2**20
+    deadline = time.monotonic() + 30
+    while owned.largest_worker_memory() <= owned.restart_above:  # told at the worker's next heartbeat
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert owned.restart_workers() is True and owned.restarts == 1
+    assert process_client.submit(_pid_and_sigint, pure=False).result()[0] != before
 
 
 class CountingExecutor(SerialExecutor):
@@ -101,7 +129,7 @@ def test_a_restart_soon_after_a_lost_worker_brings_every_worker_back():
         assert time.monotonic() - gone < lost_after - 1, "the worker took too long to come back to time the test"
         # the restart takes the workers away just before the timer fires; a new worker needs ~0.5 s to connect
         time.sleep(max(0.0, gone + lost_after - 0.15 - time.monotonic()))
-        executor = DaskExecutor(client, "job", owns_workers=True)
+        executor = DaskExecutor(client, "job", owns_workers=True, restart_above=0)
         assert executor.restart_workers()
         assert executor.n_workers == 2
         time.sleep(1.0)
