@@ -49,7 +49,7 @@ class FakeCluster:
         if FakeCluster.fail is not None:
             raise FakeCluster.fail
 
-    def close(self):
+    def close(self, timeout=None):
         pass
 
 
@@ -57,7 +57,7 @@ class FakeClient:
     def __init__(self, cluster, timeout=None):
         self.timeout = timeout
 
-    def close(self):
+    def close(self, timeout=None):
         pass
 
 
