@@ -27,10 +27,27 @@ DEMO_SMALL = ["run", "jobs/demo.yaml", "--workers", "2", "--set", "data.max_exam
 
 
 def demo_small(out: Path) -> subprocess.Popen:
-    """``attnclust run`` of :data:`DEMO_SMALL` into ``out``, started (stdout and stderr piped, as text)."""
+    """``attnclust run`` of :data:`DEMO_SMALL` into ``out``, started (stdout and stderr piped, as text), with
+    Python's fault handler on: a run that hangs can be sent SIGABRT and writes every thread's stack to its stderr
+    (:func:`stacks_of_a_hung_run`)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "attnclust.cli", *DEMO_SMALL, "--out", str(out)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "attnclust.cli", *DEMO_SMALL, "--out",
+                             str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stacks_of_a_hung_run(proc: subprocess.Popen) -> str:
+    """The end of what a run started by :func:`demo_small` that did not finish in time wrote to stderr, after it was
+    sent SIGABRT: its threads' stacks (where it waited)."""
+    import signal
+
+    proc.send_signal(signal.SIGABRT)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    dump = err[err.rfind("Fatal Python error"):] if "Fatal Python error" in err else err
+    return dump.split("\nExtension modules:")[0][-8000:]  # the stacks, not the list of loaded modules
 
 
 def tiny_args(model_dir, data, out, *extra) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from runs import assert_same_outputs, demo_small
+from runs import assert_same_outputs, demo_small, stacks_of_a_hung_run
 
 
 def workers(proc: subprocess.Popen) -> list[psutil.Process]:
@@ -68,7 +68,11 @@ def test_workers_killed_at_three_random_points_leave_the_outputs_of_an_undisturb
             victim = rng.choice(workers(proc))
             victim.send_signal(signal.SIGKILL)
             killed.append((stage, at, victim.pid))
-        _, err = proc.communicate(timeout=600)
+        try:
+            _, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"seed {seed}, kills {killed}: the run did not end within 600 s; where it waited:\n"
+                                 f"{stacks_of_a_hung_run(proc)}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
