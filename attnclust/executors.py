@@ -107,7 +107,8 @@ RESTART_ABOVE = 1.25 * 2**30
 """Bytes of resident memory one worker must hold after a stage that loaded the model for the embedded cluster's
 workers to be restarted (:meth:`DaskExecutor.restart_workers`). Torch and a small model are about 1 GB (a tiny
 random BERT's run: 0.98 GB); the demo's extraction workers held 1.62 GB each, the SQuAD2-dev-sized run's 1.9 GB.
-Below it the restart cost more than it freed: a tiny run took 2-3 s more CPU and wall time with it (bench/HISTORY.md).
+Below it the restart costs more than it frees: its new workers import their libraries again (the measurement is in
+bench/HISTORY.md).
 """
 
 
