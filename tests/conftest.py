@@ -16,21 +16,21 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= len(os.sched_getaffinity(0)):
+_THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+if (int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) >= len(os.sched_getaffinity(0))
+        and not any(name in os.environ for name in _THREADS)):  # a user's own thread settings stand
     # As many test processes as cores (the README's ``-n 2`` on 2 cores): each has one core, and its own OpenMP and
     # BLAS pools take one thread, as a Dask worker's do (``distributed.nanny.pre-spawn-environ``); they read these
     # variables as they load, so they are set for the import below only. A second thread finds no free core and
     # spins at every barrier: tests/unit/{stages,analysis,models} took 226 s instead of 183 s (bench/HISTORY.md).
     # The commands the tests start (CLI runs, Dask workers) get the environment as it was: there one thread
-    # measured no faster. A user's own values stand.
-    _unset = [name for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-              if name not in os.environ]
-    os.environ.update(dict.fromkeys(_unset, "1"))
+    # measured no faster.
+    os.environ.update(dict.fromkeys(_THREADS, "1"))
     import torch  # noqa: E402, F401 - its OpenMP pool reads them now
     from threadpoolctl import threadpool_limits  # noqa: E402
 
-    threadpool_limits(limits=1)  # and NumPy's OpenBLAS, loaded already by a pytest plugin
-    for _name in _unset:
+    threadpool_limits(limits=1, user_api="blas")  # NumPy's OpenBLAS, loaded already by a pytest plugin
+    for _name in _THREADS:
         del os.environ[_name]
 
 from helpers import save_tiny_model  # noqa: E402 - after the environment it must see

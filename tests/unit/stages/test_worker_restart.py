@@ -184,7 +184,7 @@ def test_closing_the_embedded_cluster_waits_a_bounded_time_for_each_step():
     class Client:
         def run(self, fn):
             asked.append(("run", fn.__name__))
-            never.wait()  # a worker that never answers
+            never.wait(30)  # a worker that does not answer (bounded: an unbounded wait fails, not hangs)
 
         def close(self, timeout):
             asked.append(("client.close", timeout))
