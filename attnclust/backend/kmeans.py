@@ -6,8 +6,10 @@ class stays importable by name (fitted models are pickled to Dask workers).
 
 from __future__ import annotations
 
+import functools
+
 from sklearn.cluster import KMeans
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 __all__ = ["OneThreadKMeans"]
 
@@ -23,9 +25,18 @@ class OneThreadKMeans(KMeans):
     """
 
     def fit(self, X, y=None, sample_weight=None):
-        with threadpool_limits(limits=1, user_api="openmp"):
+        with _controller().limit(limits=1, user_api="openmp"):
             return super().fit(X, y, sample_weight=sample_weight)
 
     def predict(self, X):
-        with threadpool_limits(limits=1, user_api="openmp"):
+        with _controller().limit(limits=1, user_api="openmp"):
             return super().predict(X)
+
+
+@functools.cache
+def _controller() -> ThreadpoolController:
+    """This process's thread pools, found once: ``threadpool_limits`` finds them again at every call, by scanning
+    every loaded library (torch's and numba's among them on a worker), which cost more than many of the short fits
+    themselves. The OpenMP runtime the fits use is loaded with ``sklearn.cluster`` (imported above), before the
+    first call."""
+    return ThreadpoolController()

@@ -301,12 +301,19 @@ def test_stability_settings_round_trip_and_reach_the_fingerprint():
 def test_every_kmeans_fit_of_the_stage_runs_openmp_on_one_thread(monkeypatch):
     """The thousands of short KMeans fits of k selection, bootstrap and silhouette, and the final fit, run with one
     OpenMP thread (two threads spin-wait for a core beside other work: 15-30x slower measured at load 4.7 on 2
-    cores); the limit is lifted afterwards."""
+    cores); the limit is lifted afterwards. The runtimes limited are those loaded when the first fit began
+    (scikit-learn's, loaded with ``sklearn.cluster``, among them); one loaded later (torch's own copy, say) is not
+    the one the fits run on."""
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_info
 
+    from attnclust.backend.kmeans import _controller
+
     def openmp_threads() -> set[int]:
-        return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "openmp"}
+        return {info["num_threads"] for info in threadpool_info()
+                if info["user_api"] == "openmp" and info["filepath"] in limited}
+
+    limited = {info["filepath"] for info in _controller().info() if info["user_api"] == "openmp"}
 
     default = openmp_threads()
     if default in (set(), {1}):
