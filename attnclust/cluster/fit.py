@@ -92,7 +92,8 @@ class FittedClusters:
     resampling_
         What the stability was resampled over (:attr:`attnclust.cluster.units.Units.description`).
     pca_, kmeans_, umap_
-        Fitted estimators (``pca_``/``umap_`` may be None).
+        Fitted estimators (``pca_``/``umap_`` may be None; :func:`fit_from_store` leaves ``umap_`` out unless
+        ``placement_`` is ``umap_transform``).
     umap_rows_, umap_xy_
         Global row numbers the UMAP was fitted on and their 2-D coordinates.
     placement_
@@ -368,7 +369,8 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
     FittedClusters
         Fitted with each map's example (from ``features.parquet``) as its group. On a Dask worker, choosing k
         runs each candidate's split-half fits as a task of its own across the cluster's workers
-        (:func:`attnclust.executors.worker_executor`); elsewhere one after the other.
+        (:func:`attnclust.executors.worker_executor`); elsewhere one after the other. Without the UMAP model
+        (``umap_`` None) unless the maps outside its sample are placed by its ``transform``.
     """
 
     group = open_embedding(Path(out))
@@ -385,6 +387,11 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
         fitted = fit_clusters(x, cfg, backend, rows=rows, n_total=emb.shape[0], groups=examples, on_step=on_step,
                               placement=cfg.placement, executor=executor)
     fitted.resampling_ = unit
+    if fitted.placement_ != "umap_transform":
+        # nothing is left for the model to transform: the sample's coordinates and the kNN placer are all that
+        # labelling reads, and the result goes to the driver and back to every worker without umap-learn (its
+        # import, ~1 s, was on the stage's critical path on the driver)
+        fitted.umap_ = None
     return fitted
 
 
@@ -439,7 +446,7 @@ def assign_block(out: str, block: int, r0: int, r1: int, fitted: FittedClusters)
     centers = bk.to_numpy(fitted.kmeans_.cluster_centers_).astype(np.float32)
     dist = np.linalg.norm(z - centers[labels], axis=1).astype(np.float32)
     xy = np.full((r1 - r0, 2), np.nan, dtype=np.float32)
-    if fitted.umap_ is not None:
+    if fitted.umap_rows_ is not None:
         rows = np.arange(r0, r1)
         pos = np.searchsorted(fitted.umap_rows_, rows)
         pos = np.minimum(pos, len(fitted.umap_rows_) - 1)

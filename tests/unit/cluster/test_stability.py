@@ -275,6 +275,29 @@ def test_fit_from_store_splits_by_example(tmp_path):
         fit_from_store(str(tmp_path), ClusterConfig(k=6, pca_components=None, umap=False))
 
 
+@pytest.mark.parametrize("umap_sample, placement, keeps_model", [
+    (10_000, "knn", False),   # fitted on every map: nothing to place
+    (200, "knn", False),      # the rest placed by the kNN placer
+    (200, "umap", True),      # the rest placed by the model's transform
+])
+def test_the_fit_task_leaves_the_umap_model_out_unless_its_transform_places_maps(tmp_path, umap_sample, placement,
+                                                                                keeps_model):
+    """The fit's result goes to the driver and back to every labelling task: without the model where only its
+    coordinates and the placer are read; every map still gets a position, each map of the sample its fitted one."""
+    from attnclust.cluster import assign_block
+
+    n = _blob_embedding(tmp_path)
+    cfg = ClusterConfig(k=6, pca_components=None, umap=True, umap_sample=umap_sample, umap_neighbors=10,
+                        placement=placement, stability_resamples=None)
+    fitted = fit_from_store(str(tmp_path), cfg)
+    assert (fitted.umap_ is not None) == keeps_model
+    assert len(fitted.umap_rows_) == min(n, umap_sample)
+    labelled = assign_block(str(tmp_path), 0, 0, n, fitted)
+    assert np.isfinite(labelled[["umap_x", "umap_y"]].to_numpy()).all()
+    in_sample = labelled.iloc[fitted.umap_rows_]
+    np.testing.assert_array_equal(in_sample[["umap_x", "umap_y"]].to_numpy(), fitted.umap_xy_)
+
+
 @pytest.mark.parametrize("item, message", [
     ("cluster.min_stability=1.5", r"cluster\.min_stability: got 1\.5; allowed: a number in \[0, 1\]"),
     ("cluster.n_init=0", r"cluster\.n_init: got 0; allowed: an integer >= 1"),
