@@ -56,21 +56,28 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
     # The default probes of a 2,077-feature run (740 fits, MiniLM): 30 s in all, 112 s before.
     # With few problems of many dimensions (the top-k heads, the [CLS] state) the outer products would be larger
     # than the copies (1,600 x 385^2 doubles, 1.9 GB): there, the copies.
-    # The Hessian is symmetric: the products of its upper triangle only, mirrored (half the work again).
+    # The Hessian is symmetric: the products of its upper triangle only, mirrored (half the work again) by one
+    # gather through `mirror` (each entry of the matrix -> its entry of the upper triangle), the ridge added to the
+    # triangle's diagonal entries first: the same matrices, bit for bit, as writing both triangles by index, in
+    # under half the time (bench/HISTORY.md, 2026-12-07, night).
     upper = torch.triu_indices(d, d) if d <= targets.shape[0] else None
-    outer = None if upper is None else xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
+    if upper is not None:
+        outer = xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
+        at = torch.full((d, d), -1, dtype=torch.long)
+        at[upper[0], upper[1]] = torch.arange(upper.shape[1])
+        mirror = torch.maximum(at, at.T).reshape(-1)
+        reg_upper = torch.zeros(upper.shape[1], dtype=x.dtype)
+        reg_upper[at.diagonal()] = reg
     for _ in range(iterations):
         p = torch.sigmoid(theta @ xb.T)  # (problem, sample)
         grad = (p - targets) @ xb + theta * reg
         weight = p * (1 - p)
-        if outer is not None:
+        if upper is not None:
             half = weight @ outer
-            hess = torch.zeros(len(weight), d, d, dtype=x.dtype)
-            hess[:, upper[0], upper[1]] = half
-            hess[:, upper[1], upper[0]] = half
+            half += reg_upper
+            hess = half[:, mirror].view(len(weight), d, d)  # (problem, dim + 1, dim + 1)
         else:
-            hess = (weight.unsqueeze(1) * xb.T.unsqueeze(0)) @ xb
-        hess = hess + torch.diag(reg)  # (problem, dim + 1, dim + 1)
+            hess = (weight.unsqueeze(1) * xb.T.unsqueeze(0)) @ xb + torch.diag(reg)
         step = torch.linalg.solve(hess, grad.unsqueeze(-1)).squeeze(-1)
         theta = theta - step
         if float(step.abs().max()) < tol:

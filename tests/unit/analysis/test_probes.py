@@ -137,6 +137,22 @@ def test_fit_logistic_reaches_scikit_learns_optimum():
     assert theta[-1] == pytest.approx(ref.intercept_[0], abs=1e-6)
 
 
+def test_fit_logistic_of_more_problems_than_dimensions_reaches_each_problems_optimum():
+    """With more problems than dimensions the Hessians are built from each sample's outer product (their upper
+    triangle, mirrored): each problem's coefficients are still scikit-learn's, fitted one problem at a time."""
+    import torch
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(120, 4))
+    targets = (x @ rng.normal(size=(4, 9)) + rng.normal(size=(120, 9)) > 0).astype(float).T  # 9 problems > 5
+    theta = fit_logistic(torch.from_numpy(x), torch.from_numpy(targets)).numpy()
+    for problem, y in enumerate(targets):
+        ref = LogisticRegression(C=1.0, tol=1e-12, max_iter=10000).fit(x, y)
+        np.testing.assert_allclose(theta[problem, :-1], ref.coef_[0], atol=1e-6)
+        assert theta[problem, -1] == pytest.approx(ref.intercept_[0], abs=1e-6)
+
+
 def test_labels_from_examples_and_predictions():
     examples = pd.DataFrame({"id": ["a", "b", "c"], "question": ["Who won?", "In which year", "Name it"],
                              "is_impossible": [False, True, False], "topic": ["x", None, "y"]})
