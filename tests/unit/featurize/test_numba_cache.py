@@ -99,6 +99,9 @@ def test_cache_dir_default_and_overrides(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_make_umap_turns_the_cache_on_for_umap(tmp_path):
+    """umap-learn's functions get a cache in the user's ``NUMBA_CACHE_DIR``, which stays as the user set it. The
+    directory set here is a link to the cache the suite's runs use (:func:`attnclust.backend.numba_cache_dir`):
+    importing umap-learn with an empty one compiles its numba code again (~20 s), which this test does not need."""
     script = textwrap.dedent('''
         import json, os, sys
         from numba.core.caching import NullCache
@@ -110,6 +113,9 @@ def test_make_umap_turns_the_cache_on_for_umap(tmp_path):
         print(json.dumps({"before": before, "after": isinstance(uu.smooth_knn_dist._cache, NullCache),
                           "dir": os.environ["NUMBA_CACHE_DIR"]}))
     ''')
+    shared = bk.numba_cache_dir()
+    shared.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "c").symlink_to(shared, target_is_directory=True)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "c"), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
