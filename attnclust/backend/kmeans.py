@@ -35,8 +35,8 @@ class OneThreadKMeans(KMeans):
 
 @functools.cache
 def _controller() -> ThreadpoolController:
-    """This process's thread pools, found once: ``threadpool_limits`` finds them again at every call, by scanning
-    every loaded library (torch's and numba's among them on a worker), which cost more than many of the short fits
-    themselves. The OpenMP runtime the fits use is loaded with ``sklearn.cluster`` (imported above), before the
-    first call."""
+    """This process's thread pools, found once: ``threadpool_limits`` finds them again at every call by scanning
+    every loaded library (torch's and numba's among them on a worker), seconds of a stage's hundreds of fits
+    (bench/HISTORY.md). The OpenMP runtime the fits use is loaded with ``sklearn.cluster`` (imported above), before
+    the first call; a runtime loaded later is not limited, and is not the one the fits run on."""
     return ThreadpoolController()

@@ -389,8 +389,8 @@ def fit_from_store(out: str, cfg: ClusterConfig, backend: str = "cpu", on_step: 
     fitted.resampling_ = unit
     if fitted.placement_ != "umap_transform":
         # nothing is left for the model to transform: the sample's coordinates and the kNN placer are all that
-        # labelling reads, and the result goes to the driver and back to every worker without umap-learn (its
-        # import, ~1 s, was on the stage's critical path on the driver)
+        # labelling reads, and the result goes to the driver and back to every worker without umap-learn (whose
+        # import was on the stage's critical path on the driver: bench/HISTORY.md)
         fitted.umap_ = None
     return fitted
 
