@@ -150,9 +150,8 @@ class DaskExecutor:
         later stages import (0.15-0.5 GB there). No task runs between stages and the stages exchange files, not
         Dask data, so nothing is lost. The new worker processes ignore Ctrl-C, as the first ones do
         (:func:`attnclust.runtime.dask_client`), and the driver keeps its own thread settings
-        (:func:`attnclust.runtime.driver_environ_kept`). A small run's workers hold torch and a small model
-        (:data:`RESTART_ABOVE`): they go on, as the restart would free little and its new workers import their
-        libraries again.
+        (:func:`attnclust.runtime.driver_environ_kept`). Workers that hold less (a small run's) go on: why,
+        :data:`RESTART_ABOVE`.
 
         Returns
         -------
@@ -178,7 +177,7 @@ class DaskExecutor:
     def largest_worker_memory(self) -> float:
         """The most memory (bytes, resident) any worker held when it last told the scheduler (its heartbeat); 0
         without workers."""
-        workers = self.client.scheduler_info(n_workers=-1).get("workers", {}).values()
+        workers = self.client.scheduler_info().get("workers", {}).values()
         return max((float(w.get("metrics", {}).get("memory") or 0) for w in workers), default=0.0)
 
     @property

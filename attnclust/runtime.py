@@ -111,10 +111,9 @@ def close_embedded(client, cluster, *, timeout: float = CLOSE_TIMEOUT) -> None:
 
     The workers are first told to leave without Python's teardown (:func:`exit_at_once_when_done`); that message
     goes to every worker the scheduler knows and has no timeout of its own, so it is sent from a thread and waited
-    for at most ``timeout`` (a worker that misses it exits the usual way). Once in a suite, an embedded cluster whose
-    workers had been killed three times (``tests/integration/test_soak.py``) wrote every output and its ``job.json``,
-    then never exited; where it waited was not seen. The cluster's own close is bounded too: a worker process
-    still there after it is a daemon of this process, ended when this process exits.
+    for at most ``timeout`` (a worker that misses it exits the usual way). The client's and the cluster's closes
+    are bounded too: a worker process still there after them is a daemon of this process, ended when it exits. (Why
+    the bound: bench/HISTORY.md, 2026-12-07, evening.)
     """
 
     def tell() -> None:

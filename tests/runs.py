@@ -4,6 +4,7 @@ tiny-model jobs, output comparison."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,6 @@ def demo_small(out: Path) -> subprocess.Popen:
 def stacks_of_a_hung_run(proc: subprocess.Popen) -> str:
     """The end of what a run started by :func:`demo_small` that did not finish in time wrote to stderr, after it was
     sent SIGABRT: its threads' stacks (where it waited)."""
-    import signal
-
     proc.send_signal(signal.SIGABRT)
     try:
         _, err = proc.communicate(timeout=30)
