@@ -28,7 +28,8 @@ import numpy as np
 from .errors import ClusterError
 from .runtime import START_TIMEOUT, driver_environ_kept, exit_at_once_when_done, spawn_environ, workers_ignore_sigint
 
-__all__ = ["RESTART_ABOVE", "DaskExecutor", "Executor", "OnStep", "Pending", "SerialExecutor", "StepBars",
+__all__ = ["RESTART_ABOVE", "DaskExecutor", "Executor", "MadeOnFirstUse", "OnStep", "Pending", "SerialExecutor",
+           "StepBars",
            "in_dask_worker", "step", "step_key", "worker_executor"]
 
 
@@ -261,6 +262,34 @@ class Pending:
 
 Executor = SerialExecutor | DaskExecutor
 """What runs a stage's blocks and the pieces of work inside them."""
+
+
+class MadeOnFirstUse:
+    """An executor made by ``make()`` the first time a stage uses it, then standing for it (every attribute is the
+    made executor's).
+
+    ``attnclust run`` starts its embedded cluster through one: a run whose stages are all complete, or that is
+    refused for changed settings, starts no cluster (its start and close are seconds of a small run).
+    :meth:`restart_workers` alone makes nothing: there is nothing to restart before the first use.
+    """
+
+    def __init__(self, make: Callable[[], Executor]):
+        self._make = make
+        self._made: Executor | None = None
+
+    @property
+    def made(self) -> bool:
+        """Whether the executor was made."""
+        return self._made is not None
+
+    def restart_workers(self) -> bool:
+        """The made executor's :meth:`~DaskExecutor.restart_workers`; False before it is made."""
+        return self._made is not None and self._made.restart_workers()
+
+    def __getattr__(self, name: str) -> Any:
+        if self._made is None:
+            self._made = self._make()
+        return getattr(self._made, name)
 
 
 def in_dask_worker() -> bool:

@@ -24,6 +24,7 @@ from .config import JobConfig, ModelConfig
 from .data.hf import data_fingerprint
 from .data.squad import sample_path
 from .errors import AttnclustError, StoreError
+from .executors import MadeOnFirstUse
 from .layout import RunLayout
 from .models.sources import model_identity
 from .runtime import dask_client
@@ -127,19 +128,29 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
     result = JobResult(out=layout.root, job_id=job_id)
     with layout.locked():
         started = time.perf_counter()
-        if executor is not None:
-            context = contextlib.nullcontext(None)
-        elif client is not None:
-            context = contextlib.nullcontext(client)
-        else:
-            context = dask_client(scheduler, n_workers=n_workers, security=security, runtime=runtime)
-        with context as cl:
-            if cl is not None:  # the embedded cluster's workers are this run's own (they may be restarted)
-                ctx.executor = DaskExecutor(cl, job_id, owns_workers=client is None and scheduler is None)
-            ctx.backend = bk.resolve_backend(cfg.backend, cl)
-            if progress:
-                where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"
-                print(f"job {job_id}: backend {ctx.backend}, {where}", flush=True)
+        with contextlib.ExitStack() as cluster:
+            if executor is None and client is None and scheduler is None:
+                # the embedded cluster starts when a stage first has work for it (MadeOnFirstUse): a rerun that finds
+                # every stage complete, or one refused for changed settings, starts none. Its workers are processes of
+                # this machine from this environment, so this process answers for their backend.
+                ctx.backend = bk.resolve_backend(cfg.backend)
+
+                def embedded() -> DaskExecutor:
+                    cl = cluster.enter_context(dask_client(None, n_workers=n_workers, runtime=runtime))
+                    if progress:
+                        print(f"job {job_id}: backend {ctx.backend}, dashboard {cl.dashboard_link}", flush=True)
+                    return DaskExecutor(cl, job_id, owns_workers=True)  # this run's own: they may be restarted
+
+                ctx.executor = MadeOnFirstUse(embedded)
+            else:
+                cl = None if executor is not None else client if client is not None else \
+                    cluster.enter_context(dask_client(scheduler, security=security, runtime=runtime))
+                if cl is not None:
+                    ctx.executor = DaskExecutor(cl, job_id)
+                ctx.backend = bk.resolve_backend(cfg.backend, cl)
+                if progress:
+                    where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"
+                    print(f"job {job_id}: backend {ctx.backend}, {where}", flush=True)
             try:
                 result.stages = run_stages(ctx, pipeline, stages, force=force, force_named=force_named)
             finally:

@@ -65,15 +65,15 @@ def resolve_backend(requested: str, client: Any = None, *, probe=gpu_status) -> 
         reports = client.run(probe)
         if not reports:
             raise BackendUnavailable("backend: the Dask cluster has no workers; start workers or use embedded mode")
-        bad = {addr: why for addr, (ok, why) in reports.items() if not ok}
+        bad = {f"worker {addr}": why for addr, (ok, why) in reports.items() if not ok}
     else:
         ok, why = probe()
-        bad = {} if ok else {"this process": why}
+        bad = {} if ok else {"this machine": why}
     if not bad:
         return "gpu"
     if requested == "gpu":
         where, why = next(iter(bad.items()))
-        raise BackendUnavailable(f"backend gpu: worker {where}: {why}; {GPU_INSTALL_HINT}")
+        raise BackendUnavailable(f"backend gpu: {where}: {why}; {GPU_INSTALL_HINT}")
     return "cpu"
 
 
