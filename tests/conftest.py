@@ -107,6 +107,19 @@ def demo_small_run(tmp_path_factory) -> tuple[Path, str]:
     return out, stdout
 
 
+@pytest.fixture(scope="session")
+def tiny_reference(tmp_path_factory, tiny_bert_dir) -> Path:
+    """One uninterrupted ``attnclust run`` of the tiny random BERT on 20 questions of the bundled sample
+    (:func:`runs.reference_args`) per session: the run test_pipeline and test_storage_faults check, copy, damage
+    and compare with."""
+    from runs import cli, reference_args
+
+    out = tmp_path_factory.mktemp("tiny_reference") / "out"
+    r = cli(*reference_args(tiny_bert_dir, out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial" / "atlas.ipynb"
 
 _EXECUTE = """
@@ -166,20 +179,25 @@ def small_squad(tmp_path) -> Path:
 
 # --- pytest -n 2 --dist loadgroup (the README's test command): which tests run together --------------------------
 
-SHARED_RUNS = ("demo_small_run", "demo_run", "executed_tutorial")
-"""The session runs (and the fixture that hands one on) that several folders read: every module that names one runs in
-one worker process, so each run is made once and no other process reads it while a test plants a file in it."""
+SHARED_GROUPS = {"shared-runs": ("demo_small_run", "demo_run", "executed_tutorial"),
+                 "tiny-reference": ("tiny_reference",)}
+"""The session runs (and the fixture that hands one on) that several modules read, by group: every module that names
+one of a group's runs in one worker process, so each run is made once and no other process reads it while a test
+plants a file in it."""
+SHARED_RUNS = tuple(name for names in SHARED_GROUPS.values() for name in names)
+"""Every fixture of :data:`SHARED_GROUPS`."""
 FIRST_FOLDERS = ("integration", "browser")
 """Folders whose modules run first, so that the two workers end on short unit tests."""
-_NAMES = re.compile(r"\b(" + "|".join(SHARED_RUNS) + r")\b")
+_NAMES = {group: re.compile(r"\b(" + "|".join(names) + r")\b") for group, names in SHARED_GROUPS.items()}
 
 
 @functools.cache
 def module_group(module: str) -> str:
-    """The group of a test module (its path from the project root): ``shared-runs`` when its code names one of
-    :data:`SHARED_RUNS`, else the module itself (so module fixtures are made once)."""
+    """The group of a test module (its path from the project root): the first of :data:`SHARED_GROUPS` one of whose
+    runs its code names, else the module itself (so module fixtures are made once)."""
     path = ROOT / module  # a node id's file, relative to the project root (any other node: its own group)
-    return "shared-runs" if path.is_file() and _NAMES.search(path.read_text(encoding="utf-8")) else module
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return next((group for group, names in _NAMES.items() if names.search(text)), module)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -213,9 +231,11 @@ def pytest_collection_modifyitems(config, items):
         if "integration" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.slow)
         module = item.nodeid.split("::")[0]
-        if set(SHARED_RUNS) & set(getattr(item, "fixturenames", ())) and module_group(module) != "shared-runs":
-            raise pytest.UsageError(f"{item.nodeid} reads a shared session run through a fixture {module} does not "
-                                    f"name; name one of {SHARED_RUNS} in it or add its fixture to SHARED_RUNS")
+        used = set(getattr(item, "fixturenames", ()))
+        for group, names in SHARED_GROUPS.items():
+            if used & set(names) and module_group(module) != group:
+                raise pytest.UsageError(f"{item.nodeid} reads a shared session run through a fixture {module} does "
+                                        f"not name; name one of {names} in it or add its fixture to SHARED_GROUPS")
     items.sort(key=lambda item: not any(f in Path(str(item.fspath)).parts for f in FIRST_FOLDERS))
 
     usable, why = gpu_status()

@@ -56,6 +56,14 @@ def tiny_args(model_dir, data, out, *extra) -> list[str]:
             "--set", "extract.features_per_task=2", *extra]
 
 
+def reference_args(model_dir, out, *extra) -> list[str]:
+    """:func:`tiny_args` of the session's tiny reference run (``tiny_reference`` in tests/conftest.py): 20
+    questions of the bundled sample."""
+    from attnclust.data import sample_path
+
+    return tiny_args(model_dir, sample_path(), out, "--set", "data.max_examples=20", *extra)
+
+
 def attention(out: Path) -> np.ndarray:
     """The whole attention array of a run."""
     import zarr

@@ -15,22 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runs import ROOT, assert_same_outputs, cli, one_error_line, tiny_args
+from runs import ROOT, assert_same_outputs, cli, one_error_line, reference_args, tiny_args
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_bert_dir):
-    """An uninterrupted run on 20 examples of the bundled sample."""
-    from attnclust.data import sample_path
-
-    out = tmp_path_factory.mktemp("ref") / "out"
-    r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20"))
-    assert r.returncode == 0, r.stderr
-    return out
-
-
-def test_run_writes_every_output(reference):
-    out = reference
+def test_run_writes_every_output(tiny_reference):
+    out = tiny_reference
     for name in ("attention.zarr", "features.parquet", "embedding.zarr", "maps.parquet", "heads.parquet",
                  "clusters.parquet", "predictions.parquet", "report.html", "job.json"):
         assert (out / name).exists(), name
@@ -51,22 +40,19 @@ def test_run_writes_every_output(reference):
     assert 'id="qa"' in (out / "report.html").read_text()
 
 
-def test_rerun_is_a_no_op_and_other_config_is_refused(reference, tiny_bert_dir):
-    from attnclust.data import sample_path
-
-    before = (reference / "maps.parquet").stat().st_mtime_ns
-    r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20"))
+def test_rerun_is_a_no_op_and_other_config_is_refused(tiny_reference, tiny_bert_dir):
+    before = (tiny_reference / "maps.parquet").stat().st_mtime_ns
+    r = cli(*reference_args(tiny_bert_dir, tiny_reference))
     assert r.returncode == 0, r.stderr
     assert "already complete" in r.stdout
-    assert (reference / "maps.parquet").stat().st_mtime_ns == before
-    r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20",
-                       "--set", "cluster.k=4"))
+    assert (tiny_reference / "maps.parquet").stat().st_mtime_ns == before
+    r = cli(*reference_args(tiny_bert_dir, tiny_reference, "--set", "cluster.k=4"))
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0
     assert "stage 'cluster' was run with other settings (cluster.k: 3 -> 4)" in r.stderr and "--force" in r.stderr
 
 
-def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, tmp_path, slow_extract):
+def test_interrupted_run_resumes_to_identical_outputs(tiny_reference, tiny_bert_dir, tmp_path, slow_extract):
     from attnclust.data import sample_path
 
     out = tmp_path / "killed"
@@ -90,14 +76,14 @@ def test_interrupted_run_resumes_to_identical_outputs(reference, tiny_bert_dir, 
 
     with pytest.raises(StoreError, match="extraction did not finish"):
         open_attention_store(out / "attention.zarr")
-    r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20"))
+    r = cli(*reference_args(tiny_bert_dir, out))
     assert r.returncode == 0, r.stderr
     record = json.loads((out / "_state" / "extract.json").read_text())
     assert record["blocks_resumed"] == done
-    assert_same_outputs(reference, out)
+    assert_same_outputs(tiny_reference, out)
 
 
-def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tiny_bert_dir, tmp_path):
+def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(tiny_reference, tiny_bert_dir, tmp_path):
     """``should_stop`` is asked before each stage and again before report.html is written: the atlas is built on
     the driver, where there is no task for ``dask-submit cancel`` to cancel."""
     import shutil
@@ -107,7 +93,7 @@ def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tin
     from attnclust.pipeline import run_job
 
     out = tmp_path / "stopped"
-    shutil.copytree(reference, out)
+    shutil.copytree(tiny_reference, out)
     (out / "report.html").unlink()
     (out / "_state" / "report.json").unlink()  # the report stage is left to do
     cfg = load_job(None, [f"model.name={tiny_bert_dir}", "cluster.k=3", "cluster.umap=false",
@@ -126,12 +112,11 @@ def test_a_stop_request_while_the_atlas_is_built_leaves_no_report(reference, tin
     assert (out / "report.html").exists() and (out / "_state" / "report.json").exists()
 
 
-def test_second_run_on_a_locked_dir_is_refused(reference, tiny_bert_dir):
-    from attnclust.data import sample_path
+def test_second_run_on_a_locked_dir_is_refused(tiny_reference, tiny_bert_dir):
     from attnclust.layout import RunLayout
 
-    with RunLayout(reference).locked():
-        r = cli(*tiny_args(tiny_bert_dir, sample_path(), reference, "--set", "data.max_examples=20"))
+    with RunLayout(tiny_reference).locked():
+        r = cli(*reference_args(tiny_bert_dir, tiny_reference))
     assert r.returncode == 2
     assert "in use by another attnclust run" in r.stderr
 
@@ -199,10 +184,10 @@ def test_stages_on_a_store_written_by_another_tool(tmp_path):
     assert r.returncode == 2 and "not found" in r.stderr
 
 
-def test_python_api_opens_outputs_as_xarray(reference):
+def test_python_api_opens_outputs_as_xarray(tiny_reference):
     import attnclust
 
-    atlas = attnclust.open_output(reference)
+    atlas = attnclust.open_output(tiny_reference)
     assert atlas.attention.dims == attnclust.DIMS
     assert atlas.attention.sizes["layer"] == 2 and atlas.attention.sizes["head"] == 4
     one = atlas.map(0, 1, 2)
@@ -252,16 +237,13 @@ def test_a_directory_attnclust_did_not_write_is_refused_and_every_user_file_surv
     assert all(path.read_text() == text for path, text in planted.items())
 
 
-def test_force_in_an_attnclust_run_removes_only_what_attnclust_wrote(reference, tiny_bert_dir, tmp_path):
+def test_force_in_an_attnclust_run_removes_only_what_attnclust_wrote(tiny_reference, tiny_bert_dir, tmp_path):
     import shutil
 
-    from attnclust.data import sample_path
-
     out = tmp_path / "run"
-    shutil.copytree(reference, out)
+    shutil.copytree(tiny_reference, out)
     (out / "my_notes.txt").write_text("keep me")
-    r = cli(*tiny_args(tiny_bert_dir, sample_path(), out, "--set", "data.max_examples=20", "--set", "cluster.k=4",
-                       "--force"))
+    r = cli(*reference_args(tiny_bert_dir, out, "--set", "cluster.k=4", "--force"))
     assert r.returncode == 0, r.stderr
     assert (out / "my_notes.txt").read_text() == "keep me"
     assert "extract" in r.stdout and "(already complete)" in r.stdout  # upstream of cluster was not re-run

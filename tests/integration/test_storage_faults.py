@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from runs import ROOT, assert_same_outputs, cli, one_error_line, tiny_args
+from runs import ROOT, assert_same_outputs, cli, one_error_line, reference_args
 
 
 @contextlib.contextmanager
@@ -38,35 +38,10 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    """16 examples of the bundled sample, as a file of their own."""
-    from attnclust.data import sample_path
-
-    raw = json.loads(sample_path().read_text())
-    kept, n = [], 0
-    for article in raw["data"]:
-        if n >= 16:
-            break
-        kept.append(article)
-        n += sum(len(p["qas"]) for p in article["paragraphs"])
-    path = tmp_path_factory.mktemp("data") / "squad.json"
-    path.write_text(json.dumps({"version": raw.get("version", "v2.0"), "data": kept}))
-    return path
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, tiny_bert_dir, data) -> Path:
-    """An undisturbed run of the tiny model."""
-    out = tmp_path_factory.mktemp("finished") / "out"
-    r = cli(*tiny_args(tiny_bert_dir, data, out))
-    assert r.returncode == 0, r.stderr[-3000:]
-    return out
-
-
-def command_args(command: str, model_dir: Path, data: Path, out: Path) -> list[str]:
-    """The arguments of ``run`` for another command on the same job (``--data`` only where it exists)."""
-    args = tiny_args(model_dir, data, out)
+def command_args(command: str, model_dir: Path, out: Path) -> list[str]:
+    """The arguments of the tiny reference's ``run`` for another command on the same job (``--data`` only where it
+    exists)."""
+    args = reference_args(model_dir, out)
     if command not in ("run", "extract"):
         i = args.index("--data")
         del args[i:i + 2]
@@ -113,7 +88,7 @@ def drop_feature_rows(out: Path, n: int) -> None:
 
 
 CASES = {
-    # name: (setup(tmp_path, finished) -> out, command, expected pattern, check_after(out))
+    # name: (setup(tmp_path, tiny_reference) -> out, command, expected pattern, check_after(out))
     "out is a file": ("file", "run", r"exists and is a file"),
     "read-only location": ("readonly", "run", r"ro/out: cannot be created \(.*ro is not writable\)"),
     "corrupted chunk, featurize": ("corrupt", "featurize", r"store .*attention\.zarr: features 2\.\.3 \(shard 1\) "
@@ -139,8 +114,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete(case, tmp_path, finished,
-                                                                                tiny_bert_dir, data):
+def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete(case, tmp_path, tiny_reference,
+                                                                                tiny_bert_dir):
     setup, command, pattern = CASES[case]
     out = tmp_path / "out"
     before = None
@@ -151,7 +126,7 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
             stack.enter_context(tmpfs(tmp_path / "ro", "ro,size=1m"))
             out = tmp_path / "ro" / "out"
         else:
-            shutil.copytree(finished, out, symlinks=True)
+            shutil.copytree(tiny_reference, out, symlinks=True)
             if setup == "corrupt":
                 corrupt_shard(out, 1)
             elif setup == "flip":
@@ -164,7 +139,7 @@ def test_storage_faults_exit_2_with_one_line_and_leave_nothing_taken_as_complete
             else:
                 drop_feature_rows(out, 2)
             before = {p: p.stat().st_mtime_ns for p in (out / "_state").glob("*.json")}
-        r = cli(*command_args(command, tiny_bert_dir, data, out), "--force")
+        r = cli(*command_args(command, tiny_bert_dir, out), "--force")
         assert r.returncode == 2, r.stderr[-3000:]
         assert re.search(pattern, one_error_line(r)), r.stderr
         if setup == "file":
@@ -191,15 +166,14 @@ def fill(folder: Path) -> Path:
     return ballast
 
 
-def test_a_disk_that_fills_up_ends_in_one_line_and_the_run_resumes_to_equal_outputs(tmp_path, finished,
-                                                                                    tiny_bert_dir, data,
-                                                                                    slow_extract):
+def test_a_disk_that_fills_up_ends_in_one_line_and_the_run_resumes_to_equal_outputs(tmp_path, tiny_reference,
+                                                                                    tiny_bert_dir, slow_extract):
     """Another process fills the disk during extraction (after the pre-flight check passed)."""
     mount = tmp_path / "small"
-    with tmpfs(mount, f"size={du(finished) * 4 + (16 << 20)}"):
+    with tmpfs(mount, f"size={du(tiny_reference) * 4 + (16 << 20)}"):
         out = mount / "out"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **slow_extract(tmp_path, 0.5)}
-        proc = subprocess.Popen([sys.executable, "-m", "attnclust.cli", *map(str, tiny_args(tiny_bert_dir, data, out))],
+        proc = subprocess.Popen([sys.executable, "-m", "attnclust.cli", *map(str, reference_args(tiny_bert_dir, out))],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         markers = out / "_state" / "extract"
         deadline = time.monotonic() + 120
@@ -215,32 +189,33 @@ def test_a_disk_that_fills_up_ends_in_one_line_and_the_run_resumes_to_equal_outp
         assert not stage_done(out, "extract") and not (out / "report.html").exists()
         assert not list(out.rglob(".*.tmp")), "a half-written file was left behind"
         ballast.unlink()
-        r = cli(*tiny_args(tiny_bert_dir, data, out))
+        r = cli(*reference_args(tiny_bert_dir, out))
         assert r.returncode == 0, r.stderr[-3000:]
         assert json.loads((out / "_state" / "extract.json").read_text())["blocks_resumed"] >= 1
-        assert_same_outputs(out, finished)
+        assert_same_outputs(out, tiny_reference)
 
 
-def test_a_deleted_shard_is_one_line_in_compare_never_zero_maps(tmp_path, finished):
+def test_a_deleted_shard_is_one_line_in_compare_never_zero_maps(tmp_path, tiny_reference):
     out = tmp_path / "out"
-    shutil.copytree(finished, out, symlinks=True)
+    shutil.copytree(tiny_reference, out, symlinks=True)
     shard_path(out, 1).unlink()
-    r = cli("compare", finished, out, "--out", tmp_path / "cmp", "--quiet")
+    r = cli("compare", tiny_reference, out, "--out", tmp_path / "cmp", "--quiet")
     assert r.returncode == 2, r.stderr[-3000:]
     assert re.search(r"attention\.zarr: array 'attention', features 2\.\.3 \(chunk attention/c/1/0/0/0/0\) is "
                      r"missing; the store is damaged: re-run 'attnclust extract --force'", one_error_line(r))
 
 
 @pytest.mark.parametrize("command", ["report", "run"])
-def test_a_deleted_output_is_rebuilt_by_the_command_that_wrote_it(command, tmp_path, finished, tiny_bert_dir, data):
+def test_a_deleted_output_is_rebuilt_by_the_command_that_wrote_it(command, tmp_path, tiny_reference,
+                                                                  tiny_bert_dir):
     out = tmp_path / "out"
-    shutil.copytree(finished, out, symlinks=True)
+    shutil.copytree(tiny_reference, out, symlinks=True)
     (out / "heads.parquet").unlink()
     clusters = out / "clusters.parquet"
     clusters.write_bytes(clusters.read_bytes()[:-64])  # a truncated footer
-    r = cli(*command_args(command, tiny_bert_dir, data, out))
+    r = cli(*command_args(command, tiny_bert_dir, out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"^\s*report\s+[\d.]+ s$", r.stdout, re.MULTILINE), r.stdout  # ran, not "already complete"
     for table in ("heads", "clusters"):
-        before = pd.read_parquet(finished / f"{table}.parquet")
+        before = pd.read_parquet(tiny_reference / f"{table}.parquet")
         pd.testing.assert_frame_equal(pd.read_parquet(out / f"{table}.parquet")[before.columns], before)

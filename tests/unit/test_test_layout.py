@@ -46,8 +46,11 @@ def test_the_modules_that_read_a_shared_run_are_one_xdist_group_and_the_others_o
     for path in sorted(UNIT.parent.rglob("test_*.py")):
         module = path.relative_to(root).as_posix()
         groups[module] = conftest.module_group(module)
-        want = "shared-runs" if _names_a_shared_run(path, conftest.SHARED_RUNS) else module
+        want = next((group for group, names in conftest.SHARED_GROUPS.items() if _names_a_shared_run(path, names)),
+                    module)
         assert groups[module] == want, module
     shared = [m for m, g in groups.items() if g == "shared-runs"]
     assert "tests/integration/test_demo.py" in shared and "tests/docs/test_docs.py" in shared
     assert "tests/browser/test_explore_in_browser.py" in shared and "tests/unit/test_threads.py" not in shared
+    tiny = [m for m, g in groups.items() if g == "tiny-reference"]
+    assert tiny == ["tests/integration/test_pipeline.py", "tests/integration/test_storage_faults.py"]
