@@ -27,13 +27,14 @@ DEMO_SMALL = ["run", "jobs/demo.yaml", "--workers", "2", "--set", "data.max_exam
 """The demo job on 24 questions of the bundled sample, k searched in 4..6, on the embedded cluster of 2 workers."""
 
 
-def demo_small(out: Path) -> subprocess.Popen:
+def demo_small(out: Path, **popen) -> subprocess.Popen:
     """``attnclust run`` of :data:`DEMO_SMALL` into ``out``, started (stdout and stderr piped, as text), with
     Python's fault handler on: a run that hangs can be sent SIGABRT and writes every thread's stack to its stderr
-    (:func:`stacks_of_a_hung_run`)."""
+    (:func:`stacks_of_a_hung_run`). ``popen``: more arguments of ``subprocess.Popen``."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "attnclust.cli", *DEMO_SMALL, "--out",
-                             str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(out)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **popen)
 
 
 def stacks_of_a_hung_run(proc: subprocess.Popen) -> str:
