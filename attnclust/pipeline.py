@@ -27,7 +27,7 @@ from .errors import AttnclustError, StoreError
 from .executors import MadeOnFirstUse
 from .layout import RunLayout
 from .models.sources import model_identity
-from .runtime import dask_client
+from .runtime import check_embedded, dask_client
 from .stages import COMMANDS, DaskExecutor, RunContext, check_stages, make_stages, run_stages, stage_names
 from .stages.extract import prepare_inputs
 from .store.contract import atomic_write_json, open_attention_store
@@ -124,29 +124,34 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
                   f"one, so QA predictions are marked untrained (attention is unaffected)", flush=True)
     pipeline = make_stages()
     check_stages(ctx, pipeline, stages)
+    embedded = executor is None and client is None and scheduler is None
+    if embedded:
+        check_embedded(n_workers, runtime)
+    # the embedded LocalCluster starts when a stage first has work for it (MadeOnFirstUse): a rerun that finds
+    # every stage complete, or one refused for changed settings, starts none. A dask-cuda cluster starts here, as
+    # before: its start is where a missing GPU or dask-cuda is found, which a run says before any stage.
+    lazy = embedded and runtime == "local"
     layout.claim(adopt=adopt)
     result = JobResult(out=layout.root, job_id=job_id)
     with layout.locked():
         started = time.perf_counter()
         with contextlib.ExitStack() as cluster:
-            if executor is None and client is None and scheduler is None:
-                # the embedded cluster starts when a stage first has work for it (MadeOnFirstUse): a rerun that finds
-                # every stage complete, or one refused for changed settings, starts none. Its workers are processes of
-                # this machine from this environment, so this process answers for their backend.
+            if lazy:  # its workers are processes of this machine from this environment: this one answers for them
                 ctx.backend = bk.resolve_backend(cfg.backend)
 
-                def embedded() -> DaskExecutor:
+                def start() -> DaskExecutor:
                     cl = cluster.enter_context(dask_client(None, n_workers=n_workers, runtime=runtime))
                     if progress:
                         print(f"job {job_id}: backend {ctx.backend}, dashboard {cl.dashboard_link}", flush=True)
                     return DaskExecutor(cl, job_id, owns_workers=True)  # this run's own: they may be restarted
 
-                ctx.executor = MadeOnFirstUse(embedded)
+                ctx.executor = MadeOnFirstUse(start)
             else:
                 cl = None if executor is not None else client if client is not None else \
-                    cluster.enter_context(dask_client(scheduler, security=security, runtime=runtime))
-                if cl is not None:
-                    ctx.executor = DaskExecutor(cl, job_id)
+                    cluster.enter_context(dask_client(scheduler, n_workers=n_workers, security=security,
+                                                      runtime=runtime))
+                if cl is not None:  # the embedded cluster's workers are this run's own (they may be restarted)
+                    ctx.executor = DaskExecutor(cl, job_id, owns_workers=embedded)
                 ctx.backend = bk.resolve_backend(cfg.backend, cl)
                 if progress:
                     where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"

@@ -12,8 +12,8 @@ from .backend import make_local_cuda_cluster
 from .errors import AttnclustError, ClusterError
 
 __all__ = ["CLOSE_TIMEOUT", "KEEP_LOST_WORKERS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT",
-           "close_embedded", "dask_client", "driver_environ_kept", "exit_at_once_when_done", "fix_malloc_thresholds",
-           "malloc_environ", "spawn_environ", "trim_heap", "workers_ignore_sigint"]
+           "check_embedded", "close_embedded", "dask_client", "driver_environ_kept", "exit_at_once_when_done",
+           "fix_malloc_thresholds", "malloc_environ", "spawn_environ", "trim_heap", "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
@@ -52,10 +52,7 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         for name in ("distributed", "distributed.nanny", "distributed.scheduler", "distributed.worker",
                      "distributed.core", "distributed.http.proxy"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    if runtime not in ("local", "local-cuda"):
-        raise AttnclustError(f"--runtime {runtime!r}: unknown; allowed: local | local-cuda")
-    if n_workers is not None and n_workers < 1:
-        raise ClusterError(f"--workers {n_workers}: expected an integer >= 1 (or leave it out: one per CPU core)")
+    check_embedded(n_workers, runtime)
     if scheduler is None:
         import dask
         from dask.utils import parse_timedelta
@@ -100,6 +97,15 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         yield client
     finally:
         client.close()
+
+
+def check_embedded(n_workers: int | None, runtime: str) -> None:
+    """The settings of an embedded cluster (see :func:`dask_client`), checked apart from its start: a run checks
+    them before it writes anything, and starts the cluster when a stage first has work for it."""
+    if runtime not in ("local", "local-cuda"):
+        raise AttnclustError(f"--runtime {runtime!r}: unknown; allowed: local | local-cuda")
+    if n_workers is not None and n_workers < 1:
+        raise ClusterError(f"--workers {n_workers}: expected an integer >= 1 (or leave it out: one per CPU core)")
 
 
 CLOSE_TIMEOUT = 60.0

@@ -95,3 +95,13 @@ def test_made_on_first_use_makes_once_and_restarts_nothing_before():
     assert lazy.restart_workers() is False and not lazy.made and made == []
     assert lazy.n_workers == 2 and lazy.n_workers == 2 and made == [1]
     assert lazy.restart_workers() is True
+
+
+def test_the_embedded_clusters_settings_are_refused_before_anything_is_written(finished, starts, tmp_path):
+    """The cluster starts later, but ``--workers 0`` is still refused before the run claims its directory."""
+    from attnclust.errors import ClusterError
+
+    cfg = load_job(None, [f"model.name={finished[1]}", *SETTINGS])
+    with pytest.raises(ClusterError, match=r"^--workers 0: expected an integer >= 1"):
+        run_job(cfg, tmp_path / "new", progress=False, n_workers=0)
+    assert not (tmp_path / "new").exists() and starts == []
