@@ -6,11 +6,11 @@ variables. The indexes, wheel folders and constraints a machine points pip at (a
 cap) must hold for uv too, so they are carried over here. Run with the venv's Python: `python uv_args.py`.
 """
 
-import shlex
+import ast
 import subprocess
 import sys
 
-# pip's option -> uv's; pip takes a space-separated list in one value for these
+# pip's option -> uv's; pip takes a list separated by spaces or newlines in one value for these
 OPTIONS = {
     "index-url": "--index-url",
     "extra-index-url": "--extra-index-url",
@@ -25,6 +25,12 @@ def main() -> None:
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
     ).stdout
+    for option in uv_options(listed):
+        print(option)
+
+
+def uv_options(listed: str) -> list[str]:
+    """The ``uv pip install`` options of what ``pip config list`` printed (``listed``)."""
     chosen: dict[str, tuple[int, str]] = {}
     for line in listed.splitlines():
         name, _, value = line.partition("=")
@@ -33,10 +39,17 @@ def main() -> None:
             continue
         rank = SCOPES.index(scope)
         if key not in chosen or rank >= chosen[key][0]:
-            chosen[key] = (rank, value.strip().strip("'\""))
-    for key, (_, value) in chosen.items():
-        for item in shlex.split(value):
-            print(f"{OPTIONS[key]}={item}")
+            chosen[key] = (rank, _value(value))
+    return [f"{OPTIONS[key]}={item}" for key, (_, value) in chosen.items() for item in value.split()]
+
+
+def _value(shown: str) -> str:
+    """A value as ``pip config list`` shows it: Python's ``repr`` of the string (newlines escaped)."""
+    try:
+        value = ast.literal_eval(shown.strip())
+    except (ValueError, SyntaxError):
+        return shown.strip()
+    return value if isinstance(value, str) else shown.strip()
 
 
 if __name__ == "__main__":
