@@ -29,8 +29,7 @@ from .errors import ClusterError
 from .runtime import START_TIMEOUT, driver_environ_kept, exit_at_once_when_done, spawn_environ, workers_ignore_sigint
 
 __all__ = ["RESTART_ABOVE", "DaskExecutor", "Executor", "MadeOnFirstUse", "OnStep", "Pending", "SerialExecutor",
-           "StepBars",
-           "in_dask_worker", "step", "step_key", "worker_executor"]
+           "StepBars", "in_dask_worker", "step", "step_key", "worker_executor"]
 
 
 OnStep = Callable[[str, int, int, str], None]
