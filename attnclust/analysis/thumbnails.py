@@ -15,6 +15,7 @@ import pandas as pd
 from ..featurize.pooled import pool_maps
 from ..layout import RunLayout
 from ..store.contract import open_attention_store
+from ..threads import map_threads
 
 __all__ = ["cluster_mean_maps", "medoid_maps"]
 
@@ -57,24 +58,38 @@ def cluster_mean_maps(layout: RunLayout, maps: pd.DataFrame, k: int, *, grid: in
     rng = np.random.default_rng(random_state)
     result = np.zeros((k, grid, grid), dtype=np.float32)
     sampled = store.exact_ids() if store.exact is not None else None
+    picks: list[tuple[int, bool, np.ndarray]] = []  # (cluster, read exact, its sampled keys)
     for c in range(k):
-        if on_step is not None:
-            on_step("mean maps", c, k, "clusters")
         rows = maps.loc[maps["cluster"] == c, KEYS].to_numpy()
         in_sample = np.isin(rows[:, 0], sampled) if sampled is not None else np.zeros(len(rows), bool)
         exact = bool(in_sample.any())
         if exact:  # the cluster's maps in the exact sample
             rows = rows[in_sample]
-        if not len(rows):
-            continue
-        pick = rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]
-        acc = np.zeros((grid, grid), dtype=np.float64)
-        for f, layer, head in pick:
-            one = store.read_exact_map(f, layer, head) if exact else store.read_map(f, layer, head)
-            acc += pool_maps(one[None], grid=grid, sqrt=False).reshape(grid, grid)
-        result[c] = acc / len(pick)
-        if sources is not None:
-            sources[c] = "exact sample" if exact else store.mode
+        if len(rows):
+            picks.append((c, exact, rows[rng.choice(len(rows), size=min(per_cluster, len(rows)), replace=False)]))
+
+    def pooled(job: tuple[bool, np.ndarray]) -> np.ndarray:
+        exact, (f, layer, head) = job
+        one = store.read_exact_map(f, layer, head) if exact else store.read_map(f, layer, head)
+        return pool_maps(one[None], grid=grid, sqrt=False).reshape(grid, grid)
+
+    # the maps are read (a chunk of a layer's heads decoded for each) and pooled in threads; each cluster's are
+    # summed in the order sampled, so the means are those of a loop
+    done = map_threads(pooled, [(exact, key) for _, exact, pick in picks for key in pick])
+    if on_step is not None:
+        on_step("mean maps", 0, k, "clusters")
+    try:
+        for c, exact, pick in picks:
+            acc = np.zeros((grid, grid), dtype=np.float64)
+            for _ in range(len(pick)):
+                acc += next(done)
+            result[c] = acc / len(pick)
+            if sources is not None:
+                sources[c] = "exact sample" if exact else store.mode
+            if on_step is not None:
+                on_step("mean maps", c + 1, k, "clusters")
+    finally:
+        done.close()  # torch's threads set back, whatever stopped the loop
     if on_step is not None:
         on_step("mean maps", k, k, "clusters")
     return result

@@ -21,6 +21,7 @@ import pandas as pd
 
 from ..featurize.pooled import pool_maps
 from ..maps.compact_code import quantize_uint8
+from ..threads import map_threads
 from .formatting import plain_text
 
 __all__ = ["HEAD_EXAMPLES", "MAX_MAP_BYTES", "QUESTIONS_EMBEDDED", "THUMB_GRID", "UMAP_POINTS", "build_explorer",
@@ -241,13 +242,20 @@ def build_explorer(store, features: pd.DataFrame, maps: pd.DataFrame, *, predict
         pts = maps[finite & maps["feature_id"].isin(chosen).to_numpy()].sort_values(["feature_id", "layer", "head"])
         thumbs = np.zeros((len(pts), thumb_grid, thumb_grid), dtype=np.float32)
         qindex = {q["feature"]: i for i, q in enumerate(questions)}
-        for fid, idx in pts.groupby("feature_id").indices.items():
-            sub = pts.iloc[idx]
-            data = block(int(fid))
-            if int(fid) in qindex:
-                questions[qindex[int(fid)]]["maps"] = pack_uint8(quantize_uint8(data))
-            thumbs[idx] = pool_maps(data[sub["layer"].to_numpy(int), sub["head"].to_numpy(int)], grid=thumb_grid,
-                                    sqrt=False).reshape(-1, thumb_grid, thumb_grid)
+
+        def read(item: tuple[int, np.ndarray]) -> tuple[str | None, np.ndarray]:
+            fid, idx = item  # the feature's maps read once: packed when a question shows them, and its thumbnails
+            sub, data = pts.iloc[idx], block(fid)
+            return (pack_uint8(quantize_uint8(data)) if fid in qindex else None,
+                    pool_maps(data[sub["layer"].to_numpy(int), sub["head"].to_numpy(int)], grid=thumb_grid,
+                              sqrt=False).reshape(-1, thumb_grid, thumb_grid))
+
+        # one feature per thread (reading, converting and compressing release the GIL); the same values as a loop
+        items = [(int(fid), idx) for fid, idx in pts.groupby("feature_id").indices.items()]
+        for (fid, idx), (packed, pooled) in zip(items, map_threads(read, items)):
+            if packed is not None:
+                questions[qindex[fid]]["maps"] = packed
+            thumbs[idx] = pooled
         codes, ids = pd.factorize(pts["example_id"].astype(str))
         peak = np.maximum(thumbs.max(axis=(1, 2), keepdims=True), 1e-12)
         payload["umap"] = {

@@ -350,8 +350,9 @@ class AttentionStore:
         if scale is None and self.mode == "compact":
             return self.compact_code.decode(values, lengths=lengths)
         scale = self.scale if scale is None else scale
-        out = torch.from_numpy(np.ascontiguousarray(values)).float().numpy()
-        return out * np.float32(scale) if scale != 1.0 else out
+        out = torch.from_numpy(np.ascontiguousarray(values)).to(torch.float32, copy=True)  # never the caller's array
+        # scaled in place: the float32 products NumPy's ``out * np.float32(scale)`` gives, without a second array
+        return (out.mul_(float(np.float32(scale))) if scale != 1.0 else out).numpy()
 
     def read_block(self, start: int, stop: int) -> np.ndarray:
         """Maps of features ``start:stop`` cropped to the block's longest true length, as float32 (approximate in

@@ -92,6 +92,20 @@ def test_identical_heads_are_at_distance_zero_and_others_are_not():
     assert d[0, 1] > 0.1 and d[2, 3] > 0.1
 
 
+def test_identical_heads_are_exactly_zero_apart_across_chunks_of_pairs(monkeypatch):
+    """A row's ``sum p log p`` is summed in the same order whether it is a head's own row or the mean of a pair (two
+    identical rows): identical heads are exactly 0 apart, also where their pair falls in a later chunk of pairs."""
+    import attnclust.analysis.distances as distances
+
+    monkeypatch.setattr(distances, "_PAIR_CHUNK", 7 * 48 * 48)  # chunks of 7 pairs: the pair below is in a later one
+    rng = np.random.default_rng(5)
+    maps = _random_maps(rng, 12, 48, zeros=False)
+    maps[9] = maps[4]
+    d = js_between_heads(maps)
+    assert d[4, 9] == 0.0 and d[9, 4] == 0.0
+    assert np.delete(d[4], [4, 9]).min() > 0.05
+
+
 def test_planted_previous_and_next_heads_are_far_apart_two_previous_heads_close():
     rng = np.random.default_rng(3)
     kinds = ("previous", "previous", "next", "cls", "sep")
