@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from .formatting import PERCENT_UNIT, fmt, short
-from .pictures import DPI, MARGIN_INCHES, PAD_INCHES, png_data_uri
+from .pictures import DPI, MARGIN_INCHES, PAD_INCHES, picture, png_data_uri
 
 __all__ = [
     "DPI",
@@ -39,6 +39,7 @@ __all__ = [
     "mean_map_figure",
     "medoid_figure",
     "null_odds_figure",
+    "picture",
     "png_data_uri",
     "pruning_figure",
     "umap_figure",

@@ -1,11 +1,13 @@
 """How the report's figures become PNG data URIs: drawn here (:func:`png_data_uri`), or, while a report is written
 on a cluster, beside it (:func:`drawn_beside`).
 
-Drawing is most of the time of writing a report's HTML (the figures' text above all), and it is one core's work.
-Within :func:`drawn_beside` each figure is pickled and sent to be drawn by the executor's workers
-(:meth:`attnclust.executors.DaskExecutor.start`) while the sections go on; :func:`png_data_uri` returns a
-placeholder, and :meth:`Pictures.fill` puts each PNG in its place once the page is rendered. The PNG is the one
-:func:`png_data_uri` draws here: a pickled matplotlib figure draws the same pixels.
+Making and drawing the figures is most of the time of writing a report's HTML (the figures' text above all: each
+tick label is an object to make, lay out and draw), and it is one core's work. Within :func:`drawn_beside` each
+figure is sent to the executor's workers (:meth:`attnclust.executors.DaskExecutor.start`) while the sections go
+on: :func:`picture` sends the function that makes it and its arguments, so the figure is made where it is drawn;
+:func:`png_data_uri` pickles a figure already made. Either returns a placeholder, and :meth:`Pictures.fill` puts
+each PNG in its place once the page is rendered. The PNG is the one drawn here: a figure made or unpickled
+elsewhere draws the same pixels.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import Bbox
 from PIL import Image  # matplotlib's own PNG writer
 
-__all__ = ["DPI", "MARGIN_INCHES", "PAD_INCHES", "Pictures", "drawn_beside", "png_data_uri"]
+__all__ = ["DPI", "MARGIN_INCHES", "PAD_INCHES", "Pictures", "drawn_beside", "picture", "png_data_uri"]
 
 DPI = 100
 """Resolution of every PNG."""
@@ -69,6 +71,30 @@ def png_data_uri(fig: Figure) -> str:
     return _draw(fig)
 
 
+def picture(make: Callable[..., Figure], /, *args, **kwargs) -> str:
+    """The PNG data URI of the figure ``make(*args, **kwargs)`` returns, drawn as :func:`png_data_uri` draws it.
+
+    Within :func:`drawn_beside` the figure is made where it is drawn: ``make`` and its arguments are sent (they
+    must pickle: a module-level function, data), so this process neither makes nor pickles it, and a placeholder is
+    returned (:meth:`Pictures.add_made`).
+
+    Parameters
+    ----------
+    make
+        Returns a :class:`~matplotlib.figure.Figure` (:mod:`attnclust.report.figures`).
+    *args, **kwargs
+        Its arguments.
+
+    Returns
+    -------
+    str
+    """
+    pictures = _BESIDE.get()
+    if pictures is not None:
+        return pictures.add_made(make, args, kwargs)
+    return _draw(make(*args, **kwargs))
+
+
 def _draw(fig: Figure) -> str:
     FigureCanvasAgg(fig)
     width, height = fig.get_size_inches()
@@ -93,10 +119,12 @@ def _draw(fig: Figure) -> str:
 
 
 def _draw_pickled(blob: bytes) -> str:
-    """A worker's task: the PNG data URI of a pickled figure."""
+    """A worker's task: the PNG data URI of a pickled figure, or of the figure a pickled ``(make, args, kwargs)``
+    makes (:func:`picture`)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=MISSING_GLYPHS, category=UserWarning)
-        return _draw(pickle.loads(blob))
+        sent = pickle.loads(blob)
+        return _draw(sent if isinstance(sent, Figure) else sent[0](*sent[1], **sent[2]))
 
 
 class Pictures:
@@ -116,12 +144,20 @@ class Pictures:
         self._start, self._draw_here = start, draw_here
         self._mark = f"{_PREFIX}attnclust{secrets.token_hex(8)}picture"  # no page holds it by chance
         self._pending: list = []
-        self._blobs: list[bytes] = []  # the pickled figures, with draw_here
+        self._blobs: list[bytes] = []  # what was sent (a figure, or what makes one), with draw_here
 
     def add(self, fig: Figure) -> str:
         """Send ``fig`` to be drawn and clear it; returns the placeholder that :meth:`fill` replaces."""
         blob = pickle.dumps(fig)
         fig.clear()
+        return self._send(blob)
+
+    def add_made(self, make: Callable[..., Figure], args: tuple, kwargs: dict) -> str:
+        """Send ``make(*args, **kwargs)`` to be made and drawn (:func:`picture`); returns the placeholder that
+        :meth:`fill` replaces."""
+        return self._send(pickle.dumps((make, args, kwargs)))
+
+    def _send(self, blob: bytes) -> str:
         i = len(self._pending)
         self._pending.append(self._start(_draw_pickled, blob, key=f"report-picture-{i:05d}"))
         self._blobs.append(blob if self._draw_here else b"")  # kept only to be drawn here

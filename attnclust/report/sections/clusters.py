@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..figures import cluster_palette, mean_map_figure, medoid_figure, png_data_uri
+from ..figures import cluster_palette, mean_map_figure, medoid_figure, picture
 from ..formatting import PERCENT_UNIT, fmt, fmt_id
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -61,7 +61,7 @@ def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
             m, toks = inputs.medoids[c]
             toks = [str(t) for t in toks]
             n, shown = len(toks), min(len(toks), int(inputs.max_tokens_shown))
-            medoid = {"src": png_data_uri(medoid_figure(np.asarray(m, dtype=float), toks, shown, c)),
+            medoid = {"src": picture(medoid_figure, np.asarray(m, dtype=float), toks, shown, c),
                       "n": n, "shown": shown, "tokens": toks, "at": medoid_at}
         cards.append({
             "cluster": c, "color": cluster_color(c, palette), "size": fmt(row["size"]),
@@ -69,7 +69,7 @@ def cluster_cards(inputs: ReportInputs) -> dict[str, Any]:
             "top_heads": str(row["top_heads"]),
             "mean_layer": fmt(row["mean_layer"]) if "mean_layer" in row else None,
             "stats": [{**s, "value": fmt(row[s["name"]], s["unit"])} for s in stats],
-            "mean_map": png_data_uri(mean_map_figure(mean_maps[c], c)), "medoid": medoid,
+            "mean_map": picture(mean_map_figure, mean_maps[c], c), "medoid": medoid,
             "pattern_type": str(row["pattern_type"]) if "pattern_type" in row else None,
             "stability": stability_text(row) if "stability" in row else None,
             "unstable": unstable_note(row, threshold) if is_unstable(row) else None,

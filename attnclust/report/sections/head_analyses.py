@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.heads import HEAD_ANALYSES
-from ..figures import head_heatmap_figure, head_matrix, png_data_uri
+from ..figures import head_heatmap_figure, head_matrix, picture
 from ..formatting import fmt, unit_label
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -59,8 +59,8 @@ def head_analysis_heatmaps(inputs: ReportInputs) -> dict[str, Any] | None:
                         "" if finite.size == values.size else " with a value")
             elif finite.size:
                 annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
-                src = png_data_uri(head_heatmap_figure(layers, head_ids, values, column=column, unit=analysis.unit,
-                                                       annotate=annotate))
+                src = picture(head_heatmap_figure, layers, head_ids, values, column=column, unit=analysis.unit,
+                              annotate=annotate)
             figures.append({"column": column, "src": src, "same": same})
         analyses.append({"name": analysis.name, "description": analysis.description, "unit": analysis.unit,
                          "unit_label": unit_label(analysis.unit), "figures": figures})

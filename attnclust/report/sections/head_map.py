@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..figures import cluster_palette, head_layout_figure, png_data_uri
+from ..figures import cluster_palette, head_layout_figure, picture
 from ..inputs import ReportInputs
 from ..registry import report_section
 from .common import role_categories
@@ -52,7 +52,7 @@ def head_map(inputs: ReportInputs) -> dict[str, Any] | None:
         pal = cluster_palette(len(inputs.clusters))
         palette = np.array([pal[int(n.split()[-1])] if n.startswith("cluster ") and int(n.split()[-1]) < len(pal)
                             else [0.7, 0.7, 0.7, 1.0] for n in sorted(set(categories.tolist()))]).reshape(-1, 4)
-    src = png_data_uri(head_layout_figure(layout, categories, category_title=by, palette=palette))
+    src = picture(head_layout_figure, layout, categories, category_title=by, palette=palette)
     pairs = []
     if {"nearest_layer", "nearest_head", "nearest_distance"} <= set(layout.columns):
         seen = set()

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..figures import head_heatmap_figure, head_matrix, png_data_uri, pruning_figure
+from ..figures import head_heatmap_figure, head_matrix, picture, pruning_figure
 from ..formatting import PERCENT_UNIT
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -51,17 +51,17 @@ def importance_section(inputs: ReportInputs) -> dict[str, Any] | None:
             layers, head_ids, values = head_matrix(heads, column)
             if np.isfinite(values).any():
                 annotate = len(layers) <= GRID_TEXT_MAX and len(head_ids) <= GRID_TEXT_MAX
-                figures.append({"column": column, "alt": f"layer x head heatmap of {column}", "src": png_data_uri(
-                    head_heatmap_figure(layers, head_ids, values, column=column, unit=unit, annotate=annotate,
-                                        xlabel="query head" if decoder else "head"))})
+                figures.append({"column": column, "alt": f"layer x head heatmap of {column}", "src": picture(
+                    head_heatmap_figure, layers, head_ids, values, column=column, unit=unit, annotate=annotate,
+                    xlabel="query head" if decoder else "head")})
     groups = tables.get("groups")
     if groups is not None and len(groups):
         layers, kv_ids, values = head_matrix(groups.rename(columns={"kv_head": "head"}), "importance")
         figures.append({"column": "importance by key/value group", "alt": "layer x key/value head heatmap of the "
-                        "key/value groups' importance", "src": png_data_uri(head_heatmap_figure(
+                        "key/value groups' importance", "src": picture(head_heatmap_figure,
                             layers, kv_ids, values, column="importance by key/value group",
                             unit="L2-normalised per layer", annotate=len(layers) <= GRID_TEXT_MAX, prefix="KV",
-                            xlabel="key/value head"))})
+                            xlabel="key/value head")})
     if {"importance", "confidence"} <= set(heads.columns):
         both = heads[["importance", "confidence"]].dropna()
         if len(both) > 2 and both["importance"].nunique() > 1 and both["confidence"].nunique() > 1:
@@ -69,7 +69,7 @@ def importance_section(inputs: ReportInputs) -> dict[str, Any] | None:
     rows, curve_src = [], None
     score, second, digits = ("gold_logprob", "gold_match", 2) if decoder else ("f1", "exact", 1)
     if curve is not None and len(curve):
-        curve_src = png_data_uri(pruning_figure(curve))
+        curve_src = picture(pruning_figure, curve)
         random = curve[curve["order"] == "random"].groupby("fraction")[score].mean()
         for r in curve[curve["order"] == "importance"].sort_values("fraction").to_dict("records"):
             rows.append({"fraction": f"{r['fraction']:.0%}", "n_removed": f"{int(r['n_removed']):,}",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..figures import k_score_figure, png_data_uri
+from ..figures import k_score_figure, picture
 from ..inputs import ReportInputs
 from ..registry import report_section
 
@@ -27,5 +27,5 @@ def k_choice(inputs: ReportInputs) -> dict[str, Any] | None:
     """
     if not inputs.k_scores:
         return None
-    return {"src": png_data_uri(k_score_figure(inputs.k_scores, len(inputs.clusters), inputs.k_score_name)),
+    return {"src": picture(k_score_figure, inputs.k_scores, len(inputs.clusters), inputs.k_score_name),
             "name": inputs.k_score_name}

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ...analysis.moved import MOVED_COLUMNS
 from ...models.kinds import DECODER, ENCODER, ModelKind
-from ..figures import moved_norm_figure, png_data_uri
+from ..figures import moved_norm_figure, picture
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -99,5 +99,5 @@ def moved_section(inputs: ReportInputs) -> dict[str, Any] | None:
                                  f"{fmt(r.moved, PERCENT_UNIT)} of the moved norm"}
                         for r in flagged.head(FLAGGED_SHOWN).itertuples(index=False)],
             "n_flagged": len(flagged), "more": max(0, len(flagged) - FLAGGED_SHOWN),
-            "src": png_data_uri(moved_norm_figure(heads, targets)),
+            "src": picture(moved_norm_figure, heads, targets),
             "weight": fmt(FLAG_WEIGHT, PERCENT_UNIT), "ratio": f"{FLAG_RATIO:g}"}

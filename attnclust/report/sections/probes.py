@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...models.kinds import kind_of
-from ..figures import head_heatmap_figure, head_matrix, png_data_uri
+from ..figures import head_heatmap_figure, head_matrix, picture
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -67,9 +67,9 @@ def probes_section(inputs: ReportInputs) -> dict[str, Any] | None:
             "last_layer_accuracy": "-" if last is None else fmt(last, PERCENT_UNIT),
             "figure": {"alt": f"layer x head heatmap of the probe accuracy for {task}",
                        "caption": f"{task}: probe accuracy; majority baseline {fmt(info['baseline'], PERCENT_UNIT)}",
-                       "src": png_data_uri(head_heatmap_figure(
+                       "src": picture(head_heatmap_figure,
                            layers, head_ids, values, column=f"probe {task}", unit=PERCENT_UNIT, annotate=annotate,
-                           xlabel="query head" if decoder else "head"))}})
+                           xlabel="query head" if decoder else "head")}})
     if not tasks and not summary.get("skipped"):
         return None
     return {"tasks": tasks, "skipped": summary.get("skipped", []) + summary.get("notes", []),

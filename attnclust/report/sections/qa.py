@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..figures import null_odds_figure, png_data_uri
+from ..figures import null_odds_figure, picture
 from ..formatting import short
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -47,7 +47,7 @@ def qa(inputs: ReportInputs) -> dict[str, Any] | None:
                 "f1": f"{found['best_f1']:.2f}", "f1_thresh": repr(float(found["best_f1_thresh"]))}
     if predictions is not None and len(predictions):
         threshold = float(inputs.qa.get("settings", {}).get("null_threshold", 0.0))
-        odds_src = None if generated else png_data_uri(null_odds_figure(predictions, threshold))
+        odds_src = None if generated else picture(null_odds_figure, predictions, threshold)
         examples = [{"question": short(r.question, 90), "prediction": short(r.prediction, 60) if r.prediction else None,
                      "gold": short(" | ".join(r.gold_answers), 60) if len(r.gold_answers) else None,
                      "null_odds": f"{r.null_odds:.2f}", "f1": f"{r.f1:.2f}"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...analysis.syntax import HEAD_BEST_MIN_CASES, best_syntax_heads
-from ..figures import head_heatmap_figure, head_matrix, png_data_uri
+from ..figures import head_heatmap_figure, head_matrix, picture
 from ..formatting import PERCENT_UNIT, fmt
 from ..inputs import ReportInputs
 from ..registry import report_section
@@ -58,8 +58,8 @@ def syntax_section(inputs: ReportInputs) -> dict[str, Any] | None:
             "relation": relation, "alt": f"layer x head heatmap of the accuracy for {relation} (dependent to head)",
             "caption": f"{relation}: dependent → head, {fmt(int(part['n'].iloc[0]))} cases; baseline "
                        f"{fmt(baseline, PERCENT_UNIT)} (offset {int(part['baseline_offset'].iloc[0]):+d})",
-            "src": png_data_uri(head_heatmap_figure(layers, head_ids, values, column=f"{relation} (dep->head)",
-                                                    unit=PERCENT_UNIT, annotate=annotate))})
+            "src": picture(head_heatmap_figure, layers, head_ids, values, column=f"{relation} (dep->head)",
+                           unit=PERCENT_UNIT, annotate=annotate)})
     attrs = table.attrs or {}
     return {"rows": rows, "figures": figures, "source": attrs.get("source"), "sentences": attrs.get("sentences"),
             "features": attrs.get("features"), "cut": attrs.get("cut_sentences"), "min_cases": HEAD_BEST_MIN_CASES,

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..figures import MAX_SCATTER_POINTS, cluster_palette, png_data_uri, umap_figure, umap_points
+from ..figures import MAX_SCATTER_POINTS, cluster_palette, picture, umap_figure, umap_points
 from ..inputs import ReportInputs
 from ..registry import report_section
 
@@ -33,7 +33,8 @@ def umap(inputs: ReportInputs) -> dict[str, Any]:
     idx = umap_points(maps)
     if idx.size == 0:
         return {"src": None, "off": UMAP_OFF_SENTENCE, "notes": []}
-    src = png_data_uri(umap_figure(maps, idx, cluster_palette(len(inputs.clusters))))
+    drawn = maps[["umap_x", "umap_y", "cluster", "layer"]].iloc[idx]  # sent to be drawn: only what is drawn
+    src = picture(umap_figure, drawn, np.arange(idx.size), cluster_palette(len(inputs.clusters)))
     notes_ = []
     if idx.size < len(maps):
         dropped = len(maps) - int(np.isfinite(maps["umap_x"].to_numpy(dtype=np.float64)).sum())

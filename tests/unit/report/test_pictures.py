@@ -23,7 +23,7 @@ from attnclust.report.figures import (
     medoid_figure,
     png_data_uri,
 )
-from attnclust.report.pictures import drawn_beside
+from attnclust.report.pictures import drawn_beside, picture
 
 from helpers import synthetic_report_inputs
 
@@ -167,3 +167,26 @@ def test_outside_drawn_beside_and_with_no_start_figures_are_drawn_here():
         placeholder = png_data_uri(FIGURES["mean map"]())
     assert len(sent) == 1 and len(pictures) == 1 and placeholder.startswith("data:image/png;base64,")
     assert _decoded(png_data_uri(FIGURES["mean map"]())).shape == _decoded(uri).shape  # the block has ended
+
+
+_MADE: list[int] = []
+
+
+def _counted_mean_map(seed: int, cluster: int):
+    _MADE.append(1)
+    return mean_map_figure(np.random.default_rng(seed).random((32, 32)), cluster)
+
+
+def test_a_picture_beside_is_made_where_it_is_drawn_and_equals_the_one_made_here():
+    """``picture`` sends what makes the figure, not the figure: this process does not make it; the worker's task,
+    run from its pickled bytes, gives the PNG that making and drawing it here gives."""
+    sent = []
+    _MADE.clear()
+    with drawn_beside(lambda fn, *args, key: sent.append((fn, args))):
+        placeholder = picture(_counted_mean_map, 7, cluster=2)
+    assert placeholder.startswith("data:image/png;base64,") and len(sent) == 1 and not _MADE
+    fn, args = sent[0]
+    here = png_data_uri(mean_map_figure(np.random.default_rng(7).random((32, 32)), 2))
+    assert fn(*args) == here == picture(_counted_mean_map, 7, cluster=2)  # the last: outside the block, drawn here
+    assert len(_MADE) == 2
+    assert picture(_counted_mean_map, 8, cluster=2) != here
