@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import cloudpickle
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -75,7 +76,7 @@ def picture(make: Callable[..., Figure], /, *args, **kwargs) -> str:
     """The PNG data URI of the figure ``make(*args, **kwargs)`` returns, drawn as :func:`png_data_uri` draws it.
 
     Within :func:`drawn_beside` the figure is made where it is drawn: ``make`` and its arguments are sent (they
-    must pickle: a module-level function, data), so this process neither makes nor pickles it, and a placeholder is
+    must pickle: a function, data), so this process neither makes nor pickles the figure, and a placeholder is
     returned (:meth:`Pictures.add_made`).
 
     Parameters
@@ -154,8 +155,9 @@ class Pictures:
 
     def add_made(self, make: Callable[..., Figure], args: tuple, kwargs: dict) -> str:
         """Send ``make(*args, **kwargs)`` to be made and drawn (:func:`picture`); returns the placeholder that
-        :meth:`fill` replaces."""
-        return self._send(pickle.dumps((make, args, kwargs)))
+        :meth:`fill` replaces. Pickled by cloudpickle (Dask's): a function the workers cannot import (one defined in
+        a notebook or a script) travels by value."""
+        return self._send(cloudpickle.dumps((make, args, kwargs)))
 
     def _send(self, blob: bytes) -> str:
         i = len(self._pending)

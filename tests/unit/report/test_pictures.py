@@ -190,3 +190,16 @@ def test_a_picture_beside_is_made_where_it_is_drawn_and_equals_the_one_made_here
     assert fn(*args) == here == picture(_counted_mean_map, 7, cluster=2)  # the last: outside the block, drawn here
     assert len(_MADE) == 2
     assert picture(_counted_mean_map, 8, cluster=2) != here
+
+
+def test_a_function_defined_here_is_sent_by_value_to_a_process_that_cannot_import_it():
+    """A section's figure function defined in a notebook or inside a function (no module a worker could import it
+    from) is made and drawn in another process all the same: the same PNG as here."""
+    def local_mean_map(seed: int):
+        return mean_map_figure(np.random.default_rng(seed).random((32, 32)), 3)
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with drawn_beside(lambda fn, *args, key: pool.submit(fn, *args)) as pictures:
+            page = f"<img src='{picture(local_mean_map, 11)}'>"
+        filled = pictures.fill(page)
+    assert filled == f"<img src='{png_data_uri(local_mean_map(11))}'>"
