@@ -136,13 +136,17 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
     with layout.locked():
         started = time.perf_counter()
         with contextlib.ExitStack() as cluster:
+            def announce(cl) -> None:
+                if progress:
+                    where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"
+                    print(f"job {job_id}: backend {ctx.backend}, {where}", flush=True)
+
             if lazy:  # its workers are processes of this machine from this environment: this one answers for them
                 ctx.backend = bk.resolve_backend(cfg.backend)
 
                 def start() -> DaskExecutor:
                     cl = cluster.enter_context(dask_client(None, n_workers=n_workers, runtime=runtime))
-                    if progress:
-                        print(f"job {job_id}: backend {ctx.backend}, dashboard {cl.dashboard_link}", flush=True)
+                    announce(cl)
                     return DaskExecutor(cl, job_id, owns_workers=True)  # this run's own: they may be restarted
 
                 ctx.executor = MadeOnFirstUse(start)
@@ -153,9 +157,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
                 if cl is not None:  # the embedded cluster's workers are this run's own (they may be restarted)
                     ctx.executor = DaskExecutor(cl, job_id, owns_workers=embedded)
                 ctx.backend = bk.resolve_backend(cfg.backend, cl)
-                if progress:
-                    where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"
-                    print(f"job {job_id}: backend {ctx.backend}, {where}", flush=True)
+                announce(cl)
             try:
                 result.stages = run_stages(ctx, pipeline, stages, force=force, force_named=force_named)
             finally:

@@ -184,8 +184,6 @@ SHARED_GROUPS = {"shared-runs": ("demo_small_run", "demo_run", "executed_tutoria
 """The session runs (and the fixture that hands one on) that several modules read, by group: every module that names
 one of a group's runs in one worker process, so each run is made once and no other process reads it while a test
 plants a file in it."""
-SHARED_RUNS = tuple(name for names in SHARED_GROUPS.values() for name in names)
-"""Every fixture of :data:`SHARED_GROUPS`."""
 FIRST_FOLDERS = ("integration", "browser")
 """Folders whose modules run first, so that the two workers end on short unit tests."""
 _NAMES = {group: re.compile(r"\b(" + "|".join(names) + r")\b") for group, names in SHARED_GROUPS.items()}

@@ -72,10 +72,11 @@ def attention(out: Path) -> np.ndarray:
     return np.asarray(zarr.open_group(str(out / "attention.zarr"), mode="r")["attention"][:])
 
 
-def assert_same_outputs(a: Path, b: Path) -> None:
-    """Two runs wrote the same attention and the same maps/heads/clusters/features tables."""
+def assert_same_outputs(a: Path, b: Path, tables: tuple[str, ...] = ("maps", "heads", "clusters", "features")) -> None:
+    """Two runs wrote the same attention and the same ``tables`` (default: the report's joined tables and
+    ``features``)."""
     np.testing.assert_array_equal(attention(a), attention(b))
-    for table in ("maps", "heads", "clusters", "features"):
+    for table in tables:
         pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
 
 

@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import psutil
 import zarr
 
-from runs import attention, demo_small, stacks_of_a_hung_run
+from runs import assert_same_outputs, demo_small, stacks_of_a_hung_run
 
 
 def workers(proc: subprocess.Popen) -> list[psutil.Process]:
@@ -49,9 +48,7 @@ def done_blocks(out: Path, stage: str) -> int:
 def assert_same_through_cluster(a: Path, b: Path) -> None:
     """Two runs wrote the same outputs of extract, featurize and cluster: the attention, the features and per-map
     statistics, the embedding, the cluster labels and positions."""
-    np.testing.assert_array_equal(attention(a), attention(b))
-    for table in ("features", "map_stats", "cluster_labels"):
-        pd.testing.assert_frame_equal(pd.read_parquet(a / f"{table}.parquet"), pd.read_parquet(b / f"{table}.parquet"))
+    assert_same_outputs(a, b, tables=("features", "map_stats", "cluster_labels"))
     embedded = [np.asarray(zarr.open_group(str(r / "embedding.zarr"), mode="r")["embedding"][:]) for r in (a, b)]
     np.testing.assert_array_equal(*embedded)
 
