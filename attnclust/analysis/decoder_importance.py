@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ModelError
-from ..models.decoder import last_prompt_positions
+from ..models.decoder import cache_keyword, last_prompt_positions
 from ..models.hooks import attention_outputs, gated
 from ..models.templates import NO_ANSWER
 
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["DECODER_PRUNING_COLUMNS", "TARGETS", "AnswerSequence", "answer_gradients", "answer_logprobs",
-           "answer_sequences", "group_gradients", "mask_logprobs", "null_answer_ids"]
+           "answer_sequences", "group_gradients", "mask_logprobs", "null_answer_ids", "shared_prompt_logprobs"]
 
 TARGETS = ("gold", "own")
 """The answers whose log-probability a decoder's heads are scored on: the gold answer and the model's own."""
@@ -259,9 +259,81 @@ def group_gradients(signed: np.ndarray, group_size: int) -> np.ndarray:
     return signed.reshape(s, layers, heads // group_size, group_size).sum(axis=-1)
 
 
+def shared_prompt_logprobs(model: Any, seqs: Sequence[AnswerSequence], *, device: str = "cpu"
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced log-probabilities of several answers to one prompt, the prompt run once.
+
+    The prompt (``ids[:start]``, the same for every sequence) goes through the model once with its key/value cache;
+    its last position's logits score each answer's first token; the answers (without their last token, which
+    predicts nothing) go through together on the cache, right-padded, and score the rest. The same sums as
+    :func:`answer_logprobs` over the full sequences (causal attention: a prompt position never reads an answer),
+    computed in a different order, so equal to rounding (tests: against an unpadded forward of each sequence); the
+    prompt, the most of each sequence, is computed once instead of once per answer.
+
+    Parameters
+    ----------
+    model
+        A causal language model (transformers) in eval mode; run it inside :func:`attnclust.models.hooks.gated` for
+        gates.
+    seqs
+        Sequences that share their prompt (``ids[:start]``).
+    device
+        Where the model is.
+
+    Returns
+    -------
+    tuple of torch.Tensor, each shape (sequence,)
+        ``sum_t log p(a_t | prompt, a_<t)`` (float32; float64 for a float64 model) and whether every answer token is
+        the model's most probable next token (an empty answer: 0 and True).
+    """
+    import inspect
+
+    import torch
+
+    start = seqs[0].start
+    prompt = seqs[0].ids[:start]
+    if any(s.start != start or s.ids[:start] != prompt for s in seqs):
+        raise ValueError("shared_prompt_logprobs: the sequences do not share one prompt")
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    out = model(input_ids=torch.tensor([list(prompt)], device=device), use_cache=True, **keep)
+    dtype = torch.float64 if out.logits.dtype == torch.float64 else torch.float32
+    first = torch.log_softmax(out.logits[0, -1].to(dtype), dim=-1)  # predicts each answer's first token
+    answers = [s.ids[start:] for s in seqs]
+    total = torch.zeros(len(seqs), dtype=dtype, device=first.device)
+    matched = torch.ones(len(seqs), dtype=torch.bool, device=first.device)
+    rest = max(len(a) for a in answers) - 1  # answer tokens fed after the prompt (each answer's last predicts none)
+    logp = None
+    if rest > 0:
+        name = cache_keyword(model)
+        cache = getattr(out, name)
+        cache.batch_repeat_interleave(len(seqs))
+        pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        ids = np.full((len(seqs), rest), pad_id, dtype=np.int64)
+        mask = np.zeros((len(seqs), start + rest), dtype=np.int64)
+        mask[:, :start] = 1
+        for i, a in enumerate(answers):
+            ids[i, :len(a) - 1] = a[:-1]
+            mask[i, start:start + len(a) - 1] = 1
+        logits = model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device),
+                       use_cache=True, **{name: cache}).logits
+        logp = torch.log_softmax(logits.to(dtype), dim=-1)  # (sequence, rest, vocab): position t predicts a_(t+1)
+    for i, a in enumerate(answers):
+        if not a:
+            continue
+        steps = first[None] if len(a) == 1 else torch.cat([first[None], logp[i, :len(a) - 1]])
+        targets = torch.tensor(a, device=steps.device)
+        total[i] = steps.gather(-1, targets[:, None]).sum()
+        matched[i] = bool((steps.argmax(dim=-1) == targets).all())
+    return total, matched
+
+
 def mask_logprobs(model: Any, seqs: Sequence[AnswerSequence], masks: Sequence[np.ndarray], *, batch_size: int,
                   device: str = "cpu", greedy: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Each sequence's answer log-probability with the heads of each mask (1 kept, 0 removed).
+
+    Per mask, a prompt with several answers (a feature's gold and own) runs once for all of them
+    (:func:`shared_prompt_logprobs`); the sequences of prompts with one answer go through whole, ``batch_size`` at a
+    time (:func:`answer_logprobs`).
 
     Parameters
     ----------
@@ -272,11 +344,12 @@ def mask_logprobs(model: Any, seqs: Sequence[AnswerSequence], masks: Sequence[np
     masks : sequence of numpy.ndarray, each shape (layer, head)
         Query-head masks (ablation: one zero; a key/value group: its query heads' zeros; pruning: many).
     batch_size
-        Sequences per forward pass.
+        Sequences per forward pass of those whose prompt has one answer.
     device
         ``cpu`` or ``cuda``.
     greedy
-        Also return whether each answer is the model's greedy continuation (:func:`answer_logprobs`).
+        Also return whether each answer is the model's greedy continuation (every answer token the most probable
+        next token).
 
     Returns
     -------
@@ -290,13 +363,19 @@ def mask_logprobs(model: Any, seqs: Sequence[AnswerSequence], masks: Sequence[np
     unique, of = _distinct(seqs)
     logp = np.zeros((len(masks), len(unique)), dtype=np.float64)
     match = np.zeros((len(masks), len(unique)), dtype=bool)
-    order = np.argsort([len(s.ids) for s in unique], kind="stable")
+    prompts: dict[tuple, list[int]] = {}  # a feature's gold and own answers share its prompt: run once per mask
+    for i, s in enumerate(unique):
+        prompts.setdefault(s.ids[:s.start], []).append(i)
+    shared = [idx for idx in prompts.values() if len(idx) > 1]
+    alone = np.array([idx[0] for idx in prompts.values() if len(idx) == 1], dtype=np.int64)
+    alone = alone[np.argsort([len(unique[i].ids) for i in alone], kind="stable")]  # similar lengths: less padding
     for m, mask in enumerate(masks):
         gate = torch.as_tensor(np.asarray(mask), dtype=dtype, device=device)
         with torch.inference_mode(), gated(model, gate):
-            for b0 in range(0, len(unique), batch_size):
-                idx = order[b0:b0 + batch_size]
-                lp, ok = answer_logprobs(model, [unique[i] for i in idx], device=device, greedy=True)
+            batches = [(idx, shared_prompt_logprobs(model, [unique[i] for i in idx], device=device)) for idx in shared]
+            batches += [(idx, answer_logprobs(model, [unique[i] for i in idx], device=device, greedy=True))
+                        for idx in (alone[b0:b0 + batch_size] for b0 in range(0, len(alone), batch_size))]
+            for idx, (lp, ok) in batches:
                 logp[m, idx] = lp.double().cpu().numpy()
                 match[m, idx] = ok.cpu().numpy()
     return (logp[:, of], match[:, of]) if greedy else logp[:, of]

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ModelError
-from ..models.decoder import stop_token_ids
+from ..models.decoder import cache_keyword, stop_token_ids
 from ..models.templates import user_turn
 from ..threads import map_threads
 from .decoder import RETRIEVAL_MIN
@@ -301,16 +301,12 @@ def decode_tops(loaded: Any, prompts: Sequence[Sequence[int]], *, steps: int, st
         (step, layer, head), int64: the key each query head attends to most at each step (over the prompt and the
         tokens generated before).
     """
-    import inspect
-
     import torch
 
     if not prompts or len({len(p) for p in prompts}) != 1 or len(prompts[0]) < 2:
         raise ValueError(f"decode_tops: need prompts of one length, two tokens or more; got lengths "
                          f"{sorted({len(p) for p in prompts})}")
-    # the cache's keyword and output field: "cache" where transformers deprecates "past_key_values"
-    name = "cache" if "cache" in inspect.signature(getattr(loaded.model, "forward", loaded.model)).parameters else \
-        "past_key_values"
+    name = cache_keyword(loaded.model)  # the cache's keyword and output field
     ids = torch.tensor([list(p) for p in prompts], dtype=torch.long, device=device)
     generated: list[list[int]] = [[] for _ in prompts]
     tops: list[list[np.ndarray]] = [[] for _ in prompts]

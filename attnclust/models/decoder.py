@@ -44,7 +44,7 @@ from .sources.results import ForwardOutput, HeadOutputs, LoadedModel
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PACKAGED_CAUSAL", "causal_forward", "gguf_identity", "gguf_location", "gguf_name",
+__all__ = ["PACKAGED_CAUSAL", "cache_keyword", "causal_forward", "gguf_identity", "gguf_location", "gguf_name",
            "last_prompt_positions", "load_causal_model", "model_kind", "stop_token_ids"]
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # how transformers names the architectures of causal LMs
@@ -308,6 +308,15 @@ def causal_forward(loaded, rows: pd.DataFrame, *, device: str = "cpu", attention
     token_top1[:, 1:] = top1.cpu().numpy() * mask[:, 1:]
     return ForwardOutput(attentions=maps, start_logits=None, end_logits=None, token_logprobs=token_logprobs,
                          token_top1=token_top1, head_outputs=pooled)
+
+
+def cache_keyword(model: Any) -> str:
+    """The name of a causal model's key/value cache, as its forward takes it and its output holds it: ``cache``
+    where transformers deprecates ``past_key_values`` (5.25), ``past_key_values`` before."""
+    import inspect
+
+    forward = getattr(model, "forward", model)
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def last_prompt_positions(rows: pd.DataFrame) -> np.ndarray:

@@ -118,7 +118,8 @@ class Stage:
     loads_model
         Its tasks load the model into the workers (extraction, importance): once it has run, an executor that owns
         its workers restarts them when they hold much (:meth:`DaskExecutor.restart_workers`), so later stages do
-        not share the machine with workers that hold torch, the model and its heap idle.
+        not share the machine with workers that hold torch, the model and its heap idle; not while a later stage
+        that loads the model too is still to run (:meth:`skip_reason` says it will), which would load it again.
     """
 
     name: ClassVar[str] = ""
@@ -153,6 +154,11 @@ class Stage:
 
     def check(self, ctx: RunContext) -> None:
         """Checks that must pass before anything is written (called for every stage before the first runs)."""
+
+    def skip_reason(self, ctx: RunContext) -> str | None:
+        """Why the stage, selected, will have nothing to do in this run (one line: a setting turned it off, the run
+        lacks what it reads), or ``None``. Default: ``None``."""
+        return None
 
     def verify(self, ctx: RunContext) -> None:
         """Check that the outputs of a finished (or provided) stage are still intact before later stages read
@@ -349,10 +355,19 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
             layout.stage_record(stage.name).unlink(missing_ok=True)
         record = results[stage.name] = ctx.records[stage.name] = _run_one(ctx, stage, fp, parts)
         ran = record.get("blocks", 0) - record.get("blocks_resumed", 0)  # tasks that loaded the model
-        later = stages[stages.index(stage) + 1:]
-        if stage.loads_model and ran > 0 and any(s.name in selected for s in later):  # idle, they would keep it
-            ctx.executor.restart_workers()
+        later = [s for s in stages[stages.index(stage) + 1:] if s.name in selected]
+        if stage.loads_model and ran > 0 and later and not _reloads_model(ctx, _downstream(stages, stage.name),
+                                                                          selected):
+            ctx.executor.restart_workers()  # idle, they would keep it
     return results
+
+
+def _reloads_model(ctx: RunContext, downstream: list[Stage], selected: tuple[str, ...]) -> bool:
+    """Whether a stage downstream of one that just ran (its input changed: it runs too) loads the model again:
+    selected, ``loads_model`` and with work (:meth:`Stage.skip_reason`). Restarting the workers before it would
+    free the model only for them to import torch and load it again (SmolLM2's ``jobs/llm.yaml``: ~6 s of its wall;
+    bench/HISTORY.md, 2026-12-07)."""
+    return any(s.loads_model and s.name in selected and s.skip_reason(ctx) is None for s in downstream)
 
 
 def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:

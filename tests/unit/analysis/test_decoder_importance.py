@@ -78,6 +78,15 @@ def brute_logprob(model, ids, start) -> float:
     return float(sum(logp[t - 1, ids[t]] for t in range(start, len(ids))))
 
 
+def brute_greedy(model, ids, start) -> bool:
+    """Whether every token of ids[start:] is the most probable one after what precedes it (one forward pass)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([list(ids)])).logits[0]
+    return all(int(logits[t - 1].argmax()) == ids[t] for t in range(start, len(ids)))
+
+
 def feature_rows(tokenizer, n: int = 4, seed: int = 0) -> pd.DataFrame:
     """Prompts of different lengths (batches pad), each with an answer; some with a gold span in the context, some
     without (the no-answer word)."""
@@ -196,15 +205,25 @@ def test_ablation_equals_zeroing_the_heads_weights_by_hand(arch, models):
         mask = np.ones((2, 4))
         mask[layer, heads] = 0.0
         masks.append(mask)
+    assert len({s.ids[:s.start] for s in seqs}) < len(seqs)  # answers that share a prompt (run once per mask)
     got, matched = mask_logprobs(model, seqs, [np.ones((2, 4)), *masks], batch_size=3, greedy=True)
     plain = [brute_logprob(model, s.ids, s.start) for s in seqs]
     np.testing.assert_allclose(got[0], plain, rtol=1e-8, atol=1e-7)
-    for (layer, heads), row in zip(units, got[1:]):
+    assert matched[0].tolist() == [brute_greedy(model, s.ids, s.start) for s in seqs]
+    for (layer, heads), row, hits in zip(units, got[1:], matched[1:]):
         with scaled_heads(model, arch, layer, heads, 0.0):
             expected = [brute_logprob(model, s.ids, s.start) for s in seqs]
+            greedy = [brute_greedy(model, s.ids, s.start) for s in seqs]
         np.testing.assert_allclose(row, expected, rtol=1e-8, atol=1e-7)
+        assert hits.tolist() == greedy
         assert np.abs(row - got[0]).max() > 1e-4  # the ablation changed something
     assert matched.dtype == bool and matched.shape == got.shape
+    gold = [s for s in seqs if s.target == "gold"]  # one answer a prompt (the pruning curve's): whole, in batches
+    alone, alone_matched = mask_logprobs(model, gold, masks[:1], batch_size=3, greedy=True)
+    with scaled_heads(model, arch, *units[0], 0.0):
+        np.testing.assert_allclose(alone[0], [brute_logprob(model, s.ids, s.start) for s in gold], rtol=1e-8,
+                                   atol=1e-7)
+        assert alone_matched[0].tolist() == [brute_greedy(model, s.ids, s.start) for s in gold]
 
 
 @pytest.mark.slow

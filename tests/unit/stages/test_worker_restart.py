@@ -67,11 +67,15 @@ def test_owned_workers_are_restarted_only_when_one_holds_more_than_the_bound(pro
 
 
 class CountingExecutor(SerialExecutor):
-    def __init__(self):
+    """Records, at each restart, the stages finished so far (``out``: the run's folder)."""
+
+    def __init__(self, out=None):
         self.restarts = []
+        self.out = out
 
     def restart_workers(self) -> bool:
-        self.restarts.append(True)
+        finished = sorted(p.stem for p in (self.out / "_state").glob("*.json")) if self.out else None
+        self.restarts.append(finished or True)
         return True
 
 
@@ -83,6 +87,23 @@ def test_a_restart_follows_extraction_only_when_a_later_stage_runs(small_squad, 
     executor = CountingExecutor()
     run_job(cfg, tmp_path / "out", stages=stages, executor=executor, progress=False)
     assert len(executor.restarts) == expected
+
+
+def test_no_restart_between_extraction_and_importance_which_loads_the_model_again(small_squad, tiny_bert_dir,
+                                                                                  tmp_path):
+    """With importance on, the workers keep the model from extraction to importance (a restart would free it only
+    for them to load it again; after importance, the last stage here, none is needed); with importance off, they
+    are restarted after extraction."""
+    stages = ("extract", "qa", "featurize", "cluster", "importance")
+    for enabled, expected in ((True, []), (False, [["extract"]])):
+        cfg = JobConfig.from_dict({"name": "t", "data": {"path": str(small_squad)},
+                                   "model": {"name": str(tiny_bert_dir)},
+                                   "extract": {"batch_size": 3, "features_per_task": 3},
+                                   "importance": {"enabled": enabled, "max_features": 2, "pruning_steps": 1}})
+        out = tmp_path / f"out_{enabled}"
+        executor = CountingExecutor(out)
+        run_job(cfg, out, stages=stages, executor=executor, progress=False)
+        assert executor.restarts == expected, enabled
 
 
 @pytest.mark.slow
