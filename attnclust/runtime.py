@@ -12,8 +12,10 @@ from .backend import make_local_cuda_cluster
 from .errors import AttnclustError, ClusterError
 
 __all__ = ["CLOSE_TIMEOUT", "KEEP_LOST_WORKERS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT",
+           "WORKER_PROFILE_INTERVAL",
            "check_embedded", "close_embedded", "dask_client", "driver_environ_kept", "exit_at_once_when_done",
-           "fix_malloc_thresholds", "malloc_environ", "spawn_environ", "trim_heap", "workers_ignore_sigint"]
+           "fix_malloc_thresholds", "malloc_environ", "spawn_environ", "trim_heap", "worker_profile_config",
+           "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
@@ -60,8 +62,8 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         environ = spawn_environ()
         connect = max(START_TIMEOUT, parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
-                              "distributed.comm.timeouts.connect": f"{connect:g}s"}), workers_ignore_sigint(), \
-                driver_environ_kept(environ):
+                              "distributed.comm.timeouts.connect": f"{connect:g}s", **worker_profile_config()}), \
+                workers_ignore_sigint(), driver_environ_kept(environ):
             try:
                 if runtime == "local-cuda":
                     cluster = make_local_cuda_cluster(n_workers=n_workers)
@@ -155,6 +157,23 @@ def exit_at_once_when_done() -> None:
         os._exit(0)
 
     atexit.register(leave)  # the last registered runs first: before the handlers of what the tasks imported
+
+
+WORKER_PROFILE_INTERVAL = "100ms"
+"""How often the embedded cluster's workers sample their threads for the dashboard's Profile page (Dask's default,
+10 ms, cost SmolLM2's ``jobs/llm.yaml`` ~4 s of CPU and the demo's extraction ~1.6 s on 2 cores, a stack walk of
+every thread a hundred times a second; bench/HISTORY.md, 2026-12-07)."""
+
+
+def worker_profile_config() -> dict[str, str]:
+    """``distributed.worker.profile.interval`` at :data:`WORKER_PROFILE_INTERVAL` for the embedded cluster's workers
+    (their nannies pass the driver's Dask configuration on), unless the user's Dask configuration chose another
+    interval than Dask's default."""
+    import dask
+
+    if dask.config.get("distributed.worker.profile.interval", "10ms") != "10ms":
+        return {}
+    return {"distributed.worker.profile.interval": WORKER_PROFILE_INTERVAL}
 
 
 def spawn_environ() -> dict[str, str]:

@@ -56,31 +56,43 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
     # The default probes of a 2,077-feature run (740 fits, MiniLM): 30 s in all, 112 s before.
     # With few problems of many dimensions (the top-k heads, the [CLS] state) the outer products would be larger
     # than the copies (1,600 x 385^2 doubles, 1.9 GB): there, the copies.
-    # The Hessian is symmetric: the products of its upper triangle only, mirrored (half the work again) by one
-    # gather through `mirror` (each entry of the matrix -> its entry of the upper triangle), the ridge added to the
-    # triangle's diagonal entries first: the same matrices, bit for bit, as writing both triangles by index, in
-    # under half the time (bench/HISTORY.md, 2026-12-07, night).
+    # The Hessian is symmetric and positive definite (the ridge): the products of its upper triangle only, put in
+    # place in a matrix whose lower triangle stays 0, and the step by its Cholesky factor, which reads the upper
+    # triangle only (LU read both, so the triangle was mirrored first: bench/HISTORY.md, 2026-12-07, night). A
+    # problem whose step fell below ``tol`` is done: the next steps run only the problems still moving (each
+    # problem's iterates are those it had when all ran together, to rounding).
     upper = torch.triu_indices(d, d) if d <= targets.shape[0] else None
     if upper is not None:
         outer = xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
         at = torch.full((d, d), -1, dtype=torch.long)
         at[upper[0], upper[1]] = torch.arange(upper.shape[1])
-        mirror = torch.maximum(at, at.T).reshape(-1)
+        flat = upper[0] * d + upper[1]  # each upper entry's place in a row-major (d, d) matrix
         reg_upper = torch.zeros(upper.shape[1], dtype=x.dtype)
         reg_upper[at.diagonal()] = reg
+        matrices = torch.zeros(len(targets), d * d, dtype=x.dtype)  # the lower triangles stay 0
+    active = torch.arange(len(targets))
     for _ in range(iterations):
-        p = torch.sigmoid(theta @ xb.T)  # (problem, sample)
-        grad = (p - targets) @ xb + theta * reg
+        th = theta[active]
+        p = torch.sigmoid(th @ xb.T)  # (problem, sample)
+        grad = (p - targets[active]) @ xb + th * reg
         weight = p * (1 - p)
         if upper is not None:
             half = weight @ outer
             half += reg_upper
-            hess = half[:, mirror].view(len(weight), d, d)  # (problem, dim + 1, dim + 1)
+            hess = matrices[:len(active)]
+            hess[:, flat] = half
+            hess = hess.view(len(active), d, d)  # (problem, dim + 1, dim + 1), the upper triangle
         else:
             hess = (weight.unsqueeze(1) * xb.T.unsqueeze(0)) @ xb + torch.diag(reg)
-        step = torch.linalg.solve(hess, grad.unsqueeze(-1)).squeeze(-1)
-        theta = theta - step
-        if float(step.abs().max()) < tol:
+        factor, info = torch.linalg.cholesky_ex(hess, upper=True)
+        if bool(info.any()):  # not positive definite to rounding (saturated weights): the LU solve of the matrix
+            full = torch.triu(hess) + torch.triu(hess, 1).transpose(-1, -2)
+            step = torch.linalg.solve(full, grad.unsqueeze(-1)).squeeze(-1)
+        else:
+            step = torch.cholesky_solve(grad.unsqueeze(-1), factor, upper=True).squeeze(-1)
+        theta[active] = th - step
+        active = active[step.abs().amax(dim=1) >= tol]
+        if not len(active):
             break
     return theta
 

@@ -7,14 +7,27 @@ import os
 
 import pytest
 
-from attnclust.runtime import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, dask_client, malloc_environ
+from attnclust.runtime import (
+    MALLOC_MMAP_THRESHOLD,
+    MALLOC_TRIM_THRESHOLD,
+    WORKER_PROFILE_INTERVAL,
+    dask_client,
+    malloc_environ,
+)
 
 SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
+def _seen() -> dict[str, str | None]:
+    import dask
+
+    return {**{name: os.environ.get(name) for name in SETTINGS},
+            "profile": dask.config.get("distributed.worker.profile.interval")}
+
+
 def _worker_environ() -> dict[str, str | None]:
     with dask_client(n_workers=1) as client:
-        return next(iter(client.run(lambda: {name: os.environ.get(name) for name in SETTINGS}).values()))
+        return next(iter(client.run(_seen).values()))
 
 
 @pytest.fixture
@@ -30,6 +43,14 @@ def test_workers_start_with_the_mmap_threshold(clean_environ):
     seen = _worker_environ()
     assert seen["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD)
     assert seen["MALLOC_TRIM_THRESHOLD_"] == str(MALLOC_TRIM_THRESHOLD) != "65536"
+    assert seen["profile"] == WORKER_PROFILE_INTERVAL != "10ms"  # the dashboard's Profile page, sampled less often
+
+
+def test_a_users_profile_interval_stands(clean_environ):
+    import dask
+
+    with dask.config.set({"distributed.worker.profile.interval": "20ms"}):
+        assert _worker_environ()["profile"] == "20ms"
 
 
 def test_a_users_malloc_setting_stands(clean_environ):
