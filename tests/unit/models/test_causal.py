@@ -294,6 +294,56 @@ def test_context_decoding_continues_runs_of_the_given_spans():
     assert allowed(0, torch.tensor(prompt + [10])) == [0]  # 10 is no start of [9, 10]: nothing follows it
 
 
+def brute_greedy(model, prompt: list[int], *, stops: list[int], steps: int, allowed=None) -> list[int]:
+    """Greedy decoding written from its definition: the prompt alone, the whole sequence through the model at each
+    step, the most probable next token (among ``allowed(sofar)`` when given), until a stop token."""
+    import torch
+
+    out: list[int] = []
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + out])).logits[0, -1]
+        if allowed is not None:
+            keep = torch.full_like(logits, float("-inf"))
+            keep[allowed(out)] = 0.0
+            logits = logits + keep
+        token = int(logits.argmax())
+        if token in stops:
+            break
+        out.append(token)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_answers_decoded_in_a_batch_are_each_prompts_own(arch, tiny_llama, tiny_gpt2):
+    """Prompts of different lengths decoded together (padded on the left) get the answers each would get alone, by
+    a greedy loop written from scratch: free, and restricted to runs of given spans."""
+    from attnclust.models import get_model
+    from attnclust.models.prompting import generate_answers
+
+    loaded = get_model(ModelConfig(name=str(tiny_llama if arch == "llama" else tiny_gpt2)))
+    vocab = loaded.model.config.vocab_size
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(5, vocab, n).tolist() for n in (7, 19, 12, 3)]
+    stops = [int(rng.integers(5, vocab))]
+    free = generate_answers(loaded, prompts, stop_ids=stops, max_new_tokens=6)
+    assert free == [brute_greedy(loaded.model, p, stops=stops, steps=6) for p in prompts]
+    assert len({len(a) for a in free}) > 1 or max(len(a) for a in free) == 6  # something was decoded
+
+    spans = [[(p, list(range(len(p))))] for p in prompts]  # each answer a run of its own prompt's tokens
+
+    def runs(prompt):  # the tokens that continue a run of ``prompt`` (a stop once the answer has one)
+        def allowed(out):
+            k = len(out)
+            nxt = {prompt[s + k] for s in range(len(prompt)) if s + k < len(prompt) and prompt[s:s + k] == out}
+            return sorted(nxt | (set(stops) if k else set()))
+        return allowed
+
+    constrained = generate_answers(loaded, prompts, stop_ids=stops, max_new_tokens=4, spans=spans)
+    assert constrained == [brute_greedy(loaded.model, p, stops=stops, steps=4, allowed=runs(p)) for p in prompts]
+    assert all(a and any(p[s:s + len(a)] == a for s in range(len(p))) for a, p in zip(constrained, prompts))
+
+
 @pytest.mark.slow
 def test_context_decoded_answers_are_runs_of_the_context(tiny_llama):
     from attnclust.data import read_squad, sample_path
