@@ -18,8 +18,9 @@ refits per head on labels shuffled among whole examples within each fold
 (:func:`~attnclust.analysis.probe_fits.permutation_p_values`); q-values are Benjamini-Hochberg over the heads of a task
 (:func:`attnclust.analysis.roles.bh_qvalues`).
 
-The fits are Newton steps (IRLS) batched over the permutations and classes of a head
-(:func:`~attnclust.analysis.probe_fits.fit_logistic`): the same optimum as
+The fits are Newton steps (IRLS) batched over the permutations and classes of a head, and over heads when a
+head's fit is small (a decoder's 270 heads, 4 label sets each: :func:`~attnclust.analysis.probe_fits.fit_logistic`,
+:func:`~attnclust.analysis.probe_fits.designs_per_fit`): the same optimum as
 ``sklearn.linear_model.LogisticRegression(C=1)`` (the tests compare them), at a cost that allows thousands of
 refits. As Jo & Myaeng, the top-k heads' outputs concatenated are compared with the last layer's
 [CLS] hidden state by the same folds; the k heads are chosen inside each training fold, by their accuracy on the
@@ -52,7 +53,7 @@ from ..store.contract import atomic_write_json, atomic_write_parquet
 from ..threads import map_threads
 from .head_outputs import HEAD_OUTPUT_ARRAYS, consolidate_head_outputs, read_head_outputs, save_head_output_part
 from .plugins import AnalysisContext, register_analysis
-from .probe_fits import MAX_FOLDS, _fit_predict, permutation_p_values, permuted_labels, probe_fold_ids
+from .probe_fits import MAX_FOLDS, _fit_predict, designs_per_fit, permutation_p_values, permuted_labels, probe_fold_ids
 from .roles import bh_qvalues
 
 __all__ = ["HEAD_OUTPUT_ARRAYS", "MIN_CLASS_EXAMPLES", "PROBE_COLUMNS", "PROBE_ENCODER_LAST_PROMPT", "PROBE_SKIPPED",
@@ -213,19 +214,26 @@ def _probe_heads(heads, codes, groups, *, permutations, top_k, last, seed, null,
         majority = np.bincount(codes[tr], minlength=n_classes).argmax()
         base_correct += int((codes[te] == majority).sum())
 
-    def one(h: int) -> tuple[np.ndarray, np.ndarray]:  # a head's held-out hits per label set, training accuracy
-        hits, accuracy = np.zeros(permutations + 1), np.zeros(n_folds)
+    def some(hs: range) -> tuple[np.ndarray, np.ndarray]:  # heads' held-out hits per label set, training accuracy
+        hits, accuracy = np.zeros((len(hs), permutations + 1)), np.zeros((len(hs), n_folds))
         for f, (tr, te) in enumerate(splits):
-            pred_tr, pred_te = _fit_predict(x_all[tr, h], label_sets_t[:, tr], x_all[te, h], n_classes)
-            hits += (pred_te == label_sets_t[:, te]).sum(dim=1).numpy()
-            accuracy[f] = float((pred_tr[0] == label_sets_t[0, tr]).double().mean())
+            if len(hs) == 1:  # one head's design (its problems outnumber its dimensions: fit_logistic's products)
+                x_tr, x_te = x_all[tr, hs[0]], x_all[te, hs[0]]
+            else:  # the heads' designs fitted together (fit_logistic_designs)
+                x_tr, x_te = x_all[tr, hs.start:hs.stop].transpose(0, 1), x_all[te, hs.start:hs.stop].transpose(0, 1)
+            pred_tr, pred_te = _fit_predict(x_tr, label_sets_t[:, tr], x_te, n_classes)
+            hits += (pred_te == label_sets_t[:, te]).sum(dim=-1).reshape(len(hs), -1).numpy()
+            accuracy[:, f] = (pred_tr[..., 0, :] == label_sets_t[0, tr]).double().mean(dim=-1).reshape(-1).numpy()
         return hits, accuracy
 
-    pool = len(os.sched_getaffinity(0))  # probe_heads runs torch on one thread: one head a core
-    for h, (hits, accuracy) in enumerate(map_threads(one, range(n_layers * n_heads), threads=pool)):
-        correct[h], train_acc[:, h] = hits, accuracy
+    pool = len(os.sched_getaffinity(0))  # probe_heads runs torch on one thread: a batch of heads a core
+    total = n_layers * n_heads
+    per = designs_per_fit((permutations + 1) * (1 if n_classes == 2 else n_classes), n, x_all.shape[-1], total, pool)
+    batches = [range(h0, min(h0 + per, total)) for h0 in range(0, total, per)]
+    for hs, (hits, accuracy) in zip(batches, map_threads(some, batches, threads=pool)):
+        correct[hs.start:hs.stop], train_acc[:, hs.start:hs.stop] = hits, accuracy.T
         if on_head is not None:
-            on_head(h + 1, n_layers * n_heads)
+            on_head(hs.stop, total)
     accuracy = correct[:, 0] / n
     p = permutation_p_values(correct[:, 0], correct[:, 1:], null=null)
     table = pd.DataFrame({

@@ -92,21 +92,26 @@ def test_permuted_labels_move_whole_examples_within_their_fold():
 
 
 @pytest.mark.slow
-def test_permutation_p_values_match_a_brute_force_loop():
+@pytest.mark.parametrize("permutations, dim, heads", [(9, 3, 2), (2, 6, 8)])
+def test_permutation_p_values_match_a_brute_force_loop(permutations, dim, heads):
     """Refit with scikit-learn on the same folds and the same permuted labels, count, and compare: per head (its
-    own permutations) and pooled (every head's permutations)."""
+    own permutations) and pooled (every head's permutations). With more problems than dimensions each head is fitted
+    on its own; with fewer (3 label sets, 7 coefficients), several heads' designs are fitted together."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
+    from attnclust.analysis.probe_fits import designs_per_fit
+
     rng = np.random.default_rng(3)
-    x, codes, groups = planted(rng, n_examples=30, shift=0.8, layers=1, heads=2, dim=3, carrier=(0, 0))
-    permutations, seed = 9, 7
+    x, codes, groups = planted(rng, n_examples=30, shift=0.8, layers=1, heads=heads, dim=dim, carrier=(0, 0))
+    assert (designs_per_fit(permutations + 1, len(x), dim, heads, 2) > 1) == (heads == 8)
+    seed = 7
     per_head, _ = probe_heads(x, codes, groups, permutations=permutations, top_k=1, seed=seed, null="per_head")
     pooled, _ = probe_heads(x, codes, groups, permutations=permutations, top_k=1, seed=seed)
     fold, n_folds = probe_fold_ids(codes, groups, seed=seed)
     label_sets = [codes, *permuted_labels(codes, groups, fold, permutations, seed=seed)]
     accuracies = []
-    for h in range(2):
+    for h in range(heads):
         accuracies.append([])
         for y in label_sets:
             hits = 0
@@ -116,12 +121,30 @@ def test_permutation_p_values_match_a_brute_force_loop():
                 model = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(scaler.transform(x[tr, 0, h]), y[tr])
                 hits += int((model.predict(scaler.transform(x[te, 0, h])) == y[te]).sum())
             accuracies[h].append(hits / len(y))
-    for h in range(2):
+    for h in range(heads):
         own = (1 + sum(a >= accuracies[h][0] for a in accuracies[h][1:])) / (1 + permutations)
-        every = (1 + sum(a >= accuracies[h][0] for acc in accuracies for a in acc[1:])) / (1 + 2 * permutations)
+        every = (1 + sum(a >= accuracies[h][0] for acc in accuracies for a in acc[1:])) / (1 + heads * permutations)
         assert per_head["accuracy"].iloc[h] == pooled["accuracy"].iloc[h] == pytest.approx(accuracies[h][0])
         assert per_head["p"].iloc[h] == pytest.approx(own)
         assert pooled["p"].iloc[h] == pytest.approx(every)
+
+
+def test_fit_logistic_of_several_designs_reaches_each_designs_optimum():
+    """Several designs (heads) fitted together, each to every problem: each coefficient vector is scikit-learn's
+    fitted on that design alone."""
+    import torch
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(3, 60, 7))
+    targets = (rng.normal(size=(2, 60)) > 0).astype(float)  # 2 problems < 8 coefficients
+    theta = fit_logistic(torch.from_numpy(x), torch.from_numpy(targets)).numpy()
+    assert theta.shape == (3, 2, 8)
+    for design in range(3):
+        for problem, y in enumerate(targets):
+            ref = LogisticRegression(C=1.0, tol=1e-12, max_iter=10000).fit(x[design], y)
+            np.testing.assert_allclose(theta[design, problem, :-1], ref.coef_[0], atol=1e-6)
+            assert theta[design, problem, -1] == pytest.approx(ref.intercept_[0], abs=1e-6)
 
 
 def test_fit_logistic_reaches_scikit_learns_optimum():
