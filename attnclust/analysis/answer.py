@@ -30,6 +30,7 @@ import pandas as pd
 from ..maps.tokens import token_masks
 from ..qa.evaluate import RIGHT_MIN_F1  # right/wrong: official F1 at least this
 from ..store.contract import open_attention_store
+from ..threads import map_threads
 from .heads import HeadContext, head_analysis
 
 __all__ = ["ANSWER_COLUMNS", "MAX_FEATURES", "RIGHT_MIN_F1", "answer_attention", "answer_features",
@@ -185,11 +186,15 @@ def answer_table(layout, features: pd.DataFrame, *, predictions: pd.DataFrame | 
         picked.append(ids)
     rows = usable.iloc[np.sort(np.concatenate(picked))]
     L, H = store.n_layers, store.n_heads
-    frames = []
-    for r in rows.itertuples(index=False):
+
+    def one(r) -> tuple[np.ndarray, np.ndarray]:
         # the question rows (and the row before them) are all the lift reads: the rest is never converted
-        lift, cls = feature_answer_attention(store.read_exact_part(int(r.feature_id), slice(0, int(r.stop))),
-                                             stop=r.stop, start=r.start, end=r.end)
+        return feature_answer_attention(store.read_exact_part(int(r.feature_id), slice(0, int(r.stop))),
+                                        stop=r.stop, start=r.start, end=r.end)
+
+    frames = []
+    picked_rows = list(rows.itertuples(index=False))
+    for r, (lift, cls) in zip(picked_rows, map_threads(one, picked_rows)):  # read and reduced in threads, in order
         frames.append(pd.DataFrame({"feature_id": np.full(L * H, r.feature_id, np.int64),
                                     "layer": np.repeat(np.arange(L, dtype=np.int64), H),
                                     "head": np.tile(np.arange(H, dtype=np.int64), L),
