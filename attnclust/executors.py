@@ -52,7 +52,7 @@ class SerialExecutor:
 
     def map(self, fn: Callable, items: list[tuple], *, stage: str, total: int | None = None, done: int = 0,
             progress: bool = True, shared: dict | None = None,
-            on_done: Callable[[int], None] | None = None) -> list:
+            on_done: Callable[[int], None] | None = None, priorities: list[int] | None = None) -> list:
         """``[fn(*item, **shared) for item in items]``, in the items' order.
 
         Parameters
@@ -71,6 +71,9 @@ class SerialExecutor:
             Keyword arguments every call takes (on Dask its arrays are sent to each worker once).
         on_done
             Told ``on_done(count)`` as results arrive (``count`` of ``len(items)`` finished).
+        priorities
+            Per item, which to start first where several run at once (the higher first): on Dask the tasks'
+            ``priority``; here, where they run one at a time, unused.
         """
         shared = shared or {}
         bar = _bar(stage, total if total is not None else len(items), done, progress)
@@ -187,10 +190,11 @@ class DaskExecutor:
 
     def map(self, fn: Callable, items: list[tuple], *, stage: str, total: int | None = None, done: int = 0,
             progress: bool = True, shared: dict | None = None,
-            on_done: Callable[[int], None] | None = None) -> list:
+            on_done: Callable[[int], None] | None = None, priorities: list[int] | None = None) -> list:
         """Submit ``fn(*item, **shared)`` for every item as a task keyed ``{job_id}-{stage}-{i:06d}``; return the
         results in order (:meth:`SerialExecutor.map` has the parameters). The arrays of ``shared`` are scattered
-        once (a worker fetches each once for all its tasks).
+        once (a worker fetches each once for all its tasks). With ``priorities`` the workers take the tasks of
+        higher priority first (Dask's ``priority``), else in the items' order.
 
         A task that raises cancels the rest and re-raises its exception here.
         """
@@ -201,7 +205,8 @@ class DaskExecutor:
         sent = {name: self.client.scatter(value, hash=False) if isinstance(value, np.ndarray) else value
                 for name, value in (shared or {}).items()}
         futures = [self.client.submit(fn, *item, **sent, key=f"{self.job_id}-{stage}-{i:06d}", retries=self.retries,
-                                      pure=False) for i, item in enumerate(items)]
+                                      pure=False, priority=0 if priorities is None else int(priorities[i]))
+                   for i, item in enumerate(items)]
         index = {f.key: i for i, f in enumerate(futures)}
         results: list = [None] * len(futures)
         bar = _bar(stage, total if total is not None else len(items), done, progress)

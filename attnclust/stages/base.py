@@ -170,6 +170,11 @@ class Stage:
         to be recreated)."""
         return [], set()
 
+    def block_costs(self, ctx: RunContext, blocks: list[tuple]) -> list[float] | None:
+        """The relative cost of each of :meth:`plan`'s blocks, or ``None`` (all alike): the costliest start first,
+        so that the last to finish are the cheap ones and no worker waits long for the others at the end."""
+        return None
+
     task: ClassVar[Callable | None] = None
     """``task(root: str, block: int, *args) -> result``, a module-level function run per block."""
 
@@ -362,6 +367,16 @@ def run_stages(ctx: RunContext, stages: tuple[Stage, ...], selected: tuple[str, 
     return results
 
 
+def _priorities(costs: list[float] | None, todo: list[int]) -> list[int] | None:
+    """Task priorities of the blocks ``todo`` from all blocks' ``costs``: each block's rank among them, so the
+    costliest runs first (ties in block order); ``None`` without costs."""
+    if costs is None:
+        return None
+    order = sorted(todo, key=lambda b: (costs[b], -b))
+    rank = {b: r for r, b in enumerate(order)}
+    return [rank[b] for b in todo]
+
+
 def _reloads_model(ctx: RunContext, downstream: list[Stage], selected: tuple[str, ...]) -> bool:
     """Whether a stage downstream of one that just ran (its input changed: it runs too) loads the model again:
     selected, ``loads_model`` and with work (:meth:`Stage.skip_reason`). Restarting the workers before it would
@@ -382,7 +397,8 @@ def _run_one(ctx: RunContext, stage: Stage, fp: str, parts: dict) -> dict:
         todo = [(b, args) for b, args in enumerate(blocks) if b not in done]
         results = ctx.executor.map(
             run_block, [(stage.task, str(layout.root), stage.name, fp, b, args) for b, args in todo],
-            stage=stage.name, total=len(blocks), done=len(done), progress=ctx.progress) if todo else []
+            stage=stage.name, total=len(blocks), done=len(done), progress=ctx.progress,
+            priorities=_priorities(stage.block_costs(ctx, blocks), [b for b, _ in todo])) if todo else []
         ctx.stop_if_asked(f"finishing the {stage.name} stage")
         record = stage.finalize(ctx, results)
     except AttnclustError:

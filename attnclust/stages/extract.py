@@ -397,6 +397,12 @@ class ExtractStage(Stage):
         analyses = tuple(inputs["extraction_analyses"])  # the driver's choice: every block measures the same ones
         return [(s, e, ctx.cfg, device, identity, analyses) for s, e in blocks], done
 
+    def block_costs(self, ctx: RunContext, blocks: list[tuple]) -> list[float]:
+        """Each block's summed squared lengths (its maps' area: their conversion, writes and attention): the
+        features are in length order, so without this the longest block would start last and finish alone."""
+        seq_len = ctx.inputs["features"]["seq_len"].to_numpy(np.float64)
+        return [float((seq_len[s:e] ** 2).sum()) for s, e, *_ in blocks]
+
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Consolidate the parts, mark the store complete; record counts, throughput, ``head_trained`` and the
         resolved ``store`` (``full`` or ``compact``)."""

@@ -120,3 +120,35 @@ def test_choosing_k_runs_its_candidates_on_the_executor_it_is_given():
     assert given.keys() == default.keys()
     for k in given:
         np.testing.assert_array_equal(given[k], default[k])
+
+
+def test_dask_map_gives_each_task_its_priority(monkeypatch):
+    """The priorities reach the tasks (Dask's ``priority``: the higher starts first); without them, all 0."""
+    import distributed
+
+    class Future:
+        def __init__(self, key):
+            self.key = key
+
+        def done(self) -> bool:
+            return True
+
+    class Client:
+        loop = None
+
+        def __init__(self):
+            self.submitted = []
+
+        def submit(self, fn, *args, key, priority, **kwargs):
+            self.submitted.append((key, priority))
+            return Future(key)
+
+        def cancel(self, futures):
+            pass
+
+    fake = Client()
+    monkeypatch.setattr(distributed, "as_completed", lambda futures, loop=None: iter(()))  # only the submission
+    DaskExecutor(fake, "job-p").map(_square, [(1,), (2,), (3,)], stage="s", progress=False, priorities=[0, 2, 1])
+    DaskExecutor(fake, "job-q").map(_square, [(1,), (2,)], stage="s", progress=False)
+    assert fake.submitted == [("job-p-s-000000", 0), ("job-p-s-000001", 2), ("job-p-s-000002", 1),
+                              ("job-q-s-000000", 0), ("job-q-s-000001", 0)]
