@@ -147,6 +147,12 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
                     values[j, layer] = stats[name][0]
                 exact(row, maps, layer=layer)
 
+    def convert_held(held: list) -> None:
+        try:
+            convert(*held)
+        finally:
+            held.clear()
+
     overlap = cfg.extract.overlap if cfg.extract.overlap is not None else device.startswith("cuda")
     pending = None
     captures: dict = {}  # name -> the batch's captured tensors per layer, filled inside its forward
@@ -167,7 +173,9 @@ def extract_block(root: str, block: int, start: int, stop: int, cfg: JobConfig, 
             if overlap:
                 if pending is not None:
                     pending.result()
-                pending = pool.submit(convert, rows, layer, weights, captured)
+                # the layer's weights in a list that the thread empties when done: the pool's work item, which
+                # its thread drops only after the result is set, holds no layer beyond the one being converted
+                pending = pool.submit(convert_held, [rows, layer, weights, captured])
             else:
                 convert(rows, layer, weights, captured)
             in_hook_s += time.perf_counter() - t0
