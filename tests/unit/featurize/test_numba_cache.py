@@ -121,3 +121,30 @@ def test_make_umap_turns_the_cache_on_for_umap(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"before": True, "after": False, "dir": str(tmp_path / "c")}
+
+
+@pytest.mark.slow
+def test_warming_the_cache_leaves_the_cluster_stages_umap_code_to_load(tmp_path):
+    """What ``.ci/setup`` compiles ahead (``warm_numba_cache``) is what the cluster stage's UMAP runs: a process
+    after it loads the layout optimiser from the cache and compiles none of it. The cache is the suite's own (a
+    link, as above): warmed by the set-up, each child takes seconds."""
+    script = textwrap.dedent('''
+        import json
+        from attnclust.backend import warm_numba_cache
+        import umap.layouts as layouts
+
+        seconds = warm_numba_cache()
+        stats = layouts._nb_optimize_layout_euclidean_single_epoch.stats
+        print(json.dumps({"hits": sum(stats.cache_hits.values()), "misses": sum(stats.cache_misses.values()),
+                          "seconds": seconds}))
+    ''')
+    shared = bk.numba_cache_dir()
+    shared.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "c").symlink_to(shared, target_is_directory=True)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "c"), "PYTHONPATH": str(ROOT)}
+    runs = []
+    for _ in range(2):  # the first may compile (a cache not warmed yet); the second must load
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[1]["hits"] > 0 and runs[1]["misses"] == 0, runs
