@@ -160,9 +160,9 @@ def exit_at_once_when_done() -> None:
 
 
 WORKER_PROFILE_INTERVAL = "100ms"
-"""How often the embedded cluster's workers sample their threads for the dashboard's Profile page (Dask's default,
-10 ms, cost SmolLM2's ``jobs/llm.yaml`` ~4 s of CPU and the demo's extraction ~1.6 s on 2 cores, a stack walk of
-every thread a hundred times a second; bench/HISTORY.md, 2026-12-07)."""
+"""How often the embedded cluster's workers sample their threads for the dashboard's Profile page. Dask's default,
+10 ms, walks every thread's stack a hundred times a second, seconds of CPU in a small run on 2 cores (measured in
+bench/HISTORY.md, 2026-12-07, evening 3)."""
 
 
 def worker_profile_config() -> dict[str, str]:

@@ -105,10 +105,10 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
 def fit_logistic_designs(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float = 1e-9):
     """:func:`fit_logistic` for several designs at once: every problem of ``targets`` on every design of ``x``.
 
-    For small fits (a decoder's probes: 37 samples x 65 dimensions, 4 problems a head) one head's fit is a few
-    hundred microseconds of work under milliseconds of Python and dispatch; the heads' Newton steps taken together
-    are a few batched products. Each (design, problem) Hessian is formed from a weighted copy of its design and
-    solved by its Cholesky factor; the steps stop when no coefficient of any problem moves more than ``tol``.
+    For small fits (a decoder's probes: 37 samples x 65 dimensions, 4 problems a head) one head's fit is little
+    arithmetic under much Python and dispatch; the heads' Newton steps taken together are a few batched products.
+    Each (design, problem) Hessian is formed from a weighted copy of its design and solved by its Cholesky factor;
+    the steps stop when no coefficient of any problem moves more than ``tol``.
 
     Parameters
     ----------

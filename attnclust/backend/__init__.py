@@ -262,8 +262,8 @@ def warm_numba_cache() -> float:
     """Compile umap-learn's code of the cluster stage's default 2-D UMAP (``make_umap(..., exact_knn_of=x)``,
     ``fit_transform``) into numba's on-disk cache (:func:`enable_numba_cache`): a tiny fit, ten epochs, the same
     compiled functions as a run's. ``.ci/setup`` calls it, so a new environment's first run loads that code instead
-    of compiling it in its cluster stage (about 17 s on 2 cores; 2 s once the cache holds it: numba keys its cache
-    by the installed files' paths, so every new virtual environment compiles once). Returns its seconds."""
+    of compiling it in its cluster stage (numba keys its cache by the installed files' paths, so every new virtual
+    environment compiles once; the seconds are in bench/HISTORY.md). Returns its seconds."""
     import time
 
     start = time.perf_counter()

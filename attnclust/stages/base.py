@@ -380,8 +380,7 @@ def _priorities(costs: list[float] | None, todo: list[int]) -> list[int] | None:
 def _reloads_model(ctx: RunContext, downstream: list[Stage], selected: tuple[str, ...]) -> bool:
     """Whether a stage downstream of one that just ran (its input changed: it runs too) loads the model again:
     selected, ``loads_model`` and with work (:meth:`Stage.skip_reason`). Restarting the workers before it would
-    free the model only for them to import torch and load it again (SmolLM2's ``jobs/llm.yaml``: ~6 s of its wall;
-    bench/HISTORY.md, 2026-12-07)."""
+    free the model only for them to import torch and load it again (bench/HISTORY.md, 2026-12-07, evening 3)."""
     return any(s.loads_model and s.name in selected and s.skip_reason(ctx) is None for s in downstream)
 
 
