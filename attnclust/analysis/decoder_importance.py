@@ -151,15 +151,13 @@ def answer_logprobs(model: Any, seqs: Sequence[AnswerSequence], *, device: str =
         ``sum_t log p(a_t | prompt, a_<t)`` in float32 (float64 for a float64 model); with ``greedy`` also a bool
         tensor of the same shape.
     """
-    import inspect
-
     import torch
 
     pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
     ids, mask = _padded(seqs, pad_id, device)
     n = ids.shape[1]
     first = min(s.start for s in seqs) - 1  # the first position whose logits are read
-    keep = {"logits_to_keep": n - first} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    keep = _logits_kept(model, n - first)
     offset = first if keep else 0
     result = model(input_ids=ids, attention_mask=mask, use_cache=False, **keep)
     logits = result.logits
@@ -176,6 +174,14 @@ def answer_logprobs(model: Any, seqs: Sequence[AnswerSequence], *, device: str =
         if greedy:
             matched[i] = bool((logp.argmax(dim=-1) == targets).all())
     return (total, matched) if greedy else total
+
+
+def _logits_kept(model: Any, n: int) -> dict[str, int]:
+    """``logits_to_keep=n`` (only the last ``n`` positions through the language-model head) where the model's
+    forward takes it, else nothing."""
+    import inspect
+
+    return {"logits_to_keep": n} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
 def _check_eval(model: Any) -> tuple[int, int]:
@@ -286,16 +292,13 @@ def shared_prompt_logprobs(model: Any, seqs: Sequence[AnswerSequence], *, device
         ``sum_t log p(a_t | prompt, a_<t)`` (float32; float64 for a float64 model) and whether every answer token is
         the model's most probable next token (an empty answer: 0 and True).
     """
-    import inspect
-
     import torch
 
     start = seqs[0].start
     prompt = seqs[0].ids[:start]
     if any(s.start != start or s.ids[:start] != prompt for s in seqs):
         raise ValueError("shared_prompt_logprobs: the sequences do not share one prompt")
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    out = model(input_ids=torch.tensor([list(prompt)], device=device), use_cache=True, **keep)
+    out = model(input_ids=torch.tensor([list(prompt)], device=device), use_cache=True, **_logits_kept(model, 1))
     dtype = torch.float64 if out.logits.dtype == torch.float64 else torch.float32
     first = torch.log_softmax(out.logits[0, -1].to(dtype), dim=-1)  # predicts each answer's first token
     answers = [s.ids[start:] for s in seqs]

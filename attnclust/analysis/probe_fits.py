@@ -49,6 +49,10 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
 
     if x.dim() == 3:
         return fit_logistic_designs(x, targets, c=c, iterations=iterations, tol=tol)
+    if x.shape[1] + 1 > targets.shape[0]:
+        # few problems of many dimensions (the top-k heads, the [CLS] state): each sample's outer product (below)
+        # would be larger than a weighted copy of the design per problem (1,600 x 385^2 doubles, 1.9 GB)
+        return fit_logistic_designs(x[None], targets, c=c, iterations=iterations, tol=tol)[0]
 
     xb = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)  # (sample, dim + 1)
     d = xb.shape[1]
@@ -59,36 +63,29 @@ def fit_logistic(x, targets, *, c: float = 1.0, iterations: int = 30, tol: float
     # X^T W X is one matrix product with the weights (problem, sample): 4.5x faster than a weighted copy of the
     # design per problem for 147 problems of 1,600 samples x 33 (28 vs 126 ms, the same coefficients to 2e-16).
     # The default probes of a 2,077-feature run (740 fits, MiniLM): 30 s in all, 112 s before.
-    # With few problems of many dimensions (the top-k heads, the [CLS] state) the outer products would be larger
-    # than the copies (1,600 x 385^2 doubles, 1.9 GB): there, the copies.
     # The Hessian is symmetric and positive definite (the ridge): the products of its upper triangle only, put in
     # place in a matrix whose lower triangle stays 0, and the step by its Cholesky factor, which reads the upper
     # triangle only (LU read both, so the triangle was mirrored first: bench/HISTORY.md, 2026-12-07, night). A
     # problem whose step fell below ``tol`` is done: the next steps run only the problems still moving (each
     # problem's iterates are those it had when all ran together, to rounding).
-    upper = torch.triu_indices(d, d) if d <= targets.shape[0] else None
-    if upper is not None:
-        outer = xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
-        at = torch.full((d, d), -1, dtype=torch.long)
-        at[upper[0], upper[1]] = torch.arange(upper.shape[1])
-        flat = upper[0] * d + upper[1]  # each upper entry's place in a row-major (d, d) matrix
-        reg_upper = torch.zeros(upper.shape[1], dtype=x.dtype)
-        reg_upper[at.diagonal()] = reg
-        matrices = torch.zeros(len(targets), d * d, dtype=x.dtype)  # the lower triangles stay 0
+    upper = torch.triu_indices(d, d)
+    outer = xb[:, upper[0]] * xb[:, upper[1]]  # (sample, d (d + 1) / 2)
+    at = torch.full((d, d), -1, dtype=torch.long)
+    at[upper[0], upper[1]] = torch.arange(upper.shape[1])
+    flat = upper[0] * d + upper[1]  # each upper entry's place in a row-major (d, d) matrix
+    reg_upper = torch.zeros(upper.shape[1], dtype=x.dtype)
+    reg_upper[at.diagonal()] = reg
+    matrices = torch.zeros(len(targets), d * d, dtype=x.dtype)  # the lower triangles stay 0
     active = torch.arange(len(targets))
     for _ in range(iterations):
         th = theta[active]
         p = torch.sigmoid(th @ xb.T)  # (problem, sample)
         grad = (p - targets[active]) @ xb + th * reg
-        weight = p * (1 - p)
-        if upper is not None:
-            half = weight @ outer
-            half += reg_upper
-            hess = matrices[:len(active)]
-            hess[:, flat] = half
-            hess = hess.view(len(active), d, d)  # (problem, dim + 1, dim + 1), the upper triangle
-        else:
-            hess = (weight.unsqueeze(1) * xb.T.unsqueeze(0)) @ xb + torch.diag(reg)
+        half = (p * (1 - p)) @ outer
+        half += reg_upper
+        hess = matrices[:len(active)]
+        hess[:, flat] = half
+        hess = hess.view(len(active), d, d)  # (problem, dim + 1, dim + 1), the upper triangle
         factor, info = torch.linalg.cholesky_ex(hess, upper=True)
         if bool(info.any()):  # not positive definite to rounding (saturated weights): the LU solve of the matrix
             full = torch.triu(hess) + torch.triu(hess, 1).transpose(-1, -2)

@@ -30,8 +30,8 @@ from ..threads import map_threads
 from .decoder import stop_token_ids
 from .templates import _CTX, _QST, NO_ANSWER, checked_template
 
-__all__ = ["ANSWER_BATCH", "NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "context_spans", "encode_prompt", "generate_answer",
-           "generate_answers", "prompt_features"]
+__all__ = ["ANSWER_BATCH", "NO_ANSWER", "PARTS", "PROMPT_COLUMNS", "context_spans", "encode_prompt", "generate_answers",
+           "prompt_features"]
 
 PROMPT_WINDOWS_VERSION = 1
 """How a long context becomes prompts (1: windows with ``extract.doc_stride`` overlap; before: cut), in the
@@ -117,14 +117,6 @@ the batch, not once per prompt (SmolLM2 on CPU: each step of one prompt's answer
 weights)."""
 
 
-def generate_answer(loaded: Any, input_ids: Sequence[int], *, stop_ids: Sequence[int], max_new_tokens: int,
-                    device: str = "cpu", spans: Sequence[tuple[list[int], list[int]]] | None = None) -> list[int]:
-    """Greedy decoding of the answer to one prompt: :func:`generate_answers` of one prompt."""
-
-    return generate_answers(loaded, [input_ids], stop_ids=stop_ids, max_new_tokens=max_new_tokens, device=device,
-                            spans=None if spans is None else [spans])[0]
-
-
 def generate_answers(loaded: Any, prompts: Sequence[Sequence[int]], *, stop_ids: Sequence[int], max_new_tokens: int,
                      device: str = "cpu", spans: Sequence[Sequence[tuple[list[int], list[int]]]] | None = None
                      ) -> list[list[int]]:
@@ -181,7 +173,7 @@ def generate_answers(loaded: Any, prompts: Sequence[Sequence[int]], *, stop_ids:
 
 
 def _span_continuations(spans: list[tuple[list[int], list[int]]], stops: list[int], prompt_len: int):
-    """``prefix_allowed_tokens_fn`` for :func:`generate_answer`: the tokens that extend the answer so far into a
+    """``prefix_allowed_tokens_fn`` for :func:`generate_answers`: the tokens that extend the answer so far into a
     longer run of one of ``spans`` (each ``(tokens, starts)``: a run begins at one of ``starts``), and the stop
     tokens once the answer is not empty."""
     firsts = sorted({seq[i] for seq, starts in spans for i in starts})
