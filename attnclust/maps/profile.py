@@ -167,7 +167,8 @@ def _batches(row: np.ndarray, step: int, min_run: int | None) -> list[tuple[int,
     return [(int(b0), int(b1), r) for b0, b1, r in batches]
 
 
-def _row_sums(a, masks, offsets, beyond, scratch, keyed=None) -> tuple[np.ndarray, ...]:
+def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 0, zeros: bool = False
+              ) -> tuple[np.ndarray, ...]:
     """The passes over one batch of maps: per-row sums of the raw (not renormalised) weights.
 
     Four or five passes read the maps and none writes them: the key masks (row sums, [CLS], [SEP], punctuation,
@@ -188,30 +189,46 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None) -> tuple[np.ndarra
     scratch
         A float32 tensor of ``a``'s shape that the function overwrites.
     keyed
-        (query, key, mask + far) float32: the maps' one mask row next to each query's far indicators, or
-        ``None``.
+        (query, key, mask + far + targets) float32: the maps' one mask row next to each query's far indicators
+        (and its ``targets`` key patterns), or ``None``.
+    targets
+        The key patterns at the end of ``keyed``'s last axis (a causal plan's induction and duplicate-token keys:
+        2), summed in the same product; 0 without them.
+    zeros
+        The maps hold exact zeros (a causal map's keys after its query): ``log2`` of a zero takes several times
+        as long as of a positive weight on a CPU, so the weights are floored at float32's smallest normal number
+        first (``0 log2 tiny = 0``; a weight below it, if any, moves ``A log2 A`` by under ``1e-36``). Maps
+        without zeros (an encoder's, cropped to their true length) skip that pass: ``0 * -inf`` is ``nan``
+        there and ``nansum`` drops it.
 
     Returns
     -------
     tuple of numpy.ndarray
         float32 ``mass`` (map, query, mask) the row sums under each key mask, ``far`` (map, query, far + 1)
         under each far indicator and weighted by ``|query - key|``, ``diagonal`` (map, entry) the weights on the
-        offset diagonals, ``peak`` (map, query) the row maxima and ``alog2a`` (map, query) ``sum A log2 A``
-        (``0 log 0 = 0``).
+        offset diagonals, ``peak`` (map, query) the row maxima, ``alog2a`` (map, query) ``sum A log2 A``
+        (``0 log 0 = 0``) and, with ``targets``, ``on_targets`` (map, query, targets) the row sums under each
+        key pattern (``None`` without).
     """
     import torch
 
     by_query = a.transpose(0, 1)  # (query, map, key): one product per query, over the batch
+    on_targets = None
     if keyed is not None:
-        both = torch.bmm(by_query, keyed).transpose(0, 1)  # (map, query, mask + far)
-        mass, far = both.split([keyed.shape[-1] - beyond.shape[-1], beyond.shape[-1]], dim=-1)
+        both = torch.bmm(by_query, keyed).transpose(0, 1)  # (map, query, mask + far + targets)
+        mass, far, on_targets = both.split([keyed.shape[-1] - beyond.shape[-1] - targets, beyond.shape[-1],
+                                            targets], dim=-1)
     else:
         mass, far = torch.bmm(a, masks), torch.bmm(by_query, beyond).transpose(0, 1)
     diagonal = torch.cat([a.diagonal(d, dim1=1, dim2=2) for d in range(-offsets, offsets + 1)], dim=1)
     peak = a.amax(-1)
-    # log2 is several times faster than log on CPU; a zero weight gives 0 * -inf = nan, and nansum drops it
-    alog2a = torch.log2(a, out=scratch).mul_(a).nansum(-1)
-    return tuple(t.cpu().numpy() for t in (mass, far, diagonal, peak, alog2a))
+    # log2 is several times faster than log on CPU
+    if zeros:
+        alog2a = torch.clamp(a, min=torch.finfo(torch.float32).tiny, out=scratch).log2_().mul_(a).sum(-1)
+    else:
+        alog2a = torch.log2(a, out=scratch).mul_(a).nansum(-1)
+    sums = tuple(t.cpu().numpy() for t in (mass, far, diagonal, peak, alog2a))
+    return (*sums, on_targets.cpu().numpy() if targets and on_targets is not None else None)
 
 
 def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes, causal=False) -> np.ndarray:
@@ -364,10 +381,14 @@ class ProfilePlan:
             min_run = (1 if row.min() == row.max() else max(_MIN_RUN, step // 2)) if on_cpu else None
         self.batches = _batches(row, step, min_run)
         self.scratch = torch.empty((min(step, m), n, n), dtype=torch.float32, device=device)
-        self.keyed = torch.cat([self.masks.new_zeros(n, n, self.masks.shape[-1]), self.beyond], dim=-1) \
-            if on_cpu else None
-        self.keyed_row = None  # the mask row written into keyed's mask columns
         self.targets = _token_targets(context, device) if context.causal and offsets >= 2 else None
+        # (row, query, 2): each row's number of induction and duplicate-token keys
+        self.target_counts = None if self.targets is None else self.targets.sum(2).cpu().numpy()
+        # keyed: (query, key, mask + far + targets), the targets' key patterns summed in the same product
+        n_targets = 0 if self.targets is None else self.targets.shape[-1]
+        self.keyed = torch.cat([self.masks.new_zeros(n, n, self.masks.shape[-1]), self.beyond,
+                                self.masks.new_zeros(n, n, n_targets)], dim=-1) if on_cpu else None
+        self.keyed_row = None  # the mask row written into keyed's mask (and targets') columns
 
 
 def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = OFFSETS,
@@ -402,7 +423,8 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
         Only with ``return_rows``: float32 sums of each row's raw weights, (map, query) or (map, query, column):
         ``mass`` under the key masks (all keys, [CLS], [SEP], punctuation, last, then each segment in
         increasing id), ``far`` beyond each of ``far``, ``distance`` ``sum A |query - key|``, ``peak`` the
-        row maximum and ``alog2a`` ``sum A log2 A``.
+        row maximum and ``alog2a`` ``sum A log2 A``; for a causal plan with targets also ``induction`` and
+        ``duplicate``, the mass on each row's induction and duplicate-token keys.
 
     Raises
     ------
@@ -429,37 +451,46 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
     ctx, row, masks, rows, beyond, keyed, targets = (plan.context, plan.row, plan.masks, plan.rows, plan.beyond,
                                                       plan.keyed, plan.targets)
     segment, count, sizes, key_masks, scratch = plan.segment, plan.count, plan.sizes, plan.key_masks, plan.scratch
-    out, kept, on_targets = [], [], []
+    out, kept, on_targets, raw_targets = [], [], [], []
+    n_targets = 0 if targets is None else targets.shape[-1]
     with torch.inference_mode():
         for b0, b1, shared in plan.batches:
             a = maps[b0:b1].to(device=device, dtype=torch.float32)
             if shared is None:
-                sums = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0])
+                *sums, raw = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0], zeros=ctx.causal)
+                if targets is not None:  # (map, query, 2) raw mass on each row's induction and duplicate keys
+                    pattern = targets[rows[b0:b1]]
+                    raw = torch.stack([(a * pattern[..., j]).sum(-1) for j in range(n_targets)], -1).cpu().numpy()
             else:
-                if shared != plan.keyed_row:  # (query, key, mask + far): this mask row for every query, its far keys
+                if shared != plan.keyed_row:  # this mask row for every query, its far keys, its targets' keys
                     plan.keyed_row = shared
                     keyed[..., :masks.shape[-1]] = masks[shared]
-                sums = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed)
+                    if targets is not None:
+                        keyed[..., keyed.shape[-1] - n_targets:] = targets[shared]
+                *sums, raw = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed, targets=n_targets,
+                                       zeros=ctx.causal)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes, ctx.causal))
-            if targets is not None:  # (map, query, 2) raw mass on each row's duplicate and induction keys
-                pattern = targets[shared] if shared is not None else targets[rows[b0:b1]]
-                on_targets.append(torch.stack([(a * pattern[..., j]).sum(-1) for j in range(2)], -1).cpu().numpy()
-                                  / np.maximum(sums[0][..., :1], 1e-12))
+            if targets is not None:  # renormalised: over each row's sum
+                raw_targets.append(raw)
+                on_targets.append(raw / np.maximum(sums[0][..., :1], 1e-12))
             if return_rows:
                 kept.append(sums)
     vectors = np.concatenate(out)
     if excess:
         vectors = _excess_over_uniform(vectors, key_masks[row], offsets, causal=ctx.causal)
     if targets is not None:  # induction (offset+1's place) and duplicate (offset+2's), see the module docstring
-        shares, nulls = _target_shares(np.concatenate(on_targets), targets, row)
+        shares, nulls = _target_shares(np.concatenate(on_targets), plan.target_counts[row])
         x = (shares - nulls) / np.where(nulls < 1, 1 - nulls, 1) if excess else shares
         vectors[:, [offsets + 1, offsets + 2]] = np.clip(x, 0, 1) if excess else x
     vectors = vectors * component_weights(offsets, far) if weighted else vectors
     if not return_rows:
         return vectors
     mass, reach, _, peak, alog2a = (np.concatenate(parts) for parts in zip(*kept))
-    return vectors, {"mass": mass, "far": reach[..., :-1], "distance": reach[..., -1], "peak": peak,
-                     "alog2a": alog2a}
+    rows = {"mass": mass, "far": reach[..., :-1], "distance": reach[..., -1], "peak": peak, "alog2a": alog2a}
+    if targets is not None:
+        raw = np.concatenate(raw_targets)
+        rows.update(induction=raw[..., 0], duplicate=raw[..., 1])
+    return vectors, rows
 
 
 def _token_targets(ctx: TokenContext, device):
@@ -478,14 +509,13 @@ def _token_targets(ctx: TokenContext, device):
     return torch.from_numpy(out).to(device)
 
 
-def _target_shares(on_targets: np.ndarray, targets, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _target_shares(on_targets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The renormalised mass on the induction and duplicate-token keys, averaged over the rows with such keys, and
     what the causal uniform row puts there (``|keys_i| / (i + 1)``, averaged over the same rows); both (map, 2),
     0 for a map without a row that has one.
 
-    ``on_targets`` (map, query, 2) is each row's mass on them divided by the row's sum; ``targets`` from
-    :func:`_token_targets`; ``row`` each map's mask row."""
-    counts = targets.sum(2).cpu().numpy()[row]  # (map, query, 2): keys of each row's targets
+    ``on_targets`` (map, query, 2) is each row's mass on them divided by the row's sum; ``counts`` (map, query, 2)
+    the number of each row's targets (:func:`_token_targets` summed over keys)."""
     has = counts > 0
     n = counts.shape[1]
     rows_with = np.maximum(has.sum(1), 1)

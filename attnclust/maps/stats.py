@@ -168,7 +168,9 @@ class MapBatch:
         Row sums of these maps computed elsewhere in one pass (the extract stage's, shared with the ``profile``
         vectors), each (..., query) float32 (NumPy or torch): ``mass`` (..., query, 2 + segments) as
         :attr:`mass`, ``entropy`` ``-sum A log A`` (nats), ``peak`` the largest weight, ``distance``
-        ``sum A |query - key|``. The statistics then read these instead of the maps.
+        ``sum A |query - key|``, and for a causal model's maps ``induction`` and ``duplicate`` the mass on
+        each row's induction and duplicate-token keys (:func:`~attnclust.maps.tokens.token_patterns`). The
+        statistics then read these instead of the maps.
     causal : bool, optional
         The maps are a causal model's (see the module docstring).
     tokens : sequence of str, optional
@@ -253,15 +255,17 @@ class MapBatch:
             return self.rows["entropy"].float()
         return -torch.log(self.a.clamp_min(1e-30)).mul_(self.a).sum(-1)
 
-    def pattern_mean(self, pattern: np.ndarray):
+    def pattern_mean(self, pattern: np.ndarray, name: str | None = None):
         """(...): the mass on a (query, key) target pattern, averaged over the rows with a target (NaN without
-        one)."""
+        one); the row sums are ``rows[name]`` where given (the profile's pass sums the same patterns)."""
         import torch
 
-        p = torch.from_numpy(np.asarray(pattern, dtype=np.float32)).to(self.a.device)
-        has = p.sum(-1) > 0
+        has = torch.from_numpy(np.asarray(pattern, dtype=bool).any(-1)).to(self.a.device)
         if not bool(has.any()):
             return torch.full(self.lead, float("nan"), device=self.a.device)
+        if name in self.rows:
+            return self.rows[name][..., has].mean(-1)
+        p = torch.from_numpy(np.asarray(pattern, dtype=np.float32)).to(self.a.device)
         return (self.a * p).sum(-1)[..., has].mean(-1)
 
     @cached_property
@@ -348,14 +352,14 @@ def _to_local(b: MapBatch):
            description="a causal model's maps: attention mass on the token after an earlier occurrence of the query "
                        "token (induction, Olsson et al. 2022), averaged over the rows that have one")
 def _to_induction(b: MapBatch):
-    return b.pattern_mean(b.patterns[1])
+    return b.pattern_mean(b.patterns[1], "induction")
 
 
 @statistic("to_duplicate", unit="share", causal="only",
            description="a causal model's maps: attention mass on earlier occurrences of the query token (duplicate "
                        "token), averaged over the rows that have one")
 def _to_duplicate(b: MapBatch):
-    return b.pattern_mean(b.patterns[0])
+    return b.pattern_mean(b.patterns[0], "duplicate")
 
 
 def local_keys(n) -> np.ndarray:

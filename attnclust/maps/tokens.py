@@ -10,6 +10,7 @@ decoder kind to give (:meth:`attnclust.models.kinds.ModelKind.token_labels`).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,14 +51,21 @@ def token_patterns(tokens) -> tuple[np.ndarray, np.ndarray]:
     duplicate, induction : numpy.ndarray of bool, shape (query, key) = (n, n)
         ``duplicate[i, j]``: ``j < i`` holds the query's token again; ``induction[i, j]``: ``j - 1 < i`` holds the
         query's token, so key ``j`` is the token that followed an earlier occurrence of it (Olsson et al. 2022).
-        Both lower triangular (a causal row's keys).
+        Both lower triangular (a causal row's keys), read-only: the last few token lists' patterns are kept
+        (the extract stage asks for one feature's once per layer).
     """
-    _, codes = np.unique(np.asarray([str(t) for t in tokens], dtype=object), return_inverse=True)
+    return _token_patterns(tuple(str(t) for t in tokens))
+
+
+@functools.lru_cache(maxsize=8)
+def _token_patterns(tokens: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    _, codes = np.unique(np.asarray(tokens, dtype=object), return_inverse=True)
     codes = codes.reshape(-1)
     n = len(codes)
     duplicate = np.tril(codes[:, None] == codes[None, :], k=-1)
     induction = np.zeros((n, n), bool)
     induction[:, 1:] = duplicate[:, :-1]
+    duplicate.flags.writeable = induction.flags.writeable = False
     return duplicate, induction
 
 

@@ -92,7 +92,8 @@ def profile_and_statistics(maps, tokens: list, segment_ids: list, *, kind: Model
     vectors, sums = profile_tensor(maps.reshape(layers * heads, n, n), return_rows=True, plan=feature.plan)
     mass = sums["mass"]  # all keys, [CLS], [SEP], punctuation, last, segments -> [SEP], punctuation, segments
     rows = {"mass": np.concatenate([mass[..., 2:4], mass[..., 5:]], axis=-1), "peak": sums["peak"],
-            "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"]}
+            "entropy": sums["alog2a"] * np.float32(-math.log(2)), "distance": sums["distance"],
+            **{name: sums[name] for name in ("induction", "duplicate") if name in sums}}
     return vectors.reshape(layers, heads, -1), map_statistics(maps, sep=feature.sep, punct=feature.punct,
                                                               segment_ids=feature.seg, rows=rows,
                                                               causal=feature.kind.is_decoder, tokens=feature.tokens)

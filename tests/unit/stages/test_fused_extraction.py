@@ -226,3 +226,56 @@ def test_fused_profile_of_causal_maps_uses_the_causal_null():
     np.testing.assert_allclose(vectors, want, atol=1e-6)
     encoder, _ = profile_and_statistics(torch.from_numpy(maps), tokens, segments)
     assert np.abs(encoder - vectors).max() > 0.01
+
+
+def _causal_maps(rng, maps: int, n: int) -> np.ndarray:
+    """Random causal rows (exact zeros after the query), some weights far below float32's smallest normal."""
+    out = np.zeros((maps, n, n), np.float32)
+    for i in range(n):
+        out[:, i, :i + 1] = rng.dirichlet(np.full(i + 1, 0.3), size=maps)
+    out[0, n - 1, 1] = 1e-40                               # a subnormal weight: its A log A is ~0
+    return out
+
+
+def _causal_loops(a: np.ndarray, tokens: list[str]) -> dict[str, np.ndarray]:
+    """Each row's raw sums from the definitions: ``sum A log2 A`` over positive weights, the mass on the keys that
+    hold the query's token earlier (duplicate) and on the keys right after them (induction)."""
+    n = len(tokens)
+    dup = [[j for j in range(i) if tokens[j] == tokens[i]] for i in range(n)]
+    return {"alog2a": np.array([sum(float(w) * np.log2(float(w)) for w in a[i] if w > 0) for i in range(n)]),
+            "duplicate": np.array([sum(float(a[i, j]) for j in dup[i]) for i in range(n)]),
+            "induction": np.array([sum(float(a[i, j + 1]) for j in dup[i]) for i in range(n)])}
+
+
+@pytest.mark.parametrize("features", [1, 2])
+def test_causal_row_sums_of_the_profile_pass_equal_loops(features):
+    """A causal plan's row sums (``log2`` of floored weights; the induction and duplicate-token keys summed in the
+    mask product of one feature's maps, or map by map for maps of several features) equal loops over each row."""
+    import torch
+
+    rng = np.random.default_rng(features)
+    n, per = 17, 9 // features
+    tokens = [[str(t) for t in rng.choice(["a", "b", "c", "."], size=n)] for _ in range(features)]
+    maps = _causal_maps(rng, features * per, n)
+    ctx = TokenContext.from_tokens(tokens, [[0] * n] * features, maps_per_row=per, causal=True)
+    _, rows = profile_tensor(torch.from_numpy(maps), ctx, return_rows=True)
+    for k in range(len(maps)):
+        for name, want in _causal_loops(maps[k].astype(np.float64), tokens[k // per]).items():
+            np.testing.assert_allclose(rows[name][k], want, atol=2e-6, err_msg=f"{name} of map {k}")
+
+
+def test_fused_causal_statistics_equal_the_statistics_reading_the_maps():
+    """The fused pass's causal statistics (induction and duplicate shares from the profile's row sums) equal
+    ``map_statistics`` reading the maps themselves."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    n = 29
+    tokens = [str(t) for t in rng.choice(["x", "y", "z", ".", "w"], size=n)]
+    maps = _causal_maps(rng, 6, n).reshape(2, 3, n, n)
+    _, stats = profile_and_statistics(torch.from_numpy(maps), tokens, [0] * n, kind=DECODER)
+    sep, punct, seg = token_masks(tokens, [0] * n)
+    alone = map_statistics(maps, sep=sep, punct=punct, segment_ids=seg, causal=True, tokens=tokens)
+    assert set(stats) == set(alone) >= {"to_induction", "to_duplicate", "entropy", "entropy_norm"}
+    for name in alone:
+        np.testing.assert_allclose(stats[name], alone[name], rtol=1e-5, atol=1e-6, err_msg=name)
