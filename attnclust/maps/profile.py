@@ -195,11 +195,11 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 
         The key patterns at the end of ``keyed``'s last axis (a causal plan's induction and duplicate-token keys:
         2), summed in the same product; 0 without them.
     zeros
-        The maps hold exact zeros (a causal map's keys after its query): ``log2`` of a zero takes several times
-        as long as of a positive weight on a CPU, so the weights are floored at float32's smallest normal number
-        first (``0 log2 tiny = 0``; a weight below it, if any, moves ``A log2 A`` by under ``1e-36``). Maps
-        without zeros (an encoder's, cropped to their true length) skip that pass: ``0 * -inf`` is ``nan``
-        there and ``nansum`` drops it.
+        The maps hold exact zeros (a causal map's keys after its query, a stored map's smallest weights):
+        ``log2`` of a zero takes several times as long as of a positive weight on a CPU, so the weights are
+        floored at float32's smallest normal number first (``0 log2 tiny = 0``; a weight below it, if any, moves
+        ``A log2 A`` by under ``1e-36``). Exact float32 maps of an encoder, cropped to their true length, have
+        none and skip that pass: a zero there gives ``0 * -inf = nan``, which ``nansum`` drops.
 
     Returns
     -------
@@ -453,11 +453,13 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
     segment, count, sizes, key_masks, scratch = plan.segment, plan.count, plan.sizes, plan.key_masks, plan.scratch
     out, kept, on_targets, raw_targets = [], [], [], []
     n_targets = 0 if targets is None else targets.shape[-1]
+    # exact zeros: a causal map's keys after its query, a stored map's weights below its code's smallest step
+    zeros = ctx.causal or maps.dtype in (torch.uint8, torch.float16, torch.bfloat16)
     with torch.inference_mode():
         for b0, b1, shared in plan.batches:
             a = maps[b0:b1].to(device=device, dtype=torch.float32)
             if shared is None:
-                *sums, raw = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0], zeros=ctx.causal)
+                *sums, raw = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0], zeros=zeros)
                 if targets is not None:  # (map, query, 2) raw mass on each row's induction and duplicate keys
                     pattern = targets[rows[b0:b1]]
                     raw = torch.stack([(a * pattern[..., j]).sum(-1) for j in range(n_targets)], -1).cpu().numpy()
@@ -468,7 +470,7 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
                     if targets is not None:
                         keyed[..., keyed.shape[-1] - n_targets:] = targets[shared]
                 *sums, raw = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed, targets=n_targets,
-                                       zeros=ctx.causal)
+                                       zeros=zeros)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes, ctx.causal))
             if targets is not None:  # renormalised: over each row's sum
                 raw_targets.append(raw)
