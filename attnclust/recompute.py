@@ -33,10 +33,14 @@ from .models import runner
 from .models.kinds import kind_of
 from .models.sources import model_identity
 
-__all__ = ["CACHED_BYTES", "CACHED_FEATURES", "ExactOnDemand"]
+__all__ = ["CACHED_BYTES", "CACHED_FEATURES", "FORWARD_COLUMNS", "ExactOnDemand"]
 
 CACHED_FEATURES = 8
 """Features whose recomputed maps are kept in memory (the least recently read goes first)."""
+FORWARD_COLUMNS = ("feature_id", "seq_len", "input_ids", "segment_ids")
+"""The columns of ``features.parquet`` a forward with attentions reads (:func:`attnclust.models.runner.batch_inputs`,
+:func:`attnclust.models.decoder.causal_forward`), and the length the store is checked against."""
+
 CACHED_BYTES = 2 * 1024 ** 3
 """At most this many bytes of recomputed maps are kept (float16); the newest feature's maps are kept whatever
 their size."""
@@ -81,6 +85,7 @@ class ExactOnDemand:
         self._lock = threading.Lock()
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._loaded = None
+        self._features = None  # (file signature, ParquetFile, row groups' feature id ranges) of features.parquet
         self.model_name: str | None = None
         self._cfg = None
         self._recorded: str | None = None
@@ -201,14 +206,37 @@ class ExactOnDemand:
                 held -= self._cache.popitem(last=False)[1].nbytes
             return maps
 
+    def _feature_rows(self, feature: int):
+        """The :data:`FORWARD_COLUMNS` of ``feature``'s row(s) of ``features.parquet``, read from the row groups
+        whose statistics hold its id (the file's footer is read once per version of the file: its size, time and
+        inode; a run rewritten under the explorer is read afresh)."""
+        import os
+
+        import pyarrow.parquet as pq
+
+        path = self.layout.features
+        st = os.stat(path)
+        signature = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if self._features is None or self._features[0] != signature:
+            file = pq.ParquetFile(path)
+            column = file.schema_arrow.get_field_index("feature_id")
+            ranges = []
+            for g in range(file.metadata.num_row_groups):
+                stats = file.metadata.row_group(g).column(column).statistics
+                ranges.append((stats.min, stats.max) if stats is not None and stats.has_min_max else None)
+            self._features = (signature, file, ranges)
+        _, file, ranges = self._features
+        groups = [g for g, r in enumerate(ranges) if r is None or r[0] <= feature <= r[1]]
+        table = file.read_row_groups(groups, columns=list(FORWARD_COLUMNS)).to_pandas()
+        return table[table["feature_id"] == feature].reset_index(drop=True)
+
     def forward(self, feature: int) -> np.ndarray:
         """One forward of the loaded model over ``feature``'s row of ``features.parquet``: its maps, every layer and
         head, float16 (layer, head, query, key) at its true length (no cache; :meth:`maps` caches)."""
-        import pandas as pd
         import torch
 
         loaded, store = self._loaded, self.store
-        rows = pd.read_parquet(self.layout.features, filters=[("feature_id", "==", int(feature))])
+        rows = self._feature_rows(int(feature))
         n = int(store.seq_len[feature])
         if len(rows) != 1 or int(rows["seq_len"].iloc[0]) != n:
             raise StoreError(f"{self.layout.features}: holds {len(rows)} row(s) of feature {feature} where the store "

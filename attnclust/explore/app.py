@@ -114,6 +114,7 @@ class ExploreApp:
         self._store = None
         self._features = None
         self._search = None
+        self._questions = None
         self._heads = None
         self._exact = None
 
@@ -271,9 +272,13 @@ class ExploreApp:
         return {"q": q, "total": len(hit), "results": results}
 
     def questions(self) -> dict[str, str]:
-        """Question text by example id (``""`` where ``examples.parquet`` has none)."""
+        """Question text by example id (``""`` where ``examples.parquet`` has none); made once, with the search table
+        (every ``/api/map`` asks for one question)."""
         table = self._search_table()
-        return dict(zip(table["example_id"], table["question"]))
+        with self._lock:
+            if self._questions is None:
+                self._questions = dict(zip(table["example_id"], table["question"]))
+            return self._questions
 
     def feature_list(self, sort: str = "longest", limit: int = SEARCH_LIMIT) -> dict:
         """Features without their maps, the longest first (ties by id) or by id.

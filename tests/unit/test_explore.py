@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import threading
 
@@ -377,6 +378,28 @@ def test_a_recomputed_feature_is_kept_and_not_computed_again(compact_run, monkey
     for f in (second, second, first):
         assert app.map_json(f, 1, 1)["source"] == "recomputed"
     assert calls["forwards"] == [[first], [second], [first]] and calls["loads"] == 1
+
+
+@pytest.mark.slow
+def test_a_features_file_rewritten_under_the_explorer_is_read_afresh(tmp_path, tiny_model):
+    """The recomputing forward reads a feature's row of ``features.parquet`` as the file is now (its footer is kept
+    only for one version of the file): rewritten after a first map (one feature's length changed), the next
+    feature's forward sees the new row and says the run changed under the explorer."""
+    from attnclust.errors import StoreError
+    from attnclust.recompute import ExactOnDemand
+
+    root, _ = _compact_run(tmp_path, tiny_model)
+    layout = RunLayout(root)
+    store = open_attention_store(layout.attention)
+    first, second = _outside(store)
+    exact = ExactOnDemand(layout, store)
+    assert exact.maps(first) is not None
+    features = pd.read_parquet(layout.features)
+    features.loc[features["feature_id"] == second, "seq_len"] -= 1
+    features.to_parquet(tmp_path / "features.parquet", index=False)
+    os.replace(tmp_path / "features.parquet", layout.features)  # as attnclust writes it: a new file in its place
+    with pytest.raises(StoreError, match="changed under the explorer"):
+        exact.maps(second)
 
 
 def test_a_changed_missing_or_unloadable_model_serves_the_compact_map_and_says_why(tmp_path, tiny_model,
