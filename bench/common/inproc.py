@@ -21,6 +21,7 @@ from attnclust.stages.extract import plan_features
 
 __all__ = [
     "data_identity",
+    "extract_inputs",
     "features_near_median",
     "job_config",
     "run_all",
@@ -58,15 +59,27 @@ def _run(out: Path, cfg: JobConfig, stages: tuple[str, ...], inputs: dict | None
     return result.stages
 
 
+def extract_inputs(cfg: JobConfig, features: pd.DataFrame, model_info: dict,
+                   examples: pd.DataFrame | None = None) -> dict:
+    """What the extract stage reads from ``prepare_inputs`` (``attnclust.stages.extract``), for ``features`` chosen
+    here: the data's identity, the model's record, the examples (their ids, unless given) and the extraction
+    analyses the job's model allows (as the pre-flight check names them)."""
+    from attnclust.analysis.extraction import applicable
+    from attnclust.models.resolved import resolve_model
+
+    return {"data_path": str(cfg.data.path), "data_sha256": data_identity(cfg), "features": features,
+            "model_info": model_info,
+            "examples": examples if examples is not None else pd.DataFrame({"id": features["example_id"].unique()}),
+            "extraction_analyses": [a.name for a in applicable(resolve_model(cfg.model))]}
+
+
 def run_extract(out: Path, features: pd.DataFrame, cfg: JobConfig, model_info: dict,
                 examples: pd.DataFrame | None = None) -> dict:
     """The extract stage on ``features`` into a fresh ``out``; returns timings."""
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)  # a benchmark's own scratch directory
-    inputs = {"data_path": str(cfg.data.path), "data_sha256": data_identity(cfg), "features": features,
-              "model_info": model_info,
-              "examples": examples if examples is not None else pd.DataFrame({"id": features["example_id"].unique()})}
+    inputs = extract_inputs(cfg, features, model_info, examples)
     t0 = time.perf_counter()
     rec = _run(out, cfg, ("extract",), inputs)["extract"]
     return {"seconds": time.perf_counter() - t0, "forward_seconds": rec["forward_seconds"], "blocks": rec["blocks"]}

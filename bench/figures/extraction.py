@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..common.inproc import data_identity, run_extract, select_features, store_nbytes
+from ..common.inproc import extract_inputs, run_extract, select_features, store_nbytes
 from ..common.timing import interleave, median
 
 __all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches", "sync_device"]
@@ -72,11 +72,9 @@ def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> 
 
     if out.exists():
         shutil.rmtree(out)  # a benchmark's own scratch directory
-    inputs = {"data_path": str(cfg.data.path), "data_sha256": data_identity(cfg), "features": features,
-              "model_info": model_info, "examples": pd.DataFrame({"id": features["example_id"].unique()})}
     t0 = time.perf_counter()
     rec = run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False,
-                  inputs=inputs).stages["extract"]
+                  inputs=extract_inputs(cfg, features, model_info)).stages["extract"]
     return {"seconds": time.perf_counter() - t0, "forward_seconds": rec["forward_seconds"],
             "convert_seconds": rec.get("convert_seconds")}
 
