@@ -176,6 +176,41 @@ def test_fit_logistic_of_more_problems_than_dimensions_reaches_each_problems_opt
         assert theta[problem, -1] == pytest.approx(ref.intercept_[0], abs=1e-6)
 
 
+@pytest.mark.parametrize("problems", [1, 3])
+def test_fit_logistic_of_fewer_samples_than_dimensions_reaches_scikit_learns_optimum(problems):
+    """A design with fewer samples than dimensions (the [CLS] state, the top-k heads) is fitted in the samples'
+    space: each problem's coefficients are still scikit-learn's, and those of the weighted-copies fit."""
+    import torch
+    from sklearn.linear_model import LogisticRegression
+
+    from attnclust.analysis.probe_fits import fit_logistic_designs
+
+    rng = np.random.default_rng(problems)
+    x = rng.normal(size=(30, 45))
+    targets = (x @ rng.normal(size=(45, problems)) + rng.normal(size=(30, problems)) > 0).astype(float).T
+    steps = {"samples": 0, "copies": 0}
+    cholesky, cholesky_ex = torch.linalg.cholesky, torch.linalg.cholesky_ex
+
+    def counted(name, factorise):
+        def run(*args, **kwargs):
+            steps[name] += 1
+            return factorise(*args, **kwargs)
+        return run
+
+    try:  # each Newton step factorises once: the samples' space takes the same steps, not an approximation of them
+        torch.linalg.cholesky, torch.linalg.cholesky_ex = counted("samples", cholesky), counted("copies", cholesky_ex)
+        theta = fit_logistic(torch.from_numpy(x), torch.from_numpy(targets)).numpy()
+        copies = fit_logistic_designs(torch.from_numpy(x)[None], torch.from_numpy(targets))[0].numpy()
+    finally:
+        torch.linalg.cholesky, torch.linalg.cholesky_ex = cholesky, cholesky_ex
+    assert steps["samples"] == steps["copies"] > 0
+    np.testing.assert_allclose(theta, copies, atol=1e-9)
+    for problem, y in enumerate(targets):  # scikit-learn's Newton solver: its lbfgs stops 2e-6 short here
+        ref = LogisticRegression(C=1.0, solver="newton-cholesky", tol=1e-12, max_iter=1000).fit(x, y)
+        np.testing.assert_allclose(theta[problem, :-1], ref.coef_[0], atol=1e-6)
+        assert theta[problem, -1] == pytest.approx(ref.intercept_[0], abs=1e-6)
+
+
 def test_labels_from_examples_and_predictions():
     examples = pd.DataFrame({"id": ["a", "b", "c"], "question": ["Who won?", "In which year", "Name it"],
                              "is_impossible": [False, True, False], "topic": ["x", None, "y"]})
