@@ -167,8 +167,8 @@ def _batches(row: np.ndarray, step: int, min_run: int | None) -> list[tuple[int,
     return [(int(b0), int(b1), r) for b0, b1, r in batches]
 
 
-def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 0, zeros: bool = False
-              ) -> tuple[np.ndarray, ...]:
+def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 0, patterns=None,
+              zeros: bool = False) -> tuple[np.ndarray, ...]:
     """The passes over one batch of maps: per-row sums of the raw (not renormalised) weights.
 
     Four or five passes read the maps and none writes them: the key masks (row sums, [CLS], [SEP], punctuation,
@@ -194,6 +194,9 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 
     targets
         The key patterns at the end of ``keyed``'s last axis (a causal plan's induction and duplicate-token keys:
         2), summed in the same product; 0 without them.
+    patterns
+        Without ``keyed``: (map, query, key, pattern) float32, each map's key patterns (those of
+        :func:`_token_targets`), summed map by map; ``None`` without them.
     zeros
         The maps hold exact zeros (a causal map's keys after its query, a stored map's smallest weights):
         ``log2`` of a zero takes several times as long as of a positive weight on a CPU, so the weights are
@@ -207,8 +210,8 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 
         float32 ``mass`` (map, query, mask) the row sums under each key mask, ``far`` (map, query, far + 1)
         under each far indicator and weighted by ``|query - key|``, ``diagonal`` (map, entry) the weights on the
         offset diagonals, ``peak`` (map, query) the row maxima, ``alog2a`` (map, query) ``sum A log2 A``
-        (``0 log 0 = 0``) and, with ``targets``, ``on_targets`` (map, query, targets) the row sums under each
-        key pattern (``None`` without).
+        (``0 log 0 = 0``) and ``on_targets`` (map, query, pattern) the row sums under each key pattern
+        (``targets`` or ``patterns``; ``None`` without).
     """
     import torch
 
@@ -220,6 +223,8 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 
                                             targets], dim=-1)
     else:
         mass, far = torch.bmm(a, masks), torch.bmm(by_query, beyond).transpose(0, 1)
+        if patterns is not None:
+            on_targets = torch.stack([(a * patterns[..., j]).sum(-1) for j in range(patterns.shape[-1])], -1)
     diagonal = torch.cat([a.diagonal(d, dim1=1, dim2=2) for d in range(-offsets, offsets + 1)], dim=1)
     peak = a.amax(-1)
     # log2 is several times faster than log on CPU
@@ -228,7 +233,7 @@ def _row_sums(a, masks, offsets, beyond, scratch, keyed=None, *, targets: int = 
     else:
         alog2a = torch.log2(a, out=scratch).mul_(a).nansum(-1)
     sums = tuple(t.cpu().numpy() for t in (mass, far, diagonal, peak, alog2a))
-    return (*sums, on_targets.cpu().numpy() if targets and on_targets is not None else None)
+    return (*sums, None if on_targets is None or not on_targets.shape[-1] else on_targets.cpu().numpy())
 
 
 def _profile_from_rows(mass, far, diagonal, peak, alog2a, segment, count, sizes, causal=False) -> np.ndarray:
@@ -451,7 +456,7 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
     ctx, row, masks, rows, beyond, keyed, targets = (plan.context, plan.row, plan.masks, plan.rows, plan.beyond,
                                                       plan.keyed, plan.targets)
     segment, count, sizes, key_masks, scratch = plan.segment, plan.count, plan.sizes, plan.key_masks, plan.scratch
-    out, kept, on_targets, raw_targets = [], [], [], []
+    out, kept, raw_targets, totals = [], [], [], []
     n_targets = 0 if targets is None else targets.shape[-1]
     # exact zeros: a causal map's keys after its query, a stored map's weights below its code's smallest step
     zeros = ctx.causal or maps.dtype in (torch.uint8, torch.float16, torch.bfloat16)
@@ -459,10 +464,8 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
         for b0, b1, shared in plan.batches:
             a = maps[b0:b1].to(device=device, dtype=torch.float32)
             if shared is None:
-                *sums, raw = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0], zeros=zeros)
-                if targets is not None:  # (map, query, 2) raw mass on each row's induction and duplicate keys
-                    pattern = targets[rows[b0:b1]]
-                    raw = torch.stack([(a * pattern[..., j]).sum(-1) for j in range(n_targets)], -1).cpu().numpy()
+                *sums, raw = _row_sums(a, masks[rows[b0:b1]], offsets, beyond, scratch[:b1 - b0], zeros=zeros,
+                                       patterns=None if targets is None else targets[rows[b0:b1]])
             else:
                 if shared != plan.keyed_row:  # this mask row for every query, its far keys, its targets' keys
                     plan.keyed_row = shared
@@ -472,16 +475,18 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
                 *sums, raw = _row_sums(a, None, offsets, beyond, scratch[:b1 - b0], keyed, targets=n_targets,
                                        zeros=zeros)
             out.append(_profile_from_rows(*sums, segment[row[b0:b1]], count[row[b0:b1]], sizes, ctx.causal))
-            if targets is not None:  # renormalised: over each row's sum
+            if targets is not None:  # (map, query, 2) raw mass on each row's induction and duplicate keys
                 raw_targets.append(raw)
-                on_targets.append(raw / np.maximum(sums[0][..., :1], 1e-12))
+                totals.append(sums[0][..., :1])
             if return_rows:
                 kept.append(sums)
     vectors = np.concatenate(out)
     if excess:
         vectors = _excess_over_uniform(vectors, key_masks[row], offsets, causal=ctx.causal)
     if targets is not None:  # induction (offset+1's place) and duplicate (offset+2's), see the module docstring
-        shares, nulls = _target_shares(np.concatenate(on_targets), plan.target_counts[row])
+        target_mass = np.concatenate(raw_targets)
+        renormalised = target_mass / np.maximum(np.concatenate(totals), 1e-12)  # over each row's sum
+        shares, nulls = _target_shares(renormalised, plan.target_counts[row])
         x = (shares - nulls) / np.where(nulls < 1, 1 - nulls, 1) if excess else shares
         vectors[:, [offsets + 1, offsets + 2]] = np.clip(x, 0, 1) if excess else x
     vectors = vectors * component_weights(offsets, far) if weighted else vectors
@@ -490,8 +495,7 @@ def profile_tensor(maps, context: TokenContext | None = None, *, offsets: int = 
     mass, reach, _, peak, alog2a = (np.concatenate(parts) for parts in zip(*kept))
     rows = {"mass": mass, "far": reach[..., :-1], "distance": reach[..., -1], "peak": peak, "alog2a": alog2a}
     if targets is not None:
-        raw = np.concatenate(raw_targets)
-        rows.update(induction=raw[..., 0], duplicate=raw[..., 1])
+        rows.update(induction=target_mass[..., 0], duplicate=target_mass[..., 1])
     return vectors, rows
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..common.inproc import extract_inputs, run_extract, select_features, store_nbytes
+from ..common.inproc import run_extract, select_features, store_nbytes
 from ..common.timing import interleave, median
 
 __all__ = ["bench_extract", "bench_store", "dataset_order", "make_batches", "sync_device"]
@@ -63,22 +63,6 @@ def sync_device(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _extract_timed(out: Path, features: pd.DataFrame, cfg, model_info: dict) -> dict:
-    """The extract stage in-process (as :func:`bench.common.inproc.run_extract`) with the stage's phase seconds."""
-    import shutil
-
-    from attnclust.pipeline import run_job
-    from attnclust.stages import SerialExecutor
-
-    if out.exists():
-        shutil.rmtree(out)  # a benchmark's own scratch directory
-    t0 = time.perf_counter()
-    rec = run_job(cfg, out, stages=("extract",), executor=SerialExecutor(), progress=False,
-                  inputs=extract_inputs(cfg, features, model_info)).stages["extract"]
-    return {"seconds": time.perf_counter() - t0, "forward_seconds": rec["forward_seconds"],
-            "convert_seconds": rec.get("convert_seconds")}
-
-
 def _with_extract(ctx, **extract):
     """The bench job (its model and backend included) with some ``extract`` settings changed."""
     return ctx.cfg.replace(extract=ctx.cfg.extract.replace(**extract))
@@ -117,7 +101,7 @@ def bench_extract(ctx, n_examples: int, reps: int) -> dict:
 
     def arm(name):
         def run(r):
-            rec = _extract_timed(outs[name], feats, cfgs[name], info)
+            rec = run_extract(outs[name], feats, cfgs[name], info)
             phases[name] = rec
             return rec["seconds"]
         return run
