@@ -212,6 +212,31 @@ def test_each_rows_error_equals_the_distance_of_the_row_decoded_with_its_spread(
         compact_maps(torch.from_numpy(exact), mass=0.9, error_spread="rows")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_cpu_row_errors_equal_the_torch_steps_they_replace(causal):
+    """On a CPU the row errors are computed in NumPy (:func:`_row_errors_cpu`); the device path keeps the torch
+    steps (:func:`_row_errors`). Both, on the same rows (diffuse, peaked, ties at the cut, rows that keep every key,
+    causal prefixes, rows over 1), give the same numbers to float64 rounding, and what ``compact_maps`` returns on a
+    CPU is the NumPy one."""
+    import torch
+
+    from attnclust.maps.compact_code import _compact_cpu, _row_errors, _row_errors_cpu, _visible
+
+    rng, spread = np.random.default_rng(11), "prefix" if causal else "keys"
+    for n in (1, 3, 40, 130):
+        for kind in ("diffuse", "mixed", "peaked", "ties"):
+            exact = torch.from_numpy(_planted_maps(rng, n, kind, causal))
+            flat = exact.reshape(-1, n)
+            for mass, cap in ((0.5, None), (0.95, 3), (0.95, 11), (1.0, None)):
+                _, _, largest, count = _compact_cpu(flat, mass, cap)
+                visible = _visible(exact.shape, spread, exact.device)
+                want = _row_errors(torch.from_numpy(largest), flat, torch.from_numpy(count), visible).numpy()
+                got = _row_errors_cpu(largest, flat.numpy(), count, visible.numpy())
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12, err_msg=f"{n} {kind} {mass} {cap}")
+                _, returned = compact_maps(exact, mass=mass, max_keys=cap, error_spread=spread)
+                np.testing.assert_array_equal(returned.numpy().reshape(-1), got)
+
+
 @pytest.fixture
 def prose_squad(tmp_path):
     """Two long contexts of technical prose, two questions each: every question spans two windows of 300-384
