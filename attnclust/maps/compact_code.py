@@ -397,7 +397,7 @@ def _row_errors_cpu(largest: np.ndarray, rows: np.ndarray, count: np.ndarray, vi
 
 def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, ...]:
     """:func:`compact_maps` of (row, key) float32 CPU rows: its codes and the kept share of each row, the same
-    numbers as its torch path, twice as fast; and for :func:`_row_errors` each row's largest weights (largest
+    numbers as its torch path, twice as fast; and for :func:`_row_errors_cpu` each row's largest weights (largest
     first) and the number of keys it keeps.
 
     The running sum is torch's (it accumulates in double, as the GPU path's), over the values sorted largest
