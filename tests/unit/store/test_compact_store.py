@@ -78,6 +78,34 @@ def test_a_key_cap_bounds_the_kept_keys():
     assert ((stored > 0).sum(-1) == 4).all() and (stored[stored > 0] == round(255 * 0.1 ** 0.5)).all()
 
 
+@pytest.mark.parametrize("cap", [3, None])
+def test_both_ways_of_coding_give_each_row_its_brute_force_codes(cap):
+    """Rows of 200 keys: under a cap of 3 less than ``KEPT_ONLY_SHARE`` of the weights are kept and only those are
+    coded, in their places; without a cap most are, and every weight is coded and the rest zeroed. Either way each
+    row holds, key by key, what a loop gives: the fewest largest weights reaching the mass (the lowest keys among
+    equal weights at the cut: a uniform row, rows of five equal largest), each coded ``rint(255 sqrt(w))`` in
+    float32."""
+    import torch
+
+    from attnclust.maps.compact_code import KEPT_ONLY_SHARE
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(2, 40, 200)) * np.array([0.3, 3.0])[:, None, None]
+    maps = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).astype(np.float32)
+    maps[0, 0] = np.float32(1 / 200)  # a uniform row: every weight ties with the cut
+    maps[0, 1:5, 10:15] = maps[0, 1:5].max(-1, keepdims=True) * 2  # five equal largest weights
+    maps /= maps.sum(-1, keepdims=True)
+    stored = compact_maps(torch.from_numpy(maps), mass=0.951, max_keys=cap).numpy()  # not k / 200: no knife edge
+    assert ((stored > 0).mean() < KEPT_ONLY_SHARE) == (cap is not None)
+    for idx in np.ndindex(*maps.shape[:2]):
+        row = maps[idx]
+        need = min(_brute_force_count(row, 0.951), cap or row.size)
+        want = np.zeros(row.size, np.uint8)
+        for key in sorted(range(row.size), key=lambda k: (-row[k], k))[:need]:
+            want[key] = np.rint(np.sqrt(row[key]) * np.float32(255))
+        np.testing.assert_array_equal(stored[idx], want, err_msg=str(idx))
+
+
 def test_read_map_reconstruction_keeps_the_mass_and_spreads_the_rest(both):
     cfg, full, compact = both
     a, b = open_attention_store(full.attention), open_attention_store(compact.attention)
