@@ -31,7 +31,7 @@ from .errors import StoreError
 from .layout import RunLayout
 from .models import runner
 from .models.kinds import kind_of
-from .models.sources import model_identity
+from .models.sources import file_version, model_identity
 
 __all__ = ["CACHED_BYTES", "CACHED_FEATURES", "FORWARD_COLUMNS", "ExactOnDemand"]
 
@@ -208,15 +208,12 @@ class ExactOnDemand:
 
     def _feature_rows(self, feature: int):
         """The :data:`FORWARD_COLUMNS` of ``feature``'s row(s) of ``features.parquet``, read from the row groups
-        whose statistics hold its id (the file's footer is read once per version of the file: its size, time and
-        inode; a run rewritten under the explorer is read afresh)."""
-        import os
-
+        whose statistics hold its id (the file's footer is read once per version of the file,
+        :func:`~attnclust.models.sources.file_version`; a run rewritten under the explorer is read afresh)."""
         import pyarrow.parquet as pq
 
         path = self.layout.features
-        st = os.stat(path)
-        signature = (st.st_size, st.st_mtime_ns, st.st_ino)
+        signature = file_version(path)
         if self._features is None or self._features[0] != signature:
             file = pq.ParquetFile(path)
             column = file.schema_arrow.get_field_index("feature_id")
