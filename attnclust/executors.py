@@ -26,7 +26,14 @@ from typing import Any, Self
 import numpy as np
 
 from .errors import ClusterError
-from .runtime import START_TIMEOUT, driver_environ_kept, exit_at_once_when_done, spawn_environ, workers_ignore_sigint
+from .runtime import (
+    START_TIMEOUT,
+    driver_environ_kept,
+    exit_at_once_when_done,
+    release_forkserver,
+    spawn_environ,
+    workers_ignore_sigint,
+)
 
 __all__ = ["RESTART_ABOVE", "DaskExecutor", "Executor", "MadeOnFirstUse", "OnStep", "Pending", "SerialExecutor",
            "StepBars", "in_dask_worker", "step", "step_key", "worker_executor"]
@@ -175,6 +182,7 @@ class DaskExecutor:
                                        f"s of their restart between stages; run the same command again (finished "
                                        f"stages are kept)") from None
         self.restarts += 1
+        release_forkserver()  # the new workers were spawned: no worker of the prestarted process is left
         return True
 
     def largest_worker_memory(self) -> float:

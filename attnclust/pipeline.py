@@ -27,7 +27,7 @@ from .errors import AttnclustError, StoreError
 from .executors import MadeOnFirstUse
 from .layout import RunLayout
 from .models.sources import model_identity
-from .runtime import check_embedded, dask_client
+from .runtime import check_embedded, dask_client, prestart_workers, release_forkserver
 from .stages import COMMANDS, DaskExecutor, RunContext, check_stages, make_stages, run_stages, stage_names
 from .stages.extract import prepare_inputs
 from .store.contract import atomic_write_json, open_attention_store
@@ -115,55 +115,69 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
         open_attention_store(layout.attention)  # fail fast on a missing or foreign store
         check_extract_inputs(layout)
     job_id = job_id or make_job_id(cfg.name)
-    ctx = RunContext(layout=layout, cfg=cfg, job_id=job_id, backend="cpu", executor=executor, progress=progress,
-                     should_stop=should_stop, on_event=on_event)
-    if "extract" in stages:
-        ctx.inputs = inputs if inputs is not None else prepare_inputs(cfg)
-        if progress and not ctx.inputs["model_info"]["head_trained"] and cfg.data.format != "text":
-            print(f"note: model {cfg.model.name!r} has no trained question-answering head; it gets a seeded random "
-                  f"one, so QA predictions are marked untrained (attention is unaffected)", flush=True)
-    pipeline = make_stages()
-    check_stages(ctx, pipeline, stages)
-    embedded = executor is None and client is None and scheduler is None
-    if embedded:
-        check_embedded(n_workers, runtime)
-    # the embedded LocalCluster starts when a stage first has work for it (MadeOnFirstUse): a rerun that finds
-    # every stage complete, or one refused for changed settings, starts none. A dask-cuda cluster starts here, as
-    # before: its start is where a missing GPU or dask-cuda is found, which a run says before any stage.
-    lazy = embedded and runtime == "local"
-    layout.claim(adopt=adopt)
-    result = JobResult(out=layout.root, job_id=job_id)
-    with layout.locked():
-        started = time.perf_counter()
-        with contextlib.ExitStack() as cluster:
-            def announce(cl) -> None:
-                if progress:
-                    where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"
-                    print(f"job {job_id}: backend {ctx.backend}, {where}", flush=True)
+    with contextlib.ExitStack() as forked:
+        pipeline = make_stages()
+        embedded = executor is None and client is None and scheduler is None
+        if embedded:
+            check_embedded(n_workers, runtime)
+            if runtime == "local":  # the workers' imports, beside the reading of the data and the model below
+                prestart_workers(worker_imports(pipeline, stages))
+                forked.callback(release_forkserver)  # after the cluster, if one started, has closed
+        ctx = RunContext(layout=layout, cfg=cfg, job_id=job_id, backend="cpu", executor=executor, progress=progress,
+                         should_stop=should_stop, on_event=on_event)
+        if "extract" in stages:
+            ctx.inputs = inputs if inputs is not None else prepare_inputs(cfg)
+            if progress and not ctx.inputs["model_info"]["head_trained"] and cfg.data.format != "text":
+                print(f"note: model {cfg.model.name!r} has no trained question-answering head; it gets a seeded random "
+                      f"one, so QA predictions are marked untrained (attention is unaffected)", flush=True)
+        check_stages(ctx, pipeline, stages)
+        # the embedded LocalCluster starts when a stage first has work for it (MadeOnFirstUse): a rerun that finds
+        # every stage complete, or one refused for changed settings, starts none. A dask-cuda cluster starts here, as
+        # before: its start is where a missing GPU or dask-cuda is found, which a run says before any stage.
+        lazy = embedded and runtime == "local"
+        layout.claim(adopt=adopt)
+        result = JobResult(out=layout.root, job_id=job_id)
+        with layout.locked():
+            started = time.perf_counter()
+            with contextlib.ExitStack() as cluster:
+                def announce(cl) -> None:
+                    if progress:
+                        where = f"dashboard {cl.dashboard_link}" if cl is not None else "in-process"
+                        print(f"job {job_id}: backend {ctx.backend}, {where}", flush=True)
 
-            if lazy:  # its workers are processes of this machine from this environment: this one answers for them
-                ctx.backend = bk.resolve_backend(cfg.backend)
+                if lazy:  # its workers are processes of this machine from this environment: this one answers for them
+                    ctx.backend = bk.resolve_backend(cfg.backend)
 
-                def start() -> DaskExecutor:
-                    cl = cluster.enter_context(dask_client(None, n_workers=n_workers, runtime=runtime))
+                    def start() -> DaskExecutor:
+                        cl = cluster.enter_context(dask_client(None, n_workers=n_workers, runtime=runtime))
+                        announce(cl)
+                        return DaskExecutor(cl, job_id, owns_workers=True)  # this run's own: they may be restarted
+
+                    ctx.executor = MadeOnFirstUse(start)
+                else:
+                    cl = None if executor is not None else client if client is not None else \
+                        cluster.enter_context(dask_client(scheduler, n_workers=n_workers, security=security,
+                                                          runtime=runtime))
+                    if cl is not None:  # the embedded cluster's workers are this run's own (they may be restarted)
+                        ctx.executor = DaskExecutor(cl, job_id, owns_workers=embedded)
+                    ctx.backend = bk.resolve_backend(cfg.backend, cl)
                     announce(cl)
-                    return DaskExecutor(cl, job_id, owns_workers=True)  # this run's own: they may be restarted
+                try:
+                    result.stages = run_stages(ctx, pipeline, stages, force=force, force_named=force_named)
+                finally:
+                    _write_job_json(layout, cfg, job_id, ctx.backend, ctx.records)
+            result.stages["total_seconds"] = round(time.perf_counter() - started, 3)
+        return result
 
-                ctx.executor = MadeOnFirstUse(start)
-            else:
-                cl = None if executor is not None else client if client is not None else \
-                    cluster.enter_context(dask_client(scheduler, n_workers=n_workers, security=security,
-                                                      runtime=runtime))
-                if cl is not None:  # the embedded cluster's workers are this run's own (they may be restarted)
-                    ctx.executor = DaskExecutor(cl, job_id, owns_workers=embedded)
-                ctx.backend = bk.resolve_backend(cfg.backend, cl)
-                announce(cl)
-            try:
-                result.stages = run_stages(ctx, pipeline, stages, force=force, force_named=force_named)
-            finally:
-                _write_job_json(layout, cfg, job_id, ctx.backend, ctx.records)
-        result.stages["total_seconds"] = round(time.perf_counter() - started, 3)
-    return result
+
+def worker_imports(pipeline, stages: tuple[str, ...]) -> list[str]:
+    """What the workers of the selected ``stages`` import (:attr:`~attnclust.stages.base.Stage.worker_imports` and
+    each task's module), in pipeline order."""
+    names = []
+    for stage in pipeline:
+        if stage.name in stages:
+            names += [*stage.worker_imports, *((stage.task.__module__,) if stage.task is not None else ())]
+    return list(dict.fromkeys(names))
 
 
 def check_extract_inputs(layout: RunLayout) -> None:

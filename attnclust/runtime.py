@@ -6,7 +6,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from .backend import make_local_cuda_cluster
 from .errors import AttnclustError, ClusterError
@@ -14,8 +14,8 @@ from .errors import AttnclustError, ClusterError
 __all__ = ["CLOSE_TIMEOUT", "KEEP_LOST_WORKERS", "MALLOC_MMAP_THRESHOLD", "MALLOC_TRIM_THRESHOLD", "START_TIMEOUT",
            "WORKER_PROFILE_INTERVAL",
            "check_embedded", "close_embedded", "dask_client", "driver_environ_kept", "exit_at_once_when_done",
-           "fix_malloc_thresholds", "malloc_environ", "spawn_environ", "trim_heap", "worker_profile_config",
-           "workers_ignore_sigint"]
+           "fix_malloc_thresholds", "malloc_environ", "prestart_workers", "release_forkserver", "spawn_environ",
+           "trim_heap", "worker_environ", "worker_profile_config", "workers_ignore_sigint"]
 
 START_TIMEOUT = 120.0
 """Seconds the embedded cluster's scheduler, workers and client may take to connect while it starts (at least;
@@ -40,8 +40,10 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
     Parameters
     ----------
     scheduler
-        ``None`` starts an embedded ``LocalCluster`` (processes, one single-threaded worker per core); an
-        address (``tcp://host:8786``, ``tls://...``) or a scheduler JSON file connects to that cluster.
+        ``None`` starts an embedded ``LocalCluster`` (processes, one single-threaded worker per core; forked from
+        the process :func:`prestart_workers` started, when one was and this process's environment still gives
+        its, else spawned); an address (``tcp://host:8786``, ``tls://...``) or a scheduler JSON file connects to
+        that cluster.
     n_workers
         Workers of the embedded cluster (default: CPU cores; GPUs for ``local-cuda``).
     runtime
@@ -61,8 +63,11 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
 
         environ = spawn_environ()
         connect = max(START_TIMEOUT, parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
+        # the first workers are forked from the process prestart_workers started, where it holds this environment
+        forked = runtime == "local" and _forkserver_env is not None and _forkserver_env == worker_environ()
         with dask.config.set({"distributed.nanny.pre-spawn-environ": environ,
-                              "distributed.comm.timeouts.connect": f"{connect:g}s", **worker_profile_config()}), \
+                              "distributed.comm.timeouts.connect": f"{connect:g}s", **worker_profile_config(),
+                              **({"distributed.worker.multiprocessing-method": "forkserver"} if forked else {})}), \
                 workers_ignore_sigint(), driver_environ_kept(environ):
             try:
                 if runtime == "local-cuda":
@@ -85,6 +90,7 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
                 yield client
         finally:
             close_embedded(client, cluster)
+            release_forkserver()
         return
     try:
         kwargs = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
@@ -99,6 +105,87 @@ def dask_client(scheduler: str | None = None, *, n_workers: int | None = None,
         yield client
     finally:
         client.close()
+
+
+PYTHONHASHSEED = "6640"
+"""The hash seed a Dask nanny gives the workers it starts when ``distributed.nanny.pre-spawn-environ`` names none
+(``distributed.nanny.Nanny``): :func:`worker_environ` gives it to the forked ones as well."""
+
+_forkserver_env: dict[str, str] | None = None
+"""The environment of the process :func:`prestart_workers` started, while it runs; ``None`` when none of ours does."""
+
+
+def worker_environ() -> dict[str, str]:
+    """The environment a worker of the embedded cluster starts with: this process's, with Dask's and attnclust's
+    settings for new workers over it (:func:`spawn_environ`) and the hash seed a nanny adds (:data:`PYTHONHASHSEED`)."""
+    import distributed  # noqa: F401  (loads Dask's settings for nannies: without it they read as none)
+
+    extra = {name: str(value) for name, value in spawn_environ().items()}
+    if extra.get("PYTHONHASHSEED") in (None, "0"):
+        extra["PYTHONHASHSEED"] = PYTHONHASHSEED
+    return {**os.environ, **extra}
+
+
+def prestart_workers(modules: Iterable[str]) -> None:
+    """Start, now, the process the embedded cluster's first workers will be forked from, and have it import
+    ``modules`` (what the run's tasks import: torch and transformers for extraction, matplotlib for the report's
+    pictures) while this process reads the data and the model.
+
+    A worker started the usual way (Dask's ``spawn``) is a fresh interpreter that imports its libraries before its
+    first task: torch, transformers and the model's modules, ~5 s of one core a worker, after the cluster has
+    started. Here Python's ``forkserver`` imports them once, beside the driver, and :func:`dask_client` forks the
+    workers from it: they start with those modules imported (pages shared with it until written). It is started
+    with the environment the workers get (:func:`worker_environ`) and Ctrl-C ignored (:func:`workers_ignore_sigint`),
+    as a spawned worker would be; :func:`dask_client` forks from it only while this process's environment still
+    gives that one (else it spawns, as without it), and only the first workers: a restart spawns its new ones
+    (:meth:`attnclust.executors.DaskExecutor.restart_workers`, which frees memory; its workers need no torch), and
+    then this process is stopped (:func:`release_forkserver`). The figures are in bench/HISTORY.md (2026-12-08).
+
+    Parameters
+    ----------
+    modules
+        Modules to import there, besides ``distributed``; one that fails to import is left out by Python.
+    """
+    global _forkserver_env
+    from multiprocessing import forkserver
+
+    environ = worker_environ()
+    if _forkserver_env is not None and _forkserver_env != environ:
+        release_forkserver()  # started for another environment (the user's settings changed since)
+    if _forkserver_env is not None:
+        return
+    import dask
+    from distributed.utils import get_mp_context
+
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        context = get_mp_context()  # Dask names its own list once a process: this one replaces it
+    context.set_forkserver_preload(["distributed", *dict.fromkeys(modules)])
+    changed = {name: value for name, value in environ.items() if os.environ.get(name) != value}
+    with workers_ignore_sigint(), driver_environ_kept(changed):
+        os.environ.update(changed)
+        forkserver.ensure_running()  # returns at once: the imports run in the new process
+    _forkserver_env = environ
+
+
+def release_forkserver() -> None:
+    """End the process :func:`prestart_workers` started, once no worker forked from it is left (it reports their
+    exits to their nannies): at the end of the run's embedded cluster, after its workers were restarted, or at the
+    end of a run that started no cluster. It is killed: it holds nothing to save, and one still importing would
+    make a run that fails early wait for its imports."""
+    global _forkserver_env
+    if _forkserver_env is None:
+        return
+    import signal
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)  # CPython's own, whose tests stop it so
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:  # ended at once: still importing, it would finish that before it saw the request
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if hasattr(server, "_stop"):
+        server._stop()  # reaps it, closes its pipe and removes its socket
+    _forkserver_env = None
 
 
 def check_embedded(n_workers: int | None, runtime: str) -> None:

@@ -178,6 +178,11 @@ class Stage:
     task: ClassVar[Callable | None] = None
     """``task(root: str, block: int, *args) -> result``, a module-level function run per block."""
 
+    worker_imports: ClassVar[tuple[str, ...]] = ()
+    """Modules its tasks import that take long to import (torch, matplotlib), besides :attr:`task`'s own module: an
+    embedded cluster's workers are forked from a process that imported them while the driver prepared the run
+    (:func:`attnclust.runtime.prestart_workers`)."""
+
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Driver step after every block finished: consolidate, write final outputs; returns the stage record."""
         return {}

@@ -283,6 +283,7 @@ class ExtractStage(Stage):
              "extract.target_task_mb", "extract.store_dtype", "extract.store", "extract.compact_mass",
              "extract.compact_max_keys")
     task = staticmethod(extract_block)
+    worker_imports = ("torch", "transformers.modeling_utils")  # the model and its forward
 
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
         """:attr:`reads`, plus ``extract.head_outputs`` when on, ``data.split`` when set and ``data.format`` and

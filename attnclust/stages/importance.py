@@ -210,6 +210,7 @@ class ImportanceStage(Stage):
              "importance.pruning_random_seeds", "qa.n_best", "qa.max_answer_tokens", "qa.null_threshold")
     rerun_on_change = True  # derived from the extraction's model and features: switching it on needs no --force
     task = staticmethod(importance_block)
+    worker_imports = ("torch", "transformers.modeling_utils")  # the model and its forward
 
     def keys(self, cfg: JobConfig) -> tuple[str, ...]:
         """:attr:`reads`, and for a decoder ``importance.ablation_heads`` (an encoder's importance does not read

@@ -98,6 +98,7 @@ class ReportStage(Stage):
         return [(s, e) for s, e in blocks], set()
 
     task = staticmethod(stats_block)
+    worker_imports = ("attnclust.report.pictures",)  # matplotlib: the workers draw the pictures
 
     def finalize(self, ctx: RunContext, results: list) -> dict:
         """Run the analysis plugins, build the atlas tables, run the head analyses, write ``report.html``."""

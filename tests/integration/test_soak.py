@@ -20,11 +20,15 @@ from runs import assert_same_outputs, demo_small, stacks_of_a_hung_run
 
 
 def workers(proc: subprocess.Popen) -> list[psutil.Process]:
-    """The embedded cluster's worker processes (spawned by the nannies inside the attnclust process)."""
+    """The embedded cluster's worker processes: the first ones forked by the process the run prestarted (they
+    carry its command line; their parent is it), those that replace them spawned by the nannies inside the
+    attnclust process."""
     found = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
-            if "spawn_main" in " ".join(child.cmdline()):
+            line = " ".join(child.cmdline())
+            forked = "multiprocessing.forkserver" in line and child.ppid() != proc.pid
+            if "spawn_main" in line or forked:
                 found.append(child)
         except psutil.NoSuchProcess:
             continue
