@@ -147,8 +147,11 @@ def prestart_workers(modules: Iterable[str]) -> None:
         Modules to import there, besides ``distributed``; one that fails to import is left out by Python.
     """
     global _forkserver_env
+    import multiprocessing
     from multiprocessing import forkserver
 
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: spawned, as before
+        return
     environ = worker_environ()
     if _forkserver_env is not None and _forkserver_env != environ:
         release_forkserver()  # started for another environment (the user's settings changed since)
