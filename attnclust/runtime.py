@@ -166,7 +166,10 @@ def prestart_workers(modules: Iterable[str]) -> None:
     changed = {name: value for name, value in environ.items() if os.environ.get(name) != value}
     with workers_ignore_sigint(), driver_environ_kept(changed):
         os.environ.update(changed)
-        forkserver.ensure_running()  # returns at once: the imports run in the new process
+        try:
+            forkserver.ensure_running()  # returns at once: the imports run in the new process
+        except OSError:  # no socket or process to be had for it: the workers are spawned, as without it
+            return
     _forkserver_env = environ
 
 

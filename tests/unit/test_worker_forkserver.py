@@ -119,3 +119,18 @@ def test_a_run_that_fails_before_its_cluster_starts_stops_the_prestarted_process
         run_job(cfg, tmp_path / "out", progress=False)
     assert started == [True]  # started before the data was read
     assert runtime._forkserver_env is None
+
+
+def test_a_forkserver_that_cannot_start_leaves_the_workers_spawned(fresh):
+    from multiprocessing import forkserver
+
+    def refuse():
+        raise OSError("no room for a socket")
+
+    fresh.setattr(forkserver, "ensure_running", refuse)
+    prestart_workers([PRELOADED])
+    assert runtime._forkserver_env is None
+    fresh.undo()  # the cluster's own start may use the real one again
+    with dask_client(n_workers=1) as client:
+        facts = _facts(client)
+    assert facts["parent"] == os.getpid() and facts["preloaded"] is False
