@@ -28,7 +28,7 @@ from .executors import MadeOnFirstUse
 from .layout import RunLayout
 from .models.sources import model_identity
 from .runtime import check_embedded, dask_client, prestart_workers, release_forkserver
-from .stages import COMMANDS, DaskExecutor, RunContext, check_stages, make_stages, run_stages, stage_names
+from .stages import COMMANDS, DaskExecutor, RunContext, Stage, check_stages, make_stages, run_stages, stage_names
 from .stages.extract import prepare_inputs
 from .store.contract import atomic_write_json, open_attention_store
 
@@ -170,7 +170,7 @@ def run_job(cfg: JobConfig, out: str | Path, *, stages: tuple[str, ...] = COMMAN
         return result
 
 
-def worker_imports(pipeline, stages: tuple[str, ...]) -> list[str]:
+def worker_imports(pipeline: tuple[Stage, ...], stages: tuple[str, ...]) -> list[str]:
     """What the workers of the selected ``stages`` import (:attr:`~attnclust.stages.base.Stage.worker_imports` and
     each task's module), in pipeline order."""
     names = []

@@ -140,6 +140,8 @@ def prestart_workers(modules: Iterable[str]) -> None:
     gives that one (else it spawns, as without it), and only the first workers: a restart spawns its new ones
     (:meth:`attnclust.executors.DaskExecutor.restart_workers`, which frees memory; its workers need no torch), and
     then this process is stopped (:func:`release_forkserver`). The figures are in bench/HISTORY.md (2026-12-08).
+    There is one such process per driver process, as there is one set of the process-wide settings above
+    (:func:`workers_ignore_sigint`, :func:`driver_environ_kept`): embedded runs of one process run one at a time.
 
     Parameters
     ----------
