@@ -368,10 +368,7 @@ def _row_errors_cpu(largest: np.ndarray, rows: np.ndarray, count: np.ndarray, vi
     count = np.asarray(count, np.int64).reshape(-1, 1)
     visible = np.asarray(visible, np.int64).reshape(-1)
     top = largest[:, :int(count.max()) if len(count) else 0]
-    coded = np.clip(top, 0, 1)
-    np.sqrt(coded, out=coded)
-    coded *= np.float32(255)
-    np.rint(coded, out=coded)  # the codes of the kept weights, as compact_maps makes them
+    coded = _sqrt_codes(top)  # the codes of the kept weights, as compact_maps makes them
     read = (np.arange(top.shape[-1]) < count) & (coded > 0)
     d = _SQUARES[coded.astype(np.int64)] * read
     total = torch.from_numpy(d).sum(-1, keepdim=True).numpy()  # torch's float32 sum, as the device path's
@@ -393,6 +390,16 @@ def _row_errors_cpu(largest: np.ndarray, rows: np.ndarray, count: np.ndarray, vi
     on_all = np.abs(spread, out=spread).sum(-1, dtype=np.float64)  # the one pass over the exact rows
     on_rest = on_all - (np.abs(top - s) * read).sum(-1, dtype=np.float64) - share * (n - visible)
     return on_kept + on_rest
+
+
+def _sqrt_codes(weights: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The compact code of float32 weights, ``rint(255 sqrt(clip(w, 0, 1)))``, as float32 (into ``out``, which may
+    be ``weights``; a new array without it): the CPU path's one quantisation, by the same float32 steps as the
+    torch path's (:func:`compact_maps`)."""
+    codes = np.clip(weights, 0, 1, out=out)
+    np.sqrt(codes, out=codes)
+    codes *= np.float32(255)
+    return np.rint(codes, out=codes)
 
 
 KEPT_ONLY_SHARE = 0.04
@@ -441,17 +448,11 @@ def _compact_cpu(flat, mass: float, max_keys: int | None) -> tuple[np.ndarray, .
         # few kept (a cap well under the row's length): only the kept weights are coded, in their places; the
         # passes over every weight were most of the conversion's memory traffic
         where = np.flatnonzero(arr >= cut[:, None])
-        kept_values = arr.reshape(-1)[where]
-        np.clip(kept_values, 0, 1, out=kept_values)
-        np.sqrt(kept_values, out=kept_values)
-        kept_values *= np.float32(255)
+        kept_values = arr.reshape(-1)[where]  # a copy: coded in place
         q = np.zeros(arr.shape, np.uint8)
-        q.reshape(-1)[where] = np.rint(kept_values, out=kept_values)
+        q.reshape(-1)[where] = _sqrt_codes(kept_values, out=kept_values)
     else:  # many kept: every weight coded, then those not kept zeroed (the same codes)
-        q = np.clip(arr, 0, 1)
-        np.sqrt(q, out=q)
-        q *= np.float32(255)
-        q = np.rint(q, out=q).astype(np.uint8)
+        q = _sqrt_codes(arr).astype(np.uint8)
         q *= arr >= cut[:, None]
     extra = np.flatnonzero(at_least > count)  # rows with more weights equal to the cut than places left
     if len(extra):
